@@ -1,0 +1,124 @@
+"""`topolet` subcommands.  Imports nothing heavy at module level: each subcommand loads what it needs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from agent.errors import TopoletError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _discover(args: argparse.Namespace) -> int:
+    from agent.topology.report import run_discover
+
+    return run_discover(args)
+
+
+def _alloc(args: argparse.Namespace) -> int:
+    from agent.alloc.command import run_alloc
+
+    return run_alloc(args)
+
+
+def _mig(args: argparse.Namespace) -> int:
+    from agent.gpu.command import run_mig
+
+    return run_mig(args)
+
+
+def _agent(args: argparse.Namespace) -> int:
+    from agent.standalone.daemon import run_agent
+
+    return run_agent(args)
+
+
+def _exec(args: argparse.Namespace) -> int:
+    from agent.standalone.launch import run_exec
+
+    return run_exec(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from agent.standalone.launch import run_status
+
+    return run_status(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="topolet", description="Node topology agent.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("discover", help="discover this machine's (or a dump's) topology")
+    d.add_argument("--fsroot", default="/", help="file-system root to read (a sysfs dump), default /")
+    d.add_argument("--format", default="table",
+                   choices=["table", "json", "yaml", "labels", "conformance"])
+    d.add_argument("--gfd-compat", action="store_true",
+                   help="also print GPU Feature Discovery's nvidia.com/* labels")
+    d.set_defaults(handler=_discover)
+
+    a = sub.add_parser("alloc", help="run the CPU allocator over a file of requests")
+    a.add_argument("--topology", required=True,
+                   help="`discover --format json` output, or a kubelet-table topology file")
+    a.add_argument("--requests", required=True, help="JSON lines: {free, cpus, numa_policy, smt}")
+    a.add_argument("--name", help="topology name inside a kubelet-table file with several")
+    a.set_defaults(handler=_alloc)
+
+    m = sub.add_parser("mig", help="MIG partition planning")
+    msub = m.add_subparsers(dest="mig_command", required=True)
+    mp = msub.add_parser("plan", help="plan GPU instances for a demand")
+    mp.add_argument("--gpu-model", required=True)
+    mp.add_argument("--demand", required=True, help="profile=count,... e.g. 3g.40gb=1,2g.20gb=2")
+    mp.add_argument("--gpus", type=int, default=1)
+    mp.add_argument("--format", default="json", choices=["json", "table"])
+    mp.set_defaults(handler=_mig)
+
+    g = sub.add_parser("agent", help="run the node agent (standalone without a cluster)")
+    g.add_argument("--fsroot", default="/")
+    g.add_argument("--state-dir", default="/var/lib/topolet")
+    g.add_argument("--features-dir", default="/etc/kubernetes/node-feature-discovery/features.d")
+    g.add_argument("--listen", default="127.0.0.1:9470")
+    g.add_argument("--reserved-cpus", default="", help="cpulist never handed out")
+    g.add_argument("--reconcile-seconds", type=float, default=5.0)
+    g.add_argument("--cgroup-root", default=None, help="cgroup mount to use (auto-detected)")
+    g.add_argument("--once", action="store_true", help="reconcile once and exit")
+    g.set_defaults(handler=_agent)
+
+    e = sub.add_parser("exec", help="run a command on exclusive, topology-aligned CPUs")
+    e.add_argument("--cpus", type=int, required=True)
+    e.add_argument("--numa-policy", default="best-effort",
+                   choices=["single-numa-node", "restricted", "best-effort", "spread"])
+    e.add_argument("--smt", default="any", choices=["full-cores", "any"])
+    e.add_argument("--memory-binding", action="store_true")
+    e.add_argument("--gpus", type=int, default=0)
+    e.add_argument("--state-dir", default="/var/lib/topolet")
+    e.add_argument("--reserved-cpus", default="")
+    e.add_argument("--cgroup-root", default=None)
+    e.add_argument("argv", nargs=argparse.REMAINDER)
+    e.set_defaults(handler=_exec)
+
+    s = sub.add_parser("status", help="show allocations and free CPUs per NUMA node")
+    s.add_argument("--state-dir", default="/var/lib/topolet")
+    s.add_argument("--format", default="table", choices=["table", "json"])
+    s.set_defaults(handler=_status)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except TopoletError as exc:
+        print(f"topolet {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
