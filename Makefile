@@ -1,0 +1,59 @@
+# topolet: `make run` builds and runs the standalone agent on this machine; `make test` runs everything.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+RUN_DIR ?= $(CURDIR)/.run
+HWLOC_DATA := tests/data/hwloc
+FUZZ_SECONDS ?= 30
+NATIVE_SRC := $(wildcard csrc/*.c csrc/*.h) agent/_native_build.py setup.py pyproject.toml
+
+.PHONY: run test deps install lint typecheck native-check fuzz conformance pytest bench clean
+
+$(STAMP): $(NATIVE_SRC)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel cffi
+	$(BIN)/pip install -q --no-build-isolation -e '.[test,gpu]'
+	touch $@
+
+install: $(STAMP)
+
+# System packages the tests need: hwloc's lstopo (the reference), clang + libFuzzer runtime (fuzzing).
+deps:
+	@if ! command -v lstopo-no-graphics >/dev/null || ! command -v clang >/dev/null \
+	    || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    hwloc-nox clang libclang-rt-14-dev >/dev/null; \
+	fi
+
+run: install
+	mkdir -p $(RUN_DIR)/state $(RUN_DIR)/features.d
+	$(BIN)/topolet agent --state-dir $(RUN_DIR)/state --features-dir $(RUN_DIR)/features.d
+
+lint: install
+	$(BIN)/ruff check agent tests bench
+
+typecheck: install
+	$(BIN)/mypy
+
+native-check:
+	$(MAKE) -C csrc check
+
+fuzz: deps
+	$(MAKE) -C csrc fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
+
+conformance: install
+	$(BIN)/python $(HWLOC_DATA)/hwloc_conformance.py --data $(HWLOC_DATA) -- \
+	  $(BIN)/topolet discover --fsroot {root} --format conformance
+
+pytest: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+test: deps install lint typecheck native-check fuzz conformance pytest
+
+bench: install
+	$(BIN)/python bench/discover.py
+	$(BIN)/python bench/alloc.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info agent/_native*.so agent/_native.c $(RUN_DIR)
