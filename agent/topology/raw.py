@@ -65,7 +65,7 @@ class RawNode:
     mem_free_bytes: int  # -1 when missing
     hugepages: tuple[RawHugepages, ...]
     distances: tuple[int, ...]  # the `distance` row as written; empty when missing
-    initiators: tuple[int, ...]  # access0/initiators/nodeK ids (HMAT), ascending; empty when none
+    initiators: tuple[int, ...]  # access0 (else access1) /initiators/nodeK ids (HMAT), ascending
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,3 +109,6 @@ class RawScan:
     mem_total_bytes: int  # /proc/meminfo MemTotal, -1 when missing
     pci: tuple[RawPCI, ...]
     errors: tuple[RawError, ...]
+    # NUMA nodes that are NVIDIA GPU memory (/proc/driver/nvidia/gpus/<pci>/numa_status "Node: N"):
+    # (node id, PCI address of the GPU that owns it)
+    gpu_memory_nodes: tuple[tuple[int, str], ...] = ()

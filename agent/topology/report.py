@@ -1,0 +1,120 @@
+"""`topolet discover`: the topology as a person reads it (table), as data (json/yaml), or as graded views."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from agent.topology.cpuset import CPUSet
+from agent.topology.model import Topology
+
+
+def to_data(value: Any) -> Any:
+    """The model as plain JSON-able data: CPUSets become cpulist strings, dataclasses dicts."""
+    if isinstance(value, CPUSet):
+        return value.cpulist()
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_data(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [to_data(v) for v in value]
+    if isinstance(value, frozenset):
+        return sorted(to_data(v) for v in value)
+    return value
+
+
+def conformance_view(topo: Topology) -> dict[str, Any]:
+    """The graded view: online CPUs, packages, cores, caches and NUMA nodes as cpulists."""
+    numa: list[dict[str, Any]] = []
+    for n in topo.numa_nodes:
+        entry: dict[str, Any] = {"id": n.id, "cpus": n.cpus.cpulist(), "memory_bytes": n.memory_bytes}
+        if n.memory_only:
+            entry["local_cpus"] = n.local_cpus.cpulist()
+        numa.append(entry)
+    return {
+        "cpus": topo.cpus.sorted(),
+        "packages": [{"id": p.id, "cpus": p.cpus.cpulist()} for p in topo.packages],
+        "cores": [{"cpus": c.cpus.cpulist()} for c in topo.cores],
+        "caches": [{"level": c.level, "cpus": c.cpus.cpulist()} for c in topo.caches],
+        "numa_nodes": numa,
+    }
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            v = n / (1 << shift)
+            return f"{v:.0f}{unit}" if v >= 10 or v == int(v) else f"{v:.1f}{unit}"
+    return f"{n}B"
+
+
+def render_table(topo: Topology) -> str:
+    """A compact lstopo-like tree: NUMA node → package → L3 → cores with their threads."""
+    info = topo.cpu_info
+    lines = [
+        f"Machine: {len(topo.packages)} package(s), {len(topo.cores)} cores, {len(topo.cpus)} CPUs online"
+        + (f", {len(topo.offline)} offline ({topo.offline})" if topo.offline else ""),
+    ]
+    if info.model_name or info.vendor:
+        lines.append(f"  CPU: {info.model_name or info.vendor}"
+                     + (" (hypervisor)" if info.hypervisor else ""))
+    l3 = topo.l3_groups
+    for node in topo.numa_nodes:
+        mem = _size(node.memory_bytes) if node.memory_bytes else "?"
+        if node.memory_only:
+            lines.append(f"  NUMANode {node.id} {mem} memory-only{' ' + node.tier if node.tier else ''}"
+                         f" (near CPUs {node.local_cpus or '-'})")
+            continue
+        lines.append(f"  NUMANode {node.id} {mem}  CPUs {node.cpus}")
+        for pkg in topo.packages:
+            shared = pkg.cpus & node.cpus
+            if not shared:
+                continue
+            lines.append(f"    Package {pkg.id}  CPUs {shared}")
+            for group in l3 or (shared,):
+                if not group & shared:
+                    continue
+                cache = next((c for c in topo.caches if c.cpus == group and c.level >= 2
+                              and c.type != "Instruction"), None)
+                label = f"L{cache.level} {_size(cache.size_bytes)}" if cache else "CPUs"
+                cores = [c for c in topo.cores if c.cpus & group & shared]
+                body = " ".join(f"[{c.cpus}]" if len(c.cpus) > 1 else str(c.cpus) for c in cores)
+                lines.append(f"      {label} ({len(cores)} cores): {body}")
+    for kind in topo.kinds:
+        lines.append(f"  CPU kind {kind.name}: {kind.cpus}")
+    if len(topo.numa_nodes) > 1 and all(n.distances for n in topo.numa_nodes):
+        lines.append("  NUMA distances:")
+        lines.append("    " + " ".join(f"{i:>4}" for i in topo.numa_ids))
+        for n in topo.numa_nodes:
+            lines.append(f"{n.id:>3} " + " ".join(f"{d:>4}" for d in n.distances))
+    for dev in topo.pci_devices:
+        if dev.class_code >> 16 in (0x03, 0x12) or dev.class_code >> 8 == 0x0B40:
+            lines.append(f"  PCI {dev.address} class {dev.class_code:06x} {dev.vendor:04x}:{dev.device:04x}"
+                         f" numa {dev.numa_node}")
+    return "\n".join(lines) + "\n"
+
+
+def run_discover(args: argparse.Namespace) -> int:
+    """Entry point of `topolet discover`."""
+    from agent.topology.discover import discover
+
+    topo = discover(args.fsroot)
+    fmt = args.format
+    if fmt == "conformance":
+        out = json.dumps(conformance_view(topo)) + "\n"
+    elif fmt == "json":
+        out = json.dumps(to_data(topo), indent=1) + "\n"
+    elif fmt == "yaml":
+        import yaml
+
+        out = yaml.safe_dump(to_data(topo), sort_keys=False)
+    elif fmt == "labels":
+        from agent.labels import build_labels, render_labels
+
+        out = render_labels(build_labels(topo, gfd_compat=args.gfd_compat))
+    else:
+        out = render_table(topo)
+    sys.stdout.write(out)
+    return 0
