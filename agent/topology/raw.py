@@ -105,7 +105,7 @@ class RawScan:
     cpu_model: int  # -1 when unknown
     cpu_model_name: str
     hypervisor: bool
-    arch: str  # from /proc/cpuinfo shape or uname when scanning "/": "x86", "arm", "power", "s390", "ia64", ...
+    arch: str  # from the cpuinfo shape (uname on "/"): "x86", "arm", "power", "s390", "ia64", ...
     mem_total_bytes: int  # /proc/meminfo MemTotal, -1 when missing
     pci: tuple[RawPCI, ...]
     errors: tuple[RawError, ...]
