@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Discovery speed: topolet's native scan in-process vs `lstopo-no-graphics` on the same root.
+
+For the five largest hwloc dumps (by CPU count) and for `/`, prints per root the median of the
+in-process `discover()` (C scan + model build), the median of `lstopo-no-graphics --input ROOT -v -`
+run as a process, their ratio, and the whole-process `topolet discover` time beside lstopo's so start-up
+cost stays visible.  Ends with `discover speedup vs lstopo (worst root): X.XX`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from agent.topology.discover import discover  # noqa: E402
+
+DUMPS = REPO / "tests" / "data" / "hwloc" / "dumps"
+
+
+def extract_all(dest: Path) -> list[tuple[int, str, Path]]:
+    """(online CPU count, name, root) for every dump that discovery reads."""
+    found = []
+    for tarball in sorted(DUMPS.glob("*.tar.bz2")):
+        name = tarball.name[: -len(".tar.bz2")]
+        out = dest / name
+        with tarfile.open(tarball) as tar:
+            tar.extractall(out, filter="tar")
+        roots = [p for p in out.iterdir() if p.is_dir()]
+        if len(roots) != 1:
+            continue
+        try:
+            found.append((len(discover(str(roots[0])).cpus), name, roots[0]))
+        except Exception:  # a dump this tool cannot read is not a benchmark subject
+            continue
+    return found
+
+
+def median_in_process(root: str, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        discover(root)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def median_process(argv: list[str], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=21, help="in-process runs per root (median)")
+    ap.add_argument("--process-runs", type=int, default=7, help="process runs per root (median)")
+    a = ap.parse_args()
+    lstopo = shutil.which("lstopo-no-graphics")
+    if not lstopo:
+        print("lstopo-no-graphics not found (apt-get install hwloc-nox)", file=sys.stderr)
+        return 2
+    topolet = str(Path(sys.executable).parent / "topolet")
+    if not os.path.exists(topolet):
+        topolet = shutil.which("topolet") or "topolet"
+    with tempfile.TemporaryDirectory() as tmp:
+        subjects = sorted(extract_all(Path(tmp)), reverse=True)[:5]
+        roots = [(name, str(root), n) for n, name, root in subjects] + [("/", "/", len(discover("/").cpus))]
+        print(f"{'root':<34} {'cpus':>5} {'scan ms':>9} {'lstopo ms':>10} {'speedup':>8}"
+              f" {'topolet proc ms':>16} {'proc ratio':>10}")
+        worst = float("inf")
+        for name, root, ncpu in roots:
+            scan = median_in_process(root, a.runs)
+            ls_argv = [lstopo, "-v", "-"] if root == "/" else [lstopo, "--input", root, "-v", "-"]
+            ref = median_process(ls_argv, a.process_runs)
+            proc = median_process([topolet, "discover", "--fsroot", root, "--format", "json"],
+                                  a.process_runs)
+            speedup = ref / scan
+            worst = min(worst, speedup)
+            print(f"{name:<34} {ncpu:>5} {scan * 1e3:>9.2f} {ref * 1e3:>10.2f} {speedup:>8.2f}"
+                  f" {proc * 1e3:>16.2f} {ref / proc:>10.2f}")
+    print(f"discover speedup vs lstopo (worst root): {worst:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
