@@ -70,8 +70,11 @@ class Profile:
 
     @property
     def resource_name(self) -> str:
-        """The Kubernetes extended resource the device plugin's mixed strategy exposes."""
-        return f"nvidia.com/mig-{self.name}"
+        """The Kubernetes extended resource the device plugin's mixed strategy exposes.
+
+        '+' is not valid in a resource name, so "1g.10gb+me" becomes "mig-1g.10gb.me".
+        """
+        return f"nvidia.com/mig-{self.name.replace('+', '.')}"
 
 
 @dataclass(frozen=True)
