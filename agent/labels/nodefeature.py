@@ -1,0 +1,66 @@
+"""Bodies for the two API sinks: an NFD `NodeFeature` object and a Node label merge patch.
+
+Pure functions: the Kubernetes code sends what these build.  NodeFeature shape from NFD's docs
+("Customization guide", NodeFeature custom resource): `nfd.k8s-sigs.io/v1alpha1`, namespaced,
+labelled `nfd.node.kubernetes.io/node-name=<node>` so nfd-master knows the target node, and
+`spec.labels` holding the labels to create.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from agent.errors import ConfigError
+from agent.labels.validate import MAX_PREFIX, is_dns_subdomain, is_label_key, is_label_value
+
+NODEFEATURE_API_VERSION = "nfd.k8s-sigs.io/v1alpha1"
+NODEFEATURE_KIND = "NodeFeature"
+NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+_NAME_PREFIX = "topolet-"
+
+
+def _checked(labels: Mapping[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        if not is_label_key(key) or not is_label_value(value):
+            raise ConfigError(f"not a valid label: {key!r}={value!r}")
+    return dict(sorted(labels.items()))
+
+
+def nodefeature_name(node: str) -> str:
+    """The object name for `node`: "topolet-<node>", shortened with a hash past 253 characters."""
+    name = _NAME_PREFIX + node
+    if len(name) <= MAX_PREFIX:
+        return name
+    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
+    head = name[: MAX_PREFIX - len(digest) - 1].rstrip(".-")
+    return f"{head}-{digest}"
+
+
+def nodefeature_object(node: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    """A `NodeFeature` asking nfd-master to put `labels` on `node`."""
+    if not is_dns_subdomain(node) or not is_label_value(node):
+        # The node name must also fit a label value (63 characters) to be the node-name label.
+        raise ConfigError(f"node name {node!r} cannot be used in a NodeFeature")
+    if not is_dns_subdomain(namespace) or "." in namespace:
+        raise ConfigError(f"invalid namespace {namespace!r}")
+    return {
+        "apiVersion": NODEFEATURE_API_VERSION,
+        "kind": NODEFEATURE_KIND,
+        "metadata": {
+            "name": nodefeature_name(node),
+            "namespace": namespace,
+            "labels": {NODE_NAME_LABEL: node, MANAGED_BY_LABEL: "topolet"},
+        },
+        "spec": {"labels": _checked(labels)},
+    }
+
+
+def node_label_patch(labels: Mapping[str, str],
+                     previous: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A JSON merge patch for the Node: set `labels`, and null out keys in `previous` now gone."""
+    body: dict[str, str | None] = {k: None for k in sorted(previous or {}) if k not in labels}
+    body.update(_checked(labels))
+    return {"metadata": {"labels": dict(sorted(body.items()))}}
