@@ -1,0 +1,39 @@
+"""`Request`: what an exclusive CPU allocation asks for, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent.errors import AllocationError
+from agent.topology.cpuset import EMPTY, CPUSet
+
+NUMA_POLICIES = ("single-numa-node", "restricted", "best-effort", "spread")
+SMT_POLICIES = ("full-cores", "any")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """An exclusive CPU request: how many CPUs, under which NUMA and SMT policy.
+
+    `preferred_numa` names the NUMA nodes to favour (where the pod's GPUs are); with
+    `single-numa-node` or `restricted` the answer must lie inside them.  `reserved` CPUs are never
+    handed out, whatever the free set says.
+    """
+
+    cpus: int
+    numa_policy: str = "best-effort"
+    smt: str = "any"
+    preferred_numa: frozenset[int] | None = None
+    reserved: CPUSet = field(default=EMPTY)
+
+    def __post_init__(self) -> None:
+        # bool is an int subclass; `cpus=True` is a caller bug, not a request for one CPU.
+        if not isinstance(self.cpus, int) or isinstance(self.cpus, bool) or self.cpus < 0:
+            raise AllocationError(f"cpus must be a non-negative integer, got {self.cpus!r}")
+        if self.numa_policy not in NUMA_POLICIES:
+            raise AllocationError(
+                f"unknown numa_policy {self.numa_policy!r}; expected one of {', '.join(NUMA_POLICIES)}")
+        if self.smt not in SMT_POLICIES:
+            raise AllocationError(f"unknown smt {self.smt!r}; expected one of {', '.join(SMT_POLICIES)}")
+        if self.preferred_numa is not None and not self.preferred_numa:
+            raise AllocationError("preferred_numa is empty; give at least one NUMA node or leave it unset")
