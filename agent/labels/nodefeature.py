@@ -8,12 +8,11 @@ labelled `nfd.node.kubernetes.io/node-name=<node>` so nfd-master knows the targe
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
 from agent.errors import ConfigError
-from agent.labels.validate import MAX_PREFIX, is_dns_subdomain, is_label_key, is_label_value
+from agent.labels.validate import is_dns_subdomain, is_label_key, is_label_value
 
 NODEFEATURE_API_VERSION = "nfd.k8s-sigs.io/v1alpha1"
 NODEFEATURE_KIND = "NodeFeature"
@@ -30,13 +29,12 @@ def _checked(labels: Mapping[str, str]) -> dict[str, str]:
 
 
 def nodefeature_name(node: str) -> str:
-    """The object name for `node`: "topolet-<node>", shortened with a hash past 253 characters."""
-    name = _NAME_PREFIX + node
-    if len(name) <= MAX_PREFIX:
-        return name
-    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
-    head = name[: MAX_PREFIX - len(digest) - 1].rstrip(".-")
-    return f"{head}-{digest}"
+    """The object name for `node`, distinct from the object nfd-worker names after the node itself.
+
+    Node names used here fit a label value (at most 63 characters), so the name stays far below
+    the 253 characters an object name may have.
+    """
+    return _NAME_PREFIX + node
 
 
 def nodefeature_object(node: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:

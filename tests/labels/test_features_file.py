@@ -1,0 +1,154 @@
+"""The features.d sink: NFD's format, atomic replacement, write-on-change, the 64 KiB limit."""
+
+from __future__ import annotations
+
+import os
+import stat
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from agent.labels import render_labels
+from agent.labels.features_file import (
+    MAX_FILE_BYTES,
+    FeatureFileError,
+    remove_features_file,
+    write_features_file,
+)
+
+LABELS = {"topolet.io/numa.nodes": "2", "feature.node.kubernetes.io/memory-numa": "true",
+          "topolet.io/empty": ""}
+
+
+def read_like_nfd(path: Path) -> dict[str, str]:
+    """Parse a feature file the way NFD's local source does (no expiry handling)."""
+    out: dict[str, str] = {}
+    for raw in path.read_text().split("\n"):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        out[key] = value if sep else "true"
+    return out
+
+
+def entries(folder: Path) -> list[str]:
+    return sorted(os.listdir(folder))
+
+
+def test_render_labels_sorted_lines() -> None:
+    assert render_labels({"b/x": "1", "a/y": "2"}) == "a/y=2\nb/x=1\n"
+    assert render_labels({}) == ""
+
+
+def test_writes_then_skips_unchanged_then_rewrites(tmp_path: Path) -> None:
+    assert write_features_file(str(tmp_path), LABELS) is True
+    assert read_like_nfd(tmp_path / "topolet") == LABELS
+    assert write_features_file(str(tmp_path), dict(reversed(list(LABELS.items())))) is False
+    changed = {**LABELS, "topolet.io/numa.nodes": "4"}
+    assert write_features_file(str(tmp_path), changed) is True
+    assert read_like_nfd(tmp_path / "topolet") == changed
+    assert entries(tmp_path) == ["topolet"]  # no temporary left behind
+
+
+def test_file_is_world_readable(tmp_path: Path) -> None:
+    write_features_file(str(tmp_path), LABELS)
+    assert stat.S_IMODE((tmp_path / "topolet").stat().st_mode) == 0o644
+
+
+def test_custom_name(tmp_path: Path) -> None:
+    write_features_file(str(tmp_path), LABELS, name="topolet-gpu")
+    assert entries(tmp_path) == ["topolet-gpu"]
+
+
+def test_expiry_directive(tmp_path: Path) -> None:
+    when = datetime(2030, 7, 29, 13, 22, 33, 999, tzinfo=timezone(timedelta(hours=2)))
+    write_features_file(str(tmp_path), LABELS, expires=when)
+    lines = (tmp_path / "topolet").read_text().splitlines()
+    assert "# +expiry-time=2030-07-29T11:22:33Z" in lines
+    # The directive precedes every label so it covers them all.
+    first_label = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    assert lines.index("# +expiry-time=2030-07-29T11:22:33Z") < first_label
+    with pytest.raises(FeatureFileError):
+        write_features_file(str(tmp_path), LABELS, expires=datetime(2030, 1, 1))
+
+
+def test_content_at_limit_is_written_and_over_limit_refused(tmp_path: Path) -> None:
+    write_features_file(str(tmp_path), LABELS)
+    before = (tmp_path / "topolet").read_bytes()
+    # Enough 63-character labels to pass 64 KiB.
+    big = {f"topolet.io/k{i:05d}": "v" * 63 for i in range(1000)}
+    with pytest.raises(FeatureFileError, match="limit"):
+        write_features_file(str(tmp_path), big)
+    assert (tmp_path / "topolet").read_bytes() == before
+    assert entries(tmp_path) == ["topolet"]
+
+    # Trim to fit exactly at the limit: NFD accepts a file of exactly MAX_FILE_BYTES.
+    size = len(write_size_probe(big))
+    keys = sorted(big)
+    while size > MAX_FILE_BYTES:
+        key = keys.pop()
+        size -= len(f"{key}={big[key]}\n")
+        del big[key]
+    pad = MAX_FILE_BYTES - size
+    if pad:
+        # One more label of exactly `pad` bytes, if it can be formed; else accept a little under.
+        name = "topolet.io/p"
+        if pad >= len(name) + 2 and pad - len(name) - 2 <= 63:
+            big[name] = "x" * (pad - len(name) - 2)
+    assert write_features_file(str(tmp_path), big) is True
+    assert (tmp_path / "topolet").stat().st_size <= MAX_FILE_BYTES
+
+
+def write_size_probe(labels: dict[str, str]) -> bytes:
+    from agent.labels.features_file import render_features_file
+
+    return render_features_file(labels).encode()
+
+
+@pytest.mark.parametrize("labels", [
+    {"topolet.io/bad value": "1"},
+    {"topolet.io/k": "two words"},
+    {"unprefixed": "1"},
+    {"topolet.io/k": "v" * 64},
+    {"topolet.io/k\nevil.io/x": "1"},
+])
+def test_invalid_labels_are_refused_and_nothing_written(tmp_path: Path, labels: dict[str, str]) -> None:
+    with pytest.raises(FeatureFileError):
+        write_features_file(str(tmp_path), labels)
+    assert entries(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["", ".topolet", "a/b", "..", "x\0y"])
+def test_bad_file_names(tmp_path: Path, name: str) -> None:
+    with pytest.raises(FeatureFileError):
+        write_features_file(str(tmp_path), LABELS, name=name)
+    assert entries(tmp_path) == []
+
+
+def test_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(FeatureFileError, match="does not exist"):
+        write_features_file(str(tmp_path / "nope"), LABELS)
+
+
+def test_failed_rename_keeps_old_file_and_leaves_no_temporary(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    write_features_file(str(tmp_path), LABELS)
+    before = (tmp_path / "topolet").read_bytes()
+
+    def fail(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(FeatureFileError, match="No space left"):
+        write_features_file(str(tmp_path), {"topolet.io/numa.nodes": "8"})
+    assert (tmp_path / "topolet").read_bytes() == before
+    assert entries(tmp_path) == ["topolet"]
+
+
+def test_remove(tmp_path: Path) -> None:
+    write_features_file(str(tmp_path), LABELS)
+    assert remove_features_file(str(tmp_path)) is True
+    assert remove_features_file(str(tmp_path)) is False
+    assert entries(tmp_path) == []
