@@ -9,6 +9,9 @@ Origins of the facts (noted per the common brief; no code was copied):
   "Supported MIG Profiles" (A100: 1g=1/8 mem, 1/7 SM, max 7; 1g+me max 1; 1g double-memory max 4;
   2g=2/8, 2/7, max 3; 3g=4/8, 3/7, max 2; 4g=4/8, 4/7, max 1; 7g=full, max 1; the A100-80GB,
   H100-80GB and H200-141GB tables have the same geometry with their own names).
+- GPU-instance profile ids (19, 20, 15, 14, 9, 5, 0 for 1g, 1g+me, 1g double-memory, 2g, 3g, 4g,
+  7g): the ID column of a published `nvidia-smi mig -lgip` listing for H100-80GB and the MIG User
+  Guide's A100 examples; NVML returns them as GpuInstanceProfileInfo.id.
 - Placements (start, size in memory slices): the MIG User Guide's placement diagrams and its
   `nvidia-smi mig -lgipp` example for A100 ({0..6}:1, {0,2,4}:2, {0,4}:4, {0}:4, {0}:8) plus
   {0,2,4,6}:2 for the 1g double-memory profile.
@@ -55,7 +58,8 @@ class Profile:
     """One GPU-instance profile of one GPU model."""
 
     name: str  # e.g. "3g.40gb"
-    nvml_id: int  # NVML_GPU_INSTANCE_PROFILE_*
+    nvml_id: int  # NVML_GPU_INSTANCE_PROFILE_* (the enum passed to ...GetGpuInstanceProfileInfo)
+    gi_profile_id: int  # the id that info returns and create/list calls take (nvidia-smi's "ID")
     compute_slices: int  # out of COMPUTE_SLICES
     memory_slices: int  # out of MEMORY_SLICES; equals every placement's size
     memory_mib: int  # NVML memorySizeMB
@@ -125,13 +129,13 @@ def _table(mem_unit: str, mem_double: str, mem_half: str, mem_full: str,
     m1, m2, m4, m8 = mib
     s1, s1d, s2, s3, s4, s7 = sms
     return (
-        Profile(f"1g.{mem_unit}", GI_1_SLICE, 1, 1, m1, s1, 7, _P1),
-        Profile(f"1g.{mem_unit}+me", GI_1_SLICE_REV1, 1, 1, m1, s1, 1, _P1),
-        Profile(f"1g.{mem_double}", GI_1_SLICE_REV2, 1, 2, m2, s1d, 4, _P1_DOUBLE),
-        Profile(f"2g.{mem_double}", GI_2_SLICE, 2, 2, m2, s2, 3, _P2),
-        Profile(f"3g.{mem_half}", GI_3_SLICE, 3, 4, m4, s3, 2, _P3),
-        Profile(f"4g.{mem_half}", GI_4_SLICE, 4, 4, m4, s4, 1, _P4),
-        Profile(f"7g.{mem_full}", GI_7_SLICE, 7, 8, m8, s7, 1, _P7),
+        Profile(f"1g.{mem_unit}", GI_1_SLICE, 19, 1, 1, m1, s1, 7, _P1),
+        Profile(f"1g.{mem_unit}+me", GI_1_SLICE_REV1, 20, 1, 1, m1, s1, 1, _P1),
+        Profile(f"1g.{mem_double}", GI_1_SLICE_REV2, 15, 1, 2, m2, s1d, 4, _P1_DOUBLE),
+        Profile(f"2g.{mem_double}", GI_2_SLICE, 14, 2, 2, m2, s2, 3, _P2),
+        Profile(f"3g.{mem_half}", GI_3_SLICE, 9, 3, 4, m4, s3, 2, _P3),
+        Profile(f"4g.{mem_half}", GI_4_SLICE, 5, 4, 4, m4, s4, 1, _P4),
+        Profile(f"7g.{mem_full}", GI_7_SLICE, 0, 7, 8, m8, s7, 1, _P7),
     )
 
 
