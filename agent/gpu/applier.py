@@ -190,7 +190,7 @@ class MigApplier:
                 return ApplyResult(PENDING, f"GPU {g.index}: MIG mode change waits for a GPU reset")
             if not self.allow_mig_mode_change:
                 mode = "enabled" if g.mig_current else "disabled"
-                return ApplyResult(FAILED, f"GPU {g.index}: MIG mode is {mode} and changing it is not allowed")
+                return ApplyResult(FAILED, f"GPU {g.index}: MIG mode is {mode}; changing it is not allowed")
             if g.processes:
                 return ApplyResult(FAILED, f"GPU {g.index}: {len(g.processes)} processes running; "
                                    "MIG mode not changed")
