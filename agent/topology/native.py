@@ -1,0 +1,297 @@
+"""The C helper's entry points as Python values: cpulist/cpumask parsing, the sysfs scan, pinning."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from typing import Any
+
+import agent._native as _native
+from agent.errors import CPUListError, EnforcementError, TopologyError
+from agent.topology.cpuset import CPUSet
+from agent.topology.raw import (
+    RawCache,
+    RawCPU,
+    RawError,
+    RawHugepages,
+    RawNode,
+    RawPCI,
+    RawScan,
+)
+
+_ffi: Any = _native.ffi
+_lib: Any = _native.lib
+
+_WORD = 8
+_FIRST_WORDS = 64  # 4096 CPUs: enough for one call on nearly every machine
+_ABSENT = -1
+_LITTLE = sys.byteorder == "little"
+
+_MEMPOLICY = {
+    "default": _lib.TOPO_MPOL_DEFAULT,
+    "preferred": _lib.TOPO_MPOL_PREFERRED,
+    "bind": _lib.TOPO_MPOL_BIND,
+}
+
+
+def _words_to_int(data: bytes) -> int:
+    """A bitmap of native-endian uint64 words (lowest word first) as one int."""
+    if _LITTLE:
+        return int.from_bytes(data, "little")
+    mask = 0
+    for i in range(len(data) // _WORD - 1, -1, -1):
+        mask = mask << 64 | int.from_bytes(data[i * _WORD : (i + 1) * _WORD], sys.byteorder)
+    return mask
+
+
+def _int_to_words(mask: int) -> tuple[Any, int]:
+    """One int as a cffi uint64 word array and its length in words."""
+    nwords = max(1, (mask.bit_length() + 63) // 64)
+    buf = _ffi.new("uint64_t[]", nwords)
+    if _LITTLE:
+        _ffi.memmove(buf, mask.to_bytes(nwords * _WORD, "little"), nwords * _WORD)
+    else:
+        for i in range(nwords):
+            buf[i] = mask >> (64 * i) & 0xFFFFFFFFFFFFFFFF
+    return buf, nwords
+
+
+def _errname(code: int) -> str:
+    return errno.errorcode.get(code, f"E{code}")
+
+
+def _parse(fn: Any, kind: str, text: str) -> int:
+    try:
+        data = text.encode("ascii")
+    except (UnicodeEncodeError, AttributeError):
+        raise CPUListError(f"invalid {kind} {text!r}: not ASCII text") from None
+    cap = _FIRST_WORDS
+    nwords = _ffi.new("size_t *")
+    while True:
+        buf = _ffi.new("uint64_t[]", cap)
+        rc = fn(data, len(data), buf, cap, nwords)
+        if rc != errno.ENOSPC:
+            break
+        cap = nwords[0]
+    if rc:
+        why = "CPU id too large" if rc == errno.ERANGE else "malformed"
+        raise CPUListError(f"invalid {kind} {text!r}: {why}")
+    return _words_to_int(_ffi.buffer(buf, nwords[0] * _WORD)[:])
+
+
+def parse_cpulist(text: str) -> int:
+    """Parse a kernel cpulist ("0-3,8,10-15") into a CPU bitmask; raises CPUListError."""
+    return _parse(_lib.topo_parse_cpulist, "cpulist", text)
+
+
+def parse_cpumask(text: str) -> int:
+    """Parse a kernel cpumask ("ff,00000001") into a CPU bitmask; raises CPUListError."""
+    return _parse(_lib.topo_parse_cpumask, "cpumask", text)
+
+
+class _Reader:
+    """Turns one C scan result into records; sets that share pool words share one CPUSet."""
+
+    def __init__(self, p: Any) -> None:
+        self.p = p
+        self.strings = bytes(_ffi.buffer(p.strings, p.nstrings))
+        self.words = bytes(_ffi.buffer(p.words, p.nwords * _WORD)) if p.nwords else b""
+        self.sets: dict[int, CPUSet] = {}
+        self.empty = CPUSet()
+
+    def string(self, off: int) -> str:
+        end = self.strings.index(b"\0", off)
+        return self.strings[off:end].decode("utf-8", "replace")
+
+    def cpuset(self, s: Any) -> CPUSet | None:
+        off = s.off
+        if off == _ABSENT:
+            return None
+        n = s.n
+        if n == 0:
+            return self.empty
+        got = self.sets.get(off)
+        if got is None:
+            got = CPUSet.from_mask(_words_to_int(self.words[off * _WORD : (off + n) * _WORD]))
+            self.sets[off] = got
+        return got
+
+    def caches(self, first: int, count: int) -> tuple[RawCache, ...]:
+        out = []
+        for c in self.p.caches[first : first + count]:
+            out.append(
+                RawCache(
+                    level=c.level,
+                    type=_ffi.string(c.type).decode("ascii", "replace"),
+                    size_bytes=c.size_bytes,
+                    line_bytes=c.line_bytes,
+                    id=c.id,
+                    cpus=self.cpuset(c.cpus),
+                )
+            )
+        return tuple(out)
+
+    def cpus(self) -> tuple[RawCPU, ...]:
+        out = []
+        cs = self.cpuset
+        for c in self.p.cpus[0 : self.p.ncpus]:
+            out.append(
+                RawCPU(
+                    id=c.id,
+                    online=bool(c.online),
+                    has_topology=bool(c.has_topology),
+                    package_id=c.package_id,
+                    die_id=c.die_id,
+                    cluster_id=c.cluster_id,
+                    core_id=c.core_id,
+                    book_id=c.book_id,
+                    drawer_id=c.drawer_id,
+                    thread_siblings=cs(c.thread_siblings),
+                    package_cpus=cs(c.package_cpus),
+                    die_cpus=cs(c.die_cpus),
+                    cluster_cpus=cs(c.cluster_cpus),
+                    book_siblings=cs(c.book_siblings),
+                    drawer_siblings=cs(c.drawer_siblings),
+                    capacity=c.capacity,
+                    max_freq_khz=c.max_freq_khz,
+                    caches=self.caches(c.cache_off, c.ncaches),
+                )
+            )
+        return tuple(out)
+
+    def nodes(self) -> tuple[RawNode, ...]:
+        p = self.p
+        ints = p.ints
+        out = []
+        for n in p.nodes[0 : p.nnodes]:
+            hps = tuple(
+                RawHugepages(size_bytes=h.size_bytes, total=h.total, free=h.free)
+                for h in p.hugepages[n.hp_off : n.hp_off + n.nhp]
+            )
+            out.append(
+                RawNode(
+                    id=n.id,
+                    cpus=self.cpuset(n.cpus),
+                    mem_total_bytes=n.mem_total_bytes,
+                    mem_free_bytes=n.mem_free_bytes,
+                    hugepages=hps,
+                    distances=tuple(ints[n.dist_off : n.dist_off + n.ndist]),
+                    initiators=tuple(ints[n.init_off : n.init_off + n.ninit]),
+                )
+            )
+        return tuple(out)
+
+    def pci(self) -> tuple[RawPCI, ...]:
+        return tuple(
+            RawPCI(
+                address=self.string(d.addr),
+                class_code=d.class_code,
+                vendor=d.vendor,
+                device=d.device,
+                numa_node=d.numa_node,
+                local_cpus=self.cpuset(d.local_cpus),
+            )
+            for d in self.p.pci[0 : self.p.npci]
+        )
+
+    def kinds(self) -> tuple[tuple[str, CPUSet], ...]:
+        out = []
+        for name, s in (("cpu_core", self.p.kind_core), ("cpu_atom", self.p.kind_atom)):
+            cpus = self.cpuset(s)
+            if cpus is not None:
+                out.append((name, cpus))
+        return tuple(out)
+
+    def errors(self) -> tuple[RawError, ...]:
+        return tuple(
+            RawError(code=_errname(e.code), path=self.string(e.path))
+            for e in self.p.errors[0 : self.p.nerrors]
+        )
+
+
+def scan(root: str = "/") -> RawScan:
+    """Scan a file-system root (the host's "/" or an extracted sysfs dump) in one pass."""
+    p = _lib.topo_scan(os.fsencode(root))
+    if p == _ffi.NULL:
+        raise TopologyError("out of memory scanning", root)
+    try:
+        if p.status:
+            r = _Reader(p)
+            where = r.string(p.status_path) if p.status_path >= 0 else ""
+            path = where if where == root else os.path.join(root, where)
+            raise TopologyError(f"cannot scan ({_errname(p.status)}, {os.strerror(p.status)})", path)
+        r = _Reader(p)
+        flags = r.string(p.cpu_flags).lower().split()
+        return RawScan(
+            root=root,
+            possible=r.cpuset(p.possible),
+            present=r.cpuset(p.present),
+            online=r.cpuset(p.online),
+            offline=r.cpuset(p.offline),
+            cpus=r.cpus(),
+            has_node_dir=bool(p.has_node_dir),
+            nodes=r.nodes(),
+            kinds=r.kinds(),
+            cpu_flags=tuple(sorted(set(flags))),
+            cpu_vendor=r.string(p.cpu_vendor),
+            cpu_family=p.cpu_family,
+            cpu_model=p.cpu_model,
+            cpu_model_name=r.string(p.cpu_model_name),
+            hypervisor=bool(p.hypervisor),
+            arch=r.string(p.arch),
+            mem_total_bytes=p.mem_total_bytes,
+            pci=r.pci(),
+            errors=r.errors(),
+        )
+    finally:
+        _lib.topo_scan_free(p)
+
+
+def set_affinity(pid: int, cpus: CPUSet) -> None:
+    """Pin a process or thread (0 = the caller) to `cpus`; raises EnforcementError."""
+    if not cpus:
+        raise EnforcementError("cannot pin to an empty CPU set", f"pid {pid}")
+    buf, nwords = _int_to_words(cpus.mask)
+    rc = _lib.topo_set_affinity(pid, buf, nwords)
+    if rc:
+        raise EnforcementError(
+            f"sched_setaffinity({cpus.cpulist()}) failed: {_errname(rc)} {os.strerror(rc)}", f"pid {pid}"
+        )
+
+
+def get_affinity(pid: int) -> CPUSet:
+    """The CPUs a process or thread (0 = the caller) may run on; raises EnforcementError."""
+    cap = _FIRST_WORDS
+    nwords = _ffi.new("size_t *")
+    while True:
+        buf = _ffi.new("uint64_t[]", cap)
+        rc = _lib.topo_get_affinity(pid, buf, cap, nwords)
+        if rc != errno.ENOSPC:
+            break
+        cap = nwords[0]
+    if rc:
+        raise EnforcementError(f"sched_getaffinity failed: {_errname(rc)} {os.strerror(rc)}", f"pid {pid}")
+    return CPUSet.from_mask(_words_to_int(_ffi.buffer(buf, nwords[0] * _WORD)[:]))
+
+
+def bind_memory(nodes: CPUSet | None, mode: str) -> None:
+    """Set the calling thread's NUMA memory policy: "bind", "preferred" (to `nodes`) or "default".
+
+    `nodes` is a set of NUMA node ids (a CPUSet used as an id set); raises EnforcementError.
+    """
+    policy = _MEMPOLICY.get(mode)
+    if policy is None:
+        raise EnforcementError(f"unknown memory policy {mode!r}", "set_mempolicy")
+    if policy == _lib.TOPO_MPOL_DEFAULT:
+        buf, nwords = _ffi.NULL, 0
+    else:
+        if not nodes:
+            raise EnforcementError(f"memory policy {mode!r} needs at least one NUMA node", "set_mempolicy")
+        buf, nwords = _int_to_words(nodes.mask)
+    rc = _lib.topo_set_mempolicy(policy, buf, nwords)
+    if rc:
+        where = nodes.cpulist() if nodes else ""
+        raise EnforcementError(
+            f"set_mempolicy({mode} {where}) failed: {_errname(rc)} {os.strerror(rc)}", "set_mempolicy"
+        )

@@ -1,0 +1,1205 @@
+/* One pass over a file-system root: sysfs CPU, cache, NUMA node and PCI facts into flat arrays.
+ *
+ * Every open is relative to a descriptor of the root, attribute files are opened O_NOFOLLOW, and
+ * the only links followed on purpose (PCI device entries, cpuN/cpufreq) are resolved one level,
+ * confined to the root: a dump cannot make the scan read the host, and a link loop costs one
+ * failed open.  A file that cannot be used becomes an error record; the scan goes on.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "scan_ctx.h"
+
+#define DIR_BUF 16384
+#define MAX_CACHES_PER_CPU 64
+#define MAX_HUGEPAGE_SIZES 64
+#define MAX_PCI 65536
+#define SMALL_FILE 4096
+
+/* ---- memory ---------------------------------------------------------------------------- */
+
+static int grow(struct scan_ctx *ctx, void **arr, uint32_t *cap, uint64_t need, size_t elsz)
+{
+    uint64_t ncap;
+    void *p;
+
+    if (ctx->oom)
+        return -1;
+    if (need <= *cap)
+        return 0;
+    ncap = *cap ? *cap : 16;
+    while (ncap < need)
+        ncap *= 2;
+    if (ncap > UINT32_MAX / 2 || (p = realloc(*arr, ncap * elsz)) == NULL) {
+        ctx->oom = 1;
+        return -1;
+    }
+    *arr = p;
+    *cap = (uint32_t)ncap;
+    return 0;
+}
+
+#define GROW(ctx, field, count, capf, extra)                                                      \
+    grow((ctx), (void **)&(ctx)->pub.field, &(ctx)->capf, (uint64_t)(ctx)->pub.count + (extra),  \
+         sizeof *(ctx)->pub.field)
+
+int32_t scan_add_string(struct scan_ctx *ctx, const char *s, size_t len)
+{
+    int32_t off = (int32_t)ctx->pub.nstrings;
+
+    if (GROW(ctx, strings, nstrings, cap_strings, len + 1))
+        return 0; /* "" */
+    memcpy(ctx->pub.strings + off, s, len);
+    ctx->pub.strings[off + (int32_t)len] = '\0';
+    ctx->pub.nstrings += (uint32_t)len + 1;
+    return off;
+}
+
+void scan_add_error(struct scan_ctx *ctx, int code, const char *dir, const char *name)
+{
+    char path[1024];
+    int n;
+
+    if (GROW(ctx, errors, nerrors, cap_errors, 1))
+        return;
+    if (name && *dir)
+        n = snprintf(path, sizeof path, "%s/%s", dir, name);
+    else
+        n = snprintf(path, sizeof path, "%s", name ? name : dir);
+    if (n < 0)
+        n = 0;
+    if ((size_t)n >= sizeof path)
+        n = sizeof path - 1;
+    ctx->pub.errors[ctx->pub.nerrors].code = code;
+    ctx->pub.errors[ctx->pub.nerrors].path = scan_add_string(ctx, path, (size_t)n);
+    ctx->pub.nerrors++;
+}
+
+static uint64_t hash_words(const uint64_t *w, uint32_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull ^ n;
+    for (uint32_t i = 0; i < n; i++) {
+        h ^= w[i];
+        h *= 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+/* Put a set in the word pool, reusing the words of an identical set already there. */
+static topo_set_t add_set(struct scan_ctx *ctx, const uint64_t *w, uint32_t n)
+{
+    topo_set_t absent = {TOPO_ABSENT, 0}, empty = {0, 0};
+    uint64_t h;
+    uint32_t i;
+
+    if (n == 0)
+        return empty;
+    if (ctx->used_slots * 2 >= ctx->nslots) {
+        uint32_t nn = ctx->nslots ? ctx->nslots * 2 : 256;
+        struct set_slot *ns = calloc(nn, sizeof *ns);
+        if (ns == NULL) {
+            ctx->oom = 1;
+            return absent;
+        }
+        for (i = 0; i < ctx->nslots; i++) {
+            struct set_slot *s = &ctx->slots[i];
+            uint32_t j;
+            if (s->n == 0)
+                continue;
+            for (j = (uint32_t)s->hash & (nn - 1); ns[j].n; j = (j + 1) & (nn - 1))
+                ;
+            ns[j] = *s;
+        }
+        free(ctx->slots);
+        ctx->slots = ns;
+        ctx->nslots = nn;
+    }
+    h = hash_words(w, n);
+    for (i = (uint32_t)h & (ctx->nslots - 1); ctx->slots[i].n; i = (i + 1) & (ctx->nslots - 1)) {
+        struct set_slot *s = &ctx->slots[i];
+        if (s->hash == h && s->n == n && !memcmp(ctx->pub.words + s->off, w, n * sizeof *w)) {
+            topo_set_t found = {s->off, n};
+            return found;
+        }
+    }
+    if (GROW(ctx, words, nwords, cap_words, n))
+        return absent;
+    memcpy(ctx->pub.words + ctx->pub.nwords, w, n * sizeof *w);
+    ctx->slots[i].hash = h;
+    ctx->slots[i].off = (int32_t)ctx->pub.nwords;
+    ctx->slots[i].n = n;
+    ctx->used_slots++;
+    ctx->pub.nwords += n;
+    {
+        topo_set_t made = {ctx->slots[i].off, n};
+        return made;
+    }
+}
+
+static int set_has(const struct scan_ctx *ctx, topo_set_t s, uint32_t cpu)
+{
+    if (s.off < 0 || cpu / 64 >= s.n)
+        return 0;
+    return (int)(ctx->pub.words[s.off + (int32_t)(cpu / 64)] >> (cpu % 64) & 1);
+}
+
+/* ---- files ----------------------------------------------------------------------------- */
+
+static int open_in_root(struct scan_ctx *ctx, const char *rel, int flags)
+{
+    int fd;
+
+    if (ctx->have_openat2) {
+        struct open_how how;
+        memset(&how, 0, sizeof how);
+        how.flags = (uint64_t)(flags | O_CLOEXEC);
+        how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
+        fd = (int)syscall(SYS_openat2, ctx->rootfd, rel, &how, sizeof how);
+        if (fd >= 0 || (errno != ENOSYS && errno != EPERM && errno != E2BIG))
+            return fd;
+        ctx->have_openat2 = 0; /* old kernel or a seccomp filter: confine lexically instead */
+    }
+    return openat(ctx->rootfd, rel, flags | O_CLOEXEC);
+}
+
+static int read_fd(struct scan_ctx *ctx, int fd, size_t *len, int whole_stream)
+{
+    size_t total = 0;
+    int err = 0;
+
+    for (;;) {
+        size_t want;
+        ssize_t n;
+        if (total + 1 >= ctx->bufcap) {
+            char *nb;
+            if (ctx->bufcap >= SCAN_READ_CAP) {
+                err = EFBIG;
+                break;
+            }
+            nb = realloc(ctx->buf, ctx->bufcap * 2);
+            if (nb == NULL) {
+                ctx->oom = 1;
+                err = ENOMEM;
+                break;
+            }
+            ctx->buf = nb;
+            ctx->bufcap *= 2;
+        }
+        want = ctx->bufcap - 1 - total;
+        n = read(fd, ctx->buf + total, want);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            err = errno;
+            break;
+        }
+        if (n == 0)
+            break;
+        total += (size_t)n;
+        if (!whole_stream && (size_t)n < want && total < SMALL_FILE)
+            break;
+        if (whole_stream == SCAN_FIRST_BLOCK) {
+            ctx->buf[total] = '\0';
+            if (strstr(ctx->buf, "\n\n"))
+                break;
+        }
+    }
+    if (!err && total == 0) {
+        /* an empty read from a FIFO or device is not an empty attribute */
+        struct stat st;
+        if (fstat(fd, &st) == 0 && !S_ISREG(st.st_mode))
+            err = EINVAL;
+    }
+    ctx->buf[total] = '\0';
+    *len = total;
+    return err;
+}
+
+int scan_read(struct scan_ctx *ctx, int dirfd, const char *name, size_t *len, int whole_stream)
+{
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+    int err;
+
+    *len = 0;
+    if (fd < 0)
+        return errno;
+    err = read_fd(ctx, fd, len, whole_stream);
+    close(fd);
+    return err;
+}
+
+int scan_read_root(struct scan_ctx *ctx, const char *rel, size_t *len, int whole_stream)
+{
+    int fd = open_in_root(ctx, rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+    int err;
+
+    *len = 0;
+    if (fd < 0)
+        return errno;
+    err = read_fd(ctx, fd, len, whole_stream);
+    close(fd);
+    return err;
+}
+
+static int open_dir_at(int dirfd, const char *name)
+{
+    return openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+}
+
+typedef void (*entry_fn)(void *arg, const char *name, unsigned char type);
+
+struct linux_dirent64 {
+    uint64_t d_ino;
+    int64_t d_off;
+    unsigned short d_reclen;
+    unsigned char d_type;
+    char d_name[];
+};
+
+/* List a directory through getdents64, keeping fd usable for openat afterwards. */
+static int list_dir(int fd, entry_fn fn, void *arg)
+{
+    char buf[DIR_BUF];
+    for (;;) {
+        long n = syscall(SYS_getdents64, fd, buf, sizeof buf);
+        if (n < 0)
+            return errno == EINTR ? 0 : errno;
+        if (n == 0)
+            return 0;
+        for (long pos = 0; pos < n;) {
+            struct linux_dirent64 *d = (struct linux_dirent64 *)(buf + pos);
+            if (d->d_reclen == 0)
+                return EIO;
+            pos += d->d_reclen;
+            if (d->d_name[0] == '.' &&
+                (d->d_name[1] == '\0' || (d->d_name[1] == '.' && d->d_name[2] == '\0')))
+                continue;
+            fn(arg, d->d_name, d->d_type);
+        }
+    }
+}
+
+/* ---- text ------------------------------------------------------------------------------ */
+
+static int is_blank(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\0';
+}
+
+static void trim(const char **s, size_t *n)
+{
+    while (*n > 0 && is_blank((*s)[*n - 1]))
+        (*n)--;
+    while (*n > 0 && is_blank(**s)) {
+        (*s)++;
+        (*n)--;
+    }
+}
+
+/* Whole text (after trimming) is one integer: decimal with optional sign, or 0x-prefixed hex. */
+static int parse_int(const char *s, size_t n, int base16, int64_t *out)
+{
+    int neg = 0;
+    uint64_t v = 0;
+    size_t i = 0;
+
+    trim(&s, &n);
+    if (n == 0)
+        return ENODATA;
+    if (s[0] == '-' || s[0] == '+') {
+        neg = s[0] == '-';
+        i = 1;
+    }
+    if (n - i > 2 && s[i] == '0' && (s[i + 1] == 'x' || s[i + 1] == 'X')) {
+        base16 = 1;
+        i += 2;
+    }
+    if (i == n)
+        return EINVAL;
+    for (; i < n; i++) {
+        int d;
+        char c = s[i];
+        if (c >= '0' && c <= '9')
+            d = c - '0';
+        else if (base16 && c >= 'a' && c <= 'f')
+            d = c - 'a' + 10;
+        else if (base16 && c >= 'A' && c <= 'F')
+            d = c - 'A' + 10;
+        else
+            return EINVAL;
+        if (v > (INT64_MAX - (uint64_t)d) / (base16 ? 16 : 10))
+            return ERANGE;
+        v = v * (base16 ? 16 : 10) + (uint64_t)d;
+    }
+    *out = neg ? -(int64_t)v : (int64_t)v;
+    return 0;
+}
+
+/* A number file: 0 and *out set, ENOENT when absent (silent); any other problem is recorded. */
+static int get_int(struct scan_ctx *ctx, int dirfd, const char *dir, const char *name, int base16,
+                   int64_t *out)
+{
+    size_t len;
+    int err = scan_read(ctx, dirfd, name, &len, 0);
+
+    *out = -1;
+    if (err == 0)
+        err = parse_int(ctx->buf, len, base16, out);
+    if (err && err != ENOENT) {
+        *out = -1;
+        scan_add_error(ctx, err, dir, name);
+    }
+    return err;
+}
+
+static int32_t get_id(struct scan_ctx *ctx, int dirfd, const char *dir, const char *name)
+{
+    int64_t v;
+    if (get_int(ctx, dirfd, dir, name, 0, &v) || v < INT32_MIN || v > INT32_MAX)
+        return -1;
+    return (int32_t)v;
+}
+
+static int parse_set_text(struct scan_ctx *ctx, const char *text, size_t len, int mask, topo_set_t *out)
+{
+    size_t n;
+    int err = mask ? topo_parse_cpumask(text, len, ctx->scratch, TOPO_MAX_WORDS, &n)
+                   : topo_parse_cpulist(text, len, ctx->scratch, TOPO_MAX_WORDS, &n);
+    if (err)
+        return err;
+    *out = add_set(ctx, ctx->scratch, (uint32_t)n);
+    return 0;
+}
+
+/* A set from the first of `names` that exists (lists and masks alternate as the caller orders
+ * them).  `present` is a bit per name from a directory listing, or ~0 to just try each. */
+static topo_set_t get_set(struct scan_ctx *ctx, int dirfd, const char *dir, const char *const *names,
+                          const int *is_mask, int count, uint32_t present)
+{
+    topo_set_t s = {TOPO_ABSENT, 0};
+
+    for (int i = 0; i < count; i++) {
+        size_t len;
+        int err;
+        if (!(present >> i & 1))
+            continue;
+        err = scan_read(ctx, dirfd, names[i], &len, 0);
+        if (err == ENOENT)
+            continue;
+        if (err == 0)
+            err = parse_set_text(ctx, ctx->buf, len, is_mask[i], &s);
+        if (err == 0)
+            return s;
+        scan_add_error(ctx, err, dir, names[i]);
+    }
+    return s;
+}
+
+static topo_set_t get_list(struct scan_ctx *ctx, int dirfd, const char *dir, const char *name)
+{
+    static const int no_mask[1] = {0};
+    return get_set(ctx, dirfd, dir, &name, no_mask, 1, 1);
+}
+
+static topo_set_t get_list_or_mask(struct scan_ctx *ctx, int dirfd, const char *dir,
+                                   const char *list, const char *mask)
+{
+    static const int kinds[2] = {0, 1};
+    const char *names[2] = {list, mask};
+    return get_set(ctx, dirfd, dir, names, kinds, 2, 3);
+}
+
+/* ---- id lists from directory names ----------------------------------------------------- */
+
+struct id_list {
+    struct scan_ctx *ctx;
+    const char *prefix;
+    size_t plen;
+    const char *suffix;
+    int64_t *ids;
+    uint32_t n, cap;
+    int64_t limit;
+};
+
+static void collect_id(void *arg, const char *name, unsigned char type)
+{
+    struct id_list *l = arg;
+    const char *p = name + l->plen;
+    size_t slen = l->suffix ? strlen(l->suffix) : 0, n;
+    int64_t v = 0;
+
+    (void)type;
+    if (strncmp(name, l->prefix, l->plen) != 0)
+        return;
+    n = strlen(p);
+    if (n <= slen || (slen && strcmp(p + n - slen, l->suffix) != 0))
+        return;
+    n -= slen;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9' || v >= l->limit)
+            return;
+        v = v * 10 + (p[i] - '0');
+    }
+    if (v >= l->limit)
+        return;
+    if (l->n == l->cap) {
+        uint32_t nc = l->cap ? l->cap * 2 : 64;
+        int64_t *ni = realloc(l->ids, nc * sizeof *ni);
+        if (ni == NULL) {
+            l->ctx->oom = 1;
+            return;
+        }
+        l->ids = ni;
+        l->cap = nc;
+    }
+    l->ids[l->n++] = v;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Ids N of entries named prefix<N>suffix, ascending and unique; 0 or the listing's errno. */
+static int list_ids(struct scan_ctx *ctx, int fd, const char *prefix, const char *suffix,
+                    int64_t limit, struct id_list *l)
+{
+    int err;
+    uint32_t j = 0;
+
+    memset(l, 0, sizeof *l);
+    l->ctx = ctx;
+    l->prefix = prefix;
+    l->plen = strlen(prefix);
+    l->suffix = suffix;
+    l->limit = limit;
+    err = list_dir(fd, collect_id, l);
+    if (l->n)
+        qsort(l->ids, l->n, sizeof *l->ids, cmp_i64);
+    for (uint32_t i = 0; i < l->n; i++)
+        if (i == 0 || l->ids[i] != l->ids[i - 1])
+            l->ids[j++] = l->ids[i];
+    l->n = j;
+    return err;
+}
+
+/* ---- CPUs ------------------------------------------------------------------------------ */
+
+enum {
+    T_PACKAGE_ID, T_DIE_ID, T_CLUSTER_ID, T_CORE_ID, T_BOOK_ID, T_DRAWER_ID,
+    T_THREAD_LIST, T_THREAD_MASK, T_CORE_CPUS_LIST, T_CORE_CPUS,
+    T_PACKAGE_LIST, T_PACKAGE_MASK, T_CORE_SIB_LIST, T_CORE_SIB,
+    T_DIE_LIST, T_DIE_MASK, T_CLUSTER_LIST, T_CLUSTER_MASK,
+    T_BOOK_LIST, T_BOOK_MASK, T_DRAWER_LIST, T_DRAWER_MASK, T_COUNT
+};
+
+static const char *const topo_names[T_COUNT] = {
+    "physical_package_id", "die_id", "cluster_id", "core_id", "book_id", "drawer_id",
+    "thread_siblings_list", "thread_siblings", "core_cpus_list", "core_cpus",
+    "package_cpus_list", "package_cpus", "core_siblings_list", "core_siblings",
+    "die_cpus_list", "die_cpus", "cluster_cpus_list", "cluster_cpus",
+    "book_siblings_list", "book_siblings", "drawer_siblings_list", "drawer_siblings",
+};
+
+static const int topo_is_mask[T_COUNT] = {
+    0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+};
+
+static void mark_name(uint32_t *present, const char *const *names, int count, const char *name)
+{
+    for (int i = 0; i < count; i++)
+        if (name[0] == names[i][0] && strcmp(name, names[i]) == 0) {
+            *present |= 1u << i;
+            return;
+        }
+}
+
+static void mark_topo(void *arg, const char *name, unsigned char type)
+{
+    (void)type;
+    mark_name(arg, topo_names, T_COUNT, name);
+}
+
+enum { C_ONLINE, C_TOPOLOGY, C_CACHE, C_CPUFREQ, C_CAPACITY, C_COUNT };
+static const char *const cpu_names[C_COUNT] = {"online", "topology", "cache", "cpufreq",
+                                               "cpu_capacity"};
+
+static void mark_cpu(void *arg, const char *name, unsigned char type)
+{
+    (void)type;
+    mark_name(arg, cpu_names, C_COUNT, name);
+}
+
+static int64_t parse_size(const char *s, size_t n, int *err)
+{
+    int64_t v, mul = 1;
+
+    trim(&s, &n);
+    if (n > 0) {
+        switch (s[n - 1]) {
+        case 'K': case 'k': mul = 1ll << 10; n--; break;
+        case 'M': case 'm': mul = 1ll << 20; n--; break;
+        case 'G': case 'g': mul = 1ll << 30; n--; break;
+        default: break;
+        }
+    }
+    *err = parse_int(s, n, 0, &v);
+    if (*err)
+        return -1;
+    if (v < 0 || v > INT64_MAX / mul) {
+        *err = ERANGE;
+        return -1;
+    }
+    return v * mul;
+}
+
+static void scan_cache(struct scan_ctx *ctx, int cachefd, const char *cachedir, int64_t index)
+{
+    char name[32], dir[512];
+    topo_cache_t *c;
+    size_t len;
+    int64_t v;
+    int fd, err;
+
+    snprintf(name, sizeof name, "index%lld", (long long)index);
+    snprintf(dir, sizeof dir, "%s/%s", cachedir, name);
+    fd = open_dir_at(cachefd, name);
+    if (fd < 0) {
+        scan_add_error(ctx, errno, dir, NULL);
+        return;
+    }
+    if (GROW(ctx, caches, ncaches, cap_caches, 1)) {
+        close(fd);
+        return;
+    }
+    c = &ctx->pub.caches[ctx->pub.ncaches++];
+    memset(c, 0, sizeof *c);
+    c->level = get_id(ctx, fd, dir, "level");
+    get_int(ctx, fd, dir, "coherency_line_size", 0, &v);
+    c->line_bytes = v > INT32_MAX ? -1 : (int32_t)v;
+    get_int(ctx, fd, dir, "id", 0, &v);
+    c->id = v;
+    c->size_bytes = -1;
+    err = scan_read(ctx, fd, "size", &len, 0);
+    if (err == 0)
+        c->size_bytes = parse_size(ctx->buf, len, &err);
+    if (err && err != ENOENT)
+        scan_add_error(ctx, err, dir, "size");
+    err = scan_read(ctx, fd, "type", &len, 0);
+    if (err == 0) {
+        const char *t = ctx->buf;
+        trim(&t, &len);
+        if (len >= sizeof c->type)
+            len = sizeof c->type - 1;
+        memcpy(c->type, t, len);
+    } else if (err != ENOENT) {
+        scan_add_error(ctx, err, dir, "type");
+    }
+    c->cpus = get_list_or_mask(ctx, fd, dir, "shared_cpu_list", "shared_cpu_map");
+    close(fd);
+}
+
+static int scan_cpu(struct scan_ctx *ctx, int cpudirfd, uint32_t slot, int64_t id)
+{
+    char name[32], dir[96], sub[128];
+    topo_cpu_t *c = &ctx->pub.cpus[slot];
+    uint32_t present = 0;
+    int fd, tfd, err;
+    int64_t v;
+
+    memset(c, 0, sizeof *c);
+    c->id = (int32_t)id;
+    c->package_id = c->die_id = c->cluster_id = c->core_id = c->book_id = c->drawer_id = -1;
+    c->capacity = c->max_freq_khz = -1;
+    c->thread_siblings.off = c->package_cpus.off = c->die_cpus.off = TOPO_ABSENT;
+    c->cluster_cpus.off = c->book_siblings.off = c->drawer_siblings.off = TOPO_ABSENT;
+    c->cache_off = ctx->pub.ncaches;
+    c->online = 1;
+    if (ctx->pub.online.off >= 0)
+        c->online = set_has(ctx, ctx->pub.online, (uint32_t)id);
+
+    snprintf(name, sizeof name, "cpu%lld", (long long)id);
+    snprintf(dir, sizeof dir, "sys/devices/system/cpu/%s", name);
+    fd = open_dir_at(cpudirfd, name);
+    if (fd < 0) {
+        scan_add_error(ctx, errno, dir, NULL);
+        return -1;
+    }
+    err = list_dir(fd, mark_cpu, &present);
+    if (err) {
+        scan_add_error(ctx, err, dir, NULL);
+        present = ~0u;
+    }
+
+    if (present >> C_ONLINE & 1 && get_int(ctx, fd, dir, "online", 0, &v) == 0)
+        c->online = v != 0;
+    if (present >> C_CAPACITY & 1)
+        get_int(ctx, fd, dir, "cpu_capacity", 0, &c->capacity);
+    if (present >> C_CPUFREQ & 1) {
+        /* cpuN/cpufreq is a link to ../cpufreq/policyM on live systems: resolve it in the root */
+        int ffd;
+        snprintf(sub, sizeof sub, "%s/cpufreq/cpuinfo_max_freq", dir);
+        ffd = open_in_root(ctx, sub, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+        if (ffd < 0) {
+            if (errno != ENOENT)
+                scan_add_error(ctx, errno, sub, NULL);
+        } else {
+            size_t len;
+            err = read_fd(ctx, ffd, &len, 0);
+            close(ffd);
+            if (err == 0)
+                err = parse_int(ctx->buf, len, 0, &c->max_freq_khz);
+            if (err) {
+                c->max_freq_khz = -1;
+                scan_add_error(ctx, err, sub, NULL);
+            }
+        }
+    }
+
+    if (present >> C_TOPOLOGY & 1) {
+        snprintf(sub, sizeof sub, "%s/topology", dir);
+        tfd = open_dir_at(fd, "topology");
+        if (tfd < 0) {
+            if (errno != ENOENT)
+                scan_add_error(ctx, errno, sub, NULL);
+        } else {
+            uint32_t tp = 0;
+            c->has_topology = 1;
+            err = list_dir(tfd, mark_topo, &tp);
+            if (err) {
+                scan_add_error(ctx, err, sub, NULL);
+                tp = ~0u;
+            }
+            if (tp >> T_PACKAGE_ID & 1)
+                c->package_id = get_id(ctx, tfd, sub, topo_names[T_PACKAGE_ID]);
+            if (tp >> T_DIE_ID & 1)
+                c->die_id = get_id(ctx, tfd, sub, topo_names[T_DIE_ID]);
+            if (tp >> T_CLUSTER_ID & 1)
+                c->cluster_id = get_id(ctx, tfd, sub, topo_names[T_CLUSTER_ID]);
+            if (tp >> T_CORE_ID & 1)
+                c->core_id = get_id(ctx, tfd, sub, topo_names[T_CORE_ID]);
+            if (tp >> T_BOOK_ID & 1)
+                c->book_id = get_id(ctx, tfd, sub, topo_names[T_BOOK_ID]);
+            if (tp >> T_DRAWER_ID & 1)
+                c->drawer_id = get_id(ctx, tfd, sub, topo_names[T_DRAWER_ID]);
+            c->thread_siblings = get_set(ctx, tfd, sub, topo_names + T_THREAD_LIST,
+                                         topo_is_mask + T_THREAD_LIST, 4, tp >> T_THREAD_LIST);
+            c->package_cpus = get_set(ctx, tfd, sub, topo_names + T_PACKAGE_LIST,
+                                      topo_is_mask + T_PACKAGE_LIST, 4, tp >> T_PACKAGE_LIST);
+            c->die_cpus = get_set(ctx, tfd, sub, topo_names + T_DIE_LIST,
+                                  topo_is_mask + T_DIE_LIST, 2, tp >> T_DIE_LIST);
+            c->cluster_cpus = get_set(ctx, tfd, sub, topo_names + T_CLUSTER_LIST,
+                                      topo_is_mask + T_CLUSTER_LIST, 2, tp >> T_CLUSTER_LIST);
+            c->book_siblings = get_set(ctx, tfd, sub, topo_names + T_BOOK_LIST,
+                                       topo_is_mask + T_BOOK_LIST, 2, tp >> T_BOOK_LIST);
+            c->drawer_siblings = get_set(ctx, tfd, sub, topo_names + T_DRAWER_LIST,
+                                         topo_is_mask + T_DRAWER_LIST, 2, tp >> T_DRAWER_LIST);
+            close(tfd);
+        }
+    }
+
+    if (present >> C_CACHE & 1) {
+        snprintf(sub, sizeof sub, "%s/cache", dir);
+        tfd = open_dir_at(fd, "cache");
+        if (tfd < 0) {
+            if (errno != ENOENT)
+                scan_add_error(ctx, errno, sub, NULL);
+        } else {
+            struct id_list l;
+            err = list_ids(ctx, tfd, "index", NULL, MAX_CACHES_PER_CPU, &l);
+            if (err)
+                scan_add_error(ctx, err, sub, NULL);
+            for (uint32_t i = 0; i < l.n; i++)
+                scan_cache(ctx, tfd, sub, l.ids[i]);
+            free(l.ids);
+            close(tfd);
+        }
+    }
+    c->ncaches = ctx->pub.ncaches - c->cache_off;
+    close(fd);
+    return 0;
+}
+
+static void scan_cpus(struct scan_ctx *ctx)
+{
+    static const char dir[] = "sys/devices/system/cpu";
+    struct id_list l;
+    int fd = open_in_root(ctx, dir, O_RDONLY | O_DIRECTORY);
+    int err;
+
+    if (fd < 0) {
+        ctx->pub.status = errno;
+        ctx->pub.status_path = scan_add_string(ctx, dir, sizeof dir - 1);
+        return;
+    }
+    ctx->pub.possible = get_list(ctx, fd, dir, "possible");
+    ctx->pub.present = get_list(ctx, fd, dir, "present");
+    ctx->pub.online = get_list(ctx, fd, dir, "online");
+    ctx->pub.offline = get_list(ctx, fd, dir, "offline");
+
+    err = list_ids(ctx, fd, "cpu", NULL, TOPO_MAX_CPUS, &l);
+    if (err) {
+        ctx->pub.status = err;
+        ctx->pub.status_path = scan_add_string(ctx, dir, sizeof dir - 1);
+    } else if (GROW(ctx, cpus, ncpus, cap_cpus, l.n) == 0) {
+        /* a cpuN entry that cannot be opened (a stray link or file) is an error, not a CPU */
+        for (uint32_t i = 0; i < l.n; i++)
+            if (scan_cpu(ctx, fd, ctx->pub.ncpus, l.ids[i]) == 0)
+                ctx->pub.ncpus++;
+    }
+    free(l.ids);
+    close(fd);
+}
+
+static void scan_kinds(struct scan_ctx *ctx)
+{
+    static const char core[] = "sys/devices/cpu_core", atom[] = "sys/devices/cpu_atom";
+    int fd = open_in_root(ctx, core, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        ctx->pub.kind_core = get_list(ctx, fd, core, "cpus");
+        close(fd);
+    }
+    fd = open_in_root(ctx, atom, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        ctx->pub.kind_atom = get_list(ctx, fd, atom, "cpus");
+        close(fd);
+    }
+}
+
+/* ---- NUMA nodes ------------------------------------------------------------------------ */
+
+static int64_t add_int(struct scan_ctx *ctx, int64_t v)
+{
+    if (GROW(ctx, ints, nints, cap_ints, 1))
+        return -1;
+    ctx->pub.ints[ctx->pub.nints++] = v;
+    return 0;
+}
+
+/* "Node 0 MemTotal:  16342332 kB" lines: the value in bytes of `key`, -1 when absent. */
+static int64_t meminfo_value(const char *text, const char *key)
+{
+    size_t klen = strlen(key);
+    for (const char *p = text; (p = strstr(p, key)) != NULL; p += klen) {
+        const char *q = p + klen;
+        int64_t v = 0;
+        if (p != text && p[-1] != ' ' && p[-1] != '\n')
+            continue;
+        if (*q != ':')
+            continue;
+        q++;
+        while (*q == ' ' || *q == '\t')
+            q++;
+        if (*q < '0' || *q > '9')
+            return -1;
+        while (*q >= '0' && *q <= '9') {
+            if (v > INT64_MAX / 10 - 10)
+                return -1;
+            v = v * 10 + (*q++ - '0');
+        }
+        while (*q == ' ' || *q == '\t')
+            q++;
+        if ((q[0] == 'k' || q[0] == 'K') && q[1] == 'B')
+            v = v > INT64_MAX / 1024 ? -1 : v * 1024;
+        return v;
+    }
+    return -1;
+}
+
+static int cmp_hp(const void *a, const void *b)
+{
+    int64_t x = ((const topo_hugepages_t *)a)->size_bytes, y = ((const topo_hugepages_t *)b)->size_bytes;
+    return (x > y) - (x < y);
+}
+
+static void scan_hugepages(struct scan_ctx *ctx, int nodefd, const char *nodedir, topo_node_t *nd)
+{
+    char dir[160], name[64], sub[256];
+    struct id_list l;
+    int fd = open_dir_at(nodefd, "hugepages"), err;
+
+    nd->hp_off = ctx->pub.nhugepages;
+    snprintf(dir, sizeof dir, "%s/hugepages", nodedir);
+    if (fd < 0) {
+        if (errno != ENOENT)
+            scan_add_error(ctx, errno, dir, NULL);
+        return;
+    }
+    err = list_ids(ctx, fd, "hugepages-", "kB", INT64_MAX / 1024, &l);
+    if (err)
+        scan_add_error(ctx, err, dir, NULL);
+    for (uint32_t i = 0; i < l.n && i < MAX_HUGEPAGE_SIZES; i++) {
+        int sfd;
+        topo_hugepages_t hp;
+        snprintf(name, sizeof name, "hugepages-%lldkB", (long long)l.ids[i]);
+        snprintf(sub, sizeof sub, "%s/%s", dir, name);
+        sfd = open_dir_at(fd, name);
+        if (sfd < 0) {
+            scan_add_error(ctx, errno, sub, NULL);
+            continue;
+        }
+        hp.size_bytes = l.ids[i] * 1024;
+        get_int(ctx, sfd, sub, "nr_hugepages", 0, &hp.total);
+        get_int(ctx, sfd, sub, "free_hugepages", 0, &hp.free);
+        close(sfd);
+        if (GROW(ctx, hugepages, nhugepages, cap_hugepages, 1))
+            break;
+        ctx->pub.hugepages[ctx->pub.nhugepages++] = hp;
+    }
+    free(l.ids);
+    close(fd);
+    nd->nhp = ctx->pub.nhugepages - nd->hp_off;
+    if (nd->nhp > 1)
+        qsort(ctx->pub.hugepages + nd->hp_off, nd->nhp, sizeof *ctx->pub.hugepages, cmp_hp);
+}
+
+static int scan_node(struct scan_ctx *ctx, int nodesfd, uint32_t slot, int64_t id)
+{
+    char name[32], dir[96], sub[160];
+    topo_node_t *nd = &ctx->pub.nodes[slot];
+    size_t len;
+    int fd, err;
+
+    memset(nd, 0, sizeof *nd);
+    nd->id = (int32_t)id;
+    nd->mem_total_bytes = nd->mem_free_bytes = -1;
+    nd->cpus.off = TOPO_ABSENT;
+    nd->hp_off = ctx->pub.nhugepages;
+    nd->dist_off = nd->init_off = ctx->pub.nints;
+    snprintf(name, sizeof name, "node%lld", (long long)id);
+    snprintf(dir, sizeof dir, "sys/devices/system/node/%s", name);
+    fd = open_dir_at(nodesfd, name);
+    if (fd < 0) {
+        scan_add_error(ctx, errno, dir, NULL);
+        return -1;
+    }
+    nd->cpus = get_list_or_mask(ctx, fd, dir, "cpulist", "cpumap");
+
+    err = scan_read(ctx, fd, "meminfo", &len, 0);
+    if (err == 0) {
+        nd->mem_total_bytes = meminfo_value(ctx->buf, "MemTotal");
+        nd->mem_free_bytes = meminfo_value(ctx->buf, "MemFree");
+        if (nd->mem_total_bytes < 0)
+            scan_add_error(ctx, len ? EINVAL : ENODATA, dir, "meminfo");
+    } else if (err != ENOENT) {
+        scan_add_error(ctx, err, dir, "meminfo");
+    }
+
+    err = scan_read(ctx, fd, "distance", &len, 0);
+    if (err == 0) {
+        const char *p = ctx->buf, *end = ctx->buf + len;
+        nd->dist_off = ctx->pub.nints;
+        while (p < end && !err) {
+            const char *q;
+            int64_t v;
+            while (p < end && is_blank(*p))
+                p++;
+            if (p == end)
+                break;
+            for (q = p; q < end && !is_blank(*q); q++)
+                ;
+            err = parse_int(p, (size_t)(q - p), 0, &v);
+            if (!err)
+                add_int(ctx, v);
+            p = q;
+        }
+        if (err) {
+            ctx->pub.nints = nd->dist_off;
+            scan_add_error(ctx, err, dir, "distance");
+        }
+        nd->ndist = ctx->pub.nints - nd->dist_off;
+    } else if (err != ENOENT) {
+        scan_add_error(ctx, err, dir, "distance");
+    }
+
+    scan_hugepages(ctx, fd, dir, nd);
+
+    nd->init_off = ctx->pub.nints;
+    {
+        int ifd = openat(fd, "access0/initiators", O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        snprintf(sub, sizeof sub, "%s/access0/initiators", dir);
+        if (ifd < 0) {
+            if (errno != ENOENT)
+                scan_add_error(ctx, errno, sub, NULL);
+        } else {
+            struct id_list l;
+            err = list_ids(ctx, ifd, "node", NULL, TOPO_MAX_CPUS, &l);
+            if (err)
+                scan_add_error(ctx, err, sub, NULL);
+            for (uint32_t i = 0; i < l.n; i++)
+                add_int(ctx, l.ids[i]);
+            free(l.ids);
+            close(ifd);
+        }
+    }
+    nd->ninit = ctx->pub.nints - nd->init_off;
+    close(fd);
+    return 0;
+}
+
+static void scan_nodes(struct scan_ctx *ctx)
+{
+    static const char dir[] = "sys/devices/system/node";
+    struct id_list l;
+    int fd = open_in_root(ctx, dir, O_RDONLY | O_DIRECTORY), err;
+
+    if (fd < 0) {
+        if (errno != ENOENT)
+            scan_add_error(ctx, errno, dir, NULL);
+        return;
+    }
+    ctx->pub.has_node_dir = 1;
+    err = list_ids(ctx, fd, "node", NULL, TOPO_MAX_CPUS, &l);
+    if (err)
+        scan_add_error(ctx, err, dir, NULL);
+    if (GROW(ctx, nodes, nnodes, cap_nodes, l.n) == 0) {
+        for (uint32_t i = 0; i < l.n; i++)
+            if (scan_node(ctx, fd, ctx->pub.nnodes, l.ids[i]) == 0)
+                ctx->pub.nnodes++;
+    }
+    free(l.ids);
+    close(fd);
+}
+
+/* ---- PCI ------------------------------------------------------------------------------- */
+
+struct name_list {
+    struct scan_ctx *ctx;
+    char **names;
+    uint32_t n, cap;
+};
+
+static void collect_name(void *arg, const char *name, unsigned char type)
+{
+    struct name_list *l = arg;
+    (void)type;
+    if (l->n >= MAX_PCI)
+        return;
+    if (l->n == l->cap) {
+        uint32_t nc = l->cap ? l->cap * 2 : 64;
+        char **nn = realloc(l->names, nc * sizeof *nn);
+        if (nn == NULL) {
+            l->ctx->oom = 1;
+            return;
+        }
+        l->names = nn;
+        l->cap = nc;
+    }
+    if ((l->names[l->n] = strdup(name)) == NULL) {
+        l->ctx->oom = 1;
+        return;
+    }
+    l->n++;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Lexically join base/target and fold "." and ".." without climbing above the root. */
+static int join_in_root(const char *base, const char *target, char *out, size_t cap)
+{
+    char tmp[2048];
+    size_t n = 0;
+    char *save = NULL, *tok;
+    int k = target[0] == '/' ? snprintf(tmp, sizeof tmp, "%s", target)
+                             : snprintf(tmp, sizeof tmp, "%s/%s", base, target);
+
+    if (k < 0 || (size_t)k >= sizeof tmp || cap == 0)
+        return ENAMETOOLONG;
+    out[0] = '\0';
+    for (tok = strtok_r(tmp, "/", &save); tok; tok = strtok_r(NULL, "/", &save)) {
+        size_t tl = strlen(tok);
+        if (strcmp(tok, ".") == 0)
+            continue;
+        if (strcmp(tok, "..") == 0) {
+            while (n > 0 && out[n - 1] != '/')
+                n--;
+            if (n > 0)
+                n--;
+            out[n] = '\0';
+            continue;
+        }
+        if (n + (n ? 1 : 0) + tl + 1 > cap)
+            return ENAMETOOLONG;
+        if (n)
+            out[n++] = '/';
+        memcpy(out + n, tok, tl + 1);
+        n += tl;
+    }
+    if (n == 0)
+        return EINVAL;
+    return 0;
+}
+
+static int open_pci_device(struct scan_ctx *ctx, int devsfd, const char *devsdir, const char *name)
+{
+    char target[1024], rel[1024];
+    ssize_t n = readlinkat(devsfd, name, target, sizeof target - 1);
+    int fd;
+
+    if (n < 0) {
+        if (errno != EINVAL)
+            return -1;
+        return open_dir_at(devsfd, name); /* a real folder, not a link */
+    }
+    target[n] = '\0';
+    if (join_in_root(devsdir, target, rel, sizeof rel)) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    fd = open_in_root(ctx, rel, O_RDONLY | O_DIRECTORY);
+    return fd;
+}
+
+static void scan_pci(struct scan_ctx *ctx)
+{
+    static const char dir[] = "sys/bus/pci/devices";
+    struct name_list l = {ctx, NULL, 0, 0};
+    int fd = open_in_root(ctx, dir, O_RDONLY | O_DIRECTORY), err;
+
+    if (fd < 0) {
+        if (errno != ENOENT)
+            scan_add_error(ctx, errno, dir, NULL);
+        return;
+    }
+    err = list_dir(fd, collect_name, &l);
+    if (err)
+        scan_add_error(ctx, err, dir, NULL);
+    if (l.n)
+        qsort(l.names, l.n, sizeof *l.names, cmp_str);
+    for (uint32_t i = 0; i < l.n; i++) {
+        char sub[512];
+        struct stat st;
+        topo_pci_t *p;
+        int64_t v;
+        int dfd = open_pci_device(ctx, fd, dir, l.names[i]);
+
+        snprintf(sub, sizeof sub, "%s/%s", dir, l.names[i]);
+        if (dfd < 0) {
+            scan_add_error(ctx, errno, sub, NULL);
+            continue;
+        }
+        /* virtual functions carry a physfn link to their parent; report physical functions */
+        if (fstatat(dfd, "physfn", &st, AT_SYMLINK_NOFOLLOW) == 0 ||
+            GROW(ctx, pci, npci, cap_pci, 1)) {
+            close(dfd);
+            continue;
+        }
+        p = &ctx->pub.pci[ctx->pub.npci++];
+        memset(p, 0, sizeof *p);
+        p->addr = scan_add_string(ctx, l.names[i], strlen(l.names[i]));
+        get_int(ctx, dfd, sub, "class", 1, &p->class_code);
+        get_int(ctx, dfd, sub, "vendor", 1, &p->vendor);
+        get_int(ctx, dfd, sub, "device", 1, &p->device);
+        get_int(ctx, dfd, sub, "numa_node", 0, &v);
+        p->numa_node = v < -1 || v > INT32_MAX ? -1 : (int32_t)v;
+        p->local_cpus = get_list_or_mask(ctx, dfd, sub, "local_cpulist", "local_cpus");
+        close(dfd);
+    }
+    for (uint32_t i = 0; i < l.n; i++)
+        free(l.names[i]);
+    free(l.names);
+    close(fd);
+}
+
+static void scan_meminfo(struct scan_ctx *ctx)
+{
+    size_t len;
+    int err = scan_read_root(ctx, "proc/meminfo", &len, 1);
+
+    if (err == 0) {
+        ctx->pub.mem_total_bytes = meminfo_value(ctx->buf, "MemTotal");
+        if (ctx->pub.mem_total_bytes < 0)
+            scan_add_error(ctx, len ? EINVAL : ENODATA, "proc/meminfo", NULL);
+    } else if (err != ENOENT) {
+        scan_add_error(ctx, err, "proc/meminfo", NULL);
+    }
+}
+
+/* ---- entry points ---------------------------------------------------------------------- */
+
+topo_scan_t *topo_scan(const char *root)
+{
+    static const topo_set_t absent = {TOPO_ABSENT, 0};
+    struct scan_ctx *ctx = calloc(1, sizeof *ctx);
+    struct stat rs, hs;
+
+    if (ctx == NULL)
+        return NULL;
+    ctx->rootfd = -1;
+    ctx->pub.status_path = -1;
+    ctx->pub.possible = ctx->pub.present = ctx->pub.online = ctx->pub.offline = absent;
+    ctx->pub.kind_core = ctx->pub.kind_atom = absent;
+    ctx->pub.cpu_family = ctx->pub.cpu_model = -1;
+    ctx->pub.mem_total_bytes = -1;
+    scan_add_string(ctx, "", 0);
+    ctx->bufcap = 65536;
+    ctx->buf = malloc(ctx->bufcap);
+    ctx->scratch = malloc(TOPO_MAX_WORDS * sizeof *ctx->scratch);
+    if (ctx->buf == NULL || ctx->scratch == NULL || ctx->oom) {
+        ctx->pub.status = ENOMEM;
+        goto done;
+    }
+    if (root == NULL || *root == '\0')
+        root = "/";
+    ctx->rootfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (ctx->rootfd < 0) {
+        ctx->pub.status = errno;
+        ctx->pub.status_path = scan_add_string(ctx, root, strlen(root));
+        goto done;
+    }
+    ctx->is_host = fstat(ctx->rootfd, &rs) == 0 && stat("/", &hs) == 0 && rs.st_dev == hs.st_dev &&
+                   rs.st_ino == hs.st_ino;
+    /* the host's "/" needs no confinement; a dump's absolute links must stay inside the dump */
+    ctx->have_openat2 = !ctx->is_host;
+
+    scan_cpus(ctx);
+    if (ctx->pub.status)
+        goto done;
+    scan_kinds(ctx);
+    scan_nodes(ctx);
+    scan_cpuinfo(ctx);
+    scan_meminfo(ctx);
+    scan_pci(ctx);
+done:
+    if (ctx->oom)
+        ctx->pub.status = ENOMEM;
+    if (ctx->rootfd >= 0)
+        close(ctx->rootfd);
+    free(ctx->buf);
+    free(ctx->scratch);
+    free(ctx->slots);
+    ctx->buf = NULL;
+    ctx->scratch = NULL;
+    ctx->slots = NULL;
+    return &ctx->pub;
+}
+
+void topo_scan_free(topo_scan_t *scan)
+{
+    if (scan == NULL)
+        return;
+    free(scan->cpus);
+    free(scan->caches);
+    free(scan->nodes);
+    free(scan->hugepages);
+    free(scan->ints);
+    free(scan->pci);
+    free(scan->errors);
+    free(scan->words);
+    free(scan->strings);
+    free((struct scan_ctx *)scan);
+}
