@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds the test control plane (etcd, kube-apiserver) from the Go module proxy, once per version.
+#
+# Usage: tests/controlplane/build.sh [etcd] [kube-apiserver]   (both when none named)
+# Prints one `<component>=<absolute path of the binary>` line per component on stdout; progress and
+# compiler output go to stderr. A binary is cached under
+#   ${TOPOLET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topolet}/controlplane/<component>-<version>-<hash>/
+# where <hash> covers the module's go.mod, go.sum and sources and the Go toolchain version, so a
+# change to any of them builds a fresh binary and an unchanged tree costs nothing.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cache_root="${TOPOLET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topolet}/controlplane"
+
+command -v go >/dev/null || { echo "build.sh: go is not on PATH" >&2; exit 2; }
+go_version="$(go env GOVERSION)"
+
+# component -> module dir, Go package to build, module whose version names the cache entry.
+declare -A module_dir=([etcd]=etcd [kube-apiserver]=apiserver)
+declare -A package=([etcd]=. [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver)
+declare -A version_of=([etcd]=go.etcd.io/etcd/server/v3 [kube-apiserver]=k8s.io/kubernetes)
+
+# The version of module $2 as required by the go.mod in directory $1.
+required_version() {
+    awk -v mod="$2" '$1 == "require" && $2 == mod { print $3; exit } $1 == mod { print $2; exit }' "$1/go.mod"
+}
+
+build_one() {
+    local component="$1"
+    local dir="$here/${module_dir[$component]}"
+    local version
+    version="$(required_version "$dir" "${version_of[$component]}")"
+    [[ -n "$version" ]] || { echo "build.sh: no version of ${version_of[$component]} in $dir/go.mod" >&2; exit 2; }
+    local digest
+    digest="$( (echo "$go_version"; cat "$dir"/go.mod "$dir"/go.sum; cat "$dir"/*.go 2>/dev/null || true) \
+        | sha256sum | cut -c1-12)"
+    local out_dir="$cache_root/$component-$version-$digest"
+    local binary="$out_dir/$component"
+    if [[ ! -x "$binary" ]]; then
+        mkdir -p "$out_dir"
+        # One builder at a time per entry: parallel test sessions wait for the first one's binary.
+        exec {lock}>"$out_dir/.lock"
+        flock "$lock"
+        if [[ ! -x "$binary" ]]; then
+            local ldflags="-s -w"
+            if [[ "$component" == kube-apiserver ]]; then
+                # What `kubectl version` and /version report; upstream's build stamps the same variables.
+                local major minor
+                major="$(echo "$version" | sed -E 's/^v([0-9]+)\..*/\1/')"
+                minor="$(echo "$version" | sed -E 's/^v[0-9]+\.([0-9]+)\..*/\1/')"
+                local pkg=k8s.io/component-base/version
+                ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+                ldflags+=" -X $pkg.gitTreeState=clean"
+            fi
+            echo "build.sh: building $component $version (cold builds take minutes)" >&2
+            local start=$SECONDS
+            (cd "$dir" && CGO_ENABLED=0 GOFLAGS=-mod=readonly \
+                go build -trimpath -ldflags="$ldflags" -o "$binary.tmp" "${package[$component]}") >&2
+            mv -f "$binary.tmp" "$binary"
+            echo "build.sh: built $component in $((SECONDS - start)) s" >&2
+        fi
+        exec {lock}>&-
+    fi
+    echo "$component=$binary"
+}
+
+components=("$@")
+[[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver)
+for c in "${components[@]}"; do
+    [[ -n "${module_dir[$c]:-}" ]] || { echo "build.sh: unknown component '$c'" >&2; exit 2; }
+    build_one "$c"
+done
