@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -225,9 +226,28 @@ static int read_fd(struct scan_ctx *ctx, int fd, size_t *len, int whole_stream)
     return err;
 }
 
+/* Open a path below dirfd following no link at all: on a dump through openat2's
+ * RESOLVE_NO_SYMLINKS when the path has folders in it, else O_NOFOLLOW on the one name. */
+static int open_rel(struct scan_ctx *ctx, int dirfd, const char *path, int flags)
+{
+    flags |= O_CLOEXEC | O_NOFOLLOW;
+    if (ctx->have_openat2 && strchr(path, '/')) {
+        struct open_how how;
+        int fd;
+        memset(&how, 0, sizeof how);
+        how.flags = (uint64_t)flags;
+        how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS;
+        fd = (int)syscall(SYS_openat2, dirfd, path, &how, sizeof how);
+        if (fd >= 0 || (errno != ENOSYS && errno != EPERM && errno != E2BIG))
+            return fd;
+        ctx->have_openat2 = 0;
+    }
+    return openat(dirfd, path, flags);
+}
+
 int scan_read(struct scan_ctx *ctx, int dirfd, const char *name, size_t *len, int whole_stream)
 {
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+    int fd = open_rel(ctx, dirfd, name, O_RDONLY | O_NONBLOCK | O_NOCTTY);
     int err;
 
     *len = 0;
@@ -266,16 +286,40 @@ struct linux_dirent64 {
     char d_name[];
 };
 
+/* File systems whose getdents64 fills the buffer until the folder ends, so a reply with room
+ * to spare is the last one (FUSE and network file systems may stop early: they get no shortcut). */
+static int fills_dir_buffers(int fd)
+{
+    struct statfs sf;
+    if (fstatfs(fd, &sf) != 0)
+        return 0;
+    switch ((unsigned long)sf.f_type) {
+    case 0x62656572ul: /* sysfs */
+    case 0x9fa0ul:     /* proc */
+    case 0xef53ul:     /* ext2/3/4 */
+    case 0x01021994ul: /* tmpfs */
+    case 0x58465342ul: /* xfs */
+    case 0x9123683eul: /* btrfs */
+    case 0x794c7630ul: /* overlayfs */
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 /* List a directory through getdents64, keeping fd usable for openat afterwards. */
-static int list_dir(int fd, entry_fn fn, void *arg)
+static int list_dir(const struct scan_ctx *ctx, int fd, entry_fn fn, void *arg)
 {
     char buf[DIR_BUF];
     for (;;) {
         long n = syscall(SYS_getdents64, fd, buf, sizeof buf);
+        int last;
         if (n < 0)
             return errno == EINTR ? 0 : errno;
         if (n == 0)
             return 0;
+        /* room for another maximal entry left over: the folder has ended */
+        last = ctx->dir_eof_hint && (size_t)n + sizeof(struct linux_dirent64) + 256 < sizeof buf;
         for (long pos = 0; pos < n;) {
             struct linux_dirent64 *d = (struct linux_dirent64 *)(buf + pos);
             if (d->d_reclen == 0)
@@ -286,6 +330,8 @@ static int list_dir(int fd, entry_fn fn, void *arg)
                 continue;
             fn(arg, d->d_name, d->d_type);
         }
+        if (last)
+            return 0;
     }
 }
 
@@ -405,6 +451,34 @@ static topo_set_t get_set(struct scan_ctx *ctx, int dirfd, const char *dir, cons
     return s;
 }
 
+/* Like get_set for names under `prefix` ("topology/", "index2/"), trying first the name that
+ * worked last time (*pref): sibling folders nearly always offer the same files. */
+static topo_set_t get_set_pref(struct scan_ctx *ctx, int dirfd, const char *dir, const char *prefix,
+                               const char *const *names, const int *is_mask, int count, int *pref)
+{
+    topo_set_t s = {TOPO_ABSENT, 0};
+
+    for (int k = -1; k < count; k++) {
+        char path[128];
+        size_t len;
+        int err, i = k < 0 ? *pref : k;
+        if (k == *pref)
+            continue;
+        snprintf(path, sizeof path, "%s%s", prefix, names[i]);
+        err = scan_read(ctx, dirfd, path, &len, 0);
+        if (err == ENOENT)
+            continue;
+        if (err == 0)
+            err = parse_set_text(ctx, ctx->buf, len, is_mask[i], &s);
+        if (err == 0) {
+            *pref = i;
+            return s;
+        }
+        scan_add_error(ctx, err, dir, path);
+    }
+    return s;
+}
+
 static topo_set_t get_list(struct scan_ctx *ctx, int dirfd, const char *dir, const char *name)
 {
     static const int no_mask[1] = {0};
@@ -484,7 +558,7 @@ static int list_ids(struct scan_ctx *ctx, int fd, const char *prefix, const char
     l->plen = strlen(prefix);
     l->suffix = suffix;
     l->limit = limit;
-    err = list_dir(fd, collect_id, l);
+    err = list_dir(ctx, fd, collect_id, l);
     if (l->n)
         qsort(l->ids, l->n, sizeof *l->ids, cmp_i64);
     for (uint32_t i = 0; i < l->n; i++)
@@ -541,6 +615,17 @@ static void mark_cpu(void *arg, const char *name, unsigned char type)
     mark_name(arg, cpu_names, C_COUNT, name);
 }
 
+enum { K_LEVEL, K_TYPE, K_SIZE, K_LINE, K_ID, K_SHARED_LIST, K_SHARED_MAP, K_COUNT };
+static const char *const cache_names[K_COUNT] = {"level", "type", "size", "coherency_line_size",
+                                                 "id", "shared_cpu_list", "shared_cpu_map"};
+static const int cache_is_mask[2] = {0, 1};
+
+static void mark_cache(void *arg, const char *name, unsigned char type)
+{
+    (void)type;
+    mark_name(arg, cache_names, K_COUNT, name);
+}
+
 static int64_t parse_size(const char *s, size_t n, int *err)
 {
     int64_t v, mul = 1;
@@ -564,19 +649,84 @@ static int64_t parse_size(const char *s, size_t n, int *err)
     return v * mul;
 }
 
-static void scan_cache(struct scan_ctx *ctx, int cachefd, const char *cachedir, int64_t index)
+static int32_t set_min(const struct scan_ctx *ctx, topo_set_t s)
 {
-    char name[32], dir[512];
+    if (s.off < 0)
+        return -1;
+    for (uint32_t w = 0; w < s.n; w++) {
+        uint64_t v = ctx->pub.words[s.off + (int32_t)w];
+        if (v)
+            return (int32_t)(w * 64 + (uint32_t)__builtin_ctzll(v));
+    }
+    return -1;
+}
+
+static int same_set(topo_set_t a, topo_set_t b)
+{
+    return a.off >= 0 && a.off == b.off && a.n == b.n;
+}
+
+/* The record of CPU `id` among the first `upto` (ascending ids), NULL when not scanned. */
+static const topo_cpu_t *find_cpu(const struct scan_ctx *ctx, uint32_t upto, int32_t id)
+{
+    uint32_t lo = 0, hi = upto;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (ctx->pub.cpus[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < upto && ctx->pub.cpus[lo].id == id ? &ctx->pub.cpus[lo] : NULL;
+}
+
+/* A CPU scanned earlier that states the same set: a sibling, whose shared facts are ours. */
+static const topo_cpu_t *donor_for(const struct scan_ctx *ctx, uint32_t slot, int32_t id,
+                                   topo_set_t shared)
+{
+    int32_t first = set_min(ctx, shared);
+    if (first < 0 || first >= id)
+        return NULL;
+    return find_cpu(ctx, slot, first);
+}
+
+static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const char *cachedir,
+                       int64_t index)
+{
+    char name[32], prefix[40], dir[512];
+    const topo_cpu_t *cpu = &ctx->pub.cpus[slot], *donor;
     topo_cache_t *c;
+    topo_set_t shared;
+    uint32_t present = 0, nerrors = ctx->pub.nerrors;
     size_t len;
     int64_t v;
     int fd, err;
 
     snprintf(name, sizeof name, "index%lld", (long long)index);
+    snprintf(prefix, sizeof prefix, "%s/", name);
     snprintf(dir, sizeof dir, "%s/%s", cachedir, name);
+
+    /* Every CPU sharing a cache shows the same indexM folder: when the lowest sharer was
+     * scanned already and states the same set, its record is this one (hwloc reads only the
+     * first sharer's files, for the same reason). */
+    shared = get_set_pref(ctx, cachefd, cachedir, prefix, cache_names + K_SHARED_LIST, cache_is_mask,
+                          2, &ctx->pref_shared);
+    donor = donor_for(ctx, slot, cpu->id, shared);
+    if (donor) {
+        for (uint32_t i = donor->cache_off; i < donor->cache_off + donor->ncaches; i++) {
+            if (ctx->pub.caches[i].index != index || !same_set(ctx->pub.caches[i].cpus, shared))
+                continue;
+            if (GROW(ctx, caches, ncaches, cap_caches, 1))
+                return;
+            ctx->pub.caches[ctx->pub.ncaches++] = ctx->pub.caches[i];
+            return;
+        }
+    }
+
     fd = open_dir_at(cachefd, name);
     if (fd < 0) {
-        scan_add_error(ctx, errno, dir, NULL);
+        if (ctx->pub.nerrors == nerrors)
+            scan_add_error(ctx, errno, dir, NULL);
         return;
     }
     if (GROW(ctx, caches, ncaches, cap_caches, 1)) {
@@ -585,29 +735,108 @@ static void scan_cache(struct scan_ctx *ctx, int cachefd, const char *cachedir, 
     }
     c = &ctx->pub.caches[ctx->pub.ncaches++];
     memset(c, 0, sizeof *c);
-    c->level = get_id(ctx, fd, dir, "level");
-    get_int(ctx, fd, dir, "coherency_line_size", 0, &v);
-    c->line_bytes = v > INT32_MAX ? -1 : (int32_t)v;
-    get_int(ctx, fd, dir, "id", 0, &v);
-    c->id = v;
-    c->size_bytes = -1;
-    err = scan_read(ctx, fd, "size", &len, 0);
-    if (err == 0)
-        c->size_bytes = parse_size(ctx->buf, len, &err);
-    if (err && err != ENOENT)
-        scan_add_error(ctx, err, dir, "size");
-    err = scan_read(ctx, fd, "type", &len, 0);
-    if (err == 0) {
-        const char *t = ctx->buf;
-        trim(&t, &len);
-        if (len >= sizeof c->type)
-            len = sizeof c->type - 1;
-        memcpy(c->type, t, len);
-    } else if (err != ENOENT) {
-        scan_add_error(ctx, err, dir, "type");
+    c->index = (int32_t)index;
+    c->level = c->line_bytes = -1;
+    c->id = c->size_bytes = -1;
+    c->cpus = shared;
+    err = list_dir(ctx, fd, mark_cache, &present);
+    if (err) {
+        scan_add_error(ctx, err, dir, NULL);
+        present = ~0u;
     }
-    c->cpus = get_list_or_mask(ctx, fd, dir, "shared_cpu_list", "shared_cpu_map");
+    if (present >> K_LEVEL & 1)
+        c->level = get_id(ctx, fd, dir, "level");
+    if (present >> K_LINE & 1)
+        c->line_bytes = get_id(ctx, fd, dir, "coherency_line_size");
+    if (present >> K_ID & 1 && get_int(ctx, fd, dir, "id", 0, &v) == 0)
+        c->id = v;
+    if (present >> K_SIZE & 1) {
+        err = scan_read(ctx, fd, "size", &len, 0);
+        if (err == 0)
+            c->size_bytes = parse_size(ctx->buf, len, &err);
+        if (err && err != ENOENT)
+            scan_add_error(ctx, err, dir, "size");
+    }
+    if (present >> K_TYPE & 1) {
+        err = scan_read(ctx, fd, "type", &len, 0);
+        if (err == 0) {
+            const char *t = ctx->buf;
+            trim(&t, &len);
+            if (len >= sizeof c->type)
+                len = sizeof c->type - 1;
+            memcpy(c->type, t, len);
+        } else if (err != ENOENT) {
+            scan_add_error(ctx, err, dir, "type");
+        }
+    }
     close(fd);
+}
+
+static void scan_topology(struct scan_ctx *ctx, uint32_t slot, int cpufd, const char *cpudir)
+{
+    topo_cpu_t *c = &ctx->pub.cpus[slot];
+    const topo_cpu_t *donor;
+    uint32_t tp = 0, nerrors = ctx->pub.nerrors;
+    char sub[128];
+    int tfd, err;
+
+    /* Threads of one core share their core's and package's facts: when the lowest thread was
+     * scanned already and states the same siblings, copy them rather than read them again. */
+    c->thread_siblings = get_set_pref(ctx, cpufd, cpudir, "topology/", topo_names + T_THREAD_LIST,
+                                      topo_is_mask + T_THREAD_LIST, 4, &ctx->pref_thread);
+    donor = donor_for(ctx, slot, c->id, c->thread_siblings);
+    if (donor && donor->has_topology && same_set(donor->thread_siblings, c->thread_siblings)) {
+        c->has_topology = 1;
+        c->package_id = donor->package_id;
+        c->die_id = donor->die_id;
+        c->cluster_id = donor->cluster_id;
+        c->core_id = donor->core_id;
+        c->book_id = donor->book_id;
+        c->drawer_id = donor->drawer_id;
+        c->package_cpus = donor->package_cpus;
+        c->die_cpus = donor->die_cpus;
+        c->cluster_cpus = donor->cluster_cpus;
+        c->book_siblings = donor->book_siblings;
+        c->drawer_siblings = donor->drawer_siblings;
+        return;
+    }
+
+    snprintf(sub, sizeof sub, "%s/topology", cpudir);
+    tfd = open_dir_at(cpufd, "topology");
+    if (tfd < 0) {
+        if (errno != ENOENT && ctx->pub.nerrors == nerrors)
+            scan_add_error(ctx, errno, sub, NULL);
+        return;
+    }
+    c->has_topology = 1;
+    err = list_dir(ctx, tfd, mark_topo, &tp);
+    if (err) {
+        scan_add_error(ctx, err, sub, NULL);
+        tp = ~0u;
+    }
+    if (tp >> T_PACKAGE_ID & 1)
+        c->package_id = get_id(ctx, tfd, sub, topo_names[T_PACKAGE_ID]);
+    if (tp >> T_DIE_ID & 1)
+        c->die_id = get_id(ctx, tfd, sub, topo_names[T_DIE_ID]);
+    if (tp >> T_CLUSTER_ID & 1)
+        c->cluster_id = get_id(ctx, tfd, sub, topo_names[T_CLUSTER_ID]);
+    if (tp >> T_CORE_ID & 1)
+        c->core_id = get_id(ctx, tfd, sub, topo_names[T_CORE_ID]);
+    if (tp >> T_BOOK_ID & 1)
+        c->book_id = get_id(ctx, tfd, sub, topo_names[T_BOOK_ID]);
+    if (tp >> T_DRAWER_ID & 1)
+        c->drawer_id = get_id(ctx, tfd, sub, topo_names[T_DRAWER_ID]);
+    c->package_cpus = get_set(ctx, tfd, sub, topo_names + T_PACKAGE_LIST,
+                              topo_is_mask + T_PACKAGE_LIST, 4, tp >> T_PACKAGE_LIST);
+    c->die_cpus = get_set(ctx, tfd, sub, topo_names + T_DIE_LIST, topo_is_mask + T_DIE_LIST, 2,
+                          tp >> T_DIE_LIST);
+    c->cluster_cpus = get_set(ctx, tfd, sub, topo_names + T_CLUSTER_LIST,
+                              topo_is_mask + T_CLUSTER_LIST, 2, tp >> T_CLUSTER_LIST);
+    c->book_siblings = get_set(ctx, tfd, sub, topo_names + T_BOOK_LIST, topo_is_mask + T_BOOK_LIST,
+                               2, tp >> T_BOOK_LIST);
+    c->drawer_siblings = get_set(ctx, tfd, sub, topo_names + T_DRAWER_LIST,
+                                 topo_is_mask + T_DRAWER_LIST, 2, tp >> T_DRAWER_LIST);
+    close(tfd);
 }
 
 static int scan_cpu(struct scan_ctx *ctx, int cpudirfd, uint32_t slot, int64_t id)
@@ -636,7 +865,7 @@ static int scan_cpu(struct scan_ctx *ctx, int cpudirfd, uint32_t slot, int64_t i
         scan_add_error(ctx, errno, dir, NULL);
         return -1;
     }
-    err = list_dir(fd, mark_cpu, &present);
+    err = list_dir(ctx, fd, mark_cpu, &present);
     if (err) {
         scan_add_error(ctx, err, dir, NULL);
         present = ~0u;
@@ -667,47 +896,8 @@ static int scan_cpu(struct scan_ctx *ctx, int cpudirfd, uint32_t slot, int64_t i
         }
     }
 
-    if (present >> C_TOPOLOGY & 1) {
-        snprintf(sub, sizeof sub, "%s/topology", dir);
-        tfd = open_dir_at(fd, "topology");
-        if (tfd < 0) {
-            if (errno != ENOENT)
-                scan_add_error(ctx, errno, sub, NULL);
-        } else {
-            uint32_t tp = 0;
-            c->has_topology = 1;
-            err = list_dir(tfd, mark_topo, &tp);
-            if (err) {
-                scan_add_error(ctx, err, sub, NULL);
-                tp = ~0u;
-            }
-            if (tp >> T_PACKAGE_ID & 1)
-                c->package_id = get_id(ctx, tfd, sub, topo_names[T_PACKAGE_ID]);
-            if (tp >> T_DIE_ID & 1)
-                c->die_id = get_id(ctx, tfd, sub, topo_names[T_DIE_ID]);
-            if (tp >> T_CLUSTER_ID & 1)
-                c->cluster_id = get_id(ctx, tfd, sub, topo_names[T_CLUSTER_ID]);
-            if (tp >> T_CORE_ID & 1)
-                c->core_id = get_id(ctx, tfd, sub, topo_names[T_CORE_ID]);
-            if (tp >> T_BOOK_ID & 1)
-                c->book_id = get_id(ctx, tfd, sub, topo_names[T_BOOK_ID]);
-            if (tp >> T_DRAWER_ID & 1)
-                c->drawer_id = get_id(ctx, tfd, sub, topo_names[T_DRAWER_ID]);
-            c->thread_siblings = get_set(ctx, tfd, sub, topo_names + T_THREAD_LIST,
-                                         topo_is_mask + T_THREAD_LIST, 4, tp >> T_THREAD_LIST);
-            c->package_cpus = get_set(ctx, tfd, sub, topo_names + T_PACKAGE_LIST,
-                                      topo_is_mask + T_PACKAGE_LIST, 4, tp >> T_PACKAGE_LIST);
-            c->die_cpus = get_set(ctx, tfd, sub, topo_names + T_DIE_LIST,
-                                  topo_is_mask + T_DIE_LIST, 2, tp >> T_DIE_LIST);
-            c->cluster_cpus = get_set(ctx, tfd, sub, topo_names + T_CLUSTER_LIST,
-                                      topo_is_mask + T_CLUSTER_LIST, 2, tp >> T_CLUSTER_LIST);
-            c->book_siblings = get_set(ctx, tfd, sub, topo_names + T_BOOK_LIST,
-                                       topo_is_mask + T_BOOK_LIST, 2, tp >> T_BOOK_LIST);
-            c->drawer_siblings = get_set(ctx, tfd, sub, topo_names + T_DRAWER_LIST,
-                                         topo_is_mask + T_DRAWER_LIST, 2, tp >> T_DRAWER_LIST);
-            close(tfd);
-        }
-    }
+    if (present >> C_TOPOLOGY & 1)
+        scan_topology(ctx, slot, fd, dir);
 
     if (present >> C_CACHE & 1) {
         snprintf(sub, sizeof sub, "%s/cache", dir);
@@ -721,7 +911,7 @@ static int scan_cpu(struct scan_ctx *ctx, int cpudirfd, uint32_t slot, int64_t i
             if (err)
                 scan_add_error(ctx, err, sub, NULL);
             for (uint32_t i = 0; i < l.n; i++)
-                scan_cache(ctx, tfd, sub, l.ids[i]);
+                scan_cache(ctx, slot, tfd, sub, l.ids[i]);
             free(l.ids);
             close(tfd);
         }
@@ -743,6 +933,7 @@ static void scan_cpus(struct scan_ctx *ctx)
         ctx->pub.status_path = scan_add_string(ctx, dir, sizeof dir - 1);
         return;
     }
+    ctx->dir_eof_hint = fills_dir_buffers(fd);
     ctx->pub.possible = get_list(ctx, fd, dir, "possible");
     ctx->pub.present = get_list(ctx, fd, dir, "present");
     ctx->pub.online = get_list(ctx, fd, dir, "online");
@@ -1075,7 +1266,7 @@ static void scan_pci(struct scan_ctx *ctx)
             scan_add_error(ctx, errno, dir, NULL);
         return;
     }
-    err = list_dir(fd, collect_name, &l);
+    err = list_dir(ctx, fd, collect_name, &l);
     if (err)
         scan_add_error(ctx, err, dir, NULL);
     if (l.n)

@@ -21,6 +21,8 @@ struct scan_ctx {
     int rootfd;
     int is_host;                    /* root is the running system's "/" */
     int have_openat2;
+    int pref_thread, pref_shared;   /* which sibling-set file name worked last */
+    int dir_eof_hint;               /* getdents64 replies short only at the end */
     char *buf;                      /* file contents, NUL-terminated */
     size_t bufcap;
     uint64_t *scratch;              /* TOPO_MAX_WORDS words to parse sets into */

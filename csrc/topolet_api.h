@@ -19,6 +19,7 @@ typedef struct {
 } topo_set_t;
 
 typedef struct {
+    int32_t index;                  /* M of cache/indexM */
     int32_t level;
     int32_t line_bytes;
     int64_t id;
