@@ -50,8 +50,8 @@ def allocate(topology: Topology, free: CPUSet, request: Request) -> CPUSet:
     total = sum(pool.numa_free[i] for i in allowed)
     if total < n:
         where = " on the preferred NUMA nodes" if len(allowed) < len(ix.numa_ids) else ""
-        raise AllocationError(
-            f"not enough free {unit}{where}: requested {n}, free {total} ({pool.describe()})")
+        raise AllocationError(f"{request.numa_policy}: not enough free {unit}{where}: "
+                              f"requested {n}, free {total} ({pool.describe()})")
     if request.numa_policy == "spread":
         mask = _spread(pool, request, allowed)
     else:
