@@ -14,6 +14,7 @@ from agent.labels.features_file import (
     MAX_FILE_BYTES,
     FeatureFileError,
     remove_features_file,
+    render_features_file,
     write_features_file,
 )
 
@@ -74,37 +75,30 @@ def test_expiry_directive(tmp_path: Path) -> None:
         write_features_file(str(tmp_path), LABELS, expires=datetime(2030, 1, 1))
 
 
-def test_content_at_limit_is_written_and_over_limit_refused(tmp_path: Path) -> None:
+def labels_of_size(size: int) -> dict[str, str]:
+    """Valid labels whose feature file is exactly `size` bytes (size well above the header)."""
+    labels: dict[str, str] = {}
+    line = len("topolet.io/k00000=" + "v" * 63 + "\n")
+    while len(render_features_file(labels).encode()) + line + 14 <= size:
+        labels[f"topolet.io/k{len(labels):05d}"] = "v" * 63
+    # One last line "topolet.io/<name>=<value>\n" takes up the rest: 13 to 139 bytes.
+    room = size - len(render_features_file(labels).encode()) - len("topolet.io/=\n")
+    name_len = min(63, room)
+    labels["topolet.io/" + "z" * name_len] = "w" * (room - name_len)
+    assert len(render_features_file(labels).encode()) == size
+    return labels
+
+
+def test_exactly_64_kib_is_written_one_byte_more_is_refused(tmp_path: Path) -> None:
     write_features_file(str(tmp_path), LABELS)
     before = (tmp_path / "topolet").read_bytes()
-    # Enough 63-character labels to pass 64 KiB.
-    big = {f"topolet.io/k{i:05d}": "v" * 63 for i in range(1000)}
     with pytest.raises(FeatureFileError, match="limit"):
-        write_features_file(str(tmp_path), big)
+        write_features_file(str(tmp_path), labels_of_size(MAX_FILE_BYTES + 1))
     assert (tmp_path / "topolet").read_bytes() == before
     assert entries(tmp_path) == ["topolet"]
 
-    # Trim to fit exactly at the limit: NFD accepts a file of exactly MAX_FILE_BYTES.
-    size = len(write_size_probe(big))
-    keys = sorted(big)
-    while size > MAX_FILE_BYTES:
-        key = keys.pop()
-        size -= len(f"{key}={big[key]}\n")
-        del big[key]
-    pad = MAX_FILE_BYTES - size
-    if pad:
-        # One more label of exactly `pad` bytes, if it can be formed; else accept a little under.
-        name = "topolet.io/p"
-        if pad >= len(name) + 2 and pad - len(name) - 2 <= 63:
-            big[name] = "x" * (pad - len(name) - 2)
-    assert write_features_file(str(tmp_path), big) is True
-    assert (tmp_path / "topolet").stat().st_size <= MAX_FILE_BYTES
-
-
-def write_size_probe(labels: dict[str, str]) -> bytes:
-    from agent.labels.features_file import render_features_file
-
-    return render_features_file(labels).encode()
+    assert write_features_file(str(tmp_path), labels_of_size(MAX_FILE_BYTES)) is True
+    assert (tmp_path / "topolet").stat().st_size == MAX_FILE_BYTES == 65536
 
 
 @pytest.mark.parametrize("labels", [
