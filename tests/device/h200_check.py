@@ -92,7 +92,8 @@ def run(nvml: Any, gpu: int, model_name: str, out: Any = sys.stdout) -> int:
         rows, notes = compare_profiles(nvml, handle, model)
         for r in rows:
             mark = "ok  " if r.same else "DIFF"
-            print(f"{mark} {r.profile:<12} {r.field:<16} ours={_fmt(r.ours):<24} nvml={_fmt(r.nvml)}", file=out)
+            line = f"{mark} {r.profile:<12} {r.field:<16} ours={_fmt(r.ours):<24} nvml={_fmt(r.nvml)}"
+            print(line, file=out)
         for n in notes:
             print(f"note: {n}", file=out)
         if not current and notes:

@@ -7,11 +7,11 @@ from collections import Counter
 from collections.abc import Sequence
 from functools import cache
 
+import pynvml
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pynvml
 from agent.gpu.planner import (
     ExistingInstance,
     GPUState,
