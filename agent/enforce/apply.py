@@ -29,6 +29,7 @@ from agent.enforce.cgroup import (
     parent_of,
     read_cpus,
     read_mems,
+    read_procs,
     remove_cgroup,
     write_set,
 )
@@ -152,10 +153,11 @@ def apply_assignment(
 ) -> list[CgroupWrite]:
     """Bring each cgroup in `cpus` (and `mems`) to its set, ordering writes so the kernel accepts them.
 
-    Cgroups in `remove` (leaves without processes) are removed after the narrowing pass and before
+    Cgroups in `remove` (without processes) are removed after the narrowing pass and before
     any widening, so released CPUs reach the shared pool only once their old owner is gone.  Returns
     the writes made, in order.  Raises EnforcementError (nothing written) for an inconsistent target:
-    an empty set, a set outside its parent's, an unmanaged child outside its new parent set.
+    an empty set, a set outside its parent's, an unmanaged child outside its new parent set, a
+    cgroup to remove that still has processes.
     """
     removing = {clean_path(r) for r in remove}
     plans = [_Plan(layout, "cpus", _clean_targets(cpus))]
@@ -166,6 +168,11 @@ def apply_assignment(
         if both:
             raise EnforcementError("cgroup both set and removed", ", ".join(sorted(both)))
         plan.validate(removing)
+    for rel in removing:
+        if exists(layout, rel) and (
+            read_procs(layout, rel) or set(list_children(layout, rel)) - removing
+        ):
+            raise EnforcementError("cgroup to remove still has processes or children", layout.abspath(rel))
 
     writes: list[CgroupWrite] = []
     for plan in plans:

@@ -204,9 +204,10 @@ def test_grant_shrinks_shared_before_exclusive_widens_and_release_reverses(
         assert proc_status(p.pid, "Cpus_allowed_list") == CPUSet([a])
     assert proc_status(job.pid, "Cpus_allowed_list") == CPUSet([b])
 
-    with pytest.raises(EnforcementError):  # the job still runs in it
+    with pytest.raises(EnforcementError):  # the job still runs in it: refused before any write
         apply_with_shared_pool(layout, allowed=allowed, reserved=CPUSet([a]), exclusive={},
                                shared=shared, remove=[excl])
+    assert [read_cpus(layout, rel) for rel in shared] == [CPUSet([a])] * len(shared)
     job.kill()
     job.wait()
     writes = apply_with_shared_pool(
