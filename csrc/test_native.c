@@ -1,0 +1,125 @@
+/* A small standalone test of the C helper: parser tables, formatter, and a scan that must not
+ * fail on the build machine's own root or crash on a missing one. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "topolet.h"
+
+static int failures;
+
+#define EXPECT(cond, ...)                                                                         \
+    do {                                                                                          \
+        if (!(cond)) {                                                                            \
+            failures++;                                                                           \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                         \
+            fputc('\n', stderr);                                                                  \
+        }                                                                                         \
+    } while (0)
+
+struct row {
+    int mask;
+    const char *text;
+    size_t len; /* 0: strlen */
+    int rc;
+    const char *cpulist; /* canonical rendering when rc == 0 */
+};
+
+static const struct row rows[] = {
+    {0, "0-3,8,10-15", 0, 0, "0-3,8,10-15"},
+    {0, "", 0, 0, ""},
+    {0, "\n", 0, 0, ""},
+    {0, "  5 \n", 0, 0, "5"},
+    {0, "2,0,1", 0, 0, "0-2"},
+    {0, "0-3\n\0\0\0", 7, 0, "0-3"},
+    {0, "0-9:2/5", 0, 0, "0-1,5-6"},
+    {0, "0-7:2", 0, 0, "0,2,4,6"},
+    {0, "1048575", 0, 0, "1048575"},
+    {0, "1048576", 0, ERANGE, NULL},
+    {0, "99999999999999999999", 0, ERANGE, NULL},
+    {0, "3-1", 0, EINVAL, NULL},
+    {0, "1,,2", 0, EINVAL, NULL},
+    {0, "1,", 0, EINVAL, NULL},
+    {0, "a", 0, EINVAL, NULL},
+    {0, "-1", 0, EINVAL, NULL},
+    {0, "1 2", 0, EINVAL, NULL},
+    {0, "0-3:0/4", 0, EINVAL, NULL},
+    {0, "0-3:5/4", 0, EINVAL, NULL},
+    {0, "1\0" "2", 3, EINVAL, NULL},
+    {1, "ff,00000001", 0, 0, "0,32-39"},
+    {1, "00000000,00000000,0000000f\n", 0, 0, "0-3"},
+    {1, "", 0, 0, ""},
+    {1, "0", 0, 0, ""},
+    {1, "f0\0\0", 4, 0, "4-7"},
+    {1, "80000000,00000000,00000000", 0, 0, "95"},
+    {1, "g", 0, EINVAL, NULL},
+    {1, "123456789", 0, EINVAL, NULL},
+    {1, "ff,,1", 0, EINVAL, NULL},
+    {1, "0x3", 0, EINVAL, NULL},
+};
+
+static void test_parsers(void)
+{
+    uint64_t words[TOPO_MAX_WORDS];
+    char text[256];
+
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const struct row *r = &rows[i];
+        size_t len = r->len ? r->len : strlen(r->text), n, tl;
+        int rc = r->mask ? topo_parse_cpumask(r->text, len, words, TOPO_MAX_WORDS, &n)
+                         : topo_parse_cpulist(r->text, len, words, TOPO_MAX_WORDS, &n);
+        EXPECT(rc == r->rc, "row %zu %s: rc %d, want %d", i, r->text, rc, r->rc);
+        if (rc || r->rc)
+            continue;
+        rc = topo_format_cpulist(words, n, text, sizeof text, &tl);
+        EXPECT(rc == 0 && strcmp(text, r->cpulist) == 0, "row %zu: got '%s' want '%s'", i, text,
+               r->cpulist);
+    }
+}
+
+static void test_small_buffer(void)
+{
+    uint64_t words[2];
+    size_t n;
+    EXPECT(topo_parse_cpulist("200", 3, words, 2, &n) == ENOSPC && n == 4, "need 4 words, got %zu", n);
+    EXPECT(topo_parse_cpulist("127", 3, words, 2, &n) == 0 && n == 2 && words[1] == 1ull << 63,
+           "fits in 2 words");
+}
+
+static void test_mask_format(void)
+{
+    uint64_t words[2] = {0x1ull | 0xffull << 32, 0};
+    char text[64];
+    size_t len;
+    EXPECT(topo_format_cpumask(words, 2, text, sizeof text, &len) == 0 && !strcmp(text, "ff,00000001"),
+           "mask '%s'", text);
+    EXPECT(topo_format_cpumask(words, 0, text, sizeof text, &len) == 0 && !strcmp(text, "0"),
+           "empty mask '%s'", text);
+}
+
+static void test_scan(void)
+{
+    topo_scan_t *s = topo_scan("/nonexistent/topolet-root");
+    EXPECT(s && s->status == ENOENT && s->status_path >= 0, "missing root is a hard error");
+    topo_scan_free(s);
+
+    s = topo_scan("/");
+    EXPECT(s && s->status == 0, "scan of / failed: %d", s ? s->status : -1);
+    EXPECT(s && s->ncpus > 0, "no CPUs on /");
+    topo_scan_free(s);
+}
+
+int main(void)
+{
+    test_parsers();
+    test_small_buffer();
+    test_mask_format();
+    test_scan();
+    if (failures) {
+        fprintf(stderr, "%d failure(s)\n", failures);
+        return 1;
+    }
+    printf("test_native: ok\n");
+    return 0;
+}
