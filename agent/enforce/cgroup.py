@@ -52,7 +52,9 @@ class CgroupLayout:
     def __post_init__(self) -> None:
         if self.version not in (1, 2):
             raise EnforcementError(f"unknown cgroup version {self.version}", self.root)
-        clean_path(self.parent)
+        if not self.parent or clean_path(self.parent) != self.parent:
+            # An empty parent would make every cgroup of the hierarchy look like a workload.
+            raise EnforcementError(f"invalid topolet parent cgroup {self.parent!r}", self.root)
 
     def abspath(self, rel: str) -> str:
         """The file-system path of cgroup `rel`."""
@@ -66,13 +68,13 @@ class CgroupLayout:
     @property
     def shared_path(self) -> str:
         """Relative path of the cgroup that holds shared-pool workloads."""
-        return f"{clean_path(self.parent)}/{SHARED_NAME}"
+        return f"{self.parent}/{SHARED_NAME}"
 
     def workload_path(self, name: str, *, shared: bool = False) -> str:
         """Relative path of workload `name`: `<parent>/<name>`, or `<parent>/shared/<name>` if shared."""
         if not _NAME_RE.fullmatch(name) or (name == SHARED_NAME and not shared):
             raise EnforcementError(f"invalid workload name {name!r}")
-        return f"{self.shared_path if shared else clean_path(self.parent)}/{name}"
+        return f"{self.shared_path if shared else self.parent}/{name}"
 
 
 def clean_path(rel: str) -> str:
@@ -313,9 +315,9 @@ def remove_cgroup(layout: CgroupLayout, rel: str, *, move_procs_to: str | None =
             for pid in read_procs(layout, rel):
                 try:
                     move_pid(layout, move_procs_to, pid)
-                except EnforcementError as exc:
+                except EnforcementError:
                     if os.path.exists(f"/proc/{pid}"):
-                        raise exc
+                        raise
         try:
             os.rmdir(layout.abspath(rel))
             return True

@@ -76,6 +76,9 @@ def test_root_override(tmp_path: Path) -> None:
         detect_layout(v2)
     with pytest.raises(EnforcementError):
         detect_layout(str(tmp_path))
+    for parent in ("", "/", "a/../b", "/a"):
+        with pytest.raises(EnforcementError):
+            CgroupLayout(1, v1, parent)
 
 
 def test_detect_this_machine(require: Require) -> None:
