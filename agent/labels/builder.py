@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agent.labels.registry import (
@@ -60,7 +60,7 @@ class LabelSet:
     labels: dict[str, str]
     dropped: tuple[Dropped, ...] = ()
     normalized: tuple[Normalized, ...] = ()
-    failed_sources: tuple[str, ...] = field(default=())
+    failed_sources: tuple[str, ...] = ()
 
 
 def _in_namespace(namespace: str, domain: str) -> bool:
@@ -133,7 +133,7 @@ def make_labels(features: Iterable[RawFeature], *, gfd_compat: bool = False) -> 
             dropped.append(Dropped(feature, f"duplicate key {key}"))
             continue
         labels[key] = value
-        if name_changed or value_changed:
+        if name_changed or value_changed or namespace != feature.namespace:
             normalized.append(Normalized(feature, key, value))
     return LabelSet(
         labels=dict(sorted(labels.items())),

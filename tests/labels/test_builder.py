@@ -63,6 +63,7 @@ def test_gfd_namespace_needs_compat() -> None:
     feats = [RawFeature(GFD_NAMESPACE, "gpu.count", 8), RawFeature("mig.nvidia.com", "x", 1),
              RawFeature("NVIDIA.com", "gpu.product", "H200")]
     assert make_labels(feats).labels == {}
+    assert [n.feature for n in make_labels(feats, gfd_compat=True).normalized] == [feats[2]]
     assert make_labels(feats, gfd_compat=True).labels == {
         "mig.nvidia.com/x": "1", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "H200",
     }

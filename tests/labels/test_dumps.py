@@ -9,12 +9,13 @@ import pytest
 
 from agent.labels import build_label_set
 from agent.labels.validate import is_label_key, is_label_value
+from agent.topology.model import Topology
 from tests.conftest import HWLOC_DATA, require
 
 DUMPS = sorted(p.name.removesuffix(".tar.bz2") for p in (HWLOC_DATA / "dumps").glob("*.tar.bz2"))
 
 
-def _discover():  # type: ignore[no-untyped-def]
+def _discover() -> Callable[[str], Topology]:
     try:
         from agent.topology.discover import discover
         from agent.topology.native import scan  # noqa: F401  (the C helper must be built)

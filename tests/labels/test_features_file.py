@@ -81,7 +81,7 @@ def labels_of_size(size: int) -> dict[str, str]:
     line = len("topolet.io/k00000=" + "v" * 63 + "\n")
     while len(render_features_file(labels).encode()) + line + 14 <= size:
         labels[f"topolet.io/k{len(labels):05d}"] = "v" * 63
-    # One last line "topolet.io/<name>=<value>\n" takes up the rest: 13 to 139 bytes.
+    # One last line "topolet.io/<name>=<value>\n" (14 to 139 bytes) takes up the rest.
     room = size - len(render_features_file(labels).encode()) - len("topolet.io/=\n")
     name_len = min(63, room)
     labels["topolet.io/" + "z" * name_len] = "w" * (room - name_len)
