@@ -62,9 +62,11 @@ def _errname(code: int) -> str:
 
 
 def _parse(fn: Any, kind: str, text: str) -> int:
+    if not isinstance(text, str):
+        raise CPUListError(f"invalid {kind} {text!r}: not a string")
     try:
         data = text.encode("ascii")
-    except (UnicodeEncodeError, AttributeError):
+    except UnicodeEncodeError:
         raise CPUListError(f"invalid {kind} {text!r}: not ASCII text") from None
     cap = _FIRST_WORDS
     nwords = _ffi.new("size_t *")
@@ -99,6 +101,12 @@ class _Reader:
         self.words = bytes(_ffi.buffer(p.words, p.nwords * _WORD)) if p.nwords else b""
         self.sets: dict[int, CPUSet] = {}
         self.empty = CPUSet()
+        # Threads of a core list the same caches; the C side copies those records byte for byte,
+        # so equal bytes mean an equal record and one Python object serves them all.
+        self.cache_size = _ffi.sizeof("topo_cache_t")
+        self.cache_bytes = bytes(_ffi.buffer(p.caches, p.ncaches * self.cache_size)) if p.ncaches else b""
+        self.cache_memo: dict[bytes, RawCache] = {}
+        self.caches_memo: dict[bytes, tuple[RawCache, ...]] = {}
 
     def string(self, off: int) -> str:
         end = self.strings.index(b"\0", off)
@@ -117,20 +125,31 @@ class _Reader:
             self.sets[off] = got
         return got
 
-    def caches(self, first: int, count: int) -> tuple[RawCache, ...]:
-        out = []
-        for c in self.p.caches[first : first + count]:
-            out.append(
-                RawCache(
-                    level=c.level,
-                    type=_ffi.string(c.type).decode("ascii", "replace"),
-                    size_bytes=c.size_bytes,
-                    line_bytes=c.line_bytes,
-                    id=c.id,
-                    cpus=self.cpuset(c.cpus),
-                )
+    def cache(self, i: int) -> RawCache:
+        size = self.cache_size
+        key = self.cache_bytes[i * size : (i + 1) * size]
+        got = self.cache_memo.get(key)
+        if got is None:
+            c = self.p.caches[i]
+            got = RawCache(
+                level=c.level,
+                type=_ffi.string(c.type).decode("ascii", "replace"),
+                size_bytes=c.size_bytes,
+                line_bytes=c.line_bytes,
+                id=c.id,
+                cpus=self.cpuset(c.cpus),
             )
-        return tuple(out)
+            self.cache_memo[key] = got
+        return got
+
+    def caches(self, first: int, count: int) -> tuple[RawCache, ...]:
+        size = self.cache_size
+        key = self.cache_bytes[first * size : (first + count) * size]
+        got = self.caches_memo.get(key)
+        if got is None:
+            got = tuple(self.cache(i) for i in range(first, first + count))
+            self.caches_memo[key] = got
+        return got
 
     def cpus(self) -> tuple[RawCPU, ...]:
         out = []
