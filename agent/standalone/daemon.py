@@ -1,0 +1,119 @@
+"""`topolet agent` in standalone mode: keep labels current, reconcile local allocations, serve metrics."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+import time
+from types import FrameType
+
+from agent.enforce import detect_layout
+from agent.enforce.state import StateFile
+from agent.errors import EnforcementError, TopoletError
+from agent.labels import build_labels
+from agent.labels.features_file import write_features_file
+from agent.metrics import Metrics, MetricsServer, staleness_health
+from agent.standalone.engine import PinningEngine
+from agent.standalone.journal import drain_events
+from agent.topology.cpuset import CPUSet
+from agent.topology.discover import discover
+from agent.topology.model import Topology
+
+log = logging.getLogger("topolet.agent")
+
+
+class StandaloneAgent:
+    """One node's agent without a cluster: labels, reconcile, metrics."""
+
+    def __init__(self, args: argparse.Namespace, metrics: Metrics) -> None:
+        self.args = args
+        self.metrics = metrics
+        self.state_file = StateFile(args.state_dir, on_write=metrics.state_writes.inc)
+        self.reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
+        self.topology: Topology = discover(args.fsroot)
+        self.engine: PinningEngine | None = None
+        try:
+            layout = detect_layout(args.cgroup_root)
+            if not os.access(layout.root, os.W_OK):
+                raise EnforcementError("cpuset hierarchy is not writable (run as root)", layout.root)
+            self.engine = PinningEngine(self.topology, layout, self.state_file, self.reserved)
+        except EnforcementError as exc:
+            log.warning("CPU pinning disabled: %s", exc)
+        node = os.uname().nodename
+        metrics.info.info({"version": metrics.info._value.get("version", ""),  # noqa: SLF001
+                           "node": node, "enforcement": "on" if self.engine else "off"})
+
+    def refresh_labels(self) -> None:
+        """Rediscover (cheap) and rewrite the features.d file only if the labels changed."""
+        topo = discover(self.args.fsroot)
+        if topo != self.topology and self.engine is not None:
+            self.engine.topology = topo
+        self.topology = topo
+        if write_features_file(self.args.features_dir, build_labels(topo)):
+            self.metrics.label_writes.inc()
+            log.info("labels written to %s", self.args.features_dir)
+
+    def reconcile(self) -> None:
+        """One pass: labels, released and drifted allocations, journal events, CPU gauges."""
+        started = time.perf_counter()
+        try:
+            self.refresh_labels()
+            if self.engine is not None:
+                result = self.engine.reconcile()
+                if result.drift_repaired:
+                    self.metrics.drift.inc(result.drift_repaired)
+                for alloc_id in result.released:
+                    log.info("released %s: its processes are gone", alloc_id)
+                with self.state_file.lock(timeout=30):
+                    events = drain_events(self.args.state_dir)
+                for ev in events:
+                    self.metrics.state_writes.inc(ev.state_writes)
+                    if ev.result in ("success", "error"):
+                        self.metrics.allocations.labels(result=ev.result).inc()
+                    if ev.latency_seconds is not None:
+                        self.metrics.pin_latency.observe(ev.latency_seconds)
+                usage = self.engine.usage()
+                self.metrics.set_cpu_states(
+                    row for u in usage for row in (
+                        (u.numa, "exclusive", len(u.exclusive)),
+                        (u.numa, "reserved", len(u.reserved)),
+                        (u.numa, "shared", len(u.shared - u.reserved)),
+                    ))
+            self.metrics.last_reconcile.set(time.time())
+        except TopoletError as exc:
+            self.metrics.reconcile_errors.inc()
+            log.error("reconcile failed: %s", exc)
+        finally:
+            self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    """Entry point of `topolet agent` (standalone; the Kubernetes mode builds on the same loop)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.makedirs(args.features_dir, exist_ok=True)
+    metrics = Metrics()
+    agent = StandaloneAgent(args, metrics)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.reconcile()
+    if args.once:
+        return 0
+    server = MetricsServer(metrics, args.listen,
+                           staleness_health(metrics, max(3 * args.reconcile_seconds, 15.0)))
+    server.start()
+    log.info("serving /metrics and /healthz on %s:%d", args.listen.rpartition(":")[0], server.port)
+    try:
+        while not stop.wait(args.reconcile_seconds):
+            agent.reconcile()
+    finally:
+        server.stop()
+    return 0

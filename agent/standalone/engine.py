@@ -1,0 +1,253 @@
+"""The node-local pinning engine: allocate, release, reap and reconcile exclusive CPUs on this node.
+
+It joins the three layers in their one direction: `topology` (what the node has) → `alloc` (which
+CPUs) → `enforce` (state first, then cgroups).  Every public method runs under the state lock, so
+concurrent `topolet exec` processes and the agent never hand out a CPU twice.
+
+Cgroup shape (under the cpuset controller): `topolet/` holds every allowed CPU; `topolet/<id>` is an
+exclusive allocation; `topolet/shared` and its children hold shared workloads on the pool (every
+allowed CPU less the exclusive ones, reserved CPUs included).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from agent.alloc.exclusive import allocate
+from agent.alloc.request import Request
+from agent.enforce import (
+    CgroupLayout,
+    apply_with_shared_pool,
+    create_cgroup,
+    exists,
+    list_children,
+    move_pid,
+    read_cpuset,
+    read_procs,
+    remove_cgroup,
+    repair_drift,
+    shared_pool,
+)
+from agent.enforce.state import Allocation, Owner, State, StateFile, rebuild_from_cgroups
+from agent.errors import AllocationError, EnforcementError
+from agent.topology.cpuset import EMPTY, CPUSet
+from agent.topology.model import Topology
+
+log = logging.getLogger(__name__)
+
+LOCK_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileResult:
+    released: tuple[str, ...]  # allocations whose processes were gone
+    collected: tuple[str, ...]  # workload cgroups nobody owned, removed
+    drift_repaired: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUsage:
+    """CPUs per NUMA node by state, for `topolet status` and the `topolet_cpus` metric."""
+
+    numa: int
+    total: CPUSet
+    reserved: CPUSet
+    exclusive: CPUSet
+    shared: CPUSet  # the pool (free for exclusive use, except reserved CPUs)
+
+
+class PinningEngine:
+    """Exclusive CPU allocations on one node, recorded in a state file and enforced with cpusets."""
+
+    def __init__(self, topology: Topology, layout: CgroupLayout, state_file: StateFile,
+                 reserved: CPUSet = EMPTY, proc: str = "/proc") -> None:
+        self.topology = topology
+        self.layout = layout
+        self.state_file = state_file
+        self.reserved = reserved & topology.cpus
+        self.proc = proc
+        root_cpus, root_mems = read_cpuset(layout, "")
+        self.allowed = topology.cpus & root_cpus
+        self.all_mems = root_mems
+
+    # -- locking and loading -------------------------------------------------------------------
+
+    @contextmanager
+    def locked(self) -> Iterator[State]:
+        """Hold the state lock; yield the current state (rebuilt from cgroups if missing or corrupt)."""
+        with self.state_file.lock(timeout=LOCK_TIMEOUT_SECONDS):
+            state = self.state_file.load_or_rebuild(
+                lambda: rebuild_from_cgroups(self.layout, self.reserved))
+            if state.reserved != self.reserved and self.reserved.isdisjoint(state.allocated()):
+                state = self.state_file.commit(State(state.allocations, self.reserved, state.generation))
+            yield state
+
+    def _ensure_parents(self) -> None:
+        if not exists(self.layout, self.layout.parent):
+            create_cgroup(self.layout, self.layout.parent, self.allowed, self.all_mems)
+        if not exists(self.layout, self.layout.shared_path):
+            create_cgroup(self.layout, self.layout.shared_path)
+
+    def _shared_cgroups(self) -> list[str]:
+        shared = self.layout.shared_path
+        if not exists(self.layout, shared):
+            return []
+        return [shared, *list_children(self.layout, shared)]
+
+    def _apply(self, state: State, remove: tuple[str, ...] = ()) -> None:
+        """Bring every managed cgroup to `state` in one ordered step (pool narrowed before grants)."""
+        self._ensure_parents()
+        exclusive = {a.cgroup: a.cpus for a in state.allocations if exists(self.layout, a.cgroup)}
+        mems = {a.cgroup: a.mems for a in state.allocations if a.mems and a.cgroup in exclusive}
+        apply_with_shared_pool(self.layout, allowed=self.allowed, reserved=state.reserved,
+                               exclusive=exclusive, shared=self._shared_cgroups(), mems=mems or None,
+                               remove=remove)
+
+    def _alive(self, alloc: Allocation) -> bool:
+        """An allocation lives while its owner runs or any process is still in its cgroup."""
+        if alloc.owner.pod_uid is not None:
+            return True  # pods are released by the pod watch, not by process liveness
+        if alloc.owner.process_alive(self.proc):
+            return True
+        return exists(self.layout, alloc.cgroup) and bool(read_procs(self.layout, alloc.cgroup))
+
+    # -- the operations ------------------------------------------------------------------------
+
+    def allocate(self, alloc_id: str, request: Request, owner: Owner, *, memory_binding: bool = False,
+                 policy: str | None = None) -> Allocation:
+        """Choose, record and enforce an exclusive allocation; the caller then moves its process in."""
+        with self.locked() as state:
+            state = self._reap(state)[0]
+            if state.get(alloc_id) is not None:
+                raise AllocationError(f"allocation {alloc_id} already exists")
+            free = self.allowed - state.reserved - state.allocated()
+            cpus = allocate(self.topology, free, Request(
+                request.cpus, request.numa_policy, request.smt, request.preferred_numa,
+                request.reserved | state.reserved))
+            try:
+                shared_pool(self.allowed, state.reserved, [a.cpus for a in state.allocations] + [cpus])
+            except EnforcementError as exc:
+                raise AllocationError(f"{exc}: {len(free)} CPUs free, {len(state.reserved)} reserved; "
+                                      "reserve a CPU for shared work") from exc
+            mems = CPUSet(self.topology.numa_of(c) for c in cpus) & self.all_mems if memory_binding else EMPTY
+            alloc = Allocation(alloc_id, cpus, mems, self.layout.workload_path(alloc_id), owner,
+                               policy or f"{request.numa_policy}/{request.smt}", time.time())
+            state = self.state_file.commit(state.with_allocation(alloc))  # the record comes first
+            self._ensure_parents()
+            create_cgroup(self.layout, alloc.cgroup)
+            self._apply(state)
+            return alloc
+
+    def join(self, alloc: Allocation, pid: int) -> None:
+        """Move `pid` into the allocation's cgroup."""
+        move_pid(self.layout, alloc.cgroup, pid)
+
+    def join_shared(self, name: str, pid: int) -> str:
+        """Run `pid` on the shared pool in its own cgroup under `topolet/shared`; returns the cgroup."""
+        with self.locked() as state:
+            self._ensure_parents()
+            rel = self.layout.workload_path(name, shared=True)
+            create_cgroup(self.layout, rel)
+            self._apply(state)
+            move_pid(self.layout, rel, pid)
+            return rel
+
+    def release(self, alloc_id: str, *, leaving_pid: int | None = None) -> bool:
+        """Free an allocation whose processes are gone (moving `leaving_pid` out first).
+
+        Returns False and keeps the allocation while other processes still run in its cgroup.
+        """
+        with self.locked() as state:
+            alloc = state.get(alloc_id)
+            if alloc is None:
+                return False
+            if leaving_pid is not None and exists(self.layout, alloc.cgroup):
+                if leaving_pid in read_procs(self.layout, alloc.cgroup):
+                    move_pid(self.layout, "", leaving_pid)
+            if exists(self.layout, alloc.cgroup) and read_procs(self.layout, alloc.cgroup):
+                log.info("allocation %s outlives its owner: processes remain in %s", alloc_id, alloc.cgroup)
+                return False
+            state = self.state_file.commit(state.without(alloc_id))
+            self._apply(state, remove=(alloc.cgroup,) if exists(self.layout, alloc.cgroup) else ())
+            return True
+
+    def leave_shared(self, rel: str, pid: int) -> None:
+        """Move `pid` out of its shared cgroup and remove the cgroup once empty."""
+        with self.locked():
+            if exists(self.layout, rel):
+                if pid in read_procs(self.layout, rel):
+                    move_pid(self.layout, "", pid)
+                if not read_procs(self.layout, rel):
+                    remove_cgroup(self.layout, rel)
+
+    def _reap(self, state: State) -> tuple[State, tuple[str, ...], tuple[str, ...]]:
+        """Release allocations whose processes are gone and remove cgroups nobody owns."""
+        dead = [a for a in state.allocations if not self._alive(a)]
+        removals: list[str] = []
+        if dead:
+            state = self.state_file.commit(State(
+                tuple(a for a in state.allocations if a not in dead), state.reserved, state.generation))
+            removals = [a.cgroup for a in dead if exists(self.layout, a.cgroup)]
+        named = {a.cgroup for a in state.allocations}
+        orphans: list[str] = []
+        if exists(self.layout, self.layout.parent):
+            for rel in list_children(self.layout, self.layout.parent):
+                if rel != self.layout.shared_path and rel not in named and rel not in removals \
+                        and not read_procs(self.layout, rel) and not list_children(self.layout, rel):
+                    orphans.append(rel)
+        if dead or orphans:
+            self._apply(state, remove=tuple(removals + orphans))
+        shared = self.layout.shared_path
+        if exists(self.layout, shared):
+            for rel in list_children(self.layout, shared):
+                if not read_procs(self.layout, rel) and not list_children(self.layout, rel):
+                    remove_cgroup(self.layout, rel)
+        for a in dead:
+            log.info("released %s (%s): its processes are gone", a.id, a.cpus)
+        return state, tuple(a.id for a in dead), tuple(orphans)
+
+    def reconcile(self) -> ReconcileResult:
+        """Release dead allocations, collect orphans, and repair any cpuset someone else rewrote."""
+        with self.locked() as state:
+            state, released, collected = self._reap(state)
+            self._ensure_parents()
+            for a in state.allocations:
+                if not exists(self.layout, a.cgroup):
+                    create_cgroup(self.layout, a.cgroup)
+            pool = shared_pool(self.allowed, state.reserved, [a.cpus for a in state.allocations])
+            want = {self.layout.parent: self.allowed}
+            want.update({rel: pool for rel in self._shared_cgroups()})
+            want.update({a.cgroup: a.cpus for a in state.allocations})
+            mems = {a.cgroup: a.mems for a in state.allocations if a.mems}
+            repaired = repair_drift(self.layout, want, mems or None)
+            return ReconcileResult(released, collected, repaired)
+
+    def usage(self, state: State | None = None) -> list[NodeUsage]:
+        """CPUs per CPU-bearing NUMA node: total, reserved, exclusive, shared."""
+        if state is None:
+            state = self.state_file.load(missing_ok=True)
+        return usage_of(self.topology, self.allowed, state)
+
+
+def usage_of(topology: Topology, allowed: CPUSet, state: State) -> list[NodeUsage]:
+    """Per-NUMA CPU usage of a state on a topology (pure)."""
+    exclusive = state.allocated()
+    out = []
+    for node in topology.numa_nodes:
+        if node.memory_only:
+            continue
+        total = node.cpus & allowed
+        out.append(NodeUsage(node.id, total, total & state.reserved, total & exclusive,
+                             total - exclusive))
+    return out
+
+
+def unique_id(prefix: str, pid: int | None = None) -> str:
+    """An allocation id unlikely to repeat: prefix, pid and a monotonic nanosecond stamp."""
+    return f"{prefix}-{pid if pid is not None else os.getpid()}-{time.monotonic_ns() % 10**12}"
+

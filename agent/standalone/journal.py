@@ -1,0 +1,61 @@
+"""An append-only event journal beside the state file: how `topolet exec` processes tell the agent
+what they did (allocation results and pin latencies) so its metrics count work done outside it.
+
+Each event is one JSON line written with one O_APPEND write (atomic for lines under PIPE_BUF); the
+agent drains the journal under the state lock, so no event is read twice or lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+JOURNAL_NAME = "events.jsonl"
+_MAX_LINE = 512  # below PIPE_BUF, so concurrent appends never interleave
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    result: str  # "success" | "error" | "released"
+    latency_seconds: float | None = None
+    state_writes: int = 0
+
+
+def append_event(folder: str, event: Event) -> None:
+    """Append one event (best effort: a full disk must not fail a workload that is already pinned)."""
+    line = json.dumps({"result": event.result, "latency_seconds": event.latency_seconds,
+                       "state_writes": event.state_writes}, separators=(",", ":")) + "\n"
+    data = line.encode()[:_MAX_LINE]
+    try:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        fd = os.open(os.path.join(folder, JOURNAL_NAME), flags, 0o644)
+    except OSError:
+        return
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def drain_events(folder: str) -> list[Event]:
+    """Read and clear the journal; call under the state lock.  Malformed lines are skipped."""
+    path = os.path.join(folder, JOURNAL_NAME)
+    try:
+        with open(path, "r+b") as f:
+            data = f.read(1 << 22)
+            f.truncate(0)
+    except FileNotFoundError:
+        return []
+    events: list[Event] = []
+    for raw in data.splitlines():
+        try:
+            doc = json.loads(raw)
+            latency = doc.get("latency_seconds")
+            events.append(Event(str(doc["result"]), float(latency) if latency is not None else None,
+                                int(doc.get("state_writes", 0))))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return events

@@ -1,0 +1,152 @@
+"""`topolet exec` (a command on exclusive, aligned CPUs: a one-node `srun --cpu-bind`), `topolet status`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+from typing import Any
+
+from agent.alloc.request import Request
+from agent.enforce import detect_layout
+from agent.enforce.state import Owner, StateFile
+from agent.errors import AllocationError, ConfigError, TopoletError
+from agent.standalone.engine import PinningEngine, unique_id, usage_of
+from agent.standalone.journal import Event, append_event
+from agent.topology.cpuset import CPUSet
+from agent.topology.discover import discover
+from agent.topology.native import bind_memory, set_affinity
+
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise ConfigError("no command given: topolet exec --cpus N -- CMD [ARGS...]")
+    return argv
+
+
+def _gpu_request(args: argparse.Namespace) -> tuple[frozenset[int] | None, dict[str, str]]:
+    """Whole GPUs for the command: (their NUMA nodes, the environment that names them)."""
+    if not args.gpus:
+        return None, {}
+    from agent.gpu.assign import assign_gpus
+
+    grant = assign_gpus(args.gpus, args.state_dir)
+    return grant.numa_nodes, grant.environment
+
+
+def _run_child(argv: list[str], env: dict[str, str]) -> int:
+    """Run the command, forwarding termination signals; return its exit status as a shell would."""
+    try:
+        child = subprocess.Popen(argv, env={**os.environ, **env})
+    except OSError as exc:
+        print(f"topolet exec: cannot run {argv[0]}: {exc.strerror}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in _FORWARDED:
+        signal.signal(sig, forward)
+    code = child.wait()
+    return 128 - code if code < 0 else code
+
+
+def run_exec(args: argparse.Namespace) -> int:
+    """Allocate exclusive CPUs, pin this process there (cgroup, affinity, mempolicy), run the command."""
+    argv = _command(args)
+    started = time.perf_counter()
+    if args.cpus < 0:
+        raise ConfigError("--cpus must be 0 (shared pool) or more")
+    topo = discover("/")
+    layout = detect_layout(args.cgroup_root)
+    state_file = StateFile(args.state_dir)
+    reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
+    engine = PinningEngine(topo, layout, state_file, reserved)
+    me = os.getpid()
+    name = unique_id("exec", me)
+    if args.cpus == 0:
+        rel = engine.join_shared(name, me)
+        try:
+            return _run_child(argv, {})
+        finally:
+            engine.leave_shared(rel, me)
+    preferred, env = _gpu_request(args)
+    request = Request(args.cpus, args.numa_policy, args.smt, preferred)
+    writes_before = state_file.writes
+    try:
+        alloc = engine.allocate(name, request, Owner.of_process(me), memory_binding=args.memory_binding,
+                                policy=f"exec {args.numa_policy}/{args.smt}")
+    except AllocationError:
+        append_event(args.state_dir, Event("error", state_writes=state_file.writes - writes_before))
+        raise
+    try:
+        engine.join(alloc, me)
+        set_affinity(0, alloc.cpus)
+        if alloc.mems:
+            bind_memory(alloc.mems, "bind")
+        append_event(args.state_dir, Event("success", time.perf_counter() - started,
+                                           state_file.writes - writes_before))
+        env = {**env, "TOPOLET_CPUS": alloc.cpus.cpulist(), "TOPOLET_ALLOCATION": alloc.id}
+        return _run_child(argv, env)
+    finally:
+        try:
+            engine.release(alloc.id, leaving_pid=me)
+        except TopoletError as exc:  # the next reconcile frees it; the command's status still counts
+            print(f"topolet exec: release of {alloc.id} deferred: {exc}", file=sys.stderr)
+
+
+def status_data(state_dir: str, cgroup_root: str | None = None) -> dict[str, Any]:
+    """Allocations and free CPUs per NUMA node, from the state file (read-only)."""
+    topo = discover("/")
+    state = StateFile(state_dir).load(missing_ok=True)
+    allowed = topo.cpus
+    try:
+        from agent.enforce import read_cpus
+
+        allowed &= read_cpus(detect_layout(cgroup_root), "")
+    except TopoletError:
+        pass  # no cpuset controller here: every online CPU is allowed
+    rows = usage_of(topo, allowed, state)
+    return {
+        "generation": state.generation,
+        "reserved": state.reserved.cpulist(),
+        "numa": [{"numa": u.numa, "cpus": u.total.cpulist(), "reserved": u.reserved.cpulist(),
+                  "exclusive": u.exclusive.cpulist(),
+                  "free": (u.shared - u.reserved).cpulist(), "free_count": len(u.shared - u.reserved)}
+                 for u in rows],
+        "allocations": [{"id": a.id, "cpus": a.cpus.cpulist(), "mems": a.mems.cpulist(), "cgroup": a.cgroup,
+                         "pid": a.owner.pid, "pod_uid": a.owner.pod_uid, "policy": a.policy,
+                         "alive": a.owner.pod_uid is not None or a.owner.process_alive()}
+                        for a in state.allocations],
+    }
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """Entry point of `topolet status`."""
+    data = status_data(args.state_dir)
+    if args.format == "json":
+        print(json.dumps(data, indent=1))
+        return 0
+    print(f"{'NUMA':>4}  {'CPUs':<16} {'reserved':<10} {'exclusive':<16} {'free':<16}")
+    for row in data["numa"]:
+        print(f"{row['numa']:>4}  {row['cpus']:<16} {row['reserved'] or '-':<10} "
+              f"{row['exclusive'] or '-':<16} {row['free'] or '-':<16}")
+    print(f"\n{len(data['allocations'])} allocation(s)")
+    for a in data["allocations"]:
+        owner = f"pod {a['pod_uid']}" if a["pod_uid"] else f"pid {a['pid']}"
+        print(f"  {a['id']:<28} cpus {a['cpus']:<12} mems {a['mems'] or '-':<6} {owner}"
+              f"{'' if a['alive'] else ' (gone)'}  {a['policy']}")
+    return 0
