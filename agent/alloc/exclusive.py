@@ -24,8 +24,9 @@ from agent.errors import AllocationError
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import Topology
 
-# Enumerating NUMA combinations is exact but combinatorial; past this many we rank a greedy shortlist.
-_MAX_COMBINATIONS = 2000
+# Enumerating NUMA combinations is exact but combinatorial (70 at most on 8 nodes); past this many we
+# rank a shortlist instead, to stay well under a millisecond on machines with many small nodes.
+_MAX_COMBINATIONS = 128
 # How many of the best-ranked NUMA combinations are allocated for real and compared on the result.
 _EVALUATED = 3
 
@@ -63,7 +64,7 @@ class _Pool:
     """The CPUs one request may take, counted per core, cell and NUMA node."""
 
     __slots__ = ("ix", "avail", "full_cores", "core_free", "cell_free", "cell_partial", "cell_whole",
-                 "numa_free")
+                 "numa_free", "numa_whole")
 
     def __init__(self, ix: TopologyIndex, avail: int, full_cores: bool) -> None:
         self.ix = ix
@@ -86,6 +87,7 @@ class _Pool:
         self.cell_whole = [sum(sizes[j] for j in r if core_free[j] == sizes[j]) for r in ix.cell_cores]
         self.cell_partial = [sum(1 for j in r if 0 < core_free[j] < sizes[j]) for r in ix.cell_cores]
         self.numa_free = [sum(self.cell_free[c] for c in cells) for cells in ix.numa_cells]
+        self.numa_whole = [sum(self.cell_whole[c] for c in cells) for cells in ix.numa_cells]
 
     def describe(self) -> str:
         """Free counts per NUMA node, for error messages."""
@@ -131,44 +133,51 @@ def _pair_distance(ix: TopologyIndex, combo: Sequence[int]) -> int:
 
 def _combinations(pool: _Pool, nodes: list[int], k: int, need: int,
                   weight: Sequence[int]) -> list[tuple[int, ...]]:
-    """k-combinations of `nodes` whose `weight` sums to at least `need`, exact when few enough."""
+    """k-combinations of `nodes` whose `weight` sums to at least `need`: all of them when few enough,
+    else a shortlist (the k largest; the k nearest around each node; whole packages, fullest first)."""
     if math.comb(len(nodes), k) <= _MAX_COMBINATIONS:
         return [c for c in itertools.combinations(nodes, k) if sum(weight[i] for i in c) >= need]
-    # Too many to rank: grow one combination around each node, nearest nodes first.
     ix = pool.ix
-    found: set[tuple[int, ...]] = {tuple(sorted(sorted(nodes, key=lambda i: (-weight[i], i))[:k]))}
+    by_weight = sorted(nodes, key=lambda i: (-weight[i], i))
+    shortlist = [by_weight[:k]]
     for seed in nodes:
         rest = sorted((i for i in nodes if i != seed), key=lambda i: (ix.distance[seed][i], -weight[i], i))
-        combo = tuple(sorted([seed, *rest[:k - 1]]))
-        if sum(weight[i] for i in combo) >= need:
-            found.add(combo)
-    return sorted(found)
+        shortlist.append([seed, *rest[:k - 1]])
+    package_free: dict[int, int] = {}
+    for i in nodes:
+        p = ix.numa_packages[i] & -ix.numa_packages[i]
+        package_free[p] = package_free.get(p, 0) + weight[i]
+    by_package = sorted(by_weight, key=lambda i: -package_free[ix.numa_packages[i] & -ix.numa_packages[i]])
+    shortlist.append(by_package[:k])
+    found = {tuple(sorted(c)) for c in shortlist}
+    return sorted(c for c in found if sum(weight[i] for i in c) >= need)
 
 
-def _sockets(pool: _Pool, combo: Sequence[int], n: int) -> int:
-    """Fewest packages an n-CPU answer inside `combo` can touch."""
-    ix = pool.ix
-    if not ix.numa_spans_packages:
-        # Packages hold whole NUMA nodes, and every node of a minimal combination is needed.
-        bits = 0
-        for i in combo:
-            bits |= ix.numa_packages[i]
-        return bits.bit_count()
-    per: dict[int, int] = {}
+def _packages_spanned(ix: TopologyIndex, combo: Sequence[int]) -> int:
+    """How many packages the NUMA nodes of `combo` reach into.
+
+    Where packages hold whole NUMA nodes this is exactly the sockets an answer inside a minimal
+    combination touches (it needs every node); elsewhere it ranks combinations and the answers'
+    real socket counts decide among the finalists.
+    """
+    bits = 0
     for i in combo:
-        for c in ix.numa_cells[i]:
-            per[ix.cell_package[c]] = per.get(ix.cell_package[c], 0) + pool.cell_free[c]
-    return _fewest(per.values(), n)
+        bits |= ix.numa_packages[i]
+    return bits.bit_count()
 
 
 def _l3_bound(pool: _Pool, combo: Sequence[int], n: int) -> int:
     """Fewest L3 groups an n-CPU answer inside `combo` can touch (ignoring the socket choice)."""
     ix = pool.ix
-    per: dict[int, int] = {}
-    for i in combo:
-        for c in ix.numa_cells[i]:
-            per[ix.cell_l3[c]] = per.get(ix.cell_l3[c], 0) + pool.cell_free[c]
-    return _fewest(per.values(), n)
+    if ix.l3_spans_numa:
+        # L3 groups hold several NUMA nodes (or the whole machine): every node of a minimal
+        # combination is needed, so every L3 group they reach is touched.
+        bits = 0
+        for i in combo:
+            bits |= ix.numa_l3s[i]
+        return bits.bit_count()
+    # Each L3 group lies inside one node, so (but for broken inputs) each cell is one L3 group.
+    return _fewest([pool.cell_free[c] for i in combo for c in ix.numa_cells[i]], n)
 
 
 def _quality(ix: TopologyIndex, mask: int) -> tuple[int, int, int]:
@@ -204,7 +213,7 @@ def _packed(pool: _Pool, request: Request, allowed: list[int]) -> int:
     combos = _combinations(pool, nodes, k, n, pool.numa_free)
 
     def cheap(combo: tuple[int, ...]) -> tuple[int, int]:
-        return _outside(ix, combo, request), _sockets(pool, combo, n)
+        return _outside(ix, combo, request), _packages_spanned(ix, combo)
 
     keyed = [(cheap(c), c) for c in combos]
     best_cheap = min(key for key, _ in keyed)
@@ -213,7 +222,7 @@ def _packed(pool: _Pool, request: Request, allowed: list[int]) -> int:
         tpc = ix.threads_per_core
 
         def finer(combo: tuple[int, ...]) -> tuple[int, int, int, int, tuple[int, ...]]:
-            whole = sum(pool.cell_whole[c] for i in combo for c in ix.numa_cells[i])
+            whole = sum(pool.numa_whole[i] for i in combo)
             # Whole cores too few for the request mean split cores; a ranking hint only, the real
             # split count is measured on the answers below.
             deficit = max(0, n - whole) // tpc
@@ -274,15 +283,17 @@ def _spread(pool: _Pool, request: Request, allowed: list[int]) -> int:
     k = chosen_k if chosen_k is not None else k_min
     combos = _combinations(pool, nodes, k, units, caps)
     best: tuple[tuple[int, int, int, int, int, tuple[int, ...]], list[int]] | None = None
+    # Sum of squares of what stays free per node: smaller means the leftovers stay balanced.
+    squares = sum(caps[i] * caps[i] for i in nodes)
     for combo in combos:
         if even and min(caps[i] for i in combo) < units // k:
             continue
         shares = _water_fill([caps[i] for i in combo], units)
-        remaining = {i: caps[i] for i in nodes}
-        for i, s in zip(combo, shares, strict=True):
-            remaining[i] -= s
-        key = (max(shares) - min(shares), _outside(ix, combo, request), _sockets(pool, combo, request.cpus),
-               _pair_distance(ix, combo), sum(r * r for r in remaining.values()), combo)
+        left = squares
+        for i, share in zip(combo, shares, strict=True):
+            left += (caps[i] - share) ** 2 - caps[i] * caps[i]
+        key = (max(shares) - min(shares), _outside(ix, combo, request), _packages_spanned(ix, combo),
+               _pair_distance(ix, combo), left, combo)
         if best is None or key < best[0]:
             best = (key, shares)
     if best is None:  # unreachable: the k largest nodes always qualify

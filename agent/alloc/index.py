@@ -33,8 +33,10 @@ class TopologyIndex:
     cell_l3: tuple[int, ...]
     cell_masks: tuple[int, ...]
     cell_cores: tuple[range, ...]
+    numa_l3s: tuple[int, ...]  # per NUMA node: bit g set when it has CPUs in L3 group g
     threads_per_core: int
     numa_spans_packages: bool  # whether some NUMA node has CPUs in more than one package
+    l3_spans_numa: bool  # whether some L3 group has CPUs in more than one NUMA node
 
     def numa_position(self, numa_id: int) -> int | None:
         """Position of an OS NUMA id in `numa_ids`, None when it has no CPUs here."""
@@ -132,6 +134,8 @@ def build_index(topology: Topology) -> TopologyIndex:
     numa_cells = tuple(tuple(c for c, cell in enumerate(cells) if cell[0] == i) for i in range(len(numa_ids)))
     numa_packages = tuple(
         sum({1 << cells[c][1] for c in numa_cells[i]}) for i in range(len(numa_ids)))
+    numa_l3s = tuple(sum({1 << cells[c][2] for c in numa_cells[i]}) for i in range(len(numa_ids)))
+    l3_spans_numa = any(sum(1 for bits in numa_l3s if bits >> g & 1) > 1 for g in range(len(l3_masks)))
     known = set(topology.numa_ids)
     distance = tuple(
         tuple(topology.distance(a, b) if a in known and b in known else (10 if a == b else 20)
@@ -155,6 +159,8 @@ def build_index(topology: Topology) -> TopologyIndex:
         cell_l3=tuple(c[2] for c in cells),
         cell_masks=tuple(cell_masks),
         cell_cores=tuple(cell_cores),
+        numa_l3s=numa_l3s,
         threads_per_core=max(core_sizes, default=1),
         numa_spans_packages=any(p.bit_count() > 1 for p in numa_packages),
+        l3_spans_numa=l3_spans_numa,
     )
