@@ -714,7 +714,8 @@ static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const c
     donor = donor_for(ctx, slot, cpu->id, shared);
     if (donor) {
         for (uint32_t i = donor->cache_off; i < donor->cache_off + donor->ncaches; i++) {
-            if (ctx->pub.caches[i].index != index || !same_set(ctx->pub.caches[i].cpus, shared))
+            if (ctx->pub.caches[i].index != index || !same_set(ctx->pub.caches[i].cpus, shared) ||
+                ctx->pub.caches[i].flags & TOPO_F_PARTIAL)
                 continue;
             if (GROW(ctx, caches, ncaches, cap_caches, 1))
                 return;
@@ -769,6 +770,8 @@ static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const c
             scan_add_error(ctx, err, dir, "type");
         }
     }
+    if (ctx->pub.nerrors != nerrors)
+        c->flags |= TOPO_F_PARTIAL;
     close(fd);
 }
 
@@ -785,7 +788,8 @@ static void scan_topology(struct scan_ctx *ctx, uint32_t slot, int cpufd, const 
     c->thread_siblings = get_set_pref(ctx, cpufd, cpudir, "topology/", topo_names + T_THREAD_LIST,
                                       topo_is_mask + T_THREAD_LIST, 4, &ctx->pref_thread);
     donor = donor_for(ctx, slot, c->id, c->thread_siblings);
-    if (donor && donor->has_topology && same_set(donor->thread_siblings, c->thread_siblings)) {
+    if (donor && donor->has_topology && !(donor->flags & TOPO_F_PARTIAL) &&
+        same_set(donor->thread_siblings, c->thread_siblings)) {
         c->has_topology = 1;
         c->package_id = donor->package_id;
         c->die_id = donor->die_id;
@@ -836,6 +840,8 @@ static void scan_topology(struct scan_ctx *ctx, uint32_t slot, int cpufd, const 
                                2, tp >> T_BOOK_LIST);
     c->drawer_siblings = get_set(ctx, tfd, sub, topo_names + T_DRAWER_LIST,
                                  topo_is_mask + T_DRAWER_LIST, 2, tp >> T_DRAWER_LIST);
+    if (ctx->pub.nerrors != nerrors)
+        c->flags |= TOPO_F_PARTIAL;
     close(tfd);
 }
 
@@ -1116,14 +1122,21 @@ static int scan_node(struct scan_ctx *ctx, int nodesfd, uint32_t slot, int64_t i
 
     scan_hugepages(ctx, fd, dir, nd);
 
+    /* HMAT initiators: access0 is the best-performing class; kernels or firmware that only
+     * describe access1 (CPU initiators) still say which CPUs are local */
     nd->init_off = ctx->pub.nints;
-    {
-        int ifd = openat(fd, "access0/initiators", O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-        snprintf(sub, sizeof sub, "%s/access0/initiators", dir);
+    for (int access = 0; access < 2; access++) {
+        char rel[40];
+        int ifd;
+        snprintf(rel, sizeof rel, "access%d/initiators", access);
+        snprintf(sub, sizeof sub, "%s/%s", dir, rel);
+        ifd = open_rel(ctx, fd, rel, O_RDONLY | O_DIRECTORY);
         if (ifd < 0) {
             if (errno != ENOENT)
                 scan_add_error(ctx, errno, sub, NULL);
-        } else {
+            continue;
+        }
+        {
             struct id_list l;
             err = list_ids(ctx, ifd, "node", NULL, TOPO_MAX_CPUS, &l);
             if (err)
@@ -1133,6 +1146,7 @@ static int scan_node(struct scan_ctx *ctx, int nodesfd, uint32_t slot, int64_t i
             free(l.ids);
             close(ifd);
         }
+        break;
     }
     nd->ninit = ctx->pub.nints - nd->init_off;
     close(fd);
@@ -1320,6 +1334,62 @@ static void scan_meminfo(struct scan_ctx *ctx)
     }
 }
 
+/* NVIDIA's driver exposes coherent GPU memory (Grace Hopper, POWER9+V100) as NUMA nodes and
+ * says which in /proc/driver/nvidia/gpus/<pci>/numa_status ("Node: N"). */
+static void scan_gpu_nodes(struct scan_ctx *ctx)
+{
+    static const char dir[] = "proc/driver/nvidia/gpus";
+    struct name_list l = {ctx, NULL, 0, 0};
+    int fd = open_in_root(ctx, dir, O_RDONLY | O_DIRECTORY), err;
+
+    if (fd < 0) {
+        if (errno != ENOENT)
+            scan_add_error(ctx, errno, dir, NULL);
+        return;
+    }
+    err = list_dir(ctx, fd, collect_name, &l);
+    if (err)
+        scan_add_error(ctx, err, dir, NULL);
+    if (l.n)
+        qsort(l.names, l.n, sizeof *l.names, cmp_str);
+    for (uint32_t i = 0; i < l.n; i++) {
+        char rel[320];
+        const char *p;
+        size_t len;
+        int64_t node = -1;
+
+        snprintf(rel, sizeof rel, "%s/numa_status", l.names[i]);
+        err = scan_read(ctx, fd, rel, &len, 1);
+        if (err == ENOENT)
+            continue;
+        if (err == 0) {
+            p = strstr(ctx->buf, "Node:");
+            err = EINVAL;
+            if (p && (p == ctx->buf || p[-1] == '\n')) {
+                const char *q = p + 5, *e;
+                while (*q == ' ' || *q == '\t')
+                    q++;
+                for (e = q; *e && *e != '\n'; e++)
+                    ;
+                err = parse_int(q, (size_t)(e - q), 0, &node);
+            }
+        }
+        if (err) {
+            scan_add_error(ctx, err, dir, rel);
+            continue;
+        }
+        if (node < 0 || node > INT32_MAX || GROW(ctx, gpu_nodes, ngpu_nodes, cap_gpu_nodes, 1))
+            continue;
+        ctx->pub.gpu_nodes[ctx->pub.ngpu_nodes].node = (int32_t)node;
+        ctx->pub.gpu_nodes[ctx->pub.ngpu_nodes].addr = scan_add_string(ctx, l.names[i], strlen(l.names[i]));
+        ctx->pub.ngpu_nodes++;
+    }
+    for (uint32_t i = 0; i < l.n; i++)
+        free(l.names[i]);
+    free(l.names);
+    close(fd);
+}
+
 /* ---- entry points ---------------------------------------------------------------------- */
 
 topo_scan_t *topo_scan(const char *root)
@@ -1365,6 +1435,7 @@ topo_scan_t *topo_scan(const char *root)
     scan_cpuinfo(ctx);
     scan_meminfo(ctx);
     scan_pci(ctx);
+    scan_gpu_nodes(ctx);
 done:
     if (ctx->oom)
         ctx->pub.status = ENOMEM;
@@ -1389,6 +1460,7 @@ void topo_scan_free(topo_scan_t *scan)
     free(scan->hugepages);
     free(scan->ints);
     free(scan->pci);
+    free(scan->gpu_nodes);
     free(scan->errors);
     free(scan->words);
     free(scan->strings);

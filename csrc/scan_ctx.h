@@ -15,7 +15,7 @@ struct set_slot {
 
 struct scan_ctx {
     topo_scan_t pub;                /* first member: a topo_scan_t* is a struct scan_ctx* */
-    uint32_t cap_cpus, cap_caches, cap_nodes, cap_hugepages, cap_ints, cap_pci, cap_errors,
+    uint32_t cap_cpus, cap_caches, cap_nodes, cap_hugepages, cap_ints, cap_pci, cap_gpu_nodes, cap_errors,
         cap_words, cap_strings;
     int oom;
     int rootfd;

@@ -12,6 +12,7 @@
 #define TOPO_MAX_CPUS 1048576       /* ids at or above this are rejected (ERANGE) */
 #define TOPO_MAX_WORDS 16384        /* TOPO_MAX_CPUS / 64 */
 #define TOPO_ABSENT -1
+#define TOPO_F_PARTIAL 1            /* record flag: some file behind it could not be used */
 
 typedef struct {
     int32_t off;                    /* word offset in the pool, TOPO_ABSENT when unknown */
@@ -22,6 +23,7 @@ typedef struct {
     int32_t index;                  /* M of cache/indexM */
     int32_t level;
     int32_t line_bytes;
+    uint32_t flags;                 /* TOPO_F_* */
     int64_t id;
     int64_t size_bytes;
     topo_set_t cpus;
@@ -40,6 +42,7 @@ typedef struct {
     int32_t drawer_id;
     uint32_t cache_off;             /* index of the first cache in scan->caches */
     uint32_t ncaches;
+    uint32_t flags;                 /* TOPO_F_PARTIAL: a topology file could not be used */
     int64_t capacity;
     int64_t max_freq_khz;
     topo_set_t thread_siblings;
@@ -62,7 +65,7 @@ typedef struct {
     uint32_t nhp;
     uint32_t dist_off;              /* index into scan->ints */
     uint32_t ndist;
-    uint32_t init_off;              /* index into scan->ints */
+    uint32_t init_off;              /* index into scan->ints: access0, else access1, initiators */
     uint32_t ninit;
     int64_t mem_total_bytes;
     int64_t mem_free_bytes;
@@ -77,6 +80,11 @@ typedef struct {
     int64_t device;
     topo_set_t local_cpus;
 } topo_pci_t;
+
+typedef struct {
+    int32_t node;                   /* NUMA node made of the GPU's memory */
+    int32_t addr;                   /* string offset: the GPU's PCI address */
+} topo_gpu_node_t;
 
 typedef struct {
     int32_t code;                   /* errno value */
@@ -116,6 +124,8 @@ typedef struct {
     uint32_t nints;
     topo_pci_t *pci;
     uint32_t npci;
+    topo_gpu_node_t *gpu_nodes;     /* /proc/driver/nvidia/gpus/<pci>/numa_status, by address */
+    uint32_t ngpu_nodes;
     topo_error_t *errors;
     uint32_t nerrors;
     uint64_t *words;

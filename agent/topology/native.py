@@ -222,6 +222,9 @@ class _Reader:
                 out.append((name, cpus))
         return tuple(out)
 
+    def gpu_memory_nodes(self) -> tuple[tuple[int, str], ...]:
+        return tuple((g.node, self.string(g.addr)) for g in self.p.gpu_nodes[0 : self.p.ngpu_nodes])
+
     def errors(self) -> tuple[RawError, ...]:
         return tuple(
             RawError(code=_errname(e.code), path=self.string(e.path))
@@ -262,6 +265,7 @@ def scan(root: str = "/") -> RawScan:
             mem_total_bytes=p.mem_total_bytes,
             pci=r.pci(),
             errors=r.errors(),
+            gpu_memory_nodes=r.gpu_memory_nodes(),
         )
     finally:
         _lib.topo_scan_free(p)
