@@ -15,9 +15,17 @@ SMT_POLICIES = ("full-cores", "any")
 class Request:
     """An exclusive CPU request: how many CPUs, under which NUMA and SMT policy.
 
-    `preferred_numa` names the NUMA nodes to favour (where the pod's GPUs are); with
-    `single-numa-node` or `restricted` the answer must lie inside them.  `reserved` CPUs are never
-    handed out, whatever the free set says.
+    numa_policy:
+      single-numa-node  one NUMA node or a refusal;
+      restricted        the fewest nodes that hold it now, refused when an idle machine (less the
+                        reserved CPUs) would need fewer (kubelet topology manager's "preferred" hint);
+      best-effort       the fewest nodes that hold it now, however many that is;
+      spread            even shares over the fewest nodes that can each take an equal share
+                        (kubelet's distribute-cpus-across-numa), in whole cores under full-cores.
+    smt: full-cores never splits a core (the count must be a multiple of threads per core); any may.
+    preferred_numa: the nodes to favour (the pod's GPUs); single-numa-node and restricted must stay
+    inside them, best-effort and spread prefer them among answers of equal NUMA count.
+    reserved: CPUs never handed out, whatever the free set says.
     """
 
     cpus: int
