@@ -7,17 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.enforce.cgroup import exists
+from agent.enforce.cgroup import exists, list_children
 from agent.topology.cpuset import CPUSet
 from tests.standalone.conftest import Held, Node, proc_cpus, wait_for
 
 
 def _numa_of(node: Node, cpus: CPUSet) -> CPUSet:
     return CPUSet(node.topology.numa_of(c) for c in cpus)
-
-
-def _sizes(node: Node) -> list[int]:
-    return sorted({1, node.capacity})
 
 
 @pytest.mark.parametrize("binding", [True, False], ids=["memory-binding", "no-binding"])
@@ -155,7 +151,8 @@ def test_a_second_shared_workload_joins_the_narrowed_pool(node: Node) -> None:
     assert proc_cpus(shared.pid) == node.allowed
     assert shared.stop() == 0
     # Shared cgroups are removed as their launchers leave.
-    assert [c for c in node.workload_cgroups()] == []
+    assert node.workload_cgroups() == []
+    assert list_children(node.layout, node.layout.shared_path) == []
 
 
 def test_exec_without_a_command_is_a_usage_error(node: Node) -> None:

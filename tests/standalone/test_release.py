@@ -1,0 +1,78 @@
+"""Allocations end with their processes: on exit, when the launcher or the command is SIGKILLed."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from agent.enforce.cgroup import exists, list_children, read_cpus, read_procs
+from agent.topology.cpuset import CPUSet
+from tests.standalone.conftest import Node, kill_and_reap, proc_cpus
+
+
+def _cgroup(node: Node, alloc_id: str) -> str:
+    return f"{node.layout.parent}/{alloc_id}"
+
+
+def _free_by(node: Node, how: str) -> None:
+    if how == "agent-once":
+        node.agent_once()
+    else:  # the next exec reaps before it allocates, and must then fit where the dead one was
+        _, report = node.run_reporter(node.capacity)
+        assert len(CPUSet.parse(str(report["cpus_allowed"]))) == node.capacity
+
+
+def test_command_sigkilled_releases_at_once(node: Node) -> None:
+    held = node.hold(node.capacity)
+    kill_and_reap(held.pid)
+    assert held.launcher.wait(20) == 128 + signal.SIGKILL
+    assert node.state().allocations == ()
+    assert not exists(node.layout, _cgroup(node, held.allocation))
+    assert node.pool() == node.allowed
+
+
+@pytest.mark.parametrize("freer", ["agent-once", "next-exec"])
+def test_launcher_sigkilled_keeps_the_allocation_until_the_command_ends(node: Node, freer: str) -> None:
+    held = node.hold(node.capacity)
+    held.launcher.send_signal(signal.SIGKILL)
+    held.launcher.wait(20)
+    rel = _cgroup(node, held.allocation)
+    # The command still runs in its cgroup: nothing may take its CPUs, not even a reconcile.
+    node.agent_once()
+    (alloc,) = node.state().allocations
+    assert alloc.id == held.allocation
+    assert alloc.cpus == held.cpus
+    assert read_procs(node.layout, rel) == [held.pid]
+    assert read_cpus(node.layout, rel) == held.cpus
+    assert proc_cpus(held.pid) == held.cpus
+    assert node.pool() == node.allowed - held.cpus
+    refused = node.run(node.exec_argv(1, ["true"]))
+    assert refused.returncode == 2
+    kill_and_reap(held.pid)
+    _free_by(node, freer)
+    assert held.allocation not in [a.id for a in node.state().allocations]
+    assert not exists(node.layout, rel)
+    assert node.pool() == node.allowed
+
+
+@pytest.mark.parametrize("freer", ["agent-once", "next-exec"])
+def test_both_sigkilled_is_freed_by_the_next_pass(node: Node, freer: str) -> None:
+    held = node.hold(node.capacity)
+    held.launcher.send_signal(signal.SIGKILL)
+    held.launcher.wait(20)
+    kill_and_reap(held.pid)
+    assert [a.id for a in node.state().allocations] == [held.allocation]  # nobody has looked yet
+    _free_by(node, freer)
+    assert node.state().allocations == ()
+    assert node.workload_cgroups() == []
+    assert node.pool() == node.allowed
+
+
+def test_shared_launcher_sigkilled_leaves_a_cgroup_the_next_pass_collects(node: Node) -> None:
+    shared = node.hold(0)
+    shared.launcher.send_signal(signal.SIGKILL)
+    shared.launcher.wait(20)
+    kill_and_reap(shared.pid)
+    node.agent_once()
+    assert list_children(node.layout, node.layout.shared_path) == []
