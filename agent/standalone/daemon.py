@@ -60,7 +60,11 @@ class StandaloneAgent:
         """One pass: labels, released and drifted allocations, journal events, CPU gauges."""
         started = time.perf_counter()
         try:
-            self.refresh_labels()
+            try:
+                self.refresh_labels()
+            except TopoletError as exc:  # publishing may fail; enforcing must go on regardless
+                self.metrics.reconcile_errors.inc()
+                log.error("labels not refreshed: %s", exc)
             if self.engine is not None:
                 result = self.engine.reconcile()
                 if result.drift_repaired:
