@@ -615,10 +615,12 @@ static void mark_cpu(void *arg, const char *name, unsigned char type)
     mark_name(arg, cpu_names, C_COUNT, name);
 }
 
-enum { K_LEVEL, K_TYPE, K_SIZE, K_LINE, K_ID, K_SHARED_LIST, K_SHARED_MAP, K_COUNT };
+/* The sharing map comes before the list: the kernel derives the list from the map, and where a
+ * dump's two disagree (64fake-4n2s2ca2c2t) the map is the one hwloc and the kernel trust. */
+enum { K_LEVEL, K_TYPE, K_SIZE, K_LINE, K_ID, K_SHARED_MAP, K_SHARED_LIST, K_COUNT };
 static const char *const cache_names[K_COUNT] = {"level", "type", "size", "coherency_line_size",
-                                                 "id", "shared_cpu_list", "shared_cpu_map"};
-static const int cache_is_mask[2] = {0, 1};
+                                                 "id", "shared_cpu_map", "shared_cpu_list"};
+static const int cache_is_mask[2] = {1, 0};
 
 static void mark_cache(void *arg, const char *name, unsigned char type)
 {
@@ -709,7 +711,7 @@ static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const c
     /* Every CPU sharing a cache shows the same indexM folder: when the lowest sharer was
      * scanned already and states the same set, its record is this one (hwloc reads only the
      * first sharer's files, for the same reason). */
-    shared = get_set_pref(ctx, cachefd, cachedir, prefix, cache_names + K_SHARED_LIST, cache_is_mask,
+    shared = get_set_pref(ctx, cachefd, cachedir, prefix, cache_names + K_SHARED_MAP, cache_is_mask,
                           2, &ctx->pref_shared);
     donor = donor_for(ctx, slot, cpu->id, shared);
     if (donor) {
