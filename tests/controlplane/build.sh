@@ -54,7 +54,7 @@ build_one() {
             fi
             echo "build.sh: building $component $version (cold builds take minutes)" >&2
             local start=$SECONDS
-            (cd "$dir" && CGO_ENABLED=0 GOFLAGS=-mod=readonly \
+            (cd "$dir" && CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" \
                 go build -trimpath -ldflags="$ldflags" -o "$binary.tmp" "${package[$component]}") >&2
             mv -f "$binary.tmp" "$binary"
             echo "build.sh: built $component in $((SECONDS - start)) s" >&2

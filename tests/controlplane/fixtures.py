@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,7 +23,7 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"no control plane: {reason}")
 
 
-def _session_plane(workdir: Path) -> ControlPlane:
+def _session_plane(tmp_path_factory: pytest.TempPathFactory) -> ControlPlane:
     global _plane, _failure
     if _plane is not None:
         return _plane
@@ -35,7 +34,7 @@ def _session_plane(workdir: Path) -> ControlPlane:
             _failure = "the `kubernetes` Python client is not installed (pip install '.[kube]')"
     if _failure is None:
         try:
-            plane = ControlPlane(build_binaries(), workdir)
+            plane = ControlPlane(build_binaries(), tmp_path_factory.mktemp("controlplane"))
             plane.start()
             _plane = plane
         except ControlPlaneError as exc:
@@ -51,7 +50,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     """etcd + kube-apiserver on loopback: .url, .kubeconfig, .client(token), .mint_token(...),
     .stop_apiserver(), .start_apiserver(), .write_kubeconfig(path, token)."""
     global _plane
-    plane = _session_plane(tmp_path_factory.mktemp("controlplane"))
+    plane = _session_plane(tmp_path_factory)
     yield plane
     if _plane is plane:
         plane.stop()

@@ -254,7 +254,7 @@ class ControlPlane:
             "--etcd-servers", f"http://127.0.0.1:{self.etcd_port}",
             "--token-auth-file", str(self.workdir / "tokens.csv"),
             "--authorization-mode", "Node,RBAC",
-            "--anonymous-auth", "false",
+            "--anonymous-auth=false",
             "--service-account-issuer", SERVICE_ACCOUNT_ISSUER,
             "--service-account-key-file", sa_key,
             "--service-account-signing-key-file", sa_key,
@@ -265,7 +265,7 @@ class ControlPlane:
             # ValidatingAdmissionPolicy and MutatingAdmissionPolicy are on by default; these add the
             # node checks a DaemonSet's credentials meet in a real cluster.
             "--enable-admission-plugins", "NodeRestriction",
-            "--profiling", "false",
+            "--profiling=false",
             "--cert-dir", str(self.workdir / "apiserver-certs"),
         ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -79,7 +80,7 @@ def list_pods_status(plane: ControlPlane, token: str, namespace: str) -> int:
 
 def test_server_answers_with_the_built_release(control_plane: ControlPlane) -> None:
     go_mod = (HERE / "apiserver" / "go.mod").read_text()
-    pinned = re.search(r"^require k8s.io/kubernetes (v\S+)$", go_mod, re.M)
+    pinned = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes (v\S+)", go_mod, re.M)
     assert pinned is not None
     with control_plane.client() as api:
         info = k8s.VersionApi(api).get_code()
@@ -169,6 +170,10 @@ def test_token_dies_with_its_pod(control_plane: ControlPlane, namespace: str) ->
     assert who_am_i(control_plane, token).username.endswith(f":{sa}")
     with control_plane.client() as api:
         k8s.CoreV1Api(api).delete_namespaced_pod(pod_name, namespace, grace_period_seconds=0)
+    # The API server caches a successful token review for a few seconds; the token must fail after that.
+    deadline = time.monotonic() + 60
+    while control_plane.raw_get("/api", token=token)[0] != 401 and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert control_plane.raw_get("/api", token=token)[0] == 401
 
 
@@ -205,3 +210,59 @@ def test_apiserver_stops_and_restarts_on_the_same_port_and_data(
     with control_plane.client() as api:
         kept = k8s.CoreV1Api(api).read_namespaced_config_map("keep", namespace)
     assert kept.data == payload
+
+
+def test_admission_policy_sees_the_node_of_a_pod_bound_token(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """ValidatingAdmissionPolicy is enforced and reads the node claim from a pod-bound token's user."""
+    sa = make_service_account(control_plane, namespace)
+    node_name, _ = make_node(control_plane)
+    pod_name, pod_uid = make_pod(control_plane, namespace, sa, node_name)
+    token = control_plane.mint_token(namespace, sa, bound_pod=(pod_name, pod_uid))
+    policy = f"own-node-only-{namespace}"
+    same_node = (
+        f"'{NODE_NAME_EXTRA}' in request.userInfo.extra"
+        f" && object.metadata.name == request.userInfo.extra['{NODE_NAME_EXTRA}'][0]"
+    )
+    with control_plane.client() as api:
+        rbac = k8s.RbacAuthorizationV1Api(api)
+        rbac.create_namespaced_role(namespace, k8s.V1Role(
+            metadata=k8s.V1ObjectMeta(name="write-cm"),
+            rules=[k8s.V1PolicyRule(api_groups=[""], resources=["configmaps"], verbs=["create"])]))
+        rbac.create_namespaced_role_binding(namespace, k8s.V1RoleBinding(
+            metadata=k8s.V1ObjectMeta(name="write-cm"),
+            role_ref=k8s.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="write-cm"),
+            subjects=[k8s.RbacV1Subject(kind="ServiceAccount", name=sa, namespace=namespace)]))
+        adm = k8s.AdmissionregistrationV1Api(api)
+        adm.create_validating_admission_policy(k8s.V1ValidatingAdmissionPolicy(
+            metadata=k8s.V1ObjectMeta(name=policy),
+            spec=k8s.V1ValidatingAdmissionPolicySpec(
+                failure_policy="Fail",
+                match_constraints=k8s.V1MatchResources(resource_rules=[k8s.V1NamedRuleWithOperations(
+                    api_groups=[""], api_versions=["v1"], operations=["CREATE"], resources=["configmaps"])]),
+                validations=[k8s.V1Validation(expression=same_node, reason="Forbidden")])))
+        adm.create_validating_admission_policy_binding(k8s.V1ValidatingAdmissionPolicyBinding(
+            metadata=k8s.V1ObjectMeta(name=policy),
+            spec=k8s.V1ValidatingAdmissionPolicyBindingSpec(
+                policy_name=policy, validation_actions=["Deny"],
+                match_resources=k8s.V1MatchResources(namespace_selector=k8s.V1LabelSelector(
+                    match_labels={"kubernetes.io/metadata.name": namespace})))))
+
+    def create_status(name: str) -> int:
+        with control_plane.client(token) as api:
+            try:
+                k8s.CoreV1Api(api).create_namespaced_config_map(
+                    namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=name)))
+            except ApiException as exc:
+                return int(exc.status)
+        return 201
+
+    # A new policy takes effect once the API server's policy informer has it.
+    deadline = time.monotonic() + 60
+    attempt = 0
+    while create_status(f"elsewhere-{attempt}") != 403 and time.monotonic() < deadline:
+        attempt += 1
+        time.sleep(0.5)
+    assert create_status("elsewhere") == 403
+    assert create_status(node_name) == 201
