@@ -8,12 +8,12 @@ HWLOC_DATA := tests/data/hwloc
 FUZZ_SECONDS ?= 30
 NATIVE_SRC := $(wildcard csrc/*.c csrc/*.h) agent/_native_build.py setup.py pyproject.toml
 
-.PHONY: run test deps install lint typecheck native-check fuzz conformance pytest bench clean
+.PHONY: run test deps install lint typecheck native-check fuzz conformance pytest bench clean controlplane
 
 $(STAMP): $(NATIVE_SRC)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel cffi
-	$(BIN)/pip install -q --no-build-isolation -e '.[test,gpu]'
+	$(BIN)/pip install -q --no-build-isolation -e '.[test,gpu,kube]'
 	touch $@
 
 install: $(STAMP)
@@ -46,7 +46,12 @@ conformance: install
 	$(BIN)/python $(HWLOC_DATA)/hwloc_conformance.py --data $(HWLOC_DATA) -- \
 	  $(BIN)/topolet discover --fsroot {root} --format conformance
 
-pytest: install
+# etcd + kube-apiserver for tests/kube and tests/controlplane, built from the Go module proxy once and
+# cached under ~/.cache/topolet/controlplane (a cold build takes about 10 minutes on 2 cores).
+controlplane:
+	tests/controlplane/build.sh
+
+pytest: install controlplane
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 test: deps install lint typecheck native-check fuzz conformance pytest
