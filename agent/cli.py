@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -30,6 +31,11 @@ def _mig(args: argparse.Namespace) -> int:
 
 
 def _agent(args: argparse.Namespace) -> int:
+    if args.kubeconfig or (args.mode == "auto" and os.environ.get("KUBERNETES_SERVICE_HOST")) \
+            or args.mode == "kubernetes":
+        from agent.kube.daemon import run_kube_agent
+
+        return run_kube_agent(args)
     from agent.standalone.daemon import run_agent
 
     return run_agent(args)
@@ -84,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--reconcile-seconds", type=float, default=5.0)
     g.add_argument("--cgroup-root", default=None, help="cgroup mount to use (auto-detected)")
     g.add_argument("--once", action="store_true", help="reconcile once and exit")
+    g.add_argument("--mode", default="auto", choices=["auto", "standalone", "kubernetes"],
+                   help="auto: Kubernetes when in a cluster or given --kubeconfig, else standalone")
+    g.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster config)")
+    g.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
+                   help="this node's name (default: $NODE_NAME)")
+    g.add_argument("--label-sink", default="auto", choices=["auto", "nodefeature", "node", "file", "none"],
+                   help="auto: a NodeFeature when NFD's CRD exists, else the features.d file")
+    g.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock")
+    g.add_argument("--gfd-compat", action="store_true", help="also publish GFD's nvidia.com/* labels")
     g.set_defaults(handler=_agent)
 
     e = sub.add_parser("exec", help="run a command on exclusive, topology-aligned CPUs")
