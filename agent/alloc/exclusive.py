@@ -64,7 +64,7 @@ class _Pool:
     """The CPUs one request may take, counted per core, cell and NUMA node."""
 
     __slots__ = ("ix", "avail", "full_cores", "core_free", "cell_free", "cell_partial", "cell_whole",
-                 "numa_free", "numa_whole")
+                 "numa_free", "numa_whole", "_partial")
 
     def __init__(self, ix: TopologyIndex, avail: int, full_cores: bool) -> None:
         self.ix = ix
@@ -88,6 +88,20 @@ class _Pool:
         self.cell_partial = [sum(1 for j in r if 0 < core_free[j] < sizes[j]) for r in ix.cell_cores]
         self.numa_free = [sum(self.cell_free[c] for c in cells) for cells in ix.numa_cells]
         self.numa_whole = [sum(self.cell_whole[c] for c in cells) for cells in ix.numa_cells]
+        self._partial: dict[int, list[int]] = {}
+
+    def partial_frees(self, cells: Iterable[int]) -> list[int]:
+        """Free threads of each part-used core in `cells`."""
+        out: list[int] = []
+        for c in cells:
+            if self.cell_partial[c]:
+                got = self._partial.get(c)
+                if got is None:
+                    sizes, free = self.ix.core_sizes, self.core_free
+                    got = [free[j] for j in self.ix.cell_cores[c] if 0 < free[j] < sizes[j]]
+                    self._partial[c] = got
+                out.extend(got)
+        return out
 
     def describe(self) -> str:
         """Free counts per NUMA node, for error messages."""
@@ -178,6 +192,24 @@ def _l3_bound(pool: _Pool, combo: Sequence[int], n: int) -> int:
         return bits.bit_count()
     # Each L3 group lies inside one node, so (but for broken inputs) each cell is one L3 group.
     return _fewest([pool.cell_free[c] for i in combo for c in ix.numa_cells[i]], n)
+
+
+def _l3_free(pool: _Pool, cells: Iterable[int]) -> list[int]:
+    """Free CPUs per L3 group over `cells`."""
+    ix = pool.ix
+    per: dict[int, int] = {}
+    for c in cells:
+        per[ix.cell_l3[c]] = per.get(ix.cell_l3[c], 0) + pool.cell_free[c]
+    return list(per.values())
+
+
+def _split_estimate(pool: _Pool, cells: list[int], r: int) -> int:
+    """Split cores `_pick_cores` would leave taking r CPUs from `cells` (exact for uniform cores)."""
+    tpc = pool.ix.threads_per_core
+    whole = sum(pool.cell_whole[c] for c in cells)
+    if whole >= r:
+        return 0 if r % tpc == 0 else 1
+    return _fewest(pool.partial_frees(cells), r - whole)
 
 
 def _quality(ix: TopologyIndex, mask: int) -> tuple[int, int, int]:
@@ -330,7 +362,12 @@ _PACKAGE, _L3, _CORES = 0, 1, 2
 
 
 def _take(pool: _Pool, cells: list[int], r: int, level: int) -> int:
-    """Take r CPUs from `cells`: whole groups, largest first, then the best-fitting group for the rest."""
+    """Take r CPUs from `cells`, choosing the fewest groups at this level (package, then L3 group).
+
+    One group that holds r: the best fit.  Otherwise the largest groups, then the best fit for what
+    they leave; the next level then chooses among all the chosen groups' cells, in that order, so a
+    group is only drained as far as the finer levels find worthwhile.
+    """
     ix = pool.ix
     if level == _CORES:
         picked = _pick_cores(pool, cells, r)
@@ -348,30 +385,28 @@ def _take(pool: _Pool, cells: list[int], r: int, level: int) -> int:
              for g in groups.values()]
     if sum(s[0] for s in stats) == r:
         return _whole(pool, [c for s in stats for c in s[2]])
-    mask = 0
+
+    def fit(s: tuple[int, int, list[int]], base: list[int]) -> tuple[int, int, int, int]:
+        # What the finer levels will see: the already chosen cells plus this candidate's, for all r.
+        union = base + s[2]
+        l3 = _fewest(_l3_free(pool, union), r) if level == _PACKAGE else 0
+        return l3, _split_estimate(pool, union, r), s[0], ix.cell_masks[s[2][0]]
+
+    fitting = [s for s in stats if s[0] >= r]
+    if fitting:
+        best = fitting[0] if len(fitting) == 1 else min(fitting, key=lambda s: fit(s, []))
+        return _take(pool, best[2], r, level + 1)
     # Largest first; among equals, the one with fewer part-used cores, then the lowest CPUs.
     stats.sort(key=lambda s: (-s[0], s[1], ix.cell_masks[s[2][0]]))
-    while stats[0][0] < r:
+    chosen: list[int] = []
+    rest = r
+    while stats[0][0] < rest:
         free, _, g = stats.pop(0)
-        mask |= _whole(pool, g)
-        r -= free
-    fitting = [s for s in stats if s[0] >= r]
-    if len(fitting) == 1:
-        return mask | _take(pool, fitting[0][2], r, level + 1)
-
-    def fit(s: tuple[int, int, list[int]]) -> tuple[int, int, int]:
-        if level == _PACKAGE:
-            inner: dict[int, int] = {}
-            for c in s[2]:
-                inner[ix.cell_l3[c]] = inner.get(ix.cell_l3[c], 0) + pool.cell_free[c]
-            cost = _fewest(inner.values(), r)
-        else:
-            picked = _pick_cores(pool, s[2], r)
-            cost = picked[1] if picked is not None else r + 1
-        return cost, s[0], ix.cell_masks[s[2][0]]
-
-    best = min(fitting, key=fit)
-    return mask | _take(pool, best[2], r, level + 1)
+        chosen.extend(g)
+        rest -= free
+    fitting = [s for s in stats if s[0] >= rest]
+    best = fitting[0] if len(fitting) == 1 else min(fitting, key=lambda s: fit(s, chosen))
+    return _take(pool, chosen + best[2], r, level + 1)
 
 
 def _whole(pool: _Pool, cells: list[int]) -> int:
@@ -409,8 +444,9 @@ def _pick_cores(pool: _Pool, cells: list[int], r: int) -> tuple[int, int] | None
     mask = 0
     split = 0
     untouched: list[int] = []
-    # Bigger cores first, so that mixed core sizes (hybrid parts) still add up exactly.
-    whole.sort(key=lambda j: (-sizes[j], j))
+    # Bigger cores first, so that mixed core sizes (hybrid parts) still add up exactly; otherwise
+    # in the order the cells came, which is the order the caller ranked its groups.
+    whole.sort(key=lambda j: -sizes[j])
     for j in whole:
         if r >= sizes[j]:
             mask |= masks[j]

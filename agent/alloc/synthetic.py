@@ -11,11 +11,13 @@ _LOCAL, _SAME_SOCKET, _REMOTE = 10, 12, 32
 
 
 def synthetic_topology(sockets: int, numa_per_socket: int, l3_per_numa: int, cores_per_l3: int,
-                       threads: int, cpu_ids: Sequence[int] | None = None) -> Topology:
+                       threads: int, cpu_ids: Sequence[int] | None = None,
+                       l3_per_socket: bool = False) -> Topology:
     """A machine with that regular shape, numbered the way Linux numbers x86 CPUs.
 
     Thread t of core c (cores counted across the machine) is CPU `t * cores + c`, so siblings are a
     machine's worth of cores apart.  `cpu_ids`, when given, renames CPU i to `cpu_ids[i]`.
+    `l3_per_socket` makes one L3 group per socket, shared by its NUMA nodes (sub-NUMA clustering).
     """
     for name, value in (("sockets", sockets), ("numa_per_socket", numa_per_socket),
                         ("l3_per_numa", l3_per_numa), ("cores_per_l3", cores_per_l3), ("threads", threads)):
@@ -46,11 +48,15 @@ def synthetic_topology(sockets: int, numa_per_socket: int, l3_per_numa: int, cor
                     cores.append(Core(package_id=s, core_id=core - s * (n_cores // sockets), cpus=cpus))
                     l3 |= cpus
                     core += 1
-                caches.append(Cache(level=3, type="Unified", size_bytes=32 << 20, line_bytes=64, cpus=l3))
+                if not l3_per_socket:
+                    caches.append(Cache(level=3, type="Unified", size_bytes=32 << 20, line_bytes=64, cpus=l3))
                 node_cpus |= l3
             nodes.append((s, node_cpus))
             socket_cpus |= node_cpus
         packages.append(Package(id=s, cpus=socket_cpus))
+        if l3_per_socket:
+            caches.append(Cache(level=3, type="Unified", size_bytes=96 << 20, line_bytes=64,
+                                cpus=socket_cpus))
 
     def distance(a: int, b: int) -> int:
         if a == b:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
@@ -23,10 +24,11 @@ class Shape:
     cores_per_l3: int
     threads: int
     cpu_ids: tuple[int, ...]
+    l3_per_socket: bool
 
     def build(self) -> Topology:
         return synthetic_topology(self.sockets, self.numa_per_socket, self.l3_per_numa, self.cores_per_l3,
-                                  self.threads, self.cpu_ids)
+                                  self.threads, self.cpu_ids, self.l3_per_socket)
 
 
 @st.composite
@@ -34,7 +36,7 @@ def shapes(draw: st.DrawFn) -> Shape:
     dims = tuple(draw(st.integers(1, top)) for top in (3, 3, 2, 4, 4))
     total = dims[0] * dims[1] * dims[2] * dims[3] * dims[4]
     ids = draw(st.one_of(st.just(tuple(range(total))), st.permutations(range(total)).map(tuple)))
-    return Shape(dims[0], dims[1], dims[2], dims[3], dims[4], cpu_ids=ids)
+    return Shape(dims[0], dims[1], dims[2], dims[3], dims[4], cpu_ids=ids, l3_per_socket=draw(st.booleans()))
 
 
 @st.composite
@@ -167,3 +169,34 @@ def test_successive_allocations_never_share_a_cpu(shape: Shape,
         free = free - got
         handed.append(got)
     assert sum(len(h) for h in handed) == len(CPUSet().union(*handed))
+
+
+def quality(topo: Topology, cpus: CPUSet) -> tuple[int, int, int, int]:
+    """(NUMA nodes, sockets, L3 groups, split cores): DESIGN.md's order, compared lexicographically."""
+    return (len({topo.numa_of(c) for c in cpus}), len({topo.package_of(c) for c in cpus}),
+            len({topo.l3_of(c) for c in cpus}),
+            sum(1 for core in topo.cores if core.cpus & cpus and not core.cpus <= cpus))
+
+
+@st.composite
+def tiny_cases(draw: st.DrawFn) -> tuple[Topology, CPUSet, int]:
+    dims = tuple(draw(st.integers(1, top)) for top in (2, 2, 2, 3, 3))
+    topo = synthetic_topology(dims[0], dims[1], dims[2], dims[3], dims[4], l3_per_socket=draw(st.booleans()))
+    if len(topo.cpus) > 16:  # keep the exhaustive search small
+        topo = synthetic_topology(1, dims[1], dims[2], min(dims[3], 2), min(dims[4], 2))
+    # A seeded Random rather than per-CPU draws: hypothesis favours boundary values, and here the
+    # hard cases are half-used machines with mid-sized requests.
+    rnd = draw(st.randoms(use_true_random=False))
+    free = CPUSet(c for c in topo.cpus if rnd.random() < 0.7)
+    return topo, free, rnd.randint(1, len(free)) if free else 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(tiny_cases())
+def test_best_effort_matches_exhaustive_search_on_tiny_machines(case: tuple[Topology, CPUSet, int]) -> None:
+    topo, free, n = case
+    if n > len(free):
+        return
+    got = allocate(topo, free, Request(cpus=n))
+    best = min(quality(topo, CPUSet(c)) for c in itertools.combinations(free.sorted(), n))
+    assert quality(topo, got) == best
