@@ -6,10 +6,12 @@ group that holds the request, so large free groups stay whole for large requests
 smaller NUMA distance, lower CPU ids.
 
 The search runs top-down.  NUMA nodes: every combination of the minimal size is ranked on cheap
-bounds and the best few are allocated for real and compared on the result.  Inside the chosen nodes:
-packages, then L3 groups, each level taking the largest groups whole until the rest fits in one
-group, which is chosen by best fit.  Inside an L3 group: whole free cores, then the remainder from
-the partly used core that fits it most tightly (keeping whole cores free for later requests).
+bounds and the best few are allocated for real and compared on the result.  Inside the chosen nodes,
+packages and then L3 groups: each level chooses the fewest groups (the largest, then the best fit for
+the rest, judged by what the finer levels would make of it) and hands all their cells down.  Cores
+last: whole free cores first, then the remainder from the part-used core that fits it most tightly
+(keeping whole cores free for later requests).  Exhaustive search on small machines finds nothing
+better (tests/alloc/test_properties.py).
 """
 
 from __future__ import annotations
