@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import random
 import signal
+import time
 
 import pytest
 
 from agent.enforce.cgroup import exists, list_children, read_cpus, read_procs
 from agent.topology.cpuset import CPUSet
-from tests.standalone.conftest import Node, kill_and_reap, proc_cpus
+from tests.standalone.conftest import Node, kill_and_reap, orphan_children, proc_cpus
 
 
 def _cgroup(node: Node, alloc_id: str) -> str:
@@ -76,3 +79,22 @@ def test_shared_launcher_sigkilled_leaves_a_cgroup_the_next_pass_collects(node: 
     kill_and_reap(shared.pid)
     node.agent_once()
     assert list_children(node.layout, node.layout.shared_path) == []
+
+
+def test_launcher_sigkilled_at_random_moments_leaves_nothing_after_one_pass(node: Node) -> None:
+    rng = random.Random(int(os.environ.get("TOPOLET_CRASH_SEED", "7")))
+    for _ in range(12):
+        launcher, _err = node.start(node.exec_argv(node.capacity, ["sleep", "299"]))
+        time.sleep(rng.uniform(0.0, 0.35))  # before, during or after the allocation
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(20)
+        state = node.state() if os.path.exists(os.path.join(node.state_dir, "state.json")) else None
+        if state is not None:
+            assert len(state.allocations) <= 1
+        for pid in orphan_children({p.pid for p in node.launched}):
+            kill_and_reap(pid)
+        node.engine().reconcile()
+        assert node.state().allocations == ()
+        assert node.workload_cgroups() == []
+        assert list_children(node.layout, node.layout.shared_path) == []
+        assert node.pool() == node.allowed
