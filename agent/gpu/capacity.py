@@ -17,13 +17,23 @@ def _mig_resource(model: GPUModel | None, profile: str) -> str:
     return f"nvidia.com/mig-{profile.replace('+', '.')}"
 
 
-def numa_gpu_capacity(gpus: Sequence[GPU], mig_instances: Mapping[int, Sequence[ExistingInstance]],
-                      gpus_in_use: Collection[int] = ()) -> dict[int, dict[str, tuple[int, int]]]:
+def held(gpu: GPU, gpus_in_use: Collection[int | str]) -> bool:
+    """Whether `gpus_in_use` names this GPU: by index, PCI address or UUID (the state file records
+    addresses; device plugins speak UUIDs)."""
+    return gpu.index in gpus_in_use or gpu.pci_address in gpus_in_use or (
+        bool(gpu.uuid) and gpu.uuid in gpus_in_use)
+
+
+def numa_gpu_capacity(gpus: Sequence[GPU],
+                      mig_instances: Mapping[int, Sequence[ExistingInstance]] | None = None,
+                      gpus_in_use: Collection[int | str] = ()) -> dict[int, dict[str, tuple[int, int]]]:
     """{numa id: {resource: (capacity, available)}}; GPUs of unknown locality go under -1.
 
     A GPU in MIG mode offers its instances (available when not `in_use`), never itself; any other
-    GPU offers one `nvidia.com/gpu`, available unless its index is in `gpus_in_use`.
+    GPU offers one `nvidia.com/gpu`, available unless `gpus_in_use` names it (see `held`).  Fed from
+    the node's inventory and its state: `numa_gpu_capacity(inventory.gpus, None, state.held_gpus())`.
     """
+    mig_instances = mig_instances or {}
     out: dict[int, dict[str, tuple[int, int]]] = {}
     for g in sorted(gpus, key=lambda g: g.index):
         zone = out.setdefault(g.numa_node if g.numa_node >= 0 else -1, {})
@@ -35,5 +45,5 @@ def numa_gpu_capacity(gpus: Sequence[GPU], mig_instances: Mapping[int, Sequence[
                 zone[res] = (cap + 1, avail + (0 if inst.in_use else 1))
         else:
             cap, avail = zone.get(WHOLE_GPU, (0, 0))
-            zone[WHOLE_GPU] = (cap + 1, avail + (0 if g.index in gpus_in_use else 1))
+            zone[WHOLE_GPU] = (cap + 1, avail + (0 if held(g, gpus_in_use) else 1))
     return out

@@ -1,13 +1,16 @@
-"""GPU discovery: through NVML when the driver's library loads, else from PCI sysfs under an fs root.
+"""GPU discovery: through NVML when the driver's library loads, else from the topology's PCI functions.
 
-Either way every GPU carries the NUMA node and local CPUs that sysfs gives for its PCI function, so
-the two paths agree on everything both can see (NVML adds UUIDs, MIG mode, links and exact memory).
+Both paths start from the one PCI scan (`Topology.pci_devices`, read by the C helper): it gives every
+GPU's address, device id, NUMA node and local CPUs, so the two agree on everything both can see.
+NVML adds UUIDs, MIG mode, links and exact memory; without it the NVIDIA driver's proc file
+(`/proc/driver/nvidia/gpus/<address>/information`) still gives the UUID and the device minor.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,10 +25,10 @@ from agent.gpu.products import (
     PRODUCTS,
 )
 from agent.topology.cpuset import CPUSet
-
-CPUListParser = Callable[[str], CPUSet]
+from agent.topology.model import PCIDevice, Topology
 
 _ANCESTOR = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
+_DRIVER_GPUS = "proc/driver/nvidia/gpus"
 
 
 def normalize_bus_id(bus_id: str | bytes) -> str:
@@ -35,74 +38,101 @@ def normalize_bus_id(bus_id: str | bytes) -> str:
     domain, sep, rest = text.partition(":")
     if not sep or rest.count(":") != 1:
         raise TopologyError(f"bad PCI bus id {text!r}")
-    return f"{int(domain, 16):04x}:{rest}"
-
-
-def _read(path: Path) -> str | None:
     try:
-        return path.read_text().strip()
-    except OSError:
-        return None
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        raise TopologyError(f"bad PCI bus id {text!r}") from None
 
 
-def _hex(path: Path) -> int:
-    text = _read(path)
-    if text is None:
+def _is_display(dev: PCIDevice) -> bool:
+    return dev.class_code >> 8 in (CLASS_VGA, CLASS_3D)
+
+
+def _hidden_vendor_gpus(topology: Topology, driver_root: Path | None) -> set[str]:
+    """Display functions whose vendor file is missing that are NVIDIA's all the same.
+
+    Two signs, each written only by NVIDIA's driver: its proc folder for the address (when a file
+    system is at hand), or a GPU-memory NUMA node (tier "GPU", coherent GPU memory on POWER9 or
+    Grace) whose local CPUs are the function's.  The model does not say which address owns a GPU
+    node, so functions are paired with GPU nodes by local CPUs, one for one, in address order.
+    """
+    unknown = sorted((d for d in topology.pci_devices if d.vendor < 0 and _is_display(d)),
+                     key=lambda d: d.address)
+    found: set[str] = set()
+    if driver_root is not None:
+        found = {d.address for d in unknown if (driver_root / _DRIVER_GPUS / d.address).is_dir()}
+    owners = Counter(n.local_cpus for n in topology.numa_nodes if n.tier == "GPU" and n.local_cpus)
+    for d in unknown:
+        if d.address not in found and owners[d.local_cpus] > 0:
+            owners[d.local_cpus] -= 1
+            found.add(d.address)
+    return found
+
+
+def _numa_node(topology: Topology, dev: PCIDevice) -> int:
+    """The function's NUMA node; when sysfs does not say, the one CPU-bearing node holding all its
+    local CPUs (single-socket kernels often write -1), else -1."""
+    if dev.numa_node >= 0:
+        return dev.numa_node
+    if not dev.local_cpus:
         return -1
-    try:
-        return int(text, 16)
-    except ValueError:
-        raise TopologyError("not a hex number", str(path)) from None
-
-
-def _locality(dev: Path, parse: CPUListParser) -> tuple[int, CPUSet]:
-    numa_text = _read(dev / "numa_node")
-    try:
-        numa = int(numa_text) if numa_text is not None else -1
-    except ValueError:
-        raise TopologyError("bad numa_node", str(dev / "numa_node")) from None
-    cpus_text = _read(dev / "local_cpulist")
-    return max(numa, -1), (parse(cpus_text) if cpus_text else CPUSet())
+    holders = [n.id for n in topology.numa_nodes if not n.memory_only and dev.local_cpus <= n.cpus]
+    return holders[0] if len(holders) == 1 else -1
 
 
 def _driver_info(root: Path, address: str) -> dict[str, str]:
     """The driver's /proc/driver/nvidia/gpus/<address>/information as a dict ("" values omitted)."""
-    text = _read(root / "proc/driver/nvidia/gpus" / address / "information")
+    try:
+        text = (root / _DRIVER_GPUS / address / "information").read_text()
+    except (OSError, UnicodeDecodeError):
+        return {}
     out: dict[str, str] = {}
-    for line in (text or "").splitlines():
+    for line in text.splitlines():
         key, sep, value = line.partition(":")
         if sep and value.strip():
             out[key.strip()] = value.strip()
     return out
 
 
-def discover_sysfs(root: str | os.PathLike[str] = "/", *, parse_cpulist: CPUListParser = CPUSet.parse
-                   ) -> GPUInventory:
-    """GPUs and NVSwitches from `<root>/sys/bus/pci/devices`; indices follow PCI bus order as NVML's do."""
-    base = Path(root)
-    devices = base / "sys/bus/pci/devices"
+def nvidia_functions(topology: Topology, fsroot: str | os.PathLike[str] | None = None
+                     ) -> tuple[tuple[PCIDevice, ...], tuple[PCIDevice, ...]]:
+    """(GPU functions, NVSwitch functions) of NVIDIA among the topology's PCI devices, by address.
+
+    GPUs are VGA or 3D controllers (class 0x0300/0x0302); NVSwitches are "other bridge" (0x0680)
+    functions; audio and USB functions of consumer boards are neither.  `fsroot` lets the driver's
+    proc folder vouch for a function whose vendor file is missing (see `_hidden_vendor_gpus`).
+    """
+    root = Path(fsroot) if fsroot is not None else None
+    hidden = _hidden_vendor_gpus(topology, root)
+    gpus: list[PCIDevice] = []
+    switches: list[PCIDevice] = []
+    for dev in sorted(topology.pci_devices, key=lambda d: d.address):
+        if dev.vendor == NVIDIA_VENDOR and dev.class_code >> 8 == CLASS_BRIDGE_OTHER:
+            switches.append(dev)
+        elif _is_display(dev) and (dev.vendor == NVIDIA_VENDOR or dev.address in hidden):
+            gpus.append(dev)
+    return tuple(gpus), tuple(switches)
+
+
+def _switches(topology: Topology, devices: Iterable[PCIDevice]) -> tuple[NVSwitch, ...]:
+    return tuple(NVSwitch(normalize_bus_id(d.address), d.device, _numa_node(topology, d)) for d in devices)
+
+
+def gpus_from_topology(topology: Topology, fsroot: str | os.PathLike[str] | None = None) -> GPUInventory:
+    """GPUs and NVSwitches from the topology's PCI scan; indices follow PCI bus order as NVML's do.
+
+    With `fsroot`, the NVIDIA driver's proc file adds the name, UUID and device minor; without it
+    (labels built from a dump) nothing is read and names come from the device-id table.
+    """
+    gpu_devs, switch_devs = nvidia_functions(topology, fsroot)
+    root = Path(fsroot) if fsroot is not None else None
     gpus: list[GPU] = []
-    switches: list[NVSwitch] = []
-    try:
-        entries = sorted(devices.iterdir(), key=lambda p: p.name)
-    except FileNotFoundError:
-        return GPUInventory((), source="sysfs", note=f"no {devices}")
-    for dev in entries:
-        if _hex(dev / "vendor") != NVIDIA_VENDOR:
-            continue
-        pci_class = _hex(dev / "class") >> 8
-        device_id = _hex(dev / "device")
-        address = normalize_bus_id(dev.name)
-        if pci_class == CLASS_BRIDGE_OTHER:
-            numa, _ = _locality(dev, parse_cpulist)
-            switches.append(NVSwitch(address, device_id, numa))
-            continue
-        if pci_class not in (CLASS_VGA, CLASS_3D):
-            continue  # audio functions, USB-C controllers on consumer boards
-        numa, cpus = _locality(dev, parse_cpulist)
-        product = PRODUCTS.get(device_id)
-        info = _driver_info(base, address)
-        name = info.get("Model") or (product.name if product else f"NVIDIA 10de:{device_id:04x}")
+    for dev in gpu_devs:
+        address = normalize_bus_id(dev.address)
+        product = PRODUCTS.get(dev.device)
+        info = _driver_info(root, address) if root is not None else {}
+        fallback = f"NVIDIA 10de:{dev.device:04x}" if dev.device >= 0 else "NVIDIA GPU"
+        name = info.get("Model") or (product.name if product else fallback)
         minor_text = info.get("Device Minor", "")
         gpus.append(GPU(
             index=len(gpus),
@@ -111,16 +141,16 @@ def discover_sysfs(root: str | os.PathLike[str] = "/", *, parse_cpulist: CPUList
             product=label_safe(name),
             memory_bytes=product.memory_mib << 20 if product else 0,
             pci_address=address,
-            pci_device_id=device_id,
-            numa_node=numa,
-            local_cpus=cpus,
+            pci_device_id=dev.device,
+            numa_node=_numa_node(topology, dev),
+            local_cpus=dev.local_cpus,
             minor=int(minor_text) if minor_text.isdigit() else -1,
             compute_capability=product.compute_capability if product else None,
             mig_capable=product.mig_capable if product else False,
             mig_mode_current=None,
             mig_mode_pending=None,
         ))
-    return GPUInventory(tuple(gpus), tuple(switches), source="sysfs")
+    return GPUInventory(tuple(gpus), _switches(topology, switch_devs), source="sysfs")
 
 
 def load_nvml() -> tuple[Any, str]:
@@ -159,10 +189,9 @@ def _nvlinks_active(nvml: Any, handle: Any) -> int:
     return active
 
 
-def discover_nvml(nvml: Any, root: str | os.PathLike[str] = "/", *,
-                  parse_cpulist: CPUListParser = CPUSet.parse) -> GPUInventory:
-    """GPUs through an initialised NVML module (pynvml or a stand-in); locality from sysfs."""
-    base = Path(root)
+def discover_nvml(nvml: Any, topology: Topology) -> GPUInventory:
+    """GPUs through an initialised NVML module (pynvml or a stand-in); locality from the PCI scan."""
+    by_address = {normalize_bus_id(d.address): d for d in topology.pci_devices}
     gpus: list[GPU] = []
     handles: list[Any] = []
     for index in range(nvml.nvmlDeviceGetCount()):
@@ -171,7 +200,7 @@ def discover_nvml(nvml: Any, root: str | os.PathLike[str] = "/", *,
         name = _text(nvml.nvmlDeviceGetName(handle))
         pci = nvml.nvmlDeviceGetPciInfo(handle)
         address = normalize_bus_id(pci.busId)
-        numa, cpus = _locality(base / "sys/bus/pci/devices" / address, parse_cpulist)
+        dev = by_address.get(address)
         mig_capable, current, pending = _mig_mode(nvml, handle)
         try:
             major, minor_cc = nvml.nvmlDeviceGetCudaComputeCapability(handle)
@@ -190,8 +219,8 @@ def discover_nvml(nvml: Any, root: str | os.PathLike[str] = "/", *,
             memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
             pci_address=address,
             pci_device_id=(int(pci.pciDeviceId) >> 16) & 0xFFFF,
-            numa_node=numa,
-            local_cpus=cpus,
+            numa_node=_numa_node(topology, dev) if dev is not None else -1,
+            local_cpus=dev.local_cpus if dev is not None else CPUSet(),
             minor=minor,
             compute_capability=cc,
             mig_capable=mig_capable,
@@ -210,20 +239,25 @@ def discover_nvml(nvml: Any, root: str | os.PathLike[str] = "/", *,
                                  gpus[a].nvlinks_active > 0 and gpus[b].nvlinks_active > 0))
     driver = _text(nvml.nvmlSystemGetDriverVersion())
     cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
-    switches = discover_sysfs(base, parse_cpulist=parse_cpulist).nvswitches
+    switches = _switches(topology, nvidia_functions(topology)[1])
     return GPUInventory(tuple(gpus), switches, tuple(links), driver, f"{cuda // 1000}.{cuda % 1000 // 10}",
                         source="nvml")
 
 
-def discover_gpus(root: str | os.PathLike[str] = "/", *, nvml: Any = None,
-                  parse_cpulist: CPUListParser = CPUSet.parse) -> GPUInventory:
-    """NVML when it loads (or `nvml` is given, already initialised), else PCI sysfs under `root`."""
+def discover_gpus(topology: Topology, fsroot: str | os.PathLike[str] = "/", *, nvml: Any = None
+                  ) -> GPUInventory:
+    """NVML when it loads (or `nvml` is given, already initialised), else the topology's PCI scan.
+
+    NVML describes the running machine, so a dump (`fsroot` other than "/") never asks it.
+    """
     if nvml is not None:
-        return discover_nvml(nvml, root, parse_cpulist=parse_cpulist)
+        return discover_nvml(nvml, topology)
+    if os.path.realpath(fsroot) != "/":
+        return replace(gpus_from_topology(topology, fsroot), note="no NVML: reading a file-system dump")
     loaded, note = load_nvml()
     if loaded is None:
-        return replace(discover_sysfs(root, parse_cpulist=parse_cpulist), note=note)
+        return replace(gpus_from_topology(topology, fsroot), note=note)
     try:
-        return discover_nvml(loaded, root, parse_cpulist=parse_cpulist)
+        return discover_nvml(loaded, topology)
     finally:
         loaded.nvmlShutdown()

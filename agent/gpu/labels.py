@@ -2,16 +2,23 @@
 
 Label values cannot hold ',' or '+', so lists are joined with '_' ("0_1" for NUMA nodes 0 and 1) and
 "+me" is spelled ".me".  GFD label names follow its README ("Generated Labels"); values are ours.
+
+The "gpu" feature source registered here derives GPUs from the topology's PCI scan alone (no NVML,
+no file reads: labels may be built from a dump); the label builder publishes `nvidia.com/*` only
+with GFD compatibility switched on.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+from agent.gpu.discover import gpus_from_topology
 from agent.gpu.model import GPU, label_safe
 from agent.gpu.products import family
+from agent.labels.registry import RawFeature, feature_source
+from agent.topology.model import Topology
 
 PREFIX = "topolet.io/"
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -51,9 +58,10 @@ def gpu_labels(gpus: Sequence[GPU], *, gfd_compat: bool = False, mig_layout: str
     labels = {
         f"{PREFIX}gpu.count": str(len(gpus)),
         f"{PREFIX}gpu.product": _common(products),
-        f"{PREFIX}gpu.memory": str(memory_mib),
         f"{PREFIX}gpu.mig-capable": "true" if any(g.mig_capable for g in gpus) else "false",
     }
+    if memory_mib > 0:  # 0: a board the product table does not know, and no NVML to ask
+        labels[f"{PREFIX}gpu.memory"] = str(memory_mib)
     if numa:
         labels[f"{PREFIX}gpu.numa-nodes"] = "_".join(map(str, numa))
     layout = label_safe(mig_layout.replace("+", "."))
@@ -71,9 +79,10 @@ def _gfd_labels(gpus: Sequence[GPU], products: list[str], memory_mib: int,
     out = {
         "nvidia.com/gpu.count": str(len(gpus)),
         "nvidia.com/gpu.product": _common(products),
-        "nvidia.com/gpu.memory": str(memory_mib),
         "nvidia.com/mig.capable": "true" if any(g.mig_capable for g in gpus) else "false",
     }
+    if memory_mib > 0:
+        out["nvidia.com/gpu.memory"] = str(memory_mib)
     ccs = Counter(g.compute_capability for g in gpus if g.compute_capability)
     if len(ccs) == 1:
         major, minor = next(iter(ccs))
@@ -90,3 +99,12 @@ def _gfd_labels(gpus: Sequence[GPU], products: list[str], memory_mib: int,
     if len(rt) == 2 and all(p.isdigit() for p in rt):
         out["nvidia.com/cuda.runtime.major"], out["nvidia.com/cuda.runtime.minor"] = rt
     return out
+
+
+@feature_source("gpu")
+def gpu_features(topology: Topology) -> Iterator[RawFeature]:
+    """`topolet.io/gpu.*` and (for the builder to gate) `nvidia.com/*` from the topology's GPUs."""
+    gpus = gpus_from_topology(topology).gpus
+    for key, value in gpu_labels(gpus, gfd_compat=True).items():
+        namespace, _, name = key.partition("/")
+        yield RawFeature(namespace, name, value)
