@@ -57,6 +57,8 @@ LOCK_NAME = "state.lock"
 REBUILT_POLICY = "rebuilt"
 _MAX_BYTES = 16 << 20  # a state file this big is not ours
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:+-]{0,254}")
+# A held GPU: its PCI address ("0000:18:00.0") or UUID ("GPU-8f6b...", "MIG-...").
+_GPU_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +106,16 @@ class Allocation:
     owner: Owner
     policy: str  # what produced it, e.g. "single-numa-node"; "rebuilt" after a rebuild
     created_at: float  # seconds since the epoch
+    gpus: tuple[str, ...] = ()  # whole GPUs held with the CPUs: PCI addresses or UUIDs
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not _ID_RE.fullmatch(self.id):
             raise StateError(f"invalid allocation id {self.id!r}")
+        if not isinstance(self.gpus, tuple) or not all(
+                isinstance(g, str) and _GPU_RE.fullmatch(g) for g in self.gpus):
+            raise StateError(f"allocation {self.id}: invalid GPU list {self.gpus!r}")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise StateError(f"allocation {self.id} names a GPU twice")
         if not self.cpus:
             raise StateError(f"allocation {self.id} has no CPUs")
         try:
@@ -126,7 +134,8 @@ class Allocation:
 class State:
     """Every allocation (sorted by id), the reserved CPUs and a generation bumped on every commit.
 
-    Construction validates: ids and cgroups are unique, no CPU is in two allocations or reserved.
+    Construction validates: ids and cgroups are unique, no CPU is in two allocations or reserved,
+    no GPU is in two allocations.
     """
 
     allocations: tuple[Allocation, ...] = ()
@@ -141,6 +150,7 @@ class State:
         taken = self.reserved
         ids: set[str] = set()
         cgroups: set[str] = set()
+        gpus: set[str] = set()
         for a in ordered:
             if a.id in ids:
                 raise StateError(f"allocation id {a.id} appears twice")
@@ -148,6 +158,10 @@ class State:
                 raise StateError(f"cgroup {a.cgroup} holds two allocations")
             if not a.cpus.isdisjoint(taken):
                 raise StateError(f"allocation {a.id}: CPUs {a.cpus & taken} are reserved or allocated twice")
+            if not gpus.isdisjoint(a.gpus):
+                twice = sorted(gpus.intersection(a.gpus))
+                raise StateError(f"allocation {a.id}: GPUs {twice} are allocated twice")
+            gpus.update(a.gpus)
             ids.add(a.id)
             cgroups.add(a.cgroup)
             taken |= a.cpus
@@ -159,6 +173,10 @@ class State:
     def allocated(self) -> CPUSet:
         """Every CPU held by an allocation."""
         return EMPTY.union(*(a.cpus for a in self.allocations))
+
+    def held_gpus(self) -> frozenset[str]:
+        """Every GPU (PCI address or UUID) held by an allocation."""
+        return frozenset(g for a in self.allocations for g in a.gpus)
 
     def with_allocation(self, alloc: Allocation) -> State:
         """This state plus `alloc` (replacing one with the same id); raises StateError on conflict."""
@@ -172,12 +190,17 @@ class State:
         )
 
     def to_body(self) -> dict[str, Any]:
-        """The JSON body (what the checksum covers)."""
+        """The JSON body (what the checksum covers).
+
+        `gpus` is written only when an allocation holds GPUs, so a file without any still loads in
+        a topolet that predates the field.
+        """
         return {
             "generation": self.generation,
             "reserved": self.reserved.cpulist(),
             "allocations": [
                 {
+                    **({"gpus": list(a.gpus)} if a.gpus else {}),
                     "id": a.id,
                     "cpus": a.cpus.cpulist(),
                     "mems": a.mems.cpulist(),
@@ -209,10 +232,10 @@ class State:
         )
 
 
-def _obj(value: object, what: str, keys: set[str]) -> dict[str, Any]:
+def _obj(value: object, what: str, keys: set[str], optional: frozenset[str] = frozenset()) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise StateError(f"{what} is not an object")
-    if set(value) != keys:
+    if not keys <= set(value) <= keys | optional:
         raise StateError(f"{what} has keys {sorted(value)}, expected {sorted(keys)}")
     return value
 
@@ -243,11 +266,15 @@ def _cpulist(value: object, what: str) -> CPUSet:
 
 def _allocation(value: object, index: int) -> Allocation:
     what = f"allocations[{index}]"
-    a = _obj(value, what, {"id", "cpus", "mems", "cgroup", "owner", "policy", "created_at"})
+    a = _obj(value, what, {"id", "cpus", "mems", "cgroup", "owner", "policy", "created_at"},
+             frozenset({"gpus"}))
     o = _obj(a["owner"], f"{what}.owner", {"pid", "start_time", "pod_uid", "container"})
     created = a["created_at"]
     if not isinstance(created, int | float) or isinstance(created, bool):
         raise StateError(f"{what}.created_at is not a number")
+    gpus = a.get("gpus", [])
+    if not isinstance(gpus, list):
+        raise StateError(f"{what}.gpus is not a list")
     return Allocation(
         id=_str(a["id"], f"{what}.id"),
         cpus=_cpulist(a["cpus"], f"{what}.cpus"),
@@ -261,6 +288,7 @@ def _allocation(value: object, index: int) -> Allocation:
         ),
         policy=_str(a["policy"], f"{what}.policy"),
         created_at=float(created),
+        gpus=tuple(_str(g, f"{what}.gpus[{i}]") for i, g in enumerate(gpus)),
     )
 
 

@@ -10,12 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.gpu.capacity import numa_gpu_capacity
 from agent.enforce.state import Allocation, Owner, State
+from agent.gpu.capacity import numa_gpu_capacity
 from agent.gpu.discover import gpus_from_topology
 from agent.gpu.labels import gpu_features, gpu_labels, valid_label_key, valid_label_value
 from agent.gpu.model import GPU, label_safe
