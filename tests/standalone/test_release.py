@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
 import time
 
 import pytest
 
+from agent.alloc.request import Request
 from agent.enforce.cgroup import exists, list_children, read_cpus, read_procs
+from agent.enforce.state import Owner
 from agent.topology.cpuset import CPUSet
-from tests.standalone.conftest import Node, kill_and_reap, orphan_children, proc_cpus
+from tests.standalone.conftest import Node, kill_and_reap, orphan_children, proc_cpus, proc_field, wait_for
 
 
 def _cgroup(node: Node, alloc_id: str) -> str:
@@ -98,3 +101,18 @@ def test_launcher_sigkilled_at_random_moments_leaves_nothing_after_one_pass(node
         assert node.workload_cgroups() == []
         assert list_children(node.layout, node.layout.shared_path) == []
         assert node.pool() == node.allowed
+
+
+@pytest.mark.xfail(strict=True, reason="Owner.process_alive counts a zombie as running (enforce/procfs)")
+def test_an_owner_that_is_a_zombie_does_not_hold_its_cpus(node: Node) -> None:
+    sleeper = subprocess.Popen(["sleep", "299"])
+    try:
+        engine = node.engine()
+        engine.allocate("zombie-owner", Request(1), Owner.of_process(sleeper.pid))
+        os.kill(sleeper.pid, signal.SIGKILL)
+        wait_for(lambda: str(proc_field(sleeper.pid, "State")).startswith("Z"), "a zombie")
+        engine.reconcile()  # exited (not yet reaped by its parent), and its cgroup is empty
+        assert node.state().allocations == ()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
