@@ -777,7 +777,9 @@ static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const c
     close(fd);
 }
 
-static void scan_topology(struct scan_ctx *ctx, uint32_t slot, int cpufd, const char *cpudir)
+/* Scan cpuN/topology; returns the sibling whose facts were copied, or NULL when read in full. */
+static const topo_cpu_t *scan_topology(struct scan_ctx *ctx, uint32_t slot, int cpufd,
+                                       const char *cpudir)
 {
     topo_cpu_t *c = &ctx->pub.cpus[slot];
     const topo_cpu_t *donor;
@@ -804,7 +806,7 @@ static void scan_topology(struct scan_ctx *ctx, uint32_t slot, int cpufd, const 
         c->cluster_cpus = donor->cluster_cpus;
         c->book_siblings = donor->book_siblings;
         c->drawer_siblings = donor->drawer_siblings;
-        return;
+        return donor;
     }
 
     snprintf(sub, sizeof sub, "%s/topology", cpudir);
@@ -812,7 +814,7 @@ static void scan_topology(struct scan_ctx *ctx, uint32_t slot, int cpufd, const 
     if (tfd < 0) {
         if (errno != ENOENT && ctx->pub.nerrors == nerrors)
             scan_add_error(ctx, errno, sub, NULL);
-        return;
+        return NULL;
     }
     c->has_topology = 1;
     err = list_dir(ctx, tfd, mark_topo, &tp);
@@ -845,12 +847,33 @@ static void scan_topology(struct scan_ctx *ctx, uint32_t slot, int cpufd, const 
     if (ctx->pub.nerrors != nerrors)
         c->flags |= TOPO_F_PARTIAL;
     close(tfd);
+    return NULL;
+}
+
+/* A thread whose core's first thread was scanned already shares that thread's caches when every
+ * one of them includes it (the usual case: L1 and up are per core or wider): copy the records
+ * rather than read the same files again.  A cache private to one thread means reading in full. */
+static int copy_sibling_caches(struct scan_ctx *ctx, uint32_t slot, const topo_cpu_t *donor)
+{
+    uint32_t id = (uint32_t)ctx->pub.cpus[slot].id, first = donor->cache_off, n = donor->ncaches;
+
+    if (n == 0)
+        return 0;
+    for (uint32_t i = first; i < first + n; i++)
+        if (ctx->pub.caches[i].flags & TOPO_F_PARTIAL || !set_has(ctx, ctx->pub.caches[i].cpus, id))
+            return 0;
+    if (GROW(ctx, caches, ncaches, cap_caches, n))
+        return 0;
+    memcpy(&ctx->pub.caches[ctx->pub.ncaches], &ctx->pub.caches[first], n * sizeof *ctx->pub.caches);
+    ctx->pub.ncaches += n;
+    return 1;
 }
 
 static int scan_cpu(struct scan_ctx *ctx, int cpudirfd, uint32_t slot, int64_t id)
 {
     char name[32], dir[96], sub[128];
     topo_cpu_t *c = &ctx->pub.cpus[slot];
+    const topo_cpu_t *sibling = NULL;
     uint32_t present = 0;
     int fd, tfd, err;
     int64_t v;
@@ -905,9 +928,9 @@ static int scan_cpu(struct scan_ctx *ctx, int cpudirfd, uint32_t slot, int64_t i
     }
 
     if (present >> C_TOPOLOGY & 1)
-        scan_topology(ctx, slot, fd, dir);
+        sibling = scan_topology(ctx, slot, fd, dir);
 
-    if (present >> C_CACHE & 1) {
+    if (present >> C_CACHE & 1 && !(sibling && copy_sibling_caches(ctx, slot, sibling))) {
         snprintf(sub, sizeof sub, "%s/cache", dir);
         tfd = open_dir_at(fd, "cache");
         if (tfd < 0) {
