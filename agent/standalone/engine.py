@@ -11,6 +11,7 @@ allowed CPU less the exclusive ones, reserved CPUs included).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -18,10 +19,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from agent.alloc.exclusive import allocate
+from agent.alloc.devices import allocate_with_gpus
 from agent.alloc.request import Request
 from agent.enforce import (
     CgroupLayout,
+    apply_assignment,
     apply_with_shared_pool,
     create_cgroup,
     exists,
@@ -35,6 +37,7 @@ from agent.enforce import (
 )
 from agent.enforce.state import Allocation, Owner, State, StateFile, rebuild_from_cgroups
 from agent.errors import AllocationError, EnforcementError
+from agent.gpu.model import GPU
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import Topology
 
@@ -65,8 +68,9 @@ class PinningEngine:
     """Exclusive CPU allocations on one node, recorded in a state file and enforced with cpusets."""
 
     def __init__(self, topology: Topology, layout: CgroupLayout, state_file: StateFile,
-                 reserved: CPUSet = EMPTY, proc: str = "/proc") -> None:
+                 reserved: CPUSet = EMPTY, proc: str = "/proc", gpus: tuple[GPU, ...] = ()) -> None:
         self.topology = topology
+        self.gpus = gpus  # the node's whole GPUs, discovered once at startup; free = these less held
         self.layout = layout
         self.state_file = state_file
         self.reserved = reserved & topology.cpus
@@ -74,6 +78,9 @@ class PinningEngine:
         root_cpus, root_mems = read_cpuset(layout, "")
         self.allowed = topology.cpus & root_cpus
         self.all_mems = root_mems
+        # Cgroups outside `topolet/shared` that also run on the pool: in Kubernetes mode, every
+        # non-exclusive container cgroup of this node's pods (the pod watch keeps it current).
+        self.extra_shared: frozenset[str] = frozenset()
 
     # -- locking and loading -------------------------------------------------------------------
 
@@ -93,20 +100,20 @@ class PinningEngine:
         if not exists(self.layout, self.layout.shared_path):
             create_cgroup(self.layout, self.layout.shared_path)
 
-    def _shared_cgroups(self) -> list[str]:
+    def _shared_cgroups(self, extra: tuple[str, ...] = ()) -> list[str]:
         shared = self.layout.shared_path
-        if not exists(self.layout, shared):
-            return []
-        return [shared, *list_children(self.layout, shared)]
+        own = [shared, *list_children(self.layout, shared)] if exists(self.layout, shared) else []
+        others = [rel for rel in sorted(self.extra_shared.union(extra)) if exists(self.layout, rel)]
+        return list(dict.fromkeys(own + others))
 
-    def _apply(self, state: State, remove: tuple[str, ...] = ()) -> None:
+    def _apply(self, state: State, remove: tuple[str, ...] = (), shared: tuple[str, ...] = ()) -> None:
         """Bring every managed cgroup to `state` in one ordered step (pool narrowed before grants)."""
         self._ensure_parents()
         exclusive = {a.cgroup: a.cpus for a in state.allocations if exists(self.layout, a.cgroup)}
         mems = {a.cgroup: a.mems for a in state.allocations if a.mems and a.cgroup in exclusive}
+        pool = [rel for rel in self._shared_cgroups(shared) if rel not in exclusive]
         apply_with_shared_pool(self.layout, allowed=self.allowed, reserved=state.reserved,
-                               exclusive=exclusive, shared=self._shared_cgroups(), mems=mems or None,
-                               remove=remove)
+                               exclusive=exclusive, shared=pool, mems=mems or None, remove=remove)
 
     def _alive(self, alloc: Allocation) -> bool:
         """An allocation lives while its owner runs or any process is still in its cgroup."""
@@ -119,29 +126,70 @@ class PinningEngine:
     # -- the operations ------------------------------------------------------------------------
 
     def allocate(self, alloc_id: str, request: Request, owner: Owner, *, memory_binding: bool = False,
-                 policy: str | None = None) -> Allocation:
-        """Choose, record and enforce an exclusive allocation; the caller then moves its process in."""
+                 policy: str | None = None, gpus: int = 0, cgroup: str | None = None) -> Allocation:
+        """Choose, record and enforce an exclusive allocation; the caller then moves its process in.
+
+        `cgroup` names an existing cgroup someone else made (a kubelet container's) to pin instead
+        of a new `topolet/<id>`; topolet then never creates or removes it.
+
+        With `gpus`, that many whole GPUs are chosen first and the CPUs prefer (under a strict NUMA
+        policy: must lie on) the GPUs' NUMA nodes; both are recorded in the one state commit.
+        """
         with self.locked() as state:
             state = self._reap(state)[0]
             if state.get(alloc_id) is not None:
                 raise AllocationError(f"allocation {alloc_id} already exists")
             free = self.allowed - state.reserved - state.allocated()
-            cpus = allocate(self.topology, free, Request(
-                request.cpus, request.numa_policy, request.smt, request.preferred_numa,
-                request.reserved | state.reserved))
+            request = Request(request.cpus, request.numa_policy, request.smt, request.preferred_numa,
+                              request.reserved | state.reserved)
+            cpus, chosen = allocate_with_gpus(self.topology, free, request, self.gpus, state.held_gpus(),
+                                              gpus)
             try:
                 shared_pool(self.allowed, state.reserved, [a.cpus for a in state.allocations] + [cpus])
             except EnforcementError as exc:
                 raise AllocationError(f"{exc}: {len(free)} CPUs free, {len(state.reserved)} reserved; "
                                       "reserve a CPU for shared work") from exc
             mems = CPUSet(self.topology.numa_of(c) for c in cpus) & self.all_mems if memory_binding else EMPTY
-            alloc = Allocation(alloc_id, cpus, mems, self.layout.workload_path(alloc_id), owner,
-                               policy or f"{request.numa_policy}/{request.smt}", time.time())
+            alloc = Allocation(alloc_id, cpus, mems, cgroup or self.layout.workload_path(alloc_id), owner,
+                               policy or f"{request.numa_policy}/{request.smt}", time.time(),
+                               chosen.addresses)
             state = self.state_file.commit(state.with_allocation(alloc))  # the record comes first
             self._ensure_parents()
-            create_cgroup(self.layout, alloc.cgroup)
+            if cgroup is None:
+                create_cgroup(self.layout, alloc.cgroup)
             self._apply(state)
             return alloc
+
+    def release_container(self, alloc_id: str) -> bool:
+        """Free a pod container's allocation; its cgroup (the kubelet's) is kept and, while it still
+        exists, given the shared pool.  Returns False when there was no such allocation."""
+        with self.locked() as state:
+            alloc = state.get(alloc_id)
+            if alloc is None:
+                return False
+            state = self.state_file.commit(state.without(alloc_id))
+            self._apply(state, shared=(alloc.cgroup,))
+            return True
+
+    def rebind(self, alloc_id: str, cgroup: str) -> Allocation:
+        """Point an allocation at another existing cgroup (a restarted container), keeping its CPUs."""
+        with self.locked() as state:
+            alloc = state.get(alloc_id)
+            if alloc is None:
+                raise AllocationError(f"no allocation {alloc_id}")
+            moved = dataclasses.replace(alloc, cgroup=cgroup)
+            state = self.state_file.commit(state.with_allocation(moved))
+            self._apply(state, shared=(alloc.cgroup,) if alloc.cgroup != cgroup else ())
+            return moved
+
+    def join_pool(self, rel: str) -> bool:
+        """Give one existing cgroup (a kubelet container's) the shared pool; True if it was written."""
+        with self.locked() as state:
+            pool = shared_pool(self.allowed, state.reserved, [a.cpus for a in state.allocations])
+            if read_cpuset(self.layout, rel)[0] == pool:
+                return False
+            apply_assignment(self.layout, {rel: pool})
+            return True
 
     def join(self, alloc: Allocation, pid: int) -> None:
         """Move `pid` into the allocation's cgroup."""
@@ -217,12 +265,13 @@ class PinningEngine:
             state, released, collected = self._reap(state)
             self._ensure_parents()
             for a in state.allocations:
-                if not exists(self.layout, a.cgroup):
+                # A pod container's cgroup is the kubelet's: gone means the container is gone.
+                if not exists(self.layout, a.cgroup) and a.owner.pod_uid is None:
                     create_cgroup(self.layout, a.cgroup)
             pool = shared_pool(self.allowed, state.reserved, [a.cpus for a in state.allocations])
             want = {self.layout.parent: self.allowed}
             want.update({rel: pool for rel in self._shared_cgroups()})
-            want.update({a.cgroup: a.cpus for a in state.allocations})
+            want.update({a.cgroup: a.cpus for a in state.allocations if exists(self.layout, a.cgroup)})
             mems = {a.cgroup: a.mems for a in state.allocations if a.mems}
             repaired = repair_drift(self.layout, want, mems or None)
             return ReconcileResult(released, collected, repaired)

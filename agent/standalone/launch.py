@@ -16,10 +16,13 @@ from agent.alloc.request import Request
 from agent.enforce import detect_layout
 from agent.enforce.state import Owner, StateFile
 from agent.errors import AllocationError, ConfigError, TopoletError
+from agent.gpu.model import GPU
+from agent.gpu.visible import visible_devices_env
 from agent.standalone.engine import PinningEngine, unique_id, usage_of
 from agent.standalone.journal import Event, append_event
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
+from agent.topology.model import Topology
 from agent.topology.native import bind_memory, set_affinity
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -34,14 +37,19 @@ def _command(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _gpu_request(args: argparse.Namespace) -> tuple[frozenset[int] | None, dict[str, str]]:
-    """Whole GPUs for the command: (their NUMA nodes, the environment that names them)."""
-    if not args.gpus:
-        return None, {}
-    from agent.gpu.assign import assign_gpus
+def _gpu_inventory(gpus: int, topo: Topology) -> tuple[GPU, ...]:
+    """The node's whole GPUs, discovered once (only when the command asks for some)."""
+    if gpus < 0:
+        raise ConfigError("--gpus must be 0 or more")
+    if not gpus:
+        return ()
+    from agent.gpu.discover import discover_gpus
 
-    grant = assign_gpus(args.gpus, args.state_dir)
-    return grant.numa_nodes, grant.environment
+    # A GPU in MIG mode is shared out as MIG devices, never handed over whole.
+    found = tuple(g for g in discover_gpus(topo).gpus if not g.mig_mode_current)
+    if not found:
+        raise AllocationError(f"--gpus {gpus}: this node has no NVIDIA GPUs to hand out whole")
+    return found
 
 
 def _run_child(argv: list[str], env: dict[str, str]) -> int:
@@ -70,11 +78,14 @@ def run_exec(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.cpus < 0:
         raise ConfigError("--cpus must be 0 (shared pool) or more")
+    gpus = int(getattr(args, "gpus", 0) or 0)
+    if gpus and args.cpus == 0:
+        raise ConfigError("--gpus needs exclusive CPUs: give --cpus N with N of 1 or more")
     topo = discover("/")
     layout = detect_layout(args.cgroup_root)
     state_file = StateFile(args.state_dir)
     reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
-    engine = PinningEngine(topo, layout, state_file, reserved)
+    engine = PinningEngine(topo, layout, state_file, reserved, gpus=_gpu_inventory(gpus, topo))
     me = os.getpid()
     name = unique_id("exec", me)
     if args.cpus == 0:
@@ -83,12 +94,11 @@ def run_exec(args: argparse.Namespace) -> int:
             return _run_child(argv, {})
         finally:
             engine.leave_shared(rel, me)
-    preferred, env = _gpu_request(args)
-    request = Request(args.cpus, args.numa_policy, args.smt, preferred)
+    request = Request(args.cpus, args.numa_policy, args.smt)
     writes_before = state_file.writes
     try:
         alloc = engine.allocate(name, request, Owner.of_process(me), memory_binding=args.memory_binding,
-                                policy=f"exec {args.numa_policy}/{args.smt}")
+                                policy=f"exec {args.numa_policy}/{args.smt}", gpus=gpus)
     except AllocationError:
         append_event(args.state_dir, Event("error", state_writes=state_file.writes - writes_before))
         raise
@@ -99,7 +109,10 @@ def run_exec(args: argparse.Namespace) -> int:
             bind_memory(alloc.mems, "bind")
         append_event(args.state_dir, Event("success", time.perf_counter() - started,
                                            state_file.writes - writes_before))
-        env = {**env, "TOPOLET_CPUS": alloc.cpus.cpulist(), "TOPOLET_ALLOCATION": alloc.id}
+        env = visible_devices_env([g for g in engine.gpus if g.pci_address in alloc.gpus])
+        env.update({"TOPOLET_CPUS": alloc.cpus.cpulist(), "TOPOLET_ALLOCATION": alloc.id})
+        if alloc.gpus:
+            env["TOPOLET_GPUS"] = ",".join(alloc.gpus)
         return _run_child(argv, env)
     finally:
         try:
@@ -128,7 +141,8 @@ def status_data(state_dir: str, cgroup_root: str | None = None) -> dict[str, Any
                   "free": (u.shared - u.reserved).cpulist(), "free_count": len(u.shared - u.reserved)}
                  for u in rows],
         "allocations": [{"id": a.id, "cpus": a.cpus.cpulist(), "mems": a.mems.cpulist(), "cgroup": a.cgroup,
-                         "pid": a.owner.pid, "pod_uid": a.owner.pod_uid, "policy": a.policy,
+                         "gpus": list(a.gpus), "pid": a.owner.pid, "pod_uid": a.owner.pod_uid,
+                         "policy": a.policy,
                          "alive": a.owner.pod_uid is not None or a.owner.process_alive()}
                         for a in state.allocations],
     }
