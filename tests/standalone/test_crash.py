@@ -15,6 +15,7 @@ from agent.topology.cpuset import CPUSet
 from tests.standalone.conftest import Node, kill_and_reap, orphan_children, proc_cpus, proc_field, wait_for
 
 CYCLES = 200
+KILLS = 25
 BUDGET_SECONDS = 80.0
 
 
@@ -77,7 +78,7 @@ def _check_after_kill(node: Node, journal: Journal) -> None:
         alloc = state.get(alloc_id)
         assert alloc is not None, f"allocation {alloc_id} of live process {pid} lost"
         assert alloc.cpus == cpus
-        if pid in journal.joined:
+        if pid in journal.joined and _running(pid):  # (killed after its kill, before "dead")
             assert pid in read_procs(node.layout, alloc.cgroup)
 
 
@@ -115,7 +116,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_double_assigns_nothing(node
     rng = random.Random(seed)
     started = time.monotonic()
     rounds = released = 0
-    while released < CYCLES:
+    while released < CYCLES or rounds < KILLS:
         assert time.monotonic() - started < BUDGET_SECONDS, f"seed {seed}: too slow after {rounds} rounds"
         rounds += 1
         path = str(node.tmp / f"journal-{rounds}")
@@ -123,7 +124,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_double_assigns_nothing(node
                                   node.state_dir, path, str(rounds)])
         wait_for(lambda r=str(rounds), d=driver, j=path: r in Journal.read(j).ready or d.poll() is not None,
                  "the driver to start")
-        time.sleep(rng.uniform(0.0, 0.4))
+        time.sleep(rng.uniform(0.0, 0.2))
         driver.send_signal(signal.SIGKILL)
         assert driver.wait(20) == -signal.SIGKILL, f"seed {seed}: driver ended itself: {err.read_text()}"
         journal = Journal.read(path)
@@ -137,4 +138,3 @@ def test_sigkill_at_random_moments_loses_nothing_and_double_assigns_nothing(node
         state = _check_after_reconcile(node, journal, before)
         assert state.allocations == (), f"seed {seed}: {state.allocations} outlived their processes"
         assert node.pool() == node.allowed
-    assert rounds > 1
