@@ -1,0 +1,185 @@
+"""Publishing the node's labels: an NFD NodeFeature object, the Node itself, or the features.d file.
+
+Public API (stable; the in-cluster daemon builds on it):
+
+- `LabelPublisher(api_client, node_name, namespace=None, sink="auto", features_dir=DEFAULT_FEATURES_DIR,
+  *, field_manager="topolet")`; `namespace` None means `agent.kube.client.agent_namespace()`
+  (POD_NAMESPACE, the service-account namespace file, or "topolet-system").
+- `.publish(labels: Mapping[str, str]) -> bool`: True when it wrote.  Writes only when the labels
+  differ from the last ones published; on the first call (and after a failure) it reads what the
+  API holds and skips the write when that already matches, so a restarted DaemonSet does not
+  rewrite every node.  Raises `KubeAPIError` when the API call failed (the next call retries) and
+  `FeatureFileError` / ConfigError for a refused file or label.
+- `.sink`: the sink asked for; `.resolved_sink`: the one in use ("nodefeature" | "node" | "file" |
+  "none"), known after the first `publish` when `sink="auto"`.
+- `.writes` / `.failures`: counters for metrics.
+
+Sinks:
+- "auto": "nodefeature" when the API serves `nodefeatures.nfd.k8s-sigs.io/v1alpha1` (discovery,
+  asked once and remembered), else "file".
+- "nodefeature": a NodeFeature in the agent's namespace (`agent.labels.nodefeature.nodefeature_object`,
+  label `nfd.node.kubernetes.io/node-name=<node>`), server-side applied as `field_manager`.
+- "node": a JSON merge patch on the Node (`agent.labels.nodefeature.node_label_patch`) that sets our
+  labels and removes the keys we set before and no longer publish; no other label is touched.  The
+  keys we own are kept in the Node annotation `topolet.io/managed-labels` so that a restarted agent
+  still knows them.
+- "file": NFD's features.d file (`agent.labels.features_file.write_features_file`).
+- "none": publishes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from agent.errors import ConfigError, TopoletError
+from agent.kube.client import REQUEST_TIMEOUT, KubeAPIError, agent_namespace, api_call
+from agent.labels.features_file import DEFAULT_FEATURES_DIR, write_features_file
+from agent.labels.nodefeature import (
+    NODEFEATURE_API_VERSION,
+    node_label_patch,
+    nodefeature_name,
+    nodefeature_object,
+)
+from agent.labels.validate import is_dns_subdomain, is_label_key
+
+log = logging.getLogger(__name__)
+
+SINKS = ("auto", "nodefeature", "node", "file", "none")
+NODEFEATURE_GROUP, NODEFEATURE_VERSION = NODEFEATURE_API_VERSION.split("/")
+NODEFEATURE_PLURAL = "nodefeatures"
+MANAGED_LABELS_ANNOTATION = "topolet.io/managed-labels"
+
+
+def _managed_keys(annotations: Mapping[str, str] | None) -> dict[str, str]:
+    """The label keys recorded in our annotation, as a `previous` mapping for node_label_patch."""
+    text = (annotations or {}).get(MANAGED_LABELS_ANNOTATION, "")
+    return {k: "" for k in text.split(",") if k and is_label_key(k)}
+
+
+class LabelPublisher:
+    """Writes the node's labels to one sink, only when they changed."""
+
+    def __init__(self, api_client: Any, node_name: str, namespace: str | None = None,
+                 sink: str = "auto", features_dir: str = DEFAULT_FEATURES_DIR, *,
+                 field_manager: str = "topolet") -> None:
+        if sink not in SINKS:
+            raise ConfigError(f"unknown label sink {sink!r} (one of {', '.join(SINKS)})")
+        if not is_dns_subdomain(node_name):
+            raise ConfigError(f"invalid node name {node_name!r}")
+        if api_client is None and sink in ("auto", "nodefeature", "node"):
+            raise ConfigError(f"label sink {sink!r} needs an API client")
+        self.api_client = api_client
+        self.node_name = node_name
+        self.namespace = agent_namespace(namespace)
+        self.sink = sink
+        self.features_dir = features_dir
+        self.field_manager = field_manager
+        self.resolved_sink: str | None = None if sink == "auto" else sink
+        self.writes = 0
+        self.failures = 0
+        self._last: dict[str, str] | None = None  # labels the sink is known to hold
+        self._lock = threading.Lock()
+
+    def invalidate(self) -> None:
+        """Forget what the sink holds: the next `publish` checks and writes again."""
+        with self._lock:
+            self._last = None
+
+    def publish(self, labels: Mapping[str, str]) -> bool:
+        """Write `labels` to the sink when they differ from what it holds; True when written."""
+        wanted = dict(sorted(labels.items()))
+        with self._lock:
+            if wanted == self._last:
+                return False
+            try:
+                sink = self._resolve()
+                wrote = self._write(sink, wanted)
+            except TopoletError:
+                self._last = None
+                self.failures += 1
+                raise
+            self._last = wanted
+            if wrote:
+                self.writes += 1
+            return wrote
+
+    def _resolve(self) -> str:
+        if self.resolved_sink is None:
+            self.resolved_sink = "nodefeature" if self._nodefeature_served() else "file"
+            log.info("label sink: %s", self.resolved_sink)
+        return self.resolved_sink
+
+    def _nodefeature_served(self) -> bool:
+        from kubernetes import client as k8s
+
+        try:
+            with api_call(f"discover {NODEFEATURE_API_VERSION}"):
+                found = k8s.CustomObjectsApi(self.api_client).get_api_resources(
+                    NODEFEATURE_GROUP, NODEFEATURE_VERSION, _request_timeout=REQUEST_TIMEOUT)
+        except KubeAPIError as exc:
+            if exc.not_found:  # the group/version is not served at all
+                return False
+            raise
+        return any(r.name == NODEFEATURE_PLURAL for r in (found.resources or []))
+
+    def _write(self, sink: str, labels: dict[str, str]) -> bool:
+        if sink == "none":
+            return False
+        if sink == "file":
+            return write_features_file(self.features_dir, labels)
+        if sink == "nodefeature":
+            return self._apply_nodefeature(labels)
+        return self._patch_node(labels)
+
+    def _apply_nodefeature(self, labels: dict[str, str]) -> bool:
+        from kubernetes import client as k8s
+
+        body = nodefeature_object(self.node_name, self.namespace, labels)
+        name = nodefeature_name(self.node_name)
+        api = k8s.CustomObjectsApi(self.api_client)
+        if self._last is None:
+            try:
+                with api_call(f"get NodeFeature {self.namespace}/{name}"):
+                    found = api.get_namespaced_custom_object(
+                        NODEFEATURE_GROUP, NODEFEATURE_VERSION, self.namespace, NODEFEATURE_PLURAL, name,
+                        _request_timeout=REQUEST_TIMEOUT)
+            except KubeAPIError as exc:
+                if not exc.not_found:
+                    raise
+                found = None
+            live: Mapping[str, Any] | None = found if isinstance(found, Mapping) else None
+            if live is not None and (live.get("spec") or {}).get("labels") == labels and all(
+                    ((live.get("metadata") or {}).get("labels") or {}).get(k) == v
+                    for k, v in body["metadata"]["labels"].items()):
+                return False
+        with api_call(f"apply NodeFeature {self.namespace}/{name}"):
+            api.patch_namespaced_custom_object(
+                NODEFEATURE_GROUP, NODEFEATURE_VERSION, self.namespace, NODEFEATURE_PLURAL, name,
+                body, field_manager=self.field_manager, force=True,
+                _content_type="application/apply-patch+yaml", _request_timeout=REQUEST_TIMEOUT)
+        return True
+
+    def _patch_node(self, labels: dict[str, str]) -> bool:
+        from kubernetes import client as k8s
+
+        core = k8s.CoreV1Api(self.api_client)
+        with api_call(f"get Node {self.node_name}"):
+            node = core.read_node(self.node_name, _request_timeout=REQUEST_TIMEOUT)
+        meta = node.metadata
+        current = dict((meta.labels if meta else None) or {})
+        annotations = dict((meta.annotations if meta else None) or {})
+        previous = _managed_keys(annotations)
+        record = ",".join(sorted(labels))
+        stale = [k for k in previous if k not in labels and k in current]
+        if (not stale and all(current.get(k) == v for k, v in labels.items())
+                and annotations.get(MANAGED_LABELS_ANNOTATION, "") == record):
+            return False
+        patch = node_label_patch(labels, previous)
+        patch["metadata"]["annotations"] = {MANAGED_LABELS_ANNOTATION: record}
+        with api_call(f"patch Node {self.node_name} labels"):
+            core.patch_node(self.node_name, patch, _content_type="application/merge-patch+json",
+                            _request_timeout=REQUEST_TIMEOUT)
+        return True

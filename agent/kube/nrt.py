@@ -1,0 +1,433 @@
+"""The node's NodeResourceTopology: a pure builder from (topology, state) and a write-on-change publisher.
+
+Public API (stable; the in-cluster daemon builds on it):
+
+- `nrt_object(node, topology, state, *, reserved=EMPTY, gpu_capacity=None,
+  topology_manager_policy="none", topology_manager_scope="container", pods_fingerprint=None,
+  pods_fingerprint_method=None) -> dict`: the `topology.node.k8s.io/v1alpha2` object.  `node` is a
+  Node (a dict as the API returns it, or a kubernetes V1Node) or a `(name, uid)` pair;
+  `gpu_capacity` is `agent.gpu.capacity.numa_gpu_capacity(...)`'s `{numa: {resource: (capacity,
+  available)}}`.  Pure: no I/O, no clock.  Raises ConfigError on invalid input.
+- `pod_set_fingerprint(pods: Iterable[tuple[namespace, name]]) -> str`: the podfingerprint
+  ("pfp0v001<16 hex>") of a set of pods, for `pods_fingerprint`.
+- `NRTPublisher(api_client, node_name, field_manager="topolet")`: `.publish(obj) -> bool` applies
+  `obj` (server-side apply, forced, as `field_manager`) only when it differs from the last object
+  applied, when a previous call failed, after `invalidate()`, or when the periodic existence check
+  (`verify_seconds`, a read) finds the object deleted or our fields changed by someone else.
+  True when it sent an apply; raises `agent.kube.client.KubeAPIError` when the API call failed
+  (the next call applies again).  `.writes` / `.failures` count applies sent and failed calls.
+
+Shape (k8stopologyawareschedwg/noderesourcetopology-api, v1alpha2 types.go): cluster-scoped, named
+after the node, owned by the Node (the garbage collector removes it with the node).  One zone per
+published NUMA node, `name: node-<N>`, `type: Node` — the only form scheduler-plugins'
+NodeResourceTopologyMatch reads (it skips other types and parses N from the name).  Each zone has
+`costs` (the NUMA distance to every published zone, itself included) and `resources`, each with
+`capacity`, `allocatable`, `available` as quantity strings:
+
+- `cpu`: capacity = the zone's online CPUs; allocatable = capacity less reserved CPUs (`reserved`
+  plus the state's); available = allocatable less CPUs held by exclusive allocations in the state.
+  The shared pool is not subtracted: pods there hold no CPU exclusively.
+- `memory`: capacity = the node's memory; allocatable = capacity less the hugepage pools (memory the
+  pools hold is not available as regular memory, kubelet's rule); available = allocatable (topolet
+  does not account memory per pod).
+- `hugepages-<size>` (`hugepages-2Mi`, `hugepages-1Gi`): the pool's pages times the page size, for
+  all three (pages are not accounted per pod either).
+- GPU resources (`nvidia.com/gpu`, `nvidia.com/mig-...`) from `gpu_capacity`: capacity =
+  allocatable, available as given.  GPUs of unknown locality (key -1) are in no zone.
+
+Memory-only NUMA nodes (CXL, HBM, GPU memory) are zones of their own, `node-<N>`, with `memory`
+(and hugepages) but no `cpu`.  NodeResourceTopologyMatch's single-NUMA filter sets a zone's bit for a
+resource only when the zone lists it, so a zone without `cpu` is never chosen for a pod requesting
+CPU — which is right: topolet binds `cpuset.mems` to the CPUs' own nodes, so that memory is not what
+an aligned pod gets.  Folding it into the nearest CPU zone would overstate what fits on one node.
+Zones with an id above 63 are left out: the plugin indexes NUMA ids in a 64-slot table.
+
+Top-level `attributes`: `topologyManagerPolicy` and `topologyManagerScope` (kubelet's values
+verbatim), `nodeTopologyPodsFingerprint` and, when given, `nodeTopologyPodsFingerprintMethod`
+(podfingerprint's names: "all", "with-exclusive-resources", "exclude-terminal").  The deprecated
+`topologyPolicies` list is filled too (e.g. "SingleNUMANodeContainerLevel") for older consumers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from agent.enforce.state import State
+from agent.errors import ConfigError
+from agent.kube.client import REQUEST_TIMEOUT, KubeAPIError, api_call
+from agent.labels.validate import is_dns_subdomain
+from agent.topology.cpuset import EMPTY, CPUSet
+from agent.topology.model import NumaNode, Topology
+
+log = logging.getLogger(__name__)
+
+GROUP = "topology.node.k8s.io"
+VERSION = "v1alpha2"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "NodeResourceTopology"
+PLURAL = "noderesourcetopologies"
+ZONE_TYPE = "Node"
+MAX_ZONE_ID = 63
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+
+ATTR_POLICY = "topologyManagerPolicy"
+ATTR_SCOPE = "topologyManagerScope"
+ATTR_FINGERPRINT = "nodeTopologyPodsFingerprint"
+ATTR_FINGERPRINT_METHOD = "nodeTopologyPodsFingerprintMethod"
+
+# kubelet's topologyManagerPolicy / topologyManagerScope values, and the deprecated v1alpha2
+# `topologyPolicies` enum they map to (noderesourcetopology-api v1alpha2 TopologyManagerPolicy).
+TOPOLOGY_MANAGER_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+TOPOLOGY_MANAGER_SCOPES = ("container", "pod")
+_LEGACY_POLICY = {
+    ("none", "container"): "None",
+    ("none", "pod"): "None",
+    ("best-effort", "container"): "BestEffortContainerLevel",
+    ("best-effort", "pod"): "BestEffortPodLevel",
+    ("restricted", "container"): "RestrictedContainerLevel",
+    ("restricted", "pod"): "RestrictedPodLevel",
+    ("single-numa-node", "container"): "SingleNUMANodeContainerLevel",
+    ("single-numa-node", "pod"): "SingleNUMANodePodLevel",
+}
+FINGERPRINT_METHODS = ("all", "with-exclusive-resources", "exclude-terminal")
+
+# ---- podfingerprint ------------------------------------------------------------------------------
+#
+# Format (k8stopologyawareschedwg/podfingerprint, "pfp0" + "v001"): each pod hashes to
+# XXH64(name, seed=XXH64(namespace, seed=0)); the hashes are sorted as unsigned integers, written
+# little-endian 8 bytes each, and that byte string hashed with XXH64 (seed 0); the digest is printed
+# big-endian as 16 hex digits after the prefix.  XXH64 below follows the published xxHash spec.
+
+FINGERPRINT_PREFIX = "pfp0v001"
+_M64 = (1 << 64) - 1
+_P1 = 11400714785074694791
+_P2 = 14029467366897019727
+_P3 = 1609587929392839161
+_P4 = 9650029242287828579
+_P5 = 2870177450012600261
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (64 - r))) & _M64
+
+
+def _round(acc: int, lane: int) -> int:
+    acc = (acc + lane * _P2) & _M64
+    return (_rotl(acc, 31) * _P1) & _M64
+
+
+def _merge(acc: int, v: int) -> int:
+    acc ^= _round(0, v)
+    return (acc * _P1 + _P4) & _M64
+
+
+def xxh64(data: bytes, seed: int = 0) -> int:
+    """The 64-bit xxHash (XXH64) of `data`."""
+    n = len(data)
+    i = 0
+    if n >= 32:
+        v1 = (seed + _P1 + _P2) & _M64
+        v2 = (seed + _P2) & _M64
+        v3 = seed & _M64
+        v4 = (seed - _P1) & _M64
+        while i + 32 <= n:
+            v1 = _round(v1, int.from_bytes(data[i:i + 8], "little"))
+            v2 = _round(v2, int.from_bytes(data[i + 8:i + 16], "little"))
+            v3 = _round(v3, int.from_bytes(data[i + 16:i + 24], "little"))
+            v4 = _round(v4, int.from_bytes(data[i + 24:i + 32], "little"))
+            i += 32
+        h = (_rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)) & _M64
+        for v in (v1, v2, v3, v4):
+            h = _merge(h, v)
+    else:
+        h = (seed + _P5) & _M64
+    h = (h + n) & _M64
+    while i + 8 <= n:
+        h ^= _round(0, int.from_bytes(data[i:i + 8], "little"))
+        h = (_rotl(h, 27) * _P1 + _P4) & _M64
+        i += 8
+    if i + 4 <= n:
+        h ^= (int.from_bytes(data[i:i + 4], "little") * _P1) & _M64
+        h = (_rotl(h, 23) * _P2 + _P3) & _M64
+        i += 4
+    while i < n:
+        h ^= (data[i] * _P5) & _M64
+        h = (_rotl(h, 11) * _P1) & _M64
+        i += 1
+    h ^= h >> 33
+    h = (h * _P2) & _M64
+    h ^= h >> 29
+    h = (h * _P3) & _M64
+    h ^= h >> 32
+    return h
+
+
+def pod_set_fingerprint(pods: Iterable[tuple[str, str]]) -> str:
+    """The podfingerprint of a set of pods given as (namespace, name); order does not matter."""
+    hashes = sorted(
+        xxh64(name.encode(), xxh64(namespace.encode())) for namespace, name in pods
+    )
+    digest = xxh64(b"".join(h.to_bytes(8, "little") for h in hashes))
+    return FINGERPRINT_PREFIX + digest.to_bytes(8, "big").hex()
+
+
+# ---- quantities and names ------------------------------------------------------------------------
+
+_BINARY_SUFFIXES = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
+
+
+def zone_name(numa_id: int) -> str:
+    """The zone name consumers parse back to a NUMA id."""
+    return f"node-{numa_id}"
+
+
+def hugepages_resource_name(size_bytes: int) -> str:
+    """Kubernetes' resource name for a hugepage size: 2 MiB → "hugepages-2Mi", 1 GiB → "hugepages-1Gi"."""
+    if size_bytes <= 0:
+        raise ConfigError(f"invalid hugepage size {size_bytes}")
+    for suffix, shift in _BINARY_SUFFIXES:
+        if size_bytes >= 1 << shift and size_bytes % (1 << shift) == 0:
+            return f"hugepages-{size_bytes >> shift}{suffix}"
+    return f"hugepages-{size_bytes}"
+
+
+def _quantity(value: int) -> str:
+    # A plain non-negative integer is a canonical quantity in every unit (cores, bytes, devices).
+    return str(max(0, int(value)))
+
+
+def _resource(name: str, capacity: int, allocatable: int, available: int) -> dict[str, str]:
+    allocatable = min(max(allocatable, 0), capacity)
+    available = min(max(available, 0), allocatable)
+    return {"name": name, "capacity": _quantity(capacity), "allocatable": _quantity(allocatable),
+            "available": _quantity(available)}
+
+
+def _node_ref(node: object) -> tuple[str, str]:
+    """(name, uid) of a Node given as a dict, a kubernetes V1Node, or a (name, uid) pair."""
+    if isinstance(node, tuple) and len(node) == 2:
+        name, uid = node
+    elif isinstance(node, Mapping):
+        meta = node.get("metadata") or {}
+        name, uid = meta.get("name"), meta.get("uid")
+    else:
+        meta = getattr(node, "metadata", None)
+        name, uid = getattr(meta, "name", None), getattr(meta, "uid", None)
+    if not isinstance(name, str) or not is_dns_subdomain(name):
+        raise ConfigError(f"invalid node name {name!r}")
+    if not isinstance(uid, str) or not uid:
+        raise ConfigError(f"node {name} has no uid (an owner reference needs it)")
+    return name, uid
+
+
+def _zone_resources(numa: NumaNode, *, reserved: CPUSet, allocated: CPUSet,
+                    gpus: Mapping[str, tuple[int, int]]) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    if not numa.memory_only and numa.cpus:
+        free = numa.cpus - reserved
+        out.append(_resource("cpu", len(numa.cpus), len(free), len(free - allocated)))
+    pools = sorted(numa.hugepages, key=lambda h: h.size_bytes)
+    pooled = sum(h.size_bytes * h.total for h in pools)
+    if numa.memory_bytes > 0:
+        regular = numa.memory_bytes - pooled
+        out.append(_resource("memory", numa.memory_bytes, regular, regular))
+    for pool in pools:
+        if pool.size_bytes > 0 and pool.total > 0:
+            size = pool.size_bytes * pool.total
+            out.append(_resource(hugepages_resource_name(pool.size_bytes), size, size, size))
+    for name in sorted(gpus):
+        capacity, available = gpus[name]
+        if capacity > 0:
+            out.append(_resource(name, capacity, capacity, available))
+    return out
+
+
+def nrt_object(
+    node: object,
+    topology: Topology,
+    state: State,
+    *,
+    reserved: CPUSet = EMPTY,
+    gpu_capacity: Mapping[int, Mapping[str, tuple[int, int]]] | None = None,
+    topology_manager_policy: str = "none",
+    topology_manager_scope: str = "container",
+    pods_fingerprint: str | None = None,
+    pods_fingerprint_method: str | None = None,
+) -> dict[str, Any]:
+    """The NodeResourceTopology object for this node, its `available` taken from `state`."""
+    name, uid = _node_ref(node)
+    if topology_manager_policy not in TOPOLOGY_MANAGER_POLICIES:
+        raise ConfigError(f"unknown topology manager policy {topology_manager_policy!r} "
+                          f"(kubelet's are {', '.join(TOPOLOGY_MANAGER_POLICIES)})")
+    if topology_manager_scope not in TOPOLOGY_MANAGER_SCOPES:
+        raise ConfigError(f"unknown topology manager scope {topology_manager_scope!r} "
+                          f"(kubelet's are {', '.join(TOPOLOGY_MANAGER_SCOPES)})")
+    if pods_fingerprint is not None and not pods_fingerprint.startswith(FINGERPRINT_PREFIX[:4]):
+        raise ConfigError(f"not a pod fingerprint: {pods_fingerprint!r}")
+    if pods_fingerprint_method is not None and pods_fingerprint_method not in FINGERPRINT_METHODS:
+        raise ConfigError(f"unknown pod fingerprint method {pods_fingerprint_method!r}")
+    gpus = gpu_capacity or {}
+    for numa_id, per_zone in gpus.items():
+        for res, (capacity, available) in per_zone.items():
+            if not 0 <= available <= capacity:
+                raise ConfigError(f"NUMA {numa_id} {res}: available {available} outside 0..{capacity}")
+
+    held = reserved | state.reserved
+    allocated = state.allocated()
+    published = [n for n in topology.numa_nodes
+                 if 0 <= n.id <= MAX_ZONE_ID and (n.cpus or n.memory_bytes > 0)]
+    zones: list[dict[str, Any]] = []
+    for numa in published:
+        zone: dict[str, Any] = {"name": zone_name(numa.id), "type": ZONE_TYPE}
+        costs = []
+        for other in published:
+            distance = topology.distance(numa.id, other.id)
+            if distance > 0:
+                costs.append({"name": zone_name(other.id), "value": distance})
+        if costs:
+            zone["costs"] = costs
+        resources = _zone_resources(numa, reserved=held, allocated=allocated,
+                                    gpus=gpus.get(numa.id, {}))
+        if resources:
+            zone["resources"] = resources
+        zones.append(zone)
+
+    attributes = [
+        {"name": ATTR_POLICY, "value": topology_manager_policy},
+        {"name": ATTR_SCOPE, "value": topology_manager_scope},
+    ]
+    if pods_fingerprint is not None:
+        attributes.append({"name": ATTR_FINGERPRINT, "value": pods_fingerprint})
+    if pods_fingerprint_method is not None:
+        attributes.append({"name": ATTR_FINGERPRINT_METHOD, "value": pods_fingerprint_method})
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {
+            "name": name,
+            "labels": {MANAGED_BY_LABEL: "topolet"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}],
+        },
+        "topologyPolicies": [_LEGACY_POLICY[(topology_manager_policy, topology_manager_scope)]],
+        "zones": zones,
+        "attributes": attributes,
+    }
+
+
+def canonical(obj: Mapping[str, Any]) -> str:
+    """A canonical text of an object (sorted keys) for change detection."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def _ours_intact(ours: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
+    """Whether the live object still holds every field we apply, with our values."""
+    for key, value in ours.items():
+        if key == "metadata":
+            continue
+        if live.get(key) != value:
+            return False
+    meta, live_meta = ours.get("metadata") or {}, live.get("metadata") or {}
+    live_labels = live_meta.get("labels") or {}
+    if any(live_labels.get(k) != v for k, v in (meta.get("labels") or {}).items()):
+        return False
+    live_refs = live_meta.get("ownerReferences") or []
+    return all(any(all(r.get(k) == v for k, v in ref.items()) for r in live_refs)
+               for ref in meta.get("ownerReferences") or [])
+
+
+class NRTPublisher:
+    """Applies this node's NodeResourceTopology when it changed; never writes on a timer alone."""
+
+    def __init__(self, api_client: Any, node_name: str, field_manager: str = "topolet", *,
+                 verify_seconds: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if not is_dns_subdomain(node_name):
+            raise ConfigError(f"invalid node name {node_name!r}")
+        if not field_manager or len(field_manager) > 128:
+            raise ConfigError(f"invalid field manager {field_manager!r}")
+        self.api_client = api_client
+        self.node_name = node_name
+        self.field_manager = field_manager
+        self.verify_seconds = verify_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: str | None = None  # canonical form of the last object the server accepted
+        self._resource_version: str | None = None
+        self._verified_at = -math.inf
+        self.writes = 0  # applies sent and accepted
+        self.failures = 0  # calls that failed (API down, refused)
+
+    def invalidate(self) -> None:
+        """Apply on the next `publish` whatever it is given (e.g. after a watch saw the object deleted)."""
+        with self._lock:
+            self._last = None
+
+    @property
+    def resource_version(self) -> str | None:
+        """The resourceVersion the server returned for our last apply or check."""
+        return self._resource_version
+
+    def publish(self, obj: Mapping[str, Any]) -> bool:
+        """Apply `obj` when it differs from what we last applied (or it is gone); True when applied."""
+        meta = obj.get("metadata") or {}
+        if obj.get("apiVersion") != API_VERSION or obj.get("kind") != KIND:
+            raise ConfigError(f"not a {API_VERSION} {KIND}")
+        if meta.get("name") != self.node_name:
+            raise ConfigError(f"NodeResourceTopology {meta.get('name')!r} is not this node's "
+                              f"({self.node_name})")
+        text = canonical(obj)
+        with self._lock:
+            if text == self._last and not self._gone_or_changed(obj):
+                return False
+            try:
+                self._apply(json.loads(text))
+            except KubeAPIError:
+                self._last = None
+                self.failures += 1
+                raise
+            self._last = text
+            self._verified_at = self._clock()
+            self.writes += 1
+            return True
+
+    def _gone_or_changed(self, obj: Mapping[str, Any]) -> bool:
+        """Every `verify_seconds`, read the object back: True when it was deleted or our fields changed."""
+        now = self._clock()
+        if now - self._verified_at < self.verify_seconds:
+            return False
+        from kubernetes import client as k8s
+
+        try:
+            with api_call(f"get NodeResourceTopology {self.node_name}"):
+                found = k8s.CustomObjectsApi(self.api_client).get_cluster_custom_object(
+                    GROUP, VERSION, PLURAL, self.node_name, _request_timeout=REQUEST_TIMEOUT)
+        except KubeAPIError as exc:
+            if exc.not_found:
+                log.info("NodeResourceTopology %s is gone; applying it again", self.node_name)
+                return True
+            self.failures += 1
+            raise
+        live: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        self._verified_at = now
+        self._resource_version = (live.get("metadata") or {}).get("resourceVersion")
+        if _ours_intact(obj, live):
+            return False
+        log.info("NodeResourceTopology %s was changed by someone else; applying it again", self.node_name)
+        return True
+
+    def _apply(self, body: dict[str, Any]) -> None:
+        from kubernetes import client as k8s
+
+        with api_call(f"apply NodeResourceTopology {self.node_name}"):
+            # The client sends a dict body as JSON, which is valid YAML for the apply content type.
+            out = k8s.CustomObjectsApi(self.api_client).patch_cluster_custom_object(
+                GROUP, VERSION, PLURAL, self.node_name, body,
+                field_manager=self.field_manager, force=True,
+                _content_type="application/apply-patch+yaml", _request_timeout=REQUEST_TIMEOUT)
+        if isinstance(out, Mapping):
+            self._resource_version = (out.get("metadata") or {}).get("resourceVersion")
