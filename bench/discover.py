@@ -28,8 +28,14 @@ from agent.topology.discover import discover  # noqa: E402
 DUMPS = REPO / "tests" / "data" / "hwloc" / "dumps"
 
 
-def extract_all(dest: Path) -> list[tuple[int, str, Path]]:
-    """(online CPU count, name, root) for every dump that discovery reads."""
+def lstopo_reads(lstopo: str, root: Path) -> bool:
+    """Whether lstopo accepts the root (it refuses dumps without a proc/ folder)."""
+    p = subprocess.run([lstopo, "--input", str(root), "-v", "-"], capture_output=True, check=False)
+    return p.returncode == 0
+
+
+def extract_all(dest: Path, lstopo: str) -> list[tuple[int, str, Path]]:
+    """(online CPU count, name, root) for every dump that both discovery and lstopo read."""
     found = []
     for tarball in sorted(DUMPS.glob("*.tar.bz2")):
         name = tarball.name[: -len(".tar.bz2")]
@@ -38,6 +44,9 @@ def extract_all(dest: Path) -> list[tuple[int, str, Path]]:
             tar.extractall(out, filter="tar")
         roots = [p for p in out.iterdir() if p.is_dir()]
         if len(roots) != 1:
+            continue
+        if not lstopo_reads(lstopo, roots[0]):
+            print(f"# skipped {name}: lstopo cannot read it, so there is nothing to compare")
             continue
         try:
             found.append((len(discover(str(roots[0])).cpus), name, roots[0]))
@@ -77,7 +86,7 @@ def main() -> int:
     if not os.path.exists(topolet):
         topolet = shutil.which("topolet") or "topolet"
     with tempfile.TemporaryDirectory() as tmp:
-        subjects = sorted(extract_all(Path(tmp)), reverse=True)[:5]
+        subjects = sorted(extract_all(Path(tmp), lstopo), reverse=True)[:5]
         roots = [(name, str(root), n) for n, name, root in subjects] + [("/", "/", len(discover("/").cpus))]
         print(f"{'root':<34} {'cpus':>5} {'scan ms':>9} {'lstopo ms':>10} {'speedup':>8}"
               f" {'topolet proc ms':>16} {'proc ratio':>10}")

@@ -17,7 +17,7 @@ from agent.topology.model import (
     PCIDevice,
     Topology,
 )
-from agent.topology.raw import RawCPU, RawNode, RawScan
+from agent.topology.raw import RawCache, RawCPU, RawNode, RawScan
 
 
 def discover(fsroot: str = "/") -> Topology:
@@ -73,78 +73,82 @@ def _packages(by_id: dict[int, RawCPU], online: CPUSet) -> tuple[Package, ...]:
     The lists win over the ids: some kernels repeat one id across sockets (ia64) or give -1.
     Without lists, CPUs are grouped by id; without either, the machine has no package level.
     """
-    sets: dict[CPUSet, int] = {}
-    by_pkg: dict[int, set[int]] = defaultdict(set)
+    onl = online.mask
+    sets: dict[int, int] = {}  # package CPU mask -> the id its first CPU states
+    by_pkg: dict[int, int] = defaultdict(int)
     for c in by_id.values():
-        if c.package_cpus is not None and c.package_cpus & online:
-            s = (c.package_cpus & online) | CPUSet([c.id])
-            sets.setdefault(s, c.package_id)
+        listed = c.package_cpus.mask & onl if c.package_cpus is not None else 0
+        if listed:
+            sets.setdefault(listed | 1 << c.id, c.package_id)
         elif c.package_id >= 0:
-            by_pkg[c.package_id].add(c.id)
-    for pid, ids in by_pkg.items():
-        sets.setdefault(CPUSet(ids), pid)
-    ordered = _sorted_sets(sets)
+            by_pkg[c.package_id] |= 1 << c.id
+    for pid, mask in by_pkg.items():
+        sets.setdefault(mask, pid)
     # overlapping lists (a CPU claimed by two packages) are bogus: keep the first claim of each CPU
-    out: list[Package] = []
-    taken = CPUSet()
+    out: list[tuple[int, int]] = []
+    taken = 0
     used_ids: set[int] = set()
-    for s in ordered:
-        s -= taken
-        if not s:
+    for mask in sorted(sets, key=lambda m: ((m & -m).bit_length(), m)):
+        rest = mask & ~taken
+        if not rest:
             continue
-        taken |= s
-        pid = sets.get(s, -1)
+        taken |= rest
+        pid = sets.get(rest, -1)
         if pid < 0 or pid in used_ids:
             pid = -1
         used_ids.add(pid)
-        out.append(Package(pid, s))
+        out.append((pid, rest))
     spare = max(used_ids, default=-1) + 1
-    fixed: list[Package] = []
-    for p in out:
-        if p.id < 0:
-            fixed.append(Package(spare, p.cpus))
-            spare += 1
-        else:
-            fixed.append(p)
-    return tuple(fixed)
+    packages: list[Package] = []
+    for pid, mask in out:
+        if pid < 0:
+            pid, spare = spare, spare + 1
+        packages.append(Package(pid, CPUSet.from_mask(mask)))
+    return tuple(packages)
 
 
 def _cores(by_id: dict[int, RawCPU], online: CPUSet, packages: tuple[Package, ...]) -> tuple[Core, ...]:
     """Cores from thread siblings, split where siblings report different core ids."""
     pkg_of = {c: p.id for p in packages for c in p.cpus}
-    seen = CPUSet()
+    onl = online.mask
+    seen = 0
     out: list[Core] = []
     for cid in online:
-        if cid in seen:
+        if seen >> cid & 1:
             continue
         c = by_id[cid]
-        sib = (c.thread_siblings or CPUSet([cid])) & online
-        members = CPUSet(
-            o for o in sib
-            if o in by_id and by_id[o].core_id == c.core_id and pkg_of.get(o) == pkg_of.get(cid)
-        ) | CPUSet([cid])
-        members -= seen
+        sib = (c.thread_siblings.mask if c.thread_siblings else 0) & onl & ~seen
+        members = 1 << cid
+        pkg = pkg_of.get(cid)
+        for o in CPUSet.from_mask(sib & ~members):
+            other = by_id.get(o)
+            if other is not None and other.core_id == c.core_id and pkg_of.get(o) == pkg:
+                members |= 1 << o
         seen |= members
-        out.append(Core(pkg_of.get(cid, -1), c.core_id, members))
-    return tuple(sorted(out, key=lambda k: k.cpus.min()))
+        out.append(Core(-1 if pkg is None else pkg, c.core_id, CPUSet.from_mask(members)))
+    return tuple(out)  # ascending lowest CPU: built in CPU order, each core at its first CPU
 
 
 def _caches(cpus: Iterable[RawCPU], online: CPUSet) -> tuple[Cache, ...]:
-    found: dict[tuple[int, str, CPUSet], Cache] = {}
+    onl = online.mask
+    found: dict[tuple[int, str, int], RawCache] = {}
     for c in cpus:
+        bit = 1 << c.id
         for rc in c.caches:
             if rc.level <= 0:
                 continue
-            shared = rc.cpus if rc.cpus else None
-            if shared is None:
+            if rc.cpus:
+                shared = rc.cpus.mask
+            else:
                 # an empty or missing sharing map (seen on ia64): hwloc takes the core's threads
-                shared = c.thread_siblings or CPUSet([c.id])
-            shared = (shared | CPUSet([c.id])) & online
-            key = (rc.level, rc.type, shared)
+                shared = c.thread_siblings.mask if c.thread_siblings else 0
+            key = (rc.level, rc.type, (shared | bit) & onl)
             if key not in found:
-                found[key] = Cache(rc.level, rc.type or "Unified", max(rc.size_bytes, 0),
-                                   max(rc.line_bytes, 0), shared)
-    return tuple(sorted(found.values(), key=lambda k: (k.level, k.type, k.cpus.min())))
+                found[key] = rc
+    caches = [Cache(level, kind or "Unified", max(rc.size_bytes, 0), max(rc.line_bytes, 0),
+                    CPUSet.from_mask(mask))
+              for (level, kind, mask), rc in found.items()]
+    return tuple(sorted(caches, key=lambda k: (k.level, k.type, k.cpus.min())))
 
 
 def _numa_nodes(raw: RawScan, online: CPUSet, warnings: list[str]) -> tuple[NumaNode, ...]:
