@@ -1,0 +1,513 @@
+"""NodeResourceTopology: the pure builder (tables, properties), the pod fingerprint, and the publisher
+against a real API server (create, write-on-change, available following the state, API outage)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.enforce.state import Allocation, Owner, State
+from agent.errors import ConfigError
+from agent.kube import nrt
+from agent.kube.client import KubeAPIError, agent_namespace, load_api_client, node_name
+from agent.kube.nrt import (
+    NRTPublisher,
+    hugepages_resource_name,
+    nrt_object,
+    pod_set_fingerprint,
+    xxh64,
+)
+from agent.topology.cpuset import EMPTY, CPUSet
+from agent.topology.model import CPUInfo, Hugepages, NumaNode, Topology
+from tests.controlplane.harness import ControlPlane
+
+CRD_DIR = Path(__file__).resolve().parents[2] / "daemonset" / "crds"
+NRT_CRD = CRD_DIR / "noderesourcetopologies.yaml"
+GiB, MiB = 1 << 30, 1 << 20
+
+
+def _quantity_pattern() -> re.Pattern[str]:
+    """The quantity pattern our CRD enforces (the same one Kubernetes' resource.Quantity accepts)."""
+    crd = yaml.safe_load(NRT_CRD.read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    res = schema["properties"]["zones"]["items"]["properties"]["resources"]["items"]["properties"]
+    return re.compile(res["capacity"]["pattern"])
+
+
+QUANTITY = _quantity_pattern()
+
+
+# ---- a machine to describe -----------------------------------------------------------------------
+
+def machine(nodes: Sequence[tuple[Sequence[int], int, Sequence[tuple[int, int]]]],
+            distances: Sequence[Sequence[int]] | None = None) -> Topology:
+    """A topology from (cpus, memory bytes, [(hugepage size, pages)]) per NUMA node (ids 0..n-1);
+    a node without CPUs is memory-only."""
+    ids = range(len(nodes))
+    if distances is None:
+        distances = [[10 if a == b else 20 for b in ids] for a in ids]
+    numa = tuple(
+        NumaNode(id=i, cpus=CPUSet(cpus), memory_bytes=mem, memory_free_bytes=mem,
+                 hugepages=tuple(Hugepages(size_bytes=s, total=n, free=n) for s, n in pools),
+                 distances=tuple(distances[i]), memory_only=not cpus,
+                 local_cpus=CPUSet(cpus) if cpus else CPUSet(nodes[0][0]), tier="DRAM" if cpus else "CXL")
+        for i, (cpus, mem, pools) in enumerate(nodes))
+    online = CPUSet(c for cpus, _, _ in nodes for c in cpus)
+    return Topology(cpus=online, offline=EMPTY, packages=(), cores=(), caches=(), numa_nodes=numa, kinds=(),
+                    pci_devices=(),
+                    cpu_info=CPUInfo(vendor="test", family=0, model=0, model_name="test", flags=frozenset(),
+                                     hypervisor=False, arch="x86_64"))
+
+
+def allocation(alloc_id: str, cpus: Sequence[int]) -> Allocation:
+    return Allocation(id=alloc_id, cpus=CPUSet(cpus), mems=EMPTY, cgroup=f"topolet/{alloc_id}",
+                      owner=Owner(pod_uid=f"uid-{alloc_id}", container="main"), policy="single-numa-node",
+                      created_at=0.0)
+
+
+# Two CPU nodes of 4 CPUs, 2 MiB and 1 GiB pools on node 0, and a CXL memory-only node 2.
+TWO_SOCKETS_AND_CXL = machine(
+    [([0, 1, 2, 3], 64 * GiB, [(2 * MiB, 512), (GiB, 2)]), ([4, 5, 6, 7], 64 * GiB, []), ([], 128 * GiB, [])],
+    [[10, 21, 14], [21, 10, 24], [14, 24, 10]],
+)
+
+
+def zones_by_name(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {z["name"]: z for z in obj["zones"]}
+
+
+def resources(zone: dict[str, Any]) -> dict[str, tuple[str, str, str]]:
+    return {r["name"]: (r["capacity"], r["allocatable"], r["available"]) for r in zone.get("resources", [])}
+
+
+def attributes(obj: dict[str, Any]) -> dict[str, str]:
+    return {a["name"]: a["value"] for a in obj["attributes"]}
+
+
+# ---- the builder ---------------------------------------------------------------------------------
+
+def test_object_identity_owner_and_attributes() -> None:
+    obj = nrt_object({"metadata": {"name": "worker-1", "uid": "u-1"}}, TWO_SOCKETS_AND_CXL, State(),
+                     topology_manager_policy="single-numa-node", topology_manager_scope="pod",
+                     pods_fingerprint="pfp0v0010123456789abcdef", pods_fingerprint_method="all")
+    assert (obj["apiVersion"], obj["kind"]) == ("topology.node.k8s.io/v1alpha2", "NodeResourceTopology")
+    assert obj["metadata"]["name"] == "worker-1"
+    assert "namespace" not in obj["metadata"]
+    assert obj["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": "worker-1", "uid": "u-1"}]
+    assert attributes(obj) == {
+        "topologyManagerPolicy": "single-numa-node",
+        "topologyManagerScope": "pod",
+        "nodeTopologyPodsFingerprint": "pfp0v0010123456789abcdef",
+        "nodeTopologyPodsFingerprintMethod": "all",
+    }
+    assert obj["topologyPolicies"] == ["SingleNUMANodePodLevel"]
+
+
+def test_zones_costs_and_resources() -> None:
+    state = State(allocations=(allocation("a", [2, 3]), allocation("b", [4])), reserved=CPUSet([0]))
+    obj = nrt_object(("worker-1", "u-1"), TWO_SOCKETS_AND_CXL, state, reserved=CPUSet([1]),
+                     gpu_capacity={1: {"nvidia.com/gpu": (2, 1)}, -1: {"nvidia.com/gpu": (1, 1)}})
+    zones = zones_by_name(obj)
+    assert list(zones) == ["node-0", "node-1", "node-2"]
+    assert all(z["type"] == "Node" for z in zones.values())
+    assert zones["node-0"]["costs"] == [{"name": "node-0", "value": 10}, {"name": "node-1", "value": 21},
+                                        {"name": "node-2", "value": 14}]
+    assert zones["node-2"]["costs"] == [{"name": "node-0", "value": 14}, {"name": "node-1", "value": 24},
+                                        {"name": "node-2", "value": 10}]
+    pools = 512 * 2 * MiB + 2 * GiB
+    assert resources(zones["node-0"]) == {
+        # CPUs 0 (the state's reserved) and 1 (ours) are not allocatable; 2, 3 are held exclusively.
+        "cpu": ("4", "2", "0"),
+        "memory": (str(64 * GiB), str(64 * GiB - pools), str(64 * GiB - pools)),
+        "hugepages-2Mi": (str(GiB), str(GiB), str(GiB)),
+        "hugepages-1Gi": (str(2 * GiB), str(2 * GiB), str(2 * GiB)),
+    }
+    assert resources(zones["node-1"]) == {
+        "cpu": ("4", "4", "3"),
+        "memory": (str(64 * GiB),) * 3,
+        "nvidia.com/gpu": ("2", "2", "1"),
+    }
+    # The memory-only node is a zone of its own with memory and no CPU; the GPU of unknown locality
+    # (-1) is in no zone.
+    assert resources(zones["node-2"]) == {"memory": (str(128 * GiB),) * 3}
+    assert sum(int(resources(z).get("nvidia.com/gpu", ("0",))[0]) for z in zones.values()) == 2
+
+
+def test_available_follows_the_state() -> None:
+    empty = nrt_object(("n", "u"), TWO_SOCKETS_AND_CXL, State())
+    held = nrt_object(("n", "u"), TWO_SOCKETS_AND_CXL, State(allocations=(allocation("a", [5, 6, 7]),)))
+    assert resources(zones_by_name(empty)["node-1"])["cpu"] == ("4", "4", "4")
+    assert resources(zones_by_name(held)["node-1"])["cpu"] == ("4", "4", "1")
+    assert resources(zones_by_name(held)["node-0"]) == resources(zones_by_name(empty)["node-0"])
+
+
+@pytest.mark.parametrize(("size", "name"), [
+    (64 << 10, "hugepages-64Ki"), (2 * MiB, "hugepages-2Mi"), (32 * MiB, "hugepages-32Mi"),
+    (512 * MiB, "hugepages-512Mi"), (GiB, "hugepages-1Gi"), (16 * GiB, "hugepages-16Gi"),
+    (1536 * MiB, "hugepages-1536Mi"),
+])
+def test_hugepage_resource_names(size: int, name: str) -> None:
+    assert hugepages_resource_name(size) == name
+
+
+@pytest.mark.parametrize(("policy", "scope", "legacy"), [
+    ("none", "container", "None"),
+    ("best-effort", "container", "BestEffortContainerLevel"),
+    ("restricted", "pod", "RestrictedPodLevel"),
+    ("single-numa-node", "container", "SingleNUMANodeContainerLevel"),
+])
+def test_kubelet_policy_values_pass_verbatim(policy: str, scope: str, legacy: str) -> None:
+    obj = nrt_object(("n", "u"), TWO_SOCKETS_AND_CXL, State(), topology_manager_policy=policy,
+                     topology_manager_scope=scope)
+    assert attributes(obj)["topologyManagerPolicy"] == policy
+    assert attributes(obj)["topologyManagerScope"] == scope
+    assert obj["topologyPolicies"] == [legacy]
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"topology_manager_policy": "SingleNUMANode"},
+    {"topology_manager_scope": "node"},
+    {"pods_fingerprint": "not-a-fingerprint"},
+    {"pods_fingerprint_method": "some"},
+    {"gpu_capacity": {0: {"nvidia.com/gpu": (1, 2)}}},
+])
+def test_invalid_inputs_are_refused(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        nrt_object(("n", "u"), TWO_SOCKETS_AND_CXL, State(), **kwargs)
+
+
+@pytest.mark.parametrize("node", [("n", ""), ("Not_A_Name", "u"), {"metadata": {"name": "n"}}, object()])
+def test_node_without_name_or_uid_is_refused(node: object) -> None:
+    with pytest.raises(ConfigError):
+        nrt_object(node, TWO_SOCKETS_AND_CXL, State())
+
+
+def test_node_as_client_object() -> None:
+    from kubernetes import client as k8s
+
+    node = k8s.V1Node(metadata=k8s.V1ObjectMeta(name="w", uid="u-9"))
+    assert nrt_object(node, TWO_SOCKETS_AND_CXL, State())["metadata"]["ownerReferences"][0]["uid"] == "u-9"
+
+
+def test_numa_ids_beyond_the_consumers_table_are_left_out() -> None:
+    topo = machine([([0], GiB, []), ([1], GiB, [])])
+    far = dataclasses.replace(topo.numa_nodes[1], id=64)
+    topo = dataclasses.replace(topo, numa_nodes=(topo.numa_nodes[0], far))
+    assert [z["name"] for z in nrt_object(("n", "u"), topo, State())["zones"]] == ["node-0"]
+
+
+@st.composite
+def machines_and_states(draw: st.DrawFn) -> tuple[Topology, State, CPUSet]:
+    n = draw(st.integers(1, 6))
+    cpu_counts = draw(st.lists(st.integers(0, 6), min_size=n, max_size=n).filter(any))
+    nodes: list[tuple[list[int], int, list[tuple[int, int]]]] = []
+    next_cpu = 0
+    for count in cpu_counts:
+        cpus = list(range(next_cpu, next_cpu + count))
+        next_cpu += count
+        pools = draw(st.lists(st.tuples(st.sampled_from([64 << 10, 2 * MiB, 32 * MiB, GiB]),
+                                        st.integers(0, 64)), max_size=2, unique_by=lambda p: p[0]))
+        nodes.append((cpus, draw(st.integers(0, 1 << 40)), pools))
+    # A symmetric table, 10 on the diagonal, like the kernel's.
+    upper = {(a, b): draw(st.integers(11, 255)) for a in range(n) for b in range(a + 1, n)}
+    table = [[10 if a == b else upper[(min(a, b), max(a, b))] for b in range(n)] for a in range(n)]
+    topo = machine(nodes, table)
+    online = topo.cpus.sorted()
+    reserved = CPUSet(draw(st.lists(st.sampled_from(online), max_size=2)))
+    free = [c for c in online if c not in reserved]
+    taken = draw(st.lists(st.sampled_from(free), unique=True, max_size=len(free))) if free else []
+    allocs = tuple(allocation(f"a{i}", [c]) for i, c in enumerate(taken))
+    return topo, State(allocations=allocs), reserved
+
+
+@settings(max_examples=60, deadline=None)
+@given(machines_and_states())
+def test_builder_properties(case: tuple[Topology, State, CPUSet]) -> None:
+    topo, state, reserved = case
+    obj = nrt_object(("n", "u"), topo, state, reserved=reserved)
+    zones = obj["zones"]
+    names = [z["name"] for z in zones]
+    assert len(names) == len(set(names))
+    ids = [int(name.removeprefix("node-")) for name in names]
+    for zone, a in zip(zones, ids, strict=True):
+        assert zone["type"] == "Node"
+        # Costs are the distance table, row for row, over the published zones.
+        assert {c["name"]: c["value"] for c in zone["costs"]} == {
+            f"node-{b}": topo.distance(a, b) for b in ids}
+        for res in zone.get("resources", []):
+            for field in ("capacity", "allocatable", "available"):
+                assert QUANTITY.fullmatch(res[field]), (res["name"], field, res[field])
+            assert 0 <= int(res["available"]) <= int(res["allocatable"]) <= int(res["capacity"])
+        if topo.node(a).memory_only:
+            assert "cpu" not in resources(zone)
+    for zone_a, a in zip(zones, ids, strict=True):
+        for zone_b, b in zip(zones, ids, strict=True):
+            cost_ab = next(c["value"] for c in zone_a["costs"] if c["name"] == f"node-{b}")
+            cost_ba = next(c["value"] for c in zone_b["costs"] if c["name"] == f"node-{a}")
+            assert cost_ab == cost_ba
+    available = sum(int(resources(z)["cpu"][2]) for z in zones if "cpu" in resources(z))
+    assert available == len(topo.cpus - reserved - state.allocated())
+
+
+# ---- the pod fingerprint -------------------------------------------------------------------------
+
+def test_xxh64_reference_values() -> None:
+    # From the xxHash reference implementation's documented results (seed 0).
+    assert xxh64(b"") == 0xEF46DB3751D8E999
+    assert xxh64(b"a") == 0xD24EC4F1A98C6E5B
+    assert xxh64(b"abc") == 0x44BC2CF5AD770999
+
+
+# Compatibility vectors from k8stopologyawareschedwg/podfingerprint testdata (compat-tiny-3pods-1ns,
+# compat-small-10pods-3ns): (namespace, name) pairs and the signature that library computes.
+PFP_VECTORS = [
+    ([("production", "jaeger-dpgjk"), ("production", "nginx-rt684"), ("production", "envoy-g9m22")],
+     "pfp0v001607b76a0e9d3aeb4"),
+    ([("analytics", "controller-69dkj"), ("kube-public", "subscriber-tq6v7"),
+      ("kube-public", "transformer-hfbng"), ("kube-public", "validator-c6pn5"),
+      ("kube-system", "proxy-wszrd"),
+      ("middleware", "processor-jkrl4"), ("network", "gateway-vsll5"), ("network", "importer-kzdfr"),
+      ("network", "importer-q5vt9"), ("staging", "prometheus-bwgbn")],
+     "pfp0v001567144e4a561bb5a"),
+]
+
+
+@pytest.mark.parametrize(("pods", "signature"), PFP_VECTORS)
+def test_fingerprint_matches_the_podfingerprint_library(pods: list[tuple[str, str]], signature: str) -> None:
+    assert pod_set_fingerprint(pods) == signature
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True),
+                          st.from_regex(r"[a-z][a-z0-9-]{0,40}", fullmatch=True)), unique=True, max_size=20),
+       st.randoms())
+def test_fingerprint_ignores_order_and_sees_membership(pods: list[tuple[str, str]], rnd: Any) -> None:
+    shuffled = list(pods)
+    rnd.shuffle(shuffled)
+    sign = pod_set_fingerprint(pods)
+    assert re.fullmatch(r"pfp0v001[0-9a-f]{16}", sign)
+    assert pod_set_fingerprint(shuffled) == sign
+    assert pod_set_fingerprint([*pods, ("extra-ns", "extra-pod")]) != sign
+
+
+# ---- the publisher against the API server --------------------------------------------------------
+
+def install_crd(api: Any, path: Path, timeout_s: float = 60.0) -> None:
+    """Create the CRD in `path` (kept when it already exists) and wait until it is Established."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    doc = yaml.safe_load(path.read_text())
+    ext = k8s.ApiextensionsV1Api(api)
+    try:
+        ext.create_custom_resource_definition(k8s.V1CustomResourceDefinition.from_dict(doc))
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        crd = ext.read_custom_resource_definition(doc["metadata"]["name"])
+        if any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or [])):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"CRD {doc['metadata']['name']} not Established after {timeout_s:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def nrt_api(control_plane: ControlPlane) -> Iterator[Any]:
+    """An admin ApiClient with the NodeResourceTopology CRD installed."""
+    with control_plane.client() as api:
+        install_crd(api, NRT_CRD)
+        yield api
+
+
+@pytest.fixture
+def node(nrt_api: Any) -> Iterator[dict[str, Any]]:
+    """A fresh Node object (as a dict), deleted afterwards."""
+    from kubernetes import client as k8s
+
+    core = k8s.CoreV1Api(nrt_api)
+    name = f"nrt-{uuid.uuid4().hex[:8]}"
+    created = core.create_node(k8s.V1Node(metadata=k8s.V1ObjectMeta(name=name)))
+    yield {"metadata": {"name": name, "uid": created.metadata.uid}}
+    core.delete_node(name)
+
+
+def get_nrt(api: Any, name: str) -> dict[str, Any]:
+    from kubernetes import client as k8s
+
+    out: dict[str, Any] = k8s.CustomObjectsApi(api).get_cluster_custom_object(
+        nrt.GROUP, nrt.VERSION, nrt.PLURAL, name)
+    return out
+
+
+def test_publish_creates_the_object_as_built(nrt_api: Any, node: dict[str, Any]) -> None:
+    name = node["metadata"]["name"]
+    fingerprint = pod_set_fingerprint([("default", "a"), ("default", "b")])
+    obj = nrt_object(node, TWO_SOCKETS_AND_CXL, State(), reserved=CPUSet([0]),
+                     gpu_capacity={0: {"nvidia.com/gpu": (1, 1), "nvidia.com/mig-1g.18gb": (7, 5)}},
+                     topology_manager_policy="single-numa-node", topology_manager_scope="container",
+                     pods_fingerprint=fingerprint)
+    pub = NRTPublisher(nrt_api, name)
+    assert pub.publish(obj) is True
+    live = get_nrt(nrt_api, name)
+    for key in ("zones", "attributes", "topologyPolicies"):
+        assert live[key] == obj[key], key
+    assert live["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}]
+    zone0 = zones_by_name(live)["node-0"]
+    assert resources(zone0)["cpu"] == ("4", "3", "3")
+    assert resources(zone0)["nvidia.com/mig-1g.18gb"] == ("7", "7", "5")
+    assert attributes(live)["nodeTopologyPodsFingerprint"] == fingerprint
+    managers = {(m["manager"], m["operation"]) for m in live["metadata"]["managedFields"]}
+    assert managers == {("topolet", "Apply")}
+
+
+def test_publish_writes_only_on_change(nrt_api: Any, node: dict[str, Any]) -> None:
+    name = node["metadata"]["name"]
+    pub = NRTPublisher(nrt_api, name)
+    obj = nrt_object(node, TWO_SOCKETS_AND_CXL, State())
+    assert pub.publish(obj)
+    version = get_nrt(nrt_api, name)["metadata"]["resourceVersion"]
+    rebuilt = nrt_object(node, TWO_SOCKETS_AND_CXL, State())  # equal, not the same dict
+    assert pub.publish(rebuilt) is False
+    assert pub.publish(rebuilt) is False
+    assert pub.writes == 1
+    assert get_nrt(nrt_api, name)["metadata"]["resourceVersion"] == version
+
+    # An allocation lands: available drops on the next publish, and only then is there a write.
+    state = State(allocations=(allocation("pod-a", [1, 2]),), generation=1)
+    assert pub.publish(nrt_object(node, TWO_SOCKETS_AND_CXL, state)) is True
+    assert pub.writes == 2
+    live = get_nrt(nrt_api, name)
+    assert live["metadata"]["resourceVersion"] != version
+    assert resources(zones_by_name(live)["node-0"])["cpu"] == ("4", "4", "2")
+    assert resources(zones_by_name(live)["node-1"])["cpu"] == ("4", "4", "4")
+
+
+def test_publish_restores_a_deleted_or_edited_object(nrt_api: Any, node: dict[str, Any]) -> None:
+    from kubernetes import client as k8s
+
+    name = node["metadata"]["name"]
+    now = [0.0]
+    pub = NRTPublisher(nrt_api, name, verify_seconds=30.0, clock=lambda: now[0])
+    obj = nrt_object(node, TWO_SOCKETS_AND_CXL, State())
+    assert pub.publish(obj)
+    objects = k8s.CustomObjectsApi(nrt_api)
+    objects.delete_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, name)
+    now[0] = 10.0
+    assert pub.publish(obj) is False  # not yet time to look
+    now[0] = 31.0
+    assert pub.publish(obj) is True  # looked, found it gone, applied again
+    assert get_nrt(nrt_api, name)["zones"] == obj["zones"]
+
+    # Someone else rewrites our zones: the next check puts ours back.
+    objects.patch_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, name,
+                                        {"zones": [{"name": "node-0", "type": "Node"}]},
+                                        _content_type="application/merge-patch+json")
+    now[0] = 62.0
+    assert pub.publish(obj) is True
+    assert get_nrt(nrt_api, name)["zones"] == obj["zones"]
+    # Untouched since: a check finds nothing to do.
+    now[0] = 100.0
+    assert pub.publish(obj) is False
+    assert pub.writes == 3
+
+
+def test_invalidate_applies_again(nrt_api: Any, node: dict[str, Any]) -> None:
+    pub = NRTPublisher(nrt_api, node["metadata"]["name"])
+    obj = nrt_object(node, TWO_SOCKETS_AND_CXL, State())
+    assert pub.publish(obj) and not pub.publish(obj)
+    pub.invalidate()
+    assert pub.publish(obj) is True
+
+
+def test_publish_refuses_another_nodes_object(nrt_api: Any) -> None:
+    pub = NRTPublisher(nrt_api, "this-node")
+    with pytest.raises(ConfigError):
+        pub.publish(nrt_object(("other-node", "u"), TWO_SOCKETS_AND_CXL, State()))
+
+
+def test_api_outage_fails_cleanly_and_the_next_publish_catches_up(
+        control_plane: ControlPlane, nrt_api: Any, node: dict[str, Any]) -> None:
+    name = node["metadata"]["name"]
+    pub = NRTPublisher(nrt_api, name)
+    assert pub.publish(nrt_object(node, TWO_SOCKETS_AND_CXL, State()))
+    changed = nrt_object(node, TWO_SOCKETS_AND_CXL, State(allocations=(allocation("x", [4, 5]),)))
+    control_plane.stop_apiserver()
+    try:
+        with pytest.raises(KubeAPIError) as err:
+            pub.publish(changed)
+        assert err.value.status is None
+        assert pub.failures == 1 and pub.writes == 1
+    finally:
+        control_plane.start_apiserver()
+    assert pub.publish(changed) is True
+    assert resources(zones_by_name(get_nrt(nrt_api, name))["node-1"])["cpu"] == ("4", "4", "2")
+    assert pub.publish(changed) is False
+
+
+def test_missing_crd_is_an_api_error(nrt_api: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A resource the server does not serve answers 404: an error for the caller, not a crash.
+    monkeypatch.setattr(nrt, "PLURAL", "noderesourcetopologiesnotserved")
+    with pytest.raises(KubeAPIError) as err:
+        NRTPublisher(nrt_api, "n").publish(nrt_object(("n", "u"), TWO_SOCKETS_AND_CXL, State()))
+    assert err.value.status == 404
+
+
+def test_kubeconfig_client_publishes(control_plane: ControlPlane, nrt_api: Any, node: dict[str, Any]) -> None:
+    api = load_api_client(str(control_plane.kubeconfig))
+    try:
+        assert NRTPublisher(api, node["metadata"]["name"]).publish(
+            nrt_object(node, TWO_SOCKETS_AND_CXL, State()))
+    finally:
+        api.close()
+
+
+# ---- client configuration ------------------------------------------------------------------------
+
+def test_node_name_from_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "from-env")
+    assert node_name("from-flag") == "from-flag"
+    assert node_name(None) == "from-env"
+    monkeypatch.delenv("NODE_NAME")
+    with pytest.raises(ConfigError, match="NODE_NAME"):
+        node_name(None)
+    with pytest.raises(ConfigError):
+        node_name("Bad_Name")
+
+
+def test_agent_namespace_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ns_file = tmp_path / "namespace"
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    assert agent_namespace(None, str(ns_file)) == "topolet-system"
+    ns_file.write_text("from-file\n")
+    assert agent_namespace(None, str(ns_file)) == "from-file"
+    monkeypatch.setenv("POD_NAMESPACE", "from-env")
+    assert agent_namespace(None, str(ns_file)) == "from-env"
+    assert agent_namespace("given", str(ns_file)) == "given"
+    with pytest.raises(ConfigError):
+        agent_namespace("not.a.namespace")
+
+
+def test_missing_kubeconfig_and_no_cluster_are_config_errors(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_api_client(str(tmp_path / "absent"))
+    (tmp_path / "garbage").write_text("{}")
+    with pytest.raises(ConfigError):
+        load_api_client(str(tmp_path / "garbage"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigError, match="in-cluster"):
+        load_api_client(None)
