@@ -1,0 +1,516 @@
+"""`topolet agent` in Kubernetes mode: pin this node's pods, publish labels and NodeResourceTopology.
+
+Three threads, so that losing the API server stops publishing, never enforcing:
+
+- the pod watch (`agent.kube.watch.PodWatcher`) reads the API and queues pod changes;
+- the enforcer (this module's main loop) owns the pod cache and the `PodPinner`: it turns each
+  change into engine calls (state first, then cgroups), repairs drift every reconcile, and never
+  calls the API;
+- the publisher writes what the enforcer changed — the NodeResourceTopology after every
+  allocation change, labels when the topology changes, Events for bad annotations — retrying
+  every second at most while the API is down, so it catches up within seconds of its return.
+
+The container's cgroup is the kubelet's (`agent.enforce.kubepods`); the cgroup driver is found by
+looking for `kubepods.slice` (systemd) or `kubepods` (cgroupfs) under the cpuset hierarchy, and per
+pod when neither exists yet at startup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from agent.alloc.request import Request
+from agent.enforce import CgroupDriver, container_cgroup_path, detect_layout, exists
+from agent.enforce.state import Owner, State, StateFile
+from agent.errors import EnforcementError, TopoletError
+from agent.kube.pods import ContainerPlan, PodPlan, PodWarning
+from agent.kube.watch import Changed, Gone, PodChange, PodWatcher, Synced
+from agent.labels import build_labels
+from agent.metrics import Metrics, MetricsServer, staleness_health
+from agent.standalone.engine import PinningEngine
+from agent.topology.cpuset import CPUSet
+from agent.topology.discover import discover
+from agent.topology.model import Topology
+
+log = logging.getLogger("topolet.kube")
+
+RETRY_MAX_SECONDS = 1.0  # publishing and watching retry at least this often while the API is down
+PENDING_RETRY_SECONDS = 0.2  # a running container whose cgroup is not there yet is looked for again
+REASON_ALLOCATION_FAILED = "AllocationFailed"
+
+
+def alloc_id(pod_uid: str, container: str) -> str:
+    """The state file id of a pod container's allocation (uids and container names hold no ".")."""
+    return f"pod-{pod_uid}.{container}"
+
+
+class PodPinner:
+    """The pod cache and what it means for the engine; every method runs on the enforcer thread."""
+
+    def __init__(self, engine: PinningEngine, metrics: Metrics,
+                 warn: Callable[[PodPlan, PodWarning], None]) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.warn = warn
+        self.pods: dict[str, PodPlan] = {}
+        self.shared: dict[tuple[str, str], str] = {}  # (uid, container) → cgroup on the pool
+        self.pending: set[str] = set()  # uids with a running container whose cgroup is not found yet
+        self.unsatisfied: set[str] = set()  # uids with a container refused exclusive CPUs (retry later)
+        self.warned: set[tuple[str, str, str]] = set()
+        self.driver: CgroupDriver | None = self._detect_driver()
+
+    # -- cgroups ---------------------------------------------------------------------------------
+
+    def _detect_driver(self) -> CgroupDriver | None:
+        layout = self.engine.layout
+        if exists(layout, "kubepods.slice"):
+            return CgroupDriver.SYSTEMD
+        if exists(layout, "kubepods"):
+            return CgroupDriver.CGROUPFS
+        return None
+
+    def cgroup_of(self, plan: PodPlan, c: ContainerPlan) -> str | None:
+        """The container's cgroup (relative to the cpuset root) if it exists; None if not (yet)."""
+        drivers = [self.driver] if self.driver else [CgroupDriver.CGROUPFS, CgroupDriver.SYSTEMD]
+        for driver in drivers:
+            try:
+                rel = container_cgroup_path(plan.uid, plan.qos, c.container_id, None, driver)
+            except EnforcementError as exc:
+                self._warn_once(plan, PodWarning("UnsupportedContainer", f"container {c.name}: {exc}"))
+                return None
+            if exists(self.engine.layout, rel):
+                self.driver = driver
+                return rel
+        return None
+
+    # -- changes ---------------------------------------------------------------------------------
+
+    def handle(self, change: PodChange) -> None:
+        """Apply one change from the pod watch."""
+        if isinstance(change, Synced):
+            for uid in set(self.pods) - set(change.plans):
+                self.forget(uid)
+            # Allocations of pods the API no longer lists (deleted while we were away) go too.
+            for a in self._state().allocations:
+                if a.owner.pod_uid is not None and a.owner.pod_uid not in change.plans:
+                    self._release(a.id)
+            for plan in change.plans.values():
+                self.apply(plan)
+        elif isinstance(change, Changed):
+            self.apply(change.plan)
+        elif isinstance(change, Gone):
+            self.forget(change.uid)
+
+    def _state(self) -> State:
+        return self.engine.state_file.load(missing_ok=True)
+
+    def _warn_once(self, plan: PodPlan, w: PodWarning) -> None:
+        key = (plan.uid, w.reason, w.message)
+        if key not in self.warned:
+            self.warned.add(key)
+            log.warning("pod %s/%s: %s: %s", plan.namespace, plan.name, w.reason, w.message)
+            self.warn(plan, w)
+
+    def _release(self, aid: str) -> None:
+        if self.engine.release_container(aid):
+            self.metrics.allocations.labels(result="released").inc()
+            log.info("released %s", aid)
+            # Freed CPUs may now satisfy a container that was refused them.
+            self.pending |= self.unsatisfied
+
+    def _set_shared(self) -> None:
+        self.engine.extra_shared = frozenset(self.shared.values())
+
+    def forget(self, uid: str) -> None:
+        """A pod the API says is gone: free its CPUs, drop its containers from the pool set."""
+        self.pods.pop(uid, None)
+        self.pending.discard(uid)
+        self.unsatisfied.discard(uid)
+        self.warned = {k for k in self.warned if k[0] != uid}
+        for key in [k for k in self.shared if k[0] == uid]:
+            del self.shared[key]
+        self._set_shared()
+        for a in self._state().allocations:
+            if a.owner.pod_uid == uid:
+                self._release(a.id)
+
+    def apply(self, plan: PodPlan, *, force: bool = False) -> None:
+        """Bring the engine to `plan`: unchanged containers are left alone (no write, no state commit)."""
+        if not force and self.pods.get(plan.uid) == plan and plan.uid not in self.pending:
+            return
+        self.pods[plan.uid] = plan
+        self.pending.discard(plan.uid)
+        self.unsatisfied.discard(plan.uid)
+        for w in plan.warnings:
+            self._warn_once(plan, w)
+        running = {c.name: c for c in plan.containers}
+        mine = {a.owner.container: a for a in self._state().allocations if a.owner.pod_uid == plan.uid}
+        # Stopped containers and ones that turned shared (or changed size) give their CPUs back first.
+        for name, a in list(mine.items()):
+            c = running.get(name or "")
+            if c is None or len(a.cpus) != c.cpus:
+                self._release(a.id)
+                del mine[name]
+        for key in [k for k in self.shared if k[0] == plan.uid and k[1] not in running]:
+            del self.shared[key]
+        paths: dict[str, str] = {}
+        for c in plan.containers:
+            rel = self.cgroup_of(plan, c)
+            if rel is None:
+                self.pending.add(plan.uid)
+                self.shared.pop((plan.uid, c.name), None)
+                continue
+            paths[c.name] = rel
+            if c.exclusive:
+                self.shared.pop((plan.uid, c.name), None)
+            else:
+                self.shared[(plan.uid, c.name)] = rel
+        self._set_shared()
+        for c in plan.containers:
+            rel = paths.get(c.name)
+            if rel is None:
+                continue
+            if not c.exclusive:
+                self._join_pool(rel)
+                continue
+            held = mine.get(c.name)
+            if held is None:
+                self._allocate(plan, c, rel)
+            elif held.cgroup != rel:
+                self.engine.rebind(held.id, rel)  # a restarted container keeps its CPUs, as with kubelet
+                log.info("%s moved to restarted container %s", held.id, rel)
+
+    def _join_pool(self, rel: str) -> None:
+        try:
+            if self.engine.join_pool(rel):
+                self.metrics.pool_writes.inc()
+        except EnforcementError as exc:
+            log.warning("shared container %s: %s", rel, exc)
+
+    def _allocate(self, plan: PodPlan, c: ContainerPlan, rel: str) -> None:
+        started = time.perf_counter()
+        aid = alloc_id(plan.uid, c.name)
+        try:
+            a = self.engine.allocate(
+                aid, Request(c.cpus, c.numa_policy, c.smt), Owner(pod_uid=plan.uid, container=c.name),
+                memory_binding=c.memory_binding, policy=f"{c.numa_policy}/{c.smt}", cgroup=rel)
+        except TopoletError as exc:
+            # Refused (no room, policy unmet) or the cgroup write failed: the container stays shared.
+            self.metrics.allocations.labels(result="error").inc()
+            self.unsatisfied.add(plan.uid)
+            self._warn_once(plan, PodWarning(REASON_ALLOCATION_FAILED,
+                                             f"container {c.name}: {c.cpus} exclusive CPUs: {exc}"))
+            self.shared[(plan.uid, c.name)] = rel
+            self._set_shared()
+            self._join_pool(rel)
+            return
+        self.metrics.allocations.labels(result="success").inc()
+        self.metrics.pin_latency.observe(time.perf_counter() - started)
+        log.info("pod %s/%s container %s: CPUs %s (%s)", plan.namespace, plan.name, c.name, a.cpus,
+                 a.policy)
+
+    def retry(self, *, refused: bool = True) -> None:
+        """Look again for cgroups that were missing and (with `refused`) CPUs for refused containers."""
+        for uid in sorted(self.pending | self.unsatisfied if refused else self.pending):
+            plan = self.pods.get(uid)
+            if plan is None:
+                self.pending.discard(uid)
+                self.unsatisfied.discard(uid)
+                continue
+            self.apply(plan, force=True)
+
+
+class Publisher:
+    """Writes to the API on its own thread: NRT on state change, labels on topology change, Events."""
+
+    def __init__(self, api: Any, node: str, args: argparse.Namespace, metrics: Metrics,
+                 snapshot: Callable[[], tuple[Topology, State, tuple[tuple[str, str], ...]]]) -> None:
+        from agent.kube.client import agent_namespace
+        from agent.kube.events import EventRecorder
+        from agent.kube.labels_sink import LabelPublisher
+        from agent.kube.nrt import NRTPublisher
+
+        self.node = node
+        self.api = api
+        self._node_ref: tuple[str, str] | None = None
+        self.args = args
+        self.metrics = metrics
+        self.snapshot = snapshot
+        self.labels = LabelPublisher(api, node, agent_namespace(), sink=args.label_sink,
+                                     features_dir=args.features_dir)
+        self.nrt_writes = 0
+        self.nrt = NRTPublisher(api, node)
+        self.events = EventRecorder(api, node, component="topolet")
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._warnings: queue.Queue[tuple[PodPlan, PodWarning]] = queue.Queue(maxsize=1000)
+        self._published_nrt: str | None = None  # fingerprint of the last NRT written
+        self._published_labels: dict[str, str] | None = None
+        self.failing_since: float | None = None
+        self.caught_up = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def notify(self) -> None:
+        """Something may have changed: compare and publish soon."""
+        self.caught_up.clear()
+        self._wake.set()
+
+    def warn(self, plan: PodPlan, w: PodWarning) -> None:
+        try:
+            self._warnings.put_nowait((plan, w))
+        except queue.Full:
+            log.warning("event queue full: dropping %s for %s/%s", w.reason, plan.namespace, plan.name)
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            ok = self.publish_once()
+            if ok:
+                self.failing_since = None
+                self.caught_up.set()
+                self._wake.wait()
+            else:
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
+                self._wake.wait(RETRY_MAX_SECONDS)
+            self._wake.clear()
+
+    def publish_once(self) -> bool:
+        """Publish whatever differs from what was last written; False if anything failed."""
+        ok = True
+        topology, state, pinned = self.snapshot()
+        try:
+            labels = build_labels(topology, gfd_compat=self.args.gfd_compat)
+            if labels != self._published_labels:
+                if self.labels.publish(labels):
+                    self.metrics.api_writes.labels(kind="labels").inc()
+                self._published_labels = labels
+        except Exception as exc:  # noqa: BLE001 - the API may fail in any way; retried
+            ok = False
+            log.warning("labels not published: %s", exc)
+        try:
+            obj = self._nrt_object(topology, state, pinned)
+            digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+            if digest != self._published_nrt:
+                if self.nrt.publish(obj):
+                    self.metrics.api_writes.labels(kind="nrt").inc()
+                    log.info("NodeResourceTopology %s written", self.node)
+                self._published_nrt = digest
+        except Exception as exc:  # noqa: BLE001
+            ok = False
+            log.warning("NodeResourceTopology not published: %s", exc)
+        while True:
+            try:
+                plan, w = self._warnings.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                # Best effort (the recorder logs and counts its own failures): a lost Event never
+                # holds back the NRT behind it.
+                if self.events.warn(_pod_ref(plan), w.reason, w.message):
+                    self.metrics.api_writes.labels(kind="event").inc()
+            except TopoletError as exc:
+                log.warning("event not recorded: %s", exc)
+        return ok
+
+    def _nrt_object(self, topology: Topology, state: State,
+                    pinned: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+        from kubernetes import client as k8s
+
+        from agent.kube.client import REQUEST_TIMEOUT, api_call
+        from agent.kube.nrt import nrt_object, pod_set_fingerprint
+
+        if self._node_ref is None:  # the owner reference needs the Node's uid: read it once
+            with api_call(f"get node {self.node}"):
+                resp: Any = k8s.CoreV1Api(self.api).read_node(self.node, _preload_content=False,
+                                                         _request_timeout=REQUEST_TIMEOUT)
+            meta = json.loads(resp.data).get("metadata") or {}
+            self._node_ref = (self.node, str(meta.get("uid") or ""))
+        obj: dict[str, Any] = nrt_object(
+            self._node_ref, topology, state,
+            pods_fingerprint=pod_set_fingerprint(pinned),
+            pods_fingerprint_method="with-exclusive-resources")
+        return obj
+
+
+def _pod_ref(plan: PodPlan) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": plan.name, "namespace": plan.namespace, "uid": plan.uid}}
+
+
+class KubeAgent:
+    """The enforcer loop: pod changes and reconcile ticks in, engine calls out."""
+
+    def __init__(self, args: argparse.Namespace, metrics: Metrics) -> None:
+        from agent.kube.client import load_api_client, node_name
+
+        self.args = args
+        self.metrics = metrics
+        self.node = node_name(args.node_name)
+        self.api = load_api_client(args.kubeconfig)
+        self.topology: Topology = discover(args.fsroot)
+        reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
+        layout = detect_layout(args.cgroup_root)
+        if not os.access(layout.root, os.W_OK):
+            raise EnforcementError("cpuset hierarchy is not writable (run as root)", layout.root)
+        self.state_file = StateFile(args.state_dir, on_write=metrics.state_writes.inc)
+        self.engine = PinningEngine(self.topology, layout, self.state_file, reserved)
+        self.changes: queue.Queue[PodChange] = queue.Queue()
+        self.publisher = Publisher(self.api, self.node, args, metrics, self.snapshot)
+        self.pinner = PodPinner(self.engine, metrics, self.publisher.warn)
+        self.watcher = PodWatcher(self.api, self.node, self.changes.put, retry_max_seconds=RETRY_MAX_SECONDS,
+                                  on_list=metrics.pod_lists.inc)
+        self.generation = -1
+        self.pinned_pods: tuple[tuple[str, str], ...] = ()  # replaced whole: the publisher reads it
+        metrics.info.info({"version": metrics.info._value.get("version", ""),  # noqa: SLF001
+                           "node": self.node, "enforcement": "on", "mode": "kubernetes"})
+
+    def snapshot(self) -> tuple[Topology, State, tuple[tuple[str, str], ...]]:
+        """What the publisher describes: topology, allocation state, (namespace, name) of pinned pods."""
+        return self.topology, self.state_file.load(missing_ok=True), self.pinned_pods
+
+    def _after_changes(self) -> None:
+        """Tell the publisher when the allocation state moved; refresh the CPU gauges."""
+        state = self.state_file.load(missing_ok=True)
+        if state.generation != self.generation:
+            self.generation = state.generation
+            uids = {a.owner.pod_uid for a in state.allocations if a.owner.pod_uid}
+            self.pinned_pods = tuple(sorted((p.namespace, p.name) for uid, p in self.pinner.pods.items()
+                                            if uid in uids))
+            self.publisher.notify()
+            usage = self.engine.usage(state)
+            self.metrics.set_cpu_states(
+                row for u in usage for row in (
+                    (u.numa, "exclusive", len(u.exclusive)),
+                    (u.numa, "reserved", len(u.reserved)),
+                    (u.numa, "shared", len(u.shared - u.reserved)),
+                ))
+
+    def handle(self, change: PodChange) -> None:
+        try:
+            self.pinner.handle(change)
+        except TopoletError as exc:
+            self.metrics.reconcile_errors.inc()
+            log.error("pod change not applied: %s", exc)
+
+    def reconcile(self) -> None:
+        """Drift repair, retries, topology refresh; works without the API."""
+        started = time.perf_counter()
+        try:
+            topo = discover(self.args.fsroot)
+            if topo != self.topology:
+                self.topology = self.engine.topology = topo
+                self.publisher.notify()
+            result = self.engine.reconcile()
+            if result.drift_repaired:
+                self.metrics.drift.inc(result.drift_repaired)
+            self.pinner.retry()
+            self.metrics.last_reconcile.set(time.time())
+        except TopoletError as exc:
+            self.metrics.reconcile_errors.inc()
+            log.error("reconcile failed: %s", exc)
+        finally:
+            self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+        self._after_changes()
+
+    def run(self, stop: threading.Event) -> None:
+        """Run until `stop` is set."""
+        self.publisher.start()
+        self.watcher.start()
+        self.reconcile()
+        next_reconcile = time.monotonic() + self.args.reconcile_seconds
+        next_retry = 0.0
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                wait = next_reconcile - now
+                if self.pinner.pending:
+                    wait = min(wait, max(next_retry - now, 0.0))
+                try:
+                    change: PodChange | None = self.changes.get(timeout=max(wait, 0.0))
+                except queue.Empty:
+                    change = None
+                while change is not None:
+                    self.handle(change)
+                    try:
+                        change = self.changes.get_nowait()
+                    except queue.Empty:
+                        change = None
+                if self.pinner.pending and time.monotonic() >= next_retry:
+                    self._retry_pending()
+                    next_retry = time.monotonic() + PENDING_RETRY_SECONDS
+                if time.monotonic() >= next_reconcile:
+                    self.reconcile()
+                    next_reconcile = time.monotonic() + self.args.reconcile_seconds
+                self._after_changes()
+        finally:
+            self.watcher.stop()
+            self.publisher.stop()
+
+    def _retry_pending(self) -> None:
+        try:
+            self.pinner.retry(refused=False)
+        except TopoletError as exc:
+            log.error("retry failed: %s", exc)
+
+    def run_once(self, timeout: float = 30.0) -> bool:
+        """List once, pin, publish once; True if everything was published."""
+        self.watcher.relist()
+        while True:
+            try:
+                self.handle(self.changes.get_nowait())
+            except queue.Empty:
+                break
+        self.reconcile()
+        return self.publisher.publish_once()
+
+
+def run_kube_agent(args: argparse.Namespace) -> int:
+    """Entry point of `topolet agent` in Kubernetes mode."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    metrics = Metrics()
+    agent = KubeAgent(args, metrics)
+    if args.once:
+        return 0 if agent.run_once() else 1
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    def on_hangup(_signum: int, _frame: FrameType | None) -> None:
+        log.info("SIGHUP: relisting pods")
+        agent.watcher.request_relist()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
+    server = MetricsServer(metrics, args.listen,
+                           staleness_health(metrics, max(3 * args.reconcile_seconds, 15.0)))
+    server.start()
+    log.info("node %s: serving /metrics and /healthz on %s:%d", agent.node,
+             args.listen.rpartition(":")[0], server.port)
+    try:
+        agent.run(stop)
+    finally:
+        server.stop()
+    return 0

@@ -1,0 +1,271 @@
+"""Pod → pinning decision: which running containers of a pod get exclusive CPUs, under which policy.
+
+Pure: a decoded Pod object (the API's JSON, as a dict) in, a `PodPlan` out; no I/O, no clock.
+
+The rules (DESIGN.md "Pods"; the node's kubelet runs `cpuManagerPolicy: none`, so topolet pins):
+
+- kubelet's rule: a container of a Guaranteed pod whose CPU request is a whole number of CPUs gets
+  that many exclusive CPUs.  Every other container runs on the shared pool.
+- `topolet.io/cpu-policy: shared` opts a Guaranteed pod out.  `topolet.io/cpu-policy: exclusive`
+  opts a non-Guaranteed pod in, container by container: a container gets exclusive CPUs only when
+  its CPU request is a whole number and its CPU limit equals it (it could never use more than it
+  holds, as in a Guaranteed pod); a container that does not qualify stays shared and the pod gets a
+  `NotEligible` warning.  Memory need not match: memory is not what we pin.
+- `topolet.io/numa-policy` (single-numa-node|restricted|best-effort, default best-effort),
+  `topolet.io/smt` (full-cores|any, default any), `topolet.io/memory-binding` (true|false, default
+  false) refine an exclusive allocation.
+- Any bad annotation (unknown value, wrong type) puts the whole pod on the shared pool and yields an
+  `InvalidAnnotation` warning: never a wrong pin.
+- Only regular containers are pinned.  Init containers (sidecars included) and ephemeral containers
+  run on the shared pool while they run: kubelet hands init containers CPUs only for their short
+  life and gives them back, which buys nothing here but churn.
+- A container counts only while its status says running with a container ID; a pod that is
+  Succeeded or Failed has none running.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from agent.enforce.kubepods import QOSClass
+
+ANNOTATION_PREFIX = "topolet.io/"
+CPU_POLICY = "topolet.io/cpu-policy"
+NUMA_POLICY = "topolet.io/numa-policy"
+SMT = "topolet.io/smt"
+MEMORY_BINDING = "topolet.io/memory-binding"
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    CPU_POLICY: ("exclusive", "shared"),
+    NUMA_POLICY: ("single-numa-node", "restricted", "best-effort"),
+    SMT: ("full-cores", "any"),
+    MEMORY_BINDING: ("true", "false"),
+}
+DEFAULT_NUMA_POLICY = "best-effort"
+DEFAULT_SMT = "any"
+
+REASON_INVALID = "InvalidAnnotation"
+REASON_NOT_ELIGIBLE = "NotEligible"
+
+# Kubernetes resource quantity: a signed decimal (or exponent) number and a suffix.
+_QUANTITY_RE = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:[eE]([+-]?[0-9]+)|([a-zA-Z]{0,2}))")
+_SUFFIX: dict[str, Fraction] = {
+    "": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
+    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
+    "P": Fraction(10**15), "E": Fraction(10**18),
+    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50), "Ei": Fraction(2**60),
+}
+_MAX_EXCLUSIVE = 1 << 16  # no node has more CPUs; a bigger request is garbage, not a pin
+
+
+@dataclass(frozen=True, slots=True)
+class PodWarning:
+    """Something to tell the pod's owner (a Kubernetes Event of type Warning)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerPlan:
+    """One running container: where it runs.  `cpus == 0` means the shared pool."""
+
+    name: str
+    container_id: str  # as in the status, with its runtime scheme ("containerd://<id>")
+    cpus: int = 0
+    numa_policy: str = DEFAULT_NUMA_POLICY
+    smt: str = DEFAULT_SMT
+    memory_binding: bool = False
+
+    @property
+    def exclusive(self) -> bool:
+        return self.cpus > 0
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlan:
+    """A pod's decision: its identity, QoS class, running containers and warnings to publish."""
+
+    uid: str
+    namespace: str
+    name: str
+    qos: QOSClass
+    containers: tuple[ContainerPlan, ...]
+    warnings: tuple[PodWarning, ...] = ()
+
+
+class PodError(ValueError):
+    """The object is not a pod we can read (missing or mistyped identity fields)."""
+
+
+def parse_quantity(text: object) -> Fraction | None:
+    """A Kubernetes quantity ("2", "1500m", "1Gi", "1e3") as an exact fraction; None if malformed."""
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        return None
+    s = str(text).strip()
+    m = _QUANTITY_RE.fullmatch(s)
+    if m is None:
+        return None
+    number, exponent, suffix = m.groups()
+    try:
+        value = Fraction(number)
+    except (ValueError, ZeroDivisionError):
+        return None
+    if exponent is not None:
+        if abs(int(exponent)) > 30:
+            return None
+        return value * Fraction(10) ** int(exponent)
+    if suffix not in _SUFFIX:
+        return None
+    return value * _SUFFIX[suffix]
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _resources(container: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    res = _dict(container.get("resources"))
+    limits = _dict(res.get("limits"))
+    requests = dict(_dict(res.get("requests")))
+    # The API defaults a missing request to its limit; do the same for objects that skipped defaulting.
+    for key, value in limits.items():
+        requests.setdefault(key, value)
+    return requests, limits
+
+
+def qos_of(pod: dict[str, Any]) -> QOSClass:
+    """The pod's QoS class: `status.qosClass` when set (what kubelet used for its cgroup), else
+    derived from the containers' requests and limits as the API server does."""
+    given = _dict(pod.get("status")).get("qosClass")
+    if isinstance(given, str):
+        try:
+            return QOSClass(given)
+        except ValueError:
+            pass
+    spec = _dict(pod.get("spec"))
+    containers = [_dict(c) for c in _list(spec.get("containers")) + _list(spec.get("initContainers"))]
+    any_set = False
+    guaranteed = bool(containers)
+    for c in containers:
+        requests, limits = _resources(c)
+        if requests or limits:
+            any_set = True
+        for key in ("cpu", "memory"):
+            lim, req = parse_quantity(limits.get(key)), parse_quantity(requests.get(key))
+            if lim is None or req is None or lim != req:
+                guaranteed = False
+    if guaranteed:
+        return QOSClass.GUARANTEED
+    return QOSClass.BURSTABLE if any_set else QOSClass.BESTEFFORT
+
+
+def _annotations(meta: dict[str, Any]) -> tuple[dict[str, str], list[PodWarning]]:
+    """Our annotations with defaults applied, and a warning for each bad one."""
+    raw = _dict(meta.get("annotations"))
+    out: dict[str, str] = {}
+    warnings: list[PodWarning] = []
+    for key, value in raw.items():
+        if not isinstance(key, str) or not key.startswith(ANNOTATION_PREFIX):
+            continue
+        if key not in _CHOICES:
+            warnings.append(PodWarning(REASON_INVALID, f"unknown annotation {key}"))
+            continue
+        if not isinstance(value, str) or value not in _CHOICES[key]:
+            shown = repr(value)[:64]
+            warnings.append(PodWarning(REASON_INVALID, f"{key}={shown}: expected one of "
+                                    f"{'|'.join(_CHOICES[key])}"))
+            continue
+        out[key] = value
+    return out, warnings
+
+
+def _running(status: dict[str, Any]) -> dict[str, str]:
+    """Container name → container ID of every container the status says is running."""
+    out: dict[str, str] = {}
+    for cs in _list(status.get("containerStatuses")):
+        cs = _dict(cs)
+        name, cid = cs.get("name"), cs.get("containerID")
+        if isinstance(name, str) and isinstance(cid, str) and cid and "running" in _dict(cs.get("state")):
+            out[name] = cid
+    return out
+
+
+def _running_others(status: dict[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key in ("initContainerStatuses", "ephemeralContainerStatuses"):
+        for cs in _list(status.get(key)):
+            cs = _dict(cs)
+            name, cid = cs.get("name"), cs.get("containerID")
+            if isinstance(name, str) and isinstance(cid, str) and cid and "running" in _dict(cs.get("state")):
+                out[name] = cid
+    return out
+
+
+def _whole_cpus(value: object) -> int | None:
+    q = parse_quantity(value)
+    if q is None or q.denominator != 1 or not 0 < q <= _MAX_EXCLUSIVE:
+        return None
+    return int(q)
+
+
+def plan_pod(pod: object) -> PodPlan:
+    """Decide, for every running container of `pod`, exclusive CPUs or the shared pool.
+
+    Raises PodError only when the pod has no readable identity (uid, namespace, name); anything
+    else malformed degrades to the shared pool.
+    """
+    if not isinstance(pod, dict):
+        raise PodError("not an object")
+    meta = _dict(pod.get("metadata"))
+    uid, namespace, name = meta.get("uid"), meta.get("namespace"), meta.get("name")
+    if not (isinstance(uid, str) and uid and isinstance(namespace, str) and isinstance(name, str)):
+        raise PodError("pod without uid, namespace or name")
+    status = _dict(pod.get("status"))
+    qos = qos_of(pod)
+    notes, warnings = _annotations(meta)
+    phase = status.get("phase")
+    if phase in ("Succeeded", "Failed"):
+        return PodPlan(uid, namespace, name, qos, (), tuple(warnings))
+    running = _running(status)
+    others = _running_others(status)
+    policy = notes.get(CPU_POLICY)
+    numa = notes.get(NUMA_POLICY, DEFAULT_NUMA_POLICY)
+    smt = notes.get(SMT, DEFAULT_SMT)
+    binding = notes.get(MEMORY_BINDING) == "true"
+    pinning_allowed = not warnings  # a bad annotation: the whole pod stays on the shared pool
+    plans: list[ContainerPlan] = []
+    for c in _list(_dict(pod.get("spec")).get("containers")):
+        c = _dict(c)
+        cname = c.get("name")
+        if not isinstance(cname, str) or cname not in running:
+            continue
+        cpus = 0
+        if pinning_allowed and policy != "shared":
+            requests, limits = _resources(c)
+            whole = _whole_cpus(requests.get("cpu"))
+            if qos is QOSClass.GUARANTEED:
+                cpus = whole or 0
+                if not cpus and policy == "exclusive":
+                    warnings.append(PodWarning(REASON_NOT_ELIGIBLE, f"container {cname}: exclusive CPUs "
+                                            "need a whole-number CPU request"))
+            elif policy == "exclusive":
+                limit = parse_quantity(limits.get("cpu"))
+                if whole is not None and limit == whole:
+                    cpus = whole
+                else:
+                    warnings.append(PodWarning(REASON_NOT_ELIGIBLE, f"container {cname}: exclusive CPUs "
+                                            "need a whole-number CPU request equal to its CPU limit"))
+        plans.append(ContainerPlan(cname, running[cname], cpus, numa, smt, binding and cpus > 0))
+    for cname, cid in sorted(others.items()):
+        if cname not in running:
+            plans.append(ContainerPlan(cname, cid))
+    return PodPlan(uid, namespace, name, qos, tuple(plans), tuple(warnings))

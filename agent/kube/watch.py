@@ -1,0 +1,262 @@
+"""Watch the pods bound to this node: list, then watch from the list's resourceVersion (with bookmarks).
+
+The watcher turns API traffic into three kinds of change, handed to a sink on the watcher's thread:
+
+- `Synced(plans)`: the complete set of this node's pods after a (re)list.  Pods missing from it are
+  gone (the API said so); the sink must leave unchanged containers alone, so a relist re-pins nothing.
+- `Changed(plan)`: one pod added or modified.
+- `Gone(uid)`: one pod deleted.
+
+It reads raw JSON (never the client's model classes: they cost memory per pod) and keeps only the
+small `PodPlan` of each pod.  A watch that ends is resumed from the last resourceVersion seen; a
+410 Gone (history compacted) or an expired watch brings a relist.  While the API server is down it
+retries every `retry_max_seconds` at most, and says nothing: a pod we cannot see is not a pod gone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from agent.kube.pods import PodError, PodPlan, plan_pod
+
+log = logging.getLogger(__name__)
+
+WATCH_TIMEOUT_SECONDS = 300  # the server ends a watch after this; we resume from the last version
+CONNECT_TIMEOUT_SECONDS = 3.0
+_MAX_LINE = 8 << 20  # a watch event bigger than this is not a pod we can use
+
+
+@dataclass(frozen=True, slots=True)
+class Synced:
+    plans: dict[str, PodPlan]  # uid → plan: every pod on this node
+
+
+@dataclass(frozen=True, slots=True)
+class Changed:
+    plan: PodPlan
+
+
+@dataclass(frozen=True, slots=True)
+class Gone:
+    uid: str
+
+
+PodChange = Synced | Changed | Gone
+
+
+class Expired(Exception):
+    """The watch's resourceVersion is too old (HTTP 410 Gone): relist."""
+
+
+def _lines(resp: Any) -> Iterator[bytes]:
+    """Split a streamed HTTP body into lines (one watch event per line)."""
+    buf = b""
+    for chunk in resp.stream(65536, decode_content=True):
+        buf += chunk
+        while True:
+            i = buf.find(b"\n")
+            if i < 0:
+                break
+            line, buf = buf[:i], buf[i + 1:]
+            if line.strip():
+                yield line
+        if len(buf) > _MAX_LINE:
+            raise ValueError("watch event too large")
+    if buf.strip():
+        yield buf
+
+
+class PodWatcher:
+    """List + watch `spec.nodeName=<node>` pods and hand changes to `sink` (see the module docstring)."""
+
+    def __init__(self, api_client: Any, node_name: str, sink: Callable[[PodChange], None], *,
+                 retry_max_seconds: float = 1.0, watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
+                 on_list: Callable[[], None] | None = None) -> None:
+        from kubernetes import client as k8s
+
+        self.core: Any = k8s.CoreV1Api(api_client)
+        self.node_name = node_name
+        self.sink = sink
+        self.retry_max = retry_max_seconds
+        self.watch_timeout = watch_timeout_seconds
+        self.resource_version: str | None = None
+        self.lists = 0
+        self.watches = 0
+        self.garbage = 0  # objects we could not read and skipped
+        self.synced = threading.Event()  # set after the first successful list
+        self.connected = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._resp: Any = None
+        self._relist = threading.Event()
+        self.on_list = on_list
+
+    @property
+    def selector(self) -> str:
+        return f"spec.nodeName={self.node_name}"
+
+    # -- thread ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="pod-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        resp = self._resp
+        if resp is not None:
+            try:
+                resp.shutdown()  # wake a read blocked on the stream
+            except Exception:  # noqa: BLE001 - best effort while stopping
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def request_relist(self) -> None:
+        """End the current watch and list again (as after an expired watch); safe from any thread."""
+        self._relist.set()
+        resp = self._resp
+        if resp is not None:
+            try:
+                resp.shutdown()  # wake the read blocked on the stream
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+
+    def run(self) -> None:
+        """List and watch until stopped; every failure is retried with a bounded backoff."""
+        delay = 0.1
+        need_list = True
+        while not self._stop.is_set():
+            try:
+                if need_list or self._relist.is_set():
+                    self._relist.clear()
+                    self.relist()
+                    need_list = False
+                self.watch_once()
+                delay = 0.1
+            except Expired:
+                log.info("pod watch expired at resourceVersion %s: relisting", self.resource_version)
+                need_list = True
+                delay = 0.1
+                continue
+            except Exception as exc:  # noqa: BLE001 - the API may fail in any way; we keep trying
+                if self._stop.is_set():
+                    break
+                self.connected = False
+                if _status(exc) == 410:
+                    need_list = True
+                    continue
+                log.warning("pod watch: %s; retrying in %.1fs", _short(exc), delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, self.retry_max)
+
+    # -- list and watch --------------------------------------------------------------------------
+
+    def relist(self) -> None:
+        """List this node's pods and hand the complete set to the sink."""
+        resp = self.core.list_pod_for_all_namespaces(
+            field_selector=self.selector, _preload_content=False,
+            _request_timeout=(CONNECT_TIMEOUT_SECONDS, 60))
+        try:
+            body = json.loads(resp.data)
+        finally:
+            resp.release_conn()
+        if not isinstance(body, dict):
+            raise ValueError("pod list is not an object")
+        plans: dict[str, PodPlan] = {}
+        for item in body.get("items") or []:
+            plan = self._plan(item)
+            if plan is not None:
+                plans[plan.uid] = plan
+        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        if not isinstance(rv, str) or not rv:
+            raise ValueError("pod list without a resourceVersion")
+        self.resource_version = rv
+        self.lists += 1
+        if self.on_list is not None:
+            self.on_list()
+        self.connected = True
+        self.sink(Synced(plans))
+        self.synced.set()
+
+    def watch_once(self) -> None:
+        """One watch request from the last resourceVersion, until the server ends it."""
+        resp = self.core.list_pod_for_all_namespaces(
+            field_selector=self.selector, watch=True, allow_watch_bookmarks=True,
+            resource_version=self.resource_version, timeout_seconds=self.watch_timeout,
+            _preload_content=False,
+            _request_timeout=(CONNECT_TIMEOUT_SECONDS, self.watch_timeout + 30))
+        self._resp = resp
+        self.watches += 1
+        self.connected = True
+        try:
+            for line in _lines(resp):
+                if self._stop.is_set() or self._relist.is_set():
+                    return
+                self._event(line)
+        finally:
+            self._resp = None
+            resp.release_conn()
+
+    def _event(self, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            self.garbage += 1
+            log.warning("pod watch: unreadable event skipped")
+            return
+        if not isinstance(event, dict):
+            self.garbage += 1
+            return
+        kind, obj = event.get("type"), event.get("object")
+        if not isinstance(obj, dict):
+            self.garbage += 1
+            return
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Expired()
+            raise RuntimeError(f"watch error: {str(obj.get('message'))[:200]}")
+        meta = obj.get("metadata")
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        if kind == "BOOKMARK":
+            if isinstance(rv, str) and rv:
+                self.resource_version = rv
+            return
+        plan = self._plan(obj)
+        if isinstance(rv, str) and rv:
+            self.resource_version = rv
+        if plan is None:
+            return
+        if kind in ("ADDED", "MODIFIED"):
+            self.sink(Changed(plan))
+        elif kind == "DELETED":
+            self.sink(Gone(plan.uid))
+        else:
+            self.garbage += 1
+
+    def _plan(self, obj: object) -> PodPlan | None:
+        try:
+            return plan_pod(obj)
+        except PodError as exc:
+            self.garbage += 1
+            log.warning("pod watch: skipping an object: %s", exc)
+            return None
+
+
+def _status(exc: BaseException) -> int | None:
+    status = getattr(exc, "status", None)
+    return status if isinstance(status, int) else None
+
+
+def _short(exc: BaseException) -> str:
+    status = _status(exc)
+    if status is not None:
+        return f"HTTP {status} {getattr(exc, 'reason', '')}".strip()
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]
