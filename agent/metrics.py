@@ -45,6 +45,13 @@ class Metrics:
                                     "Unix time of the last completed reconcile", registry=r)
         self.reconcile_errors = Counter("topolet_reconcile_errors", "Reconcile passes that failed",
                                         registry=r)
+        self.pod_lists = Counter("topolet_pod_lists", "Lists of this node's pods (startup, expired watch)",
+                                 registry=r)
+        self.pool_writes = Counter("topolet_pool_cgroup_writes",
+                                   "Container cgroups given the shared pool outside an allocation change",
+                                   registry=r)
+        self.api_writes = Counter("topolet_api_writes", "Kubernetes API writes by kind (nrt, labels, event)",
+                                  ["kind"], registry=r)
 
     def set_cpu_states(self, rows: Iterable[tuple[int, str, int]]) -> None:
         """Replace the `topolet_cpus` series with (numa, state, count) rows."""
