@@ -115,10 +115,12 @@ def run_exec(args: argparse.Namespace) -> int:
             env["TOPOLET_GPUS"] = ",".join(alloc.gpus)
         return _run_child(argv, env)
     finally:
+        writes_before = state_file.writes
         try:
             engine.release(alloc.id, leaving_pid=me)
         except TopoletError as exc:  # the next reconcile frees it; the command's status still counts
             print(f"topolet exec: release of {alloc.id} deferred: {exc}", file=sys.stderr)
+        append_event(args.state_dir, Event("released", state_writes=state_file.writes - writes_before))
 
 
 def status_data(state_dir: str, cgroup_root: str | None = None) -> dict[str, Any]:

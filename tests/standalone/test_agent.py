@@ -181,3 +181,14 @@ def test_agent_releases_what_died_and_updates_cpu_gauges(node: Node) -> None:
     assert _exclusive_gauge(node, metrics) == 0
     assert node.state().allocations == ()
     assert node.workload_cgroups() == []
+
+
+def test_state_writes_metric_counts_every_commit_made_by_execs_and_the_agent(node: Node) -> None:
+    os.makedirs(node.features_dir)
+    node.run_reporter(1)
+    assert node.run(node.exec_argv(len(node.allowed) + 1, ["true"])).returncode == 2
+    node.run_reporter(node.capacity, "--memory-binding")
+    metrics = Metrics()
+    StandaloneAgent(_agent_args(node), metrics).reconcile()
+    # Each commit bumps the generation by one, whoever made it: the metric must have seen them all.
+    assert metrics.state_writes._value.get() == node.state().generation  # noqa: SLF001
