@@ -8,8 +8,8 @@ Public API (stable; the in-cluster daemon builds on it):
 - `.publish(labels: Mapping[str, str]) -> bool`: True when it wrote.  Writes only when the labels
   differ from the last ones published; on the first call (and after a failure) it reads what the
   API holds and skips the write when that already matches, so a restarted DaemonSet does not
-  rewrite every node.  Raises `KubeAPIError` when the API call failed (the next call retries) and
-  `FeatureFileError` / ConfigError for a refused file or label.
+  rewrite every node.  Raises `KubeAPIError` when the API call failed (the next call retries),
+  ConfigError for an invalid label (before any write) and `FeatureFileError` for a refused file.
 - `.sink`: the sink asked for; `.resolved_sink`: the one in use ("nodefeature" | "node" | "file" |
   "none"), known after the first `publish` when `sink="auto"`.
 - `.writes` / `.failures`: counters for metrics.
@@ -43,7 +43,7 @@ from agent.labels.nodefeature import (
     nodefeature_name,
     nodefeature_object,
 )
-from agent.labels.validate import is_dns_subdomain, is_label_key
+from agent.labels.validate import is_dns_subdomain, is_label_key, is_label_value
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,9 @@ class LabelPublisher:
 
     def publish(self, labels: Mapping[str, str]) -> bool:
         """Write `labels` to the sink when they differ from what it holds; True when written."""
+        for key, value in labels.items():
+            if not is_label_key(key) or not is_label_value(value):
+                raise ConfigError(f"not a valid label: {key!r}={value!r}")
         wanted = dict(sorted(labels.items()))
         with self._lock:
             if wanted == self._last:
