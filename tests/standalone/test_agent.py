@@ -163,8 +163,8 @@ def test_agent_once_exits_without_serving(node: Node) -> None:
 
 
 def _exclusive_gauge(node: Node, metrics: Metrics) -> float:
-    return sum(metrics.cpus.labels(numa=str(n.id), state="exclusive")._value.get()  # noqa: SLF001
-               for n in node.topology.numa_nodes if not n.memory_only)
+    return float(sum(metrics.cpus.labels(numa=str(n.id), state="exclusive")._value.get()  # noqa: SLF001
+                     for n in node.topology.numa_nodes if not n.memory_only))
 
 
 def test_agent_releases_what_died_and_updates_cpu_gauges(node: Node) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 from agent.enforce.cgroup import list_children, read_cpus, read_procs
 from agent.enforce.state import State, StateFile
@@ -111,6 +113,10 @@ def _check_after_reconcile(node: Node, journal: Journal, before: State) -> State
     return state
 
 
+def _started(round_no: str, driver: subprocess.Popen[bytes], journal: str) -> bool:
+    return round_no in Journal.read(journal).ready or driver.poll() is not None
+
+
 def test_sigkill_at_random_moments_loses_nothing_and_double_assigns_nothing(node: Node) -> None:
     seed = int(os.environ.get("TOPOLET_CRASH_SEED", str(time.time_ns() % 10**6)))
     rng = random.Random(seed)
@@ -122,8 +128,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_double_assigns_nothing(node
         path = str(node.tmp / f"journal-{rounds}")
         driver, err = node.start([sys.executable, "-m", "tests.standalone.crash_driver", node.root,
                                   node.state_dir, path, str(rounds)])
-        wait_for(lambda r=str(rounds), d=driver, j=path: r in Journal.read(j).ready or d.poll() is not None,
-                 "the driver to start")
+        wait_for(partial(_started, str(rounds), driver, path), "the driver to start")
         time.sleep(rng.uniform(0.0, 0.2))
         driver.send_signal(signal.SIGKILL)
         assert driver.wait(20) == -signal.SIGKILL, f"seed {seed}: driver ended itself: {err.read_text()}"
