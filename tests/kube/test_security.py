@@ -1,0 +1,388 @@
+"""The agent's credentials on a real API server: each agent writes only its own node's objects.
+
+Setup, all through the daemonset/ base as `kubectl apply -k` installs it: two Nodes A and B, one agent
+Pod bound to each (spec.nodeName set, service account topolet-agent), and a token bound to each pod as
+the kubelet would project it. Every request below is sent with one of those tokens (or an unbound token
+of the same service account) and must get the status its row names. A refusal must come from the layer
+that is meant to refuse it: RBAC for what the agent has no grant for, the admission policy for another
+node's objects.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from agent.labels.nodefeature import NODE_NAME_LABEL, nodefeature_name, nodefeature_object
+from tests.controlplane.fixtures import IN_CI
+from tests.controlplane.harness import ControlPlane
+from tests.controlplane.kubectl import api_request
+from tests.controlplane.kubectl import applied_base as applied_base  # noqa: F401 - fixture
+from tests.controlplane.kubectl import kubectl as kubectl  # noqa: F401 - fixture
+
+try:
+    import kubernetes  # noqa: F401
+except ImportError:
+    if IN_CI:
+        raise
+    pytest.skip("the `kubernetes` Python client is not installed", allow_module_level=True)
+
+NAMESPACE = "topolet-system"
+AGENT_SA = "topolet-agent"
+POLICY = "topolet-agent-own-node"
+NRT_PATH = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
+NF_PATH = f"/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{NAMESPACE}/nodefeatures"
+MERGE = "application/merge-patch+json"
+APPLY = "application/apply-patch+yaml"
+POLICY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Two nodes, an agent token bound to a pod on each, and an unbound agent token."""
+
+    plane: ControlPlane
+    a: str
+    b: str
+    token_a: str
+    token_b: str
+    unbound: str
+
+
+def nrt(node: str, cpus: int = 2) -> dict[str, Any]:
+    """A NodeResourceTopology for `node` with one NUMA zone."""
+    return {
+        "apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
+        "metadata": {"name": node},
+        "attributes": [{"name": "topologyManagerPolicy", "value": "none"}],
+        "zones": [{"name": "node-0", "type": "Node", "resources": [
+            {"name": "cpu", "capacity": str(cpus), "allocatable": str(cpus), "available": str(cpus)}]}],
+    }
+
+
+def nodefeature(node: str, labels: dict[str, str] | None = None, name: str | None = None) -> dict[str, Any]:
+    """The agent's NodeFeature for `node`, as agent/labels builds it."""
+    obj = nodefeature_object(node, NAMESPACE, labels or {"topolet.io/numa.nodes": "1"})
+    if name is not None:
+        obj["metadata"]["name"] = name
+    return obj
+
+
+def labels_patch(labels: dict[str, str | None]) -> dict[str, Any]:
+    """A merge patch setting (or, with None, removing) Node labels."""
+    return {"metadata": {"labels": labels}}
+
+
+def refused_by(status: int, body: dict[str, Any]) -> str:
+    """Which layer refused a request: "policy", "rbac", or "" when it was not refused."""
+    if status != 403:
+        return ""
+    message = str(body.get("message", ""))
+    if f"ValidatingAdmissionPolicy '{POLICY}'" in message:
+        return "policy"
+    if "cannot" in message and "forbidden" in message:
+        return "rbac"
+    return f"other: {message}"
+
+
+def make_node(plane: ControlPlane, name: str) -> str:
+    status, body = api_request(plane, "POST", "/api/v1/nodes", body={
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name},
+                     "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+        "spec": {"taints": [{"key": "example.com/dedicated", "value": "hpc", "effect": "NoSchedule"}]},
+    })
+    assert status == 201, body
+    return str(body["metadata"]["uid"])
+
+
+def make_agent_pod(plane: ControlPlane, node: str) -> tuple[str, str]:
+    """An agent pod already bound to `node`, as the DaemonSet controller and scheduler would leave it."""
+    name = f"topolet-agent-{uuid.uuid4().hex[:6]}"
+    status, body = api_request(plane, "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body={
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"serviceAccountName": AGENT_SA, "nodeName": node,
+                 "tolerations": [{"operator": "Exists"}],
+                 "containers": [{"name": "agent", "image": "topolet:0.1.0"}]},
+    })
+    assert status == 201, body
+    return name, str(body["metadata"]["uid"])
+
+
+def wait_for_policy(plane: ControlPlane, token: str) -> None:
+    """Until the API server enforces the policy: a dry-run create of an unrelated NRT is refused by it."""
+    deadline = time.monotonic() + POLICY_TIMEOUT_S
+    while True:
+        status, body = api_request(plane, "POST", NRT_PATH + "?dryRun=All", token,
+                                   nrt(f"canary-{uuid.uuid4().hex[:6]}"))
+        if refused_by(status, body) == "policy":
+            return
+        assert status in (201, 403), body
+        if time.monotonic() > deadline:
+            pytest.fail(f"admission policy {POLICY} not enforced after {POLICY_TIMEOUT_S:.0f} s: {body}")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: ControlPlane, applied_base: Any) -> Iterator[Cluster]:  # noqa: F811 - fixture
+    suffix = uuid.uuid4().hex[:6]
+    a, b = f"node-a-{suffix}", f"node-b-{suffix}"
+    for node in (a, b):
+        make_node(control_plane, node)
+    token_a = control_plane.mint_token(NAMESPACE, AGENT_SA, bound_pod=make_agent_pod(control_plane, a))
+    token_b = control_plane.mint_token(NAMESPACE, AGENT_SA, bound_pod=make_agent_pod(control_plane, b))
+    unbound = control_plane.mint_token(NAMESPACE, AGENT_SA)
+    wait_for_policy(control_plane, token_a)
+    # Node B's agent has published; node A's agent will try to overwrite it.
+    for path, obj in ((NRT_PATH, nrt(b)), (NF_PATH, nodefeature(b))):
+        status, body = api_request(control_plane, "POST", path, token_b, obj)
+        assert status == 201, body
+    yield Cluster(control_plane, a, b, token_a, token_b, unbound)
+
+
+def as_agent(cluster: Cluster, method: str, path: str, body: Any = None, content_type: str = MERGE,
+             token: str | None = None) -> tuple[int, dict[str, Any]]:
+    return api_request(cluster.plane, method, path, token or cluster.token_a, body, content_type)
+
+
+def node_labels(cluster: Cluster, node: str) -> dict[str, str]:
+    status, body = api_request(cluster.plane, "GET", f"/api/v1/nodes/{node}")
+    assert status == 200, body
+    return dict(body["metadata"].get("labels") or {})
+
+
+# ---- refused ---------------------------------------------------------------------------------------
+
+# (id, method, path template, body builder, content type, refusing layer). {a}/{b}: the two nodes.
+REFUSED: list[tuple[str, str, str, Any, str, str]] = [
+    ("label node B", "PATCH", "/api/v1/nodes/{b}",
+     lambda c: labels_patch({"topolet.io/numa.nodes": "2"}), MERGE, "policy"),
+    ("label node B under NFD's prefix", "PATCH", "/api/v1/nodes/{b}",
+     lambda c: labels_patch({"feature.node.kubernetes.io/cpu-model.vendor_id": "Intel"}), MERGE, "policy"),
+    ("create node B's NRT", "POST", NRT_PATH, lambda c: nrt(c.b), "application/json", "policy"),
+    ("server-side apply node B's NRT", "PATCH", NRT_PATH + "/{b}?fieldManager=topolet&force=true",
+     lambda c: nrt(c.b, cpus=1), APPLY, "policy"),
+    ("merge-patch node B's NRT", "PATCH", NRT_PATH + "/{b}",
+     lambda c: {"attributes": [{"name": "topologyManagerPolicy", "value": "stolen"}]}, MERGE, "policy"),
+    ("create a NodeFeature for node B", "POST", NF_PATH,
+     lambda c: nodefeature(c.b, name=f"topolet-{c.b}-x"), "application/json", "policy"),
+    ("server-side apply node B's NodeFeature", "PATCH",
+     NF_PATH + "/" + nodefeature_name("{b}") + "?fieldManager=topolet&force=true",
+     lambda c: nodefeature(c.b, {"topolet.io/numa.nodes": "9"}), APPLY, "policy"),
+    ("take over node B's NodeFeature by relabelling it", "PATCH", NF_PATH + "/" + nodefeature_name("{b}"),
+     lambda c: {"metadata": {"labels": {NODE_NAME_LABEL: c.a}}}, MERGE, "policy"),
+    ("create a NodeFeature for node B named after node A", "POST", NF_PATH,
+     lambda c: nodefeature(c.b, name=nodefeature_name(c.a) + "-x"), "application/json", "policy"),
+    ("own node: a label outside our prefixes", "PATCH", "/api/v1/nodes/{a}",
+     lambda c: labels_patch({"example.com/role": "gpu"}), MERGE, "policy"),
+    ("own node: remove kubernetes.io/hostname", "PATCH", "/api/v1/nodes/{a}",
+     lambda c: labels_patch({"kubernetes.io/hostname": None}), MERGE, "policy"),
+    ("own node: change kubernetes.io/hostname", "PATCH", "/api/v1/nodes/{a}",
+     lambda c: labels_patch({"kubernetes.io/hostname": "elsewhere"}), MERGE, "policy"),
+    ("own node: an annotation outside topolet.io/", "PATCH", "/api/v1/nodes/{a}",
+     lambda c: {"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "30"}}}, MERGE, "policy"),
+    ("own node: drop its taints", "PATCH", "/api/v1/nodes/{a}",
+     lambda c: {"spec": {"taints": None}}, MERGE, "policy"),
+    ("own node: cordon it", "PATCH", "/api/v1/nodes/{a}",
+     lambda c: {"spec": {"unschedulable": True}}, MERGE, "policy"),
+    ("own node: add a finalizer", "PATCH", "/api/v1/nodes/{a}",
+     lambda c: {"metadata": {"finalizers": ["example.com/keep"]}}, MERGE, "policy"),
+    ("read a Secret in its namespace", "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/anything",
+     None, MERGE, "rbac"),
+    ("list Secrets in its namespace", "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets", None, MERGE, "rbac"),
+    ("list Secrets everywhere", "GET", "/api/v1/secrets", None, MERGE, "rbac"),
+    ("create a Secret", "POST", f"/api/v1/namespaces/{NAMESPACE}/secrets",
+     lambda c: {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "x"}}, "application/json", "rbac"),
+    ("mint a token for itself", "POST", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{AGENT_SA}/token",
+     lambda c: {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
+     "application/json", "rbac"),
+    ("delete its own NRT", "DELETE", NRT_PATH + "/{a}", None, MERGE, "rbac"),
+    ("delete node B", "DELETE", "/api/v1/nodes/{b}", None, MERGE, "rbac"),
+    ("create a node", "POST", "/api/v1/nodes",
+     lambda c: {"apiVersion": "v1", "kind": "Node", "metadata": {"name": c.a + "-twin"}}, "application/json",
+     "rbac"),
+    ("update node B's status", "PATCH", "/api/v1/nodes/{b}/status",
+     lambda c: {"status": {"capacity": {"cpu": "1000"}}}, MERGE, "rbac"),
+    ("a NodeFeature in another namespace", "POST", NF_PATH.replace(NAMESPACE, "default"),
+     lambda c: {**nodefeature(c.a), "metadata": {**nodefeature(c.a)["metadata"], "namespace": "default"}},
+     "application/json", "rbac"),
+    ("exec into pods", "POST", f"/api/v1/namespaces/{NAMESPACE}/pods/anything/exec?command=sh",
+     None, MERGE, "rbac"),
+    ("read ConfigMaps", "GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps", None, MERGE, "rbac"),
+    ("grant itself a role", "POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+     lambda c: {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": "x"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                                       "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": AGENT_SA, "namespace": NAMESPACE}]},
+     "application/json", "rbac"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "make_body", "content_type", "layer"),
+                         [row[1:] for row in REFUSED], ids=[row[0] for row in REFUSED])
+def test_node_a_agent_is_refused(cluster: Cluster, method: str, path: str, make_body: Any,
+                                 content_type: str, layer: str) -> None:
+    before = node_labels(cluster, cluster.b)
+    status, body = as_agent(cluster, method, path.format(a=cluster.a, b=cluster.b),
+                            make_body(cluster) if make_body else None, content_type)
+    assert refused_by(status, body) == layer, (status, body)
+    assert node_labels(cluster, cluster.b) == before
+
+
+def test_refusals_leave_node_b_objects_as_node_b_wrote_them(cluster: Cluster) -> None:
+    for path, expected in ((f"{NRT_PATH}/{cluster.b}", nrt(cluster.b)),
+                           (f"{NF_PATH}/{nodefeature_name(cluster.b)}", nodefeature(cluster.b))):
+        status, body = api_request(cluster.plane, "GET", path)
+        assert status == 200, body
+        for key in ("zones", "attributes", "spec"):
+            assert body.get(key) == expected.get(key), key
+        assert body["metadata"].get("labels", {}).get(NODE_NAME_LABEL) == expected["metadata"].get(
+            "labels", {}).get(NODE_NAME_LABEL)
+
+
+# ---- allowed on its own node -------------------------------------------------------------------------
+
+
+def test_labels_its_own_node_and_removes_them_again(cluster: Cluster) -> None:
+    a = cluster.a
+    patch = labels_patch({"topolet.io/numa.nodes": "1", "feature.node.kubernetes.io/cpu-model.vendor_id":
+                            "AMD"})
+    patch["metadata"]["annotations"] = {"topolet.io/managed-labels": "topolet.io/numa.nodes"}
+    status, body = as_agent(cluster, "PATCH", f"/api/v1/nodes/{a}", patch)
+    assert status == 200, body
+    labels = node_labels(cluster, a)
+    assert labels["topolet.io/numa.nodes"] == "1"
+    assert labels["feature.node.kubernetes.io/cpu-model.vendor_id"] == "AMD"
+    assert labels["kubernetes.io/hostname"] == a
+    status, body = as_agent(cluster, "PATCH", f"/api/v1/nodes/{a}",
+                            labels_patch({"topolet.io/numa.nodes": None}))
+    assert status == 200, body
+    assert "topolet.io/numa.nodes" not in node_labels(cluster, a)
+    status, body = as_agent(cluster, "GET", f"/api/v1/nodes/{a}")
+    assert status == 200, body
+
+
+def test_publishes_its_own_nrt_by_server_side_apply(cluster: Cluster) -> None:
+    a = cluster.a
+    path = f"{NRT_PATH}/{a}?fieldManager=topolet&force=true"
+    status, body = as_agent(cluster, "PATCH", path, nrt(a), APPLY)
+    assert status == 201, body  # server-side apply creates it
+    status, body = as_agent(cluster, "PATCH", path, nrt(a, cpus=1), APPLY)
+    assert status == 200, body
+    assert body["zones"][0]["resources"][0]["available"] == "1"
+    status, body = as_agent(cluster, "GET", f"{NRT_PATH}/{a}")
+    assert status == 200, body
+
+
+def test_creates_its_own_nrt_with_post(cluster: Cluster) -> None:
+    # Node A's NRT may exist already (test order), so a third node and its agent.
+    c = f"node-c-{uuid.uuid4().hex[:6]}"
+    make_node(cluster.plane, c)
+    token = cluster.plane.mint_token(NAMESPACE, AGENT_SA, bound_pod=make_agent_pod(cluster.plane, c))
+    status, body = as_agent(cluster, "POST", NRT_PATH, nrt(c), "application/json", token=token)
+    assert status == 201, body
+    status, body = as_agent(cluster, "PATCH", f"{NRT_PATH}/{c}",
+                            {"attributes": [{"name": "topologyManagerPolicy", "value": "single-numa-node"}]},
+                            MERGE, token=token)
+    assert status == 200, body
+
+
+def test_publishes_its_own_nodefeature(cluster: Cluster) -> None:
+    a = cluster.a
+    path = f"{NF_PATH}/{nodefeature_name(a)}?fieldManager=topolet&force=true"
+    status, body = as_agent(cluster, "PATCH", path, nodefeature(a), APPLY)
+    assert status == 201, body
+    status, body = as_agent(cluster, "PATCH", path, nodefeature(a, {"topolet.io/numa.nodes": "2"}), APPLY)
+    assert status == 200, body
+    assert body["spec"]["labels"] == {"topolet.io/numa.nodes": "2"}
+    # ...but cannot hand its own object to node B.
+    status, body = as_agent(cluster, "PATCH", f"{NF_PATH}/{nodefeature_name(a)}",
+                            {"metadata": {"labels": {NODE_NAME_LABEL: cluster.b}}})
+    assert refused_by(status, body) == "policy", body
+
+
+def test_posts_events(cluster: Cluster) -> None:
+    name = f"topolet-{uuid.uuid4().hex[:8]}"
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
+             "involvedObject": {"kind": "Pod", "namespace": NAMESPACE, "name": "p"},
+             "reason": "InvalidAnnotation", "message": "x", "type": "Warning",
+             "source": {"component": "topolet", "host": cluster.a}}
+    events = f"/api/v1/namespaces/{NAMESPACE}/events"
+    status, body = as_agent(cluster, "POST", events, event, "application/json")
+    assert status == 201, body
+    status, body = as_agent(cluster, "PATCH", f"{events}/{name}", {"count": 2})
+    assert status == 200, body
+
+
+def test_lists_the_pods_on_its_node(cluster: Cluster) -> None:
+    status, body = as_agent(cluster, "GET", f"/api/v1/pods?fieldSelector=spec.nodeName={cluster.a}")
+    assert status == 200, body
+    assert [p["spec"]["nodeName"] for p in body["items"]] == [cluster.a]
+
+
+def test_sees_whether_nfd_is_installed_through_discovery(cluster: Cluster) -> None:
+    status, body = as_agent(cluster, "GET", "/apis/nfd.k8s-sigs.io/v1alpha1")
+    assert status == 200, body
+    assert "nodefeatures" in {r["name"] for r in body["resources"]}
+
+
+# ---- tokens that name no node ------------------------------------------------------------------------
+
+UNBOUND: list[tuple[str, str, str, Any, str]] = [
+    ("label node A", "PATCH", "/api/v1/nodes/{a}", lambda c: labels_patch({"topolet.io/numa.nodes": "3"}),
+     MERGE),
+    ("create node A's NRT", "POST", NRT_PATH, lambda c: nrt(c.a + "-u"), "application/json"),
+    ("apply node A's NodeFeature", "PATCH", NF_PATH + "/" + nodefeature_name("{a}") + "?fieldManager=topolet",
+     lambda c: nodefeature(c.a), APPLY),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "make_body", "content_type"),
+                         [row[1:] for row in UNBOUND], ids=[row[0] for row in UNBOUND])
+def test_a_token_not_bound_to_a_pod_on_a_node_cannot_write(
+    cluster: Cluster, method: str, path: str, make_body: Any, content_type: str
+) -> None:
+    status, body = as_agent(cluster, method, path.format(a=cluster.a, b=cluster.b), make_body(cluster),
+                            content_type, token=cluster.unbound)
+    assert refused_by(status, body) == "policy", (status, body)
+    assert "token bound to a pod on a node" in body["message"]
+
+
+def test_a_token_not_bound_to_a_pod_on_a_node_still_reads(cluster: Cluster) -> None:
+    """The refusals above are the policy's, not a broken token: the same token reads what RBAC grants."""
+    status, body = as_agent(cluster, "GET", f"/api/v1/nodes/{cluster.a}", token=cluster.unbound)
+    assert status == 200, body
+
+
+def test_token_of_a_pod_not_yet_scheduled_cannot_write(cluster: Cluster) -> None:
+    pod, uid = make_agent_pod_unscheduled(cluster.plane)
+    token = cluster.plane.mint_token(NAMESPACE, AGENT_SA, bound_pod=(pod, uid))
+    status, body = as_agent(cluster, "PATCH", f"/api/v1/nodes/{cluster.a}",
+                            labels_patch({"topolet.io/numa.nodes": "4"}), token=token)
+    assert refused_by(status, body) == "policy", body
+
+
+def make_agent_pod_unscheduled(plane: ControlPlane) -> tuple[str, str]:
+    name = f"topolet-agent-{uuid.uuid4().hex[:6]}"
+    status, body = api_request(plane, "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body={
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"serviceAccountName": AGENT_SA, "containers": [{"name": "agent", "image": "topolet:0.1.0"}]},
+    })
+    assert status == 201, body
+    return name, str(body["metadata"]["uid"])
+
+
+# ---- everyone else -----------------------------------------------------------------------------------
+
+
+def test_the_policy_leaves_other_users_alone(cluster: Cluster) -> None:
+    """An administrator still labels node B however it likes: the policy matches only the agent."""
+    status, body = api_request(cluster.plane, "PATCH", f"/api/v1/nodes/{cluster.b}",
+                               body=labels_patch({"example.com/owner": "admin"}), content_type=MERGE)
+    assert status == 200, body
+    assert node_labels(cluster, cluster.b)["example.com/owner"] == "admin"
