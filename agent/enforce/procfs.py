@@ -17,9 +17,13 @@ def _stat_fields(pid: int, proc: str) -> list[str] | None:
 
 
 def start_time(pid: int, proc: str = "/proc") -> int | None:
-    """Start time of `pid` in clock ticks since boot (stat field 22); None if there is no such process."""
+    """Start time of `pid` in clock ticks since boot (stat field 22); None if there is no such process.
+
+    A zombie (state Z) or dead (X) process counts as gone: it runs nothing and holds no CPU, but its
+    /proc entry lingers until its parent reaps it, which some parents never do.
+    """
     fields = _stat_fields(pid, proc)
-    if fields is None or len(fields) < 20:
+    if fields is None or len(fields) < 20 or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
 

@@ -103,7 +103,6 @@ def test_launcher_sigkilled_at_random_moments_leaves_nothing_after_one_pass(node
         assert node.pool() == node.allowed
 
 
-@pytest.mark.xfail(strict=True, reason="Owner.process_alive counts a zombie as running (enforce/procfs)")
 def test_an_owner_that_is_a_zombie_does_not_hold_its_cpus(node: Node) -> None:
     sleeper = subprocess.Popen(["sleep", "299"])
     try:
