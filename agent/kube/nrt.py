@@ -15,7 +15,11 @@ Public API (stable; the in-cluster daemon builds on it):
   applied, when a previous call failed, after `invalidate()`, or when the periodic existence check
   (`verify_seconds`, a read) finds the object deleted or our fields changed by someone else.
   True when it sent an apply; raises `agent.kube.client.KubeAPIError` when the API call failed
-  (the next call applies again).  `.writes` / `.failures` count applies sent and failed calls.
+  (the next call applies again).  `.writes` / `.failures` count applies sent and failed calls;
+  `.invalidate()` forces the next apply; `.resource_version` is the server's last known one.
+  Call `publish` on every pass with the freshly built object: it decides itself whether to write,
+  and only a call can notice a deleted object (a caller-side "unchanged, skip" gate defeats that).
+- `canonical(obj) -> str`: the text compared for "changed" (sorted keys, no spaces).
 
 Shape (k8stopologyawareschedwg/noderesourcetopology-api, v1alpha2 types.go): cluster-scoped, named
 after the node, owned by the Node (the garbage collector removes it with the node).  One zone per
