@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="show allocations and free CPUs per NUMA node")
     s.add_argument("--state-dir", default="/var/lib/topolet")
+    s.add_argument("--cgroup-root", default=None)
     s.add_argument("--format", default="table", choices=["table", "json"])
     s.set_defaults(handler=_status)
     return p

@@ -260,6 +260,37 @@ def _enable_v2_cpuset(layout: CgroupLayout, rel: str) -> None:
         _write(control, "+cpuset")
 
 
+def cgroup_of_pid(layout: CgroupLayout, pid: int, *, proc: str = "/proc",
+                  mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The cgroup of `pid` in the cpuset hierarchy, relative to `layout.root`; None when it lies
+    outside `layout.root` or cannot be read (the process is gone)."""
+    try:
+        with open(f"{proc}/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+        with open(mountinfo) as f:
+            mounts = _mountinfo_cgroups(f.read())
+    except OSError:
+        return None
+    path = None
+    for line in lines:
+        _, controllers, where = (line.split(":", 2) + ["", ""])[:3]
+        if (layout.version == 1 and "cpuset" in controllers.split(",")) or \
+                (layout.version == 2 and line.startswith("0::")):
+            path = where
+            break
+    if path is None:
+        return None
+    for fstype, point, opts in mounts:
+        if (layout.version == 1 and fstype == "cgroup" and "cpuset" in opts) or \
+                (layout.version == 2 and fstype == "cgroup2"):
+            absolute = os.path.normpath(os.path.join(point, path.lstrip("/")))
+            rel = os.path.relpath(absolute, layout.root)
+            if rel == ".":
+                return ""
+            return None if rel.startswith("..") else clean_path(rel)
+    return None
+
+
 def create_cgroup(
     layout: CgroupLayout, rel: str, cpus: CPUSet | None = None, mems: CPUSet | None = None
 ) -> str:

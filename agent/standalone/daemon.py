@@ -71,9 +71,7 @@ class StandaloneAgent:
                     self.metrics.drift.inc(result.drift_repaired)
                 for alloc_id in result.released:
                     log.info("released %s: its processes are gone", alloc_id)
-                with self.state_file.lock(timeout=30):
-                    events = drain_events(self.args.state_dir)
-                for ev in events:
+                for ev in drain_events(self.args.state_dir):
                     self.metrics.state_writes.inc(ev.state_writes)
                     if ev.result in ("success", "error"):
                         self.metrics.allocations.labels(result=ev.result).inc()

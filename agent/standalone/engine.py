@@ -205,8 +205,8 @@ class PinningEngine:
             move_pid(self.layout, rel, pid)
             return rel
 
-    def release(self, alloc_id: str, *, leaving_pid: int | None = None) -> bool:
-        """Free an allocation whose processes are gone (moving `leaving_pid` out first).
+    def release(self, alloc_id: str, *, leaving_pid: int | None = None, return_to: str = "") -> bool:
+        """Free an allocation whose processes are gone (moving `leaving_pid` back to `return_to` first).
 
         Returns False and keeps the allocation while other processes still run in its cgroup.
         """
@@ -216,7 +216,7 @@ class PinningEngine:
                 return False
             if leaving_pid is not None and exists(self.layout, alloc.cgroup):
                 if leaving_pid in read_procs(self.layout, alloc.cgroup):
-                    move_pid(self.layout, "", leaving_pid)
+                    move_pid(self.layout, return_to, leaving_pid)
             if exists(self.layout, alloc.cgroup) and read_procs(self.layout, alloc.cgroup):
                 log.info("allocation %s outlives its owner: processes remain in %s", alloc_id, alloc.cgroup)
                 return False
@@ -224,12 +224,12 @@ class PinningEngine:
             self._apply(state, remove=(alloc.cgroup,) if exists(self.layout, alloc.cgroup) else ())
             return True
 
-    def leave_shared(self, rel: str, pid: int) -> None:
-        """Move `pid` out of its shared cgroup and remove the cgroup once empty."""
+    def leave_shared(self, rel: str, pid: int, *, return_to: str = "") -> None:
+        """Move `pid` back to `return_to` and remove its shared cgroup once empty."""
         with self.locked():
             if exists(self.layout, rel):
                 if pid in read_procs(self.layout, rel):
-                    move_pid(self.layout, "", pid)
+                    move_pid(self.layout, return_to, pid)
                 if not read_procs(self.layout, rel):
                     remove_cgroup(self.layout, rel)
 
@@ -271,6 +271,12 @@ class PinningEngine:
             pool = shared_pool(self.allowed, state.reserved, [a.cpus for a in state.allocations])
             want = {self.layout.parent: self.allowed}
             want.update({rel: pool for rel in self._shared_cgroups()})
+            # A workload cgroup no allocation names but whose processes still run (one a rebuild
+            # dropped, say) is shared work: it gets the pool, never CPUs another allocation holds.
+            named = {a.cgroup for a in state.allocations}
+            for rel in list_children(self.layout, self.layout.parent):
+                if rel != self.layout.shared_path and rel not in named:
+                    want[rel] = pool
             want.update({a.cgroup: a.cpus for a in state.allocations if exists(self.layout, a.cgroup)})
             mems = {a.cgroup: a.mems for a in state.allocations if a.mems}
             repaired = repair_drift(self.layout, want, mems or None)

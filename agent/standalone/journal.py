@@ -1,18 +1,21 @@
 """An append-only event journal beside the state file: how `topolet exec` processes tell the agent
 what they did (allocation results and pin latencies) so its metrics count work done outside it.
 
-Each event is one JSON line written with one O_APPEND write (atomic for lines under PIPE_BUF); the
-agent drains the journal under the state lock, so no event is read twice or lost.
+Each event is one JSON line written with one O_APPEND write under a shared flock of the journal;
+the agent drains it (read, then truncate) under the exclusive flock, so an event appended while it
+drains waits for the next drain: none is read twice or lost.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from dataclasses import dataclass
 
 JOURNAL_NAME = "events.jsonl"
 _MAX_LINE = 512  # below PIPE_BUF, so concurrent appends never interleave
+_MAX_BYTES = 1 << 20  # without an agent draining it, the journal stops growing here
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +36,9 @@ def append_event(folder: str, event: Event) -> None:
     except OSError:
         return
     try:
-        os.write(fd, data)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # appenders share; only a drain excludes them
+        if os.fstat(fd).st_size < _MAX_BYTES:
+            os.write(fd, data)
     except OSError:
         pass
     finally:
@@ -41,11 +46,12 @@ def append_event(folder: str, event: Event) -> None:
 
 
 def drain_events(folder: str) -> list[Event]:
-    """Read and clear the journal; call under the state lock.  Malformed lines are skipped."""
+    """Read and clear the journal.  Malformed lines are skipped."""
     path = os.path.join(folder, JOURNAL_NAME)
     try:
         with open(path, "r+b") as f:
-            data = f.read(1 << 22)
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            data = f.read(_MAX_BYTES + _MAX_LINE)
             f.truncate(0)
     except FileNotFoundError:
         return []

@@ -13,8 +13,9 @@ from types import FrameType
 from typing import Any
 
 from agent.alloc.request import Request
-from agent.enforce import detect_layout
-from agent.enforce.state import Owner, StateFile
+from agent.enforce import CgroupLayout, detect_layout, exists, read_cpus, read_procs
+from agent.enforce.cgroup import cgroup_of_pid
+from agent.enforce.state import Allocation, Owner, StateFile
 from agent.errors import AllocationError, ConfigError, TopoletError
 from agent.gpu.model import GPU
 from agent.gpu.visible import visible_devices_env
@@ -87,13 +88,14 @@ def run_exec(args: argparse.Namespace) -> int:
     reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
     engine = PinningEngine(topo, layout, state_file, reserved, gpus=_gpu_inventory(gpus, topo))
     me = os.getpid()
+    origin = cgroup_of_pid(layout, me) or ""  # where this process goes back to when it is done
     name = unique_id("exec", me)
     if args.cpus == 0:
         rel = engine.join_shared(name, me)
         try:
             return _run_child(argv, {})
         finally:
-            engine.leave_shared(rel, me)
+            engine.leave_shared(rel, me, return_to=origin)
     request = Request(args.cpus, args.numa_policy, args.smt)
     writes_before = state_file.writes
     try:
@@ -117,10 +119,20 @@ def run_exec(args: argparse.Namespace) -> int:
     finally:
         writes_before = state_file.writes
         try:
-            engine.release(alloc.id, leaving_pid=me)
+            engine.release(alloc.id, leaving_pid=me, return_to=origin)
         except TopoletError as exc:  # the next reconcile frees it; the command's status still counts
             print(f"topolet exec: release of {alloc.id} deferred: {exc}", file=sys.stderr)
         append_event(args.state_dir, Event("released", state_writes=state_file.writes - writes_before))
+
+
+def _alive(layout: CgroupLayout | None, alloc: Allocation) -> bool:
+    """Whether an allocation is in use: a pod's, a live owner's, or one whose cgroup has processes."""
+    if alloc.owner.pod_uid is not None or alloc.owner.process_alive():
+        return True
+    try:
+        return layout is not None and exists(layout, alloc.cgroup) and bool(read_procs(layout, alloc.cgroup))
+    except TopoletError:
+        return False
 
 
 def status_data(state_dir: str, cgroup_root: str | None = None) -> dict[str, Any]:
@@ -128,10 +140,10 @@ def status_data(state_dir: str, cgroup_root: str | None = None) -> dict[str, Any
     topo = discover("/")
     state = StateFile(state_dir).load(missing_ok=True)
     allowed = topo.cpus
+    layout: CgroupLayout | None = None
     try:
-        from agent.enforce import read_cpus
-
-        allowed &= read_cpus(detect_layout(cgroup_root), "")
+        layout = detect_layout(cgroup_root)
+        allowed &= read_cpus(layout, "")
     except TopoletError:
         pass  # no cpuset controller here: every online CPU is allowed
     rows = usage_of(topo, allowed, state)
@@ -145,14 +157,14 @@ def status_data(state_dir: str, cgroup_root: str | None = None) -> dict[str, Any
         "allocations": [{"id": a.id, "cpus": a.cpus.cpulist(), "mems": a.mems.cpulist(), "cgroup": a.cgroup,
                          "gpus": list(a.gpus), "pid": a.owner.pid, "pod_uid": a.owner.pod_uid,
                          "policy": a.policy,
-                         "alive": a.owner.pod_uid is not None or a.owner.process_alive()}
+                         "alive": _alive(layout, a)}
                         for a in state.allocations],
     }
 
 
 def run_status(args: argparse.Namespace) -> int:
     """Entry point of `topolet status`."""
-    data = status_data(args.state_dir)
+    data = status_data(args.state_dir, args.cgroup_root)
     if args.format == "json":
         print(json.dumps(data, indent=1))
         return 0
