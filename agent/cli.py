@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: a NodeFeature when NFD's CRD exists, else the features.d file")
     g.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock")
     g.add_argument("--gfd-compat", action="store_true", help="also publish GFD's nvidia.com/* labels")
+    g.add_argument("--mig-config", default="",
+                   help="named MIG layout to keep applied (standalone; in Kubernetes the node label "
+                        "topolet.io/mig.config overrides it)")
+    g.add_argument("--allow-mig-mode-change", action="store_true",
+                   help="let the agent switch MIG mode on GPUs that run no processes")
     g.set_defaults(handler=_agent)
 
     e = sub.add_parser("exec", help="run a command on exclusive, topology-aligned CPUs")
