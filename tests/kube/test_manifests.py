@@ -97,6 +97,19 @@ def test_agent_runs_the_agent_on_its_node(docs: list[dict[str, Any]]) -> None:
     assert pod_spec(docs)["priorityClassName"] == "system-node-critical"
 
 
+def test_agent_command_line_is_one_the_cli_accepts(docs: list[dict[str, Any]]) -> None:
+    from agent.cli import build_parser
+
+    (agent,) = pod_spec(docs)["containers"]
+    assert agent["command"][0] == "topolet"
+    args = build_parser().parse_args([*agent["command"][1:], *agent["args"]])
+    assert args.mode == "kubernetes"
+    mounted = {m["mountPath"] for m in agent["volumeMounts"]}
+    # Every path the agent is told to use lies on a mount (the root file system is read-only).
+    for path in (args.state_dir, args.features_dir, args.pod_resources_socket):
+        assert any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounted), path
+
+
 def test_every_container_has_requests_limits_and_probes(docs: list[dict[str, Any]]) -> None:
     for c in containers(docs):
         res = c.get("resources", {})
