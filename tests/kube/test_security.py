@@ -114,6 +114,13 @@ def make_agent_pod(plane: ControlPlane, node: str) -> tuple[str, str]:
     return name, str(body["metadata"]["uid"])
 
 
+def new_agent(plane: ControlPlane) -> tuple[str, str, str]:
+    """A fresh node and an agent pod on it: (node name, node uid, the pod's bound token)."""
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    uid = make_node(plane, node)
+    return node, uid, plane.mint_token(NAMESPACE, AGENT_SA, bound_pod=make_agent_pod(plane, node))
+
+
 def wait_for_policy(plane: ControlPlane, token: str) -> None:
     """Until the API server enforces the policy: a dry-run create of an unrelated NRT is refused by it."""
     deadline = time.monotonic() + POLICY_TIMEOUT_S
@@ -281,9 +288,7 @@ def test_publishes_its_own_nrt_by_server_side_apply(cluster: Cluster) -> None:
 
 def test_creates_its_own_nrt_with_post(cluster: Cluster) -> None:
     # Node A's NRT may exist already (test order), so a third node and its agent.
-    c = f"node-c-{uuid.uuid4().hex[:6]}"
-    make_node(cluster.plane, c)
-    token = cluster.plane.mint_token(NAMESPACE, AGENT_SA, bound_pod=make_agent_pod(cluster.plane, c))
+    c, _, token = new_agent(cluster.plane)
     status, body = as_agent(cluster, "POST", NRT_PATH, nrt(c), "application/json", token=token)
     assert status == 201, body
     status, body = as_agent(cluster, "PATCH", f"{NRT_PATH}/{c}",
@@ -329,6 +334,55 @@ def test_sees_whether_nfd_is_installed_through_discovery(cluster: Cluster) -> No
     status, body = as_agent(cluster, "GET", "/apis/nfd.k8s-sigs.io/v1alpha1")
     assert status == 200, body
     assert "nodefeatures" in {r["name"] for r in body["resources"]}
+
+
+# ---- the agent's own publishers, with its own credentials -----------------------------------------
+
+
+def test_agent_publishers_work_with_the_agents_credentials(cluster: Cluster) -> None:
+    """What agent/kube sends (label sinks, NRT apply, Events) passes RBAC and the policy on its node."""
+    from agent.kube.events import EventRecorder
+    from agent.kube.labels_sink import LabelPublisher
+    from agent.kube.nrt import NRTPublisher
+
+    node, uid, token = new_agent(cluster.plane)
+    with cluster.plane.client(token) as api:
+        on_node = LabelPublisher(api, node, NAMESPACE, sink="node")
+        assert on_node.publish({"topolet.io/numa.nodes": "1", "topolet.io/cpu.threads-per-core": "2"})
+        assert on_node.publish({"topolet.io/numa.nodes": "1"})  # drops the key it no longer sets
+        labels = node_labels(cluster, node)
+        assert labels["topolet.io/numa.nodes"] == "1"
+        assert "topolet.io/cpu.threads-per-core" not in labels
+        auto = LabelPublisher(api, node, NAMESPACE, sink="auto")
+        assert auto.publish({"feature.node.kubernetes.io/memory-numa": "false"})
+        assert auto.resolved_sink == "nodefeature"
+        status, body = api_request(cluster.plane, "GET", f"{NF_PATH}/{nodefeature_name(node)}")
+        assert status == 200, body
+        assert body["spec"]["labels"] == {"feature.node.kubernetes.io/memory-numa": "false"}
+        obj = nrt(node)
+        obj["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}]
+        assert NRTPublisher(api, node).publish(obj)
+        recorder = EventRecorder(api, node)
+        pod = {"metadata": {"namespace": NAMESPACE, "name": "some-pod", "uid": str(uuid.uuid4())}}
+        assert recorder.warn(pod, "InvalidAnnotation", "topolet.io/smt: not one of full-cores, any")
+        assert recorder.failures == 0
+
+
+def test_agent_publishers_for_another_node_are_refused(cluster: Cluster) -> None:
+    """A misconfigured --node-name cannot make an agent write another node's objects."""
+    from agent.kube.client import KubeAPIError
+    from agent.kube.labels_sink import LabelPublisher
+    from agent.kube.nrt import NRTPublisher
+
+    with cluster.plane.client(cluster.token_a) as api:
+        for sink in ("node", "nodefeature"):
+            with pytest.raises(KubeAPIError) as refused:
+                LabelPublisher(api, cluster.b, NAMESPACE, sink=sink).publish({"topolet.io/numa.nodes": "7"})
+            assert refused.value.status == 403
+        with pytest.raises(KubeAPIError) as refused:
+            NRTPublisher(api, cluster.b).publish(nrt(cluster.b, cpus=7))
+        assert refused.value.status == 403
+    assert node_labels(cluster, cluster.b).get("topolet.io/numa.nodes") != "7"
 
 
 # ---- tokens that name no node ------------------------------------------------------------------------
