@@ -55,28 +55,32 @@ def extract_all(dest: Path, lstopo: str) -> list[tuple[int, str, Path]]:
     return found
 
 
-def median_in_process(root: str, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        discover(root)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def timed_rounds(root: str, ls_argv: list[str], topolet_argv: list[str], rounds: int,
+                 scans_per_round: int) -> tuple[float, float, float]:
+    """Medians of (in-process discover, lstopo process, topolet process), measured interleaved.
 
-
-def median_process(argv: list[str], runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    Each round runs all three back to back, so load from anything else on the machine falls on
+    every column alike and the ratios stay comparable even when the absolute times move.
+    """
+    scans: list[float] = []
+    refs: list[float] = []
+    procs: list[float] = []
+    for _ in range(rounds):
+        for _ in range(scans_per_round):
+            t0 = time.perf_counter()
+            discover(root)
+            scans.append(time.perf_counter() - t0)
+        for argv, out in ((ls_argv, refs), (topolet_argv, procs)):
+            t0 = time.perf_counter()
+            subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+            out.append(time.perf_counter() - t0)
+    return statistics.median(scans), statistics.median(refs), statistics.median(procs)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=21, help="in-process runs per root (median)")
-    ap.add_argument("--process-runs", type=int, default=7, help="process runs per root (median)")
+    ap.add_argument("--rounds", type=int, default=21, help="interleaved rounds per root (medians)")
+    ap.add_argument("--scans-per-round", type=int, default=3, help="in-process scans per round")
     a = ap.parse_args()
     lstopo = shutil.which("lstopo-no-graphics")
     if not lstopo:
@@ -92,11 +96,9 @@ def main() -> int:
               f" {'topolet proc ms':>16} {'proc ratio':>10}")
         worst = float("inf")
         for name, root, ncpu in roots:
-            scan = median_in_process(root, a.runs)
             ls_argv = [lstopo, "-v", "-"] if root == "/" else [lstopo, "--input", root, "-v", "-"]
-            ref = median_process(ls_argv, a.process_runs)
-            proc = median_process([topolet, "discover", "--fsroot", root, "--format", "json"],
-                                  a.process_runs)
+            topolet_argv = [topolet, "discover", "--fsroot", root, "--format", "json"]
+            scan, ref, proc = timed_rounds(root, ls_argv, topolet_argv, a.rounds, a.scans_per_round)
             speedup = ref / scan
             worst = min(worst, speedup)
             print(f"{name:<34} {ncpu:>5} {scan * 1e3:>9.2f} {ref * 1e3:>10.2f} {speedup:>8.2f}"

@@ -622,12 +622,6 @@ static const char *const cache_names[K_COUNT] = {"level", "type", "size", "coher
                                                  "id", "shared_cpu_map", "shared_cpu_list"};
 static const int cache_is_mask[2] = {1, 0};
 
-static void mark_cache(void *arg, const char *name, unsigned char type)
-{
-    (void)type;
-    mark_name(arg, cache_names, K_COUNT, name);
-}
-
 static int64_t parse_size(const char *s, size_t n, int *err)
 {
     int64_t v, mul = 1;
@@ -699,7 +693,7 @@ static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const c
     const topo_cpu_t *cpu = &ctx->pub.cpus[slot], *donor;
     topo_cache_t *c;
     topo_set_t shared;
-    uint32_t present = 0, nerrors = ctx->pub.nerrors;
+    uint32_t nerrors = ctx->pub.nerrors;
     size_t len;
     int64_t v;
     int fd, err;
@@ -742,35 +736,26 @@ static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const c
     c->level = c->line_bytes = -1;
     c->id = c->size_bytes = -1;
     c->cpus = shared;
-    err = list_dir(ctx, fd, mark_cache, &present);
-    if (err) {
-        scan_add_error(ctx, err, dir, NULL);
-        present = ~0u;
-    }
-    if (present >> K_LEVEL & 1)
-        c->level = get_id(ctx, fd, dir, "level");
-    if (present >> K_LINE & 1)
-        c->line_bytes = get_id(ctx, fd, dir, "coherency_line_size");
-    if (present >> K_ID & 1 && get_int(ctx, fd, dir, "id", 0, &v) == 0)
+    /* Reading each file outright beats listing the folder first: the listing costs two getdents
+     * calls, a missing optional file (`id`) one failed open. */
+    c->level = get_id(ctx, fd, dir, "level");
+    c->line_bytes = get_id(ctx, fd, dir, "coherency_line_size");
+    if (get_int(ctx, fd, dir, "id", 0, &v) == 0)
         c->id = v;
-    if (present >> K_SIZE & 1) {
-        err = scan_read(ctx, fd, "size", &len, 0);
-        if (err == 0)
-            c->size_bytes = parse_size(ctx->buf, len, &err);
-        if (err && err != ENOENT)
-            scan_add_error(ctx, err, dir, "size");
-    }
-    if (present >> K_TYPE & 1) {
-        err = scan_read(ctx, fd, "type", &len, 0);
-        if (err == 0) {
-            const char *t = ctx->buf;
-            trim(&t, &len);
-            if (len >= sizeof c->type)
-                len = sizeof c->type - 1;
-            memcpy(c->type, t, len);
-        } else if (err != ENOENT) {
-            scan_add_error(ctx, err, dir, "type");
-        }
+    err = scan_read(ctx, fd, "size", &len, 0);
+    if (err == 0)
+        c->size_bytes = parse_size(ctx->buf, len, &err);
+    if (err && err != ENOENT)
+        scan_add_error(ctx, err, dir, "size");
+    err = scan_read(ctx, fd, "type", &len, 0);
+    if (err == 0) {
+        const char *t = ctx->buf;
+        trim(&t, &len);
+        if (len >= sizeof c->type)
+            len = sizeof c->type - 1;
+        memcpy(c->type, t, len);
+    } else if (err != ENOENT) {
+        scan_add_error(ctx, err, dir, "type");
     }
     if (ctx->pub.nerrors != nerrors)
         c->flags |= TOPO_F_PARTIAL;
