@@ -3,9 +3,14 @@
 Reads the live instances (and which have processes), plans with the pure planner, records the plan
 in `mig-plan.json` before acting, then destroys idle instances and creates the planned ones with
 their compute instances.  It changes MIG mode only when allowed and only on GPUs with no processes,
-never destroys an instance in use, and does nothing when the layout already holds.  After a crash
-`resume()` finishes a recorded plan by re-planning for the same desired layout (re-planning from live
-state, so a half-done plan is completed rather than repeated).
+never destroys an instance in use, and does nothing when the layout already holds.
+
+After a crash `resume()` takes the plan the file says was in progress and either finishes it (the
+steps still missing, read from live state, so nothing is done twice) or, when it can no longer be
+finished — an instance it destroys became busy, a foreign instance took a planned slot, NVML refuses
+a step — rolls it back: it destroys the idle instances the plan created and recreates the ones it
+destroyed where their slots are free.  The file says "rolling-back" while that runs, so a crash
+during a rollback resumes the rollback.
 
 `nvml` is the pynvml module or a stand-in with the same functions; nothing here imports pynvml.
 """
@@ -21,11 +26,28 @@ from typing import Any
 from agent.errors import ConfigError
 from agent.gpu.layouts import named_layout, plan_layout
 from agent.gpu.planfile import read_plan_file, write_plan_file
-from agent.gpu.planner import ExistingInstance, GPUPlan, GPUState, MigPlan, PlanError, plan_mig
+from agent.gpu.planner import (
+    ExistingInstance,
+    GPUPlan,
+    GPUState,
+    Instance,
+    MigPlan,
+    PlanError,
+    plan_mig,
+)
 from agent.gpu.profiles import GPUModel, Profile, resolve_model
 
 STATE_LABEL = "topolet.io/mig.config.state"
 PENDING, SUCCESS, FAILED = "pending", "success", "failed"
+
+# Operation names reported through `on_operation(op, result)`; result is "success" or "error".
+OP_CREATE_GI = "gpu_instance_create"
+OP_DESTROY_GI = "gpu_instance_destroy"
+OP_CREATE_CI = "compute_instance_create"
+OP_MIG_MODE = "mig_mode_change"
+OPERATIONS = (OP_CREATE_GI, OP_DESTROY_GI, OP_CREATE_CI, OP_MIG_MODE)
+
+OperationHook = Callable[[str, str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,18 +105,60 @@ class _LiveGPU:
     mig_pending: bool
     processes: list[Any]
     gis: dict[tuple[str, int], tuple[Any, ExistingInstance]] = field(default_factory=dict)
+    no_ci: set[tuple[str, int]] = field(default_factory=set)  # GPU instances without a compute instance
+
+
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    """One GPU's part of a recorded plan, keyed by (profile, start)."""
+
+    index: int
+    layout: dict[tuple[str, int], Instance]
+    create: dict[tuple[str, int], Instance]
+    destroy: dict[tuple[str, int], Instance]
+
+
+def _instances(items: Any) -> dict[tuple[str, int], Instance]:
+    if not isinstance(items, list):
+        raise ConfigError("recorded MIG plan: instance list expected")
+    out: dict[tuple[str, int], Instance] = {}
+    for item in items:
+        inst = Instance(int(item["start"]), int(item["size"]), str(item["profile"]))
+        out[(inst.profile, inst.start)] = inst
+    return out
+
+
+def _recorded_plan(body: Mapping[str, Any]) -> list[_Recorded]:
+    """The per-GPU steps of a recorded plan; ConfigError when the record is not one we wrote."""
+    try:
+        return [_Recorded(int(g["index"]), _instances(g["layout"]), _instances(g["create"]),
+                          _instances(g["destroy"])) for g in body.get("gpus", [])]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"recorded MIG plan is malformed: {exc!r}") from None
 
 
 class MigApplier:
     """Applies desired MIG layouts through one NVML module, recording plans under `state_dir`."""
 
     def __init__(self, nvml: Any, state_dir: str | os.PathLike[str], *, allow_mig_mode_change: bool = False,
-                 on_state: Callable[[str], None] | None = None) -> None:
+                 on_state: Callable[[str], None] | None = None,
+                 on_operation: OperationHook | None = None) -> None:
         self.nvml = nvml
         self.state_dir = state_dir
         self.allow_mig_mode_change = allow_mig_mode_change
         self.on_state = on_state
+        self.on_operation = on_operation
         self.counters = ApplyCounters()
+
+    def _count(self, op: str, ok: bool) -> None:
+        if ok and op == OP_CREATE_GI:
+            self.counters.created += 1
+        elif ok and op == OP_DESTROY_GI:
+            self.counters.destroyed += 1
+        elif ok and op == OP_MIG_MODE:
+            self.counters.mig_mode_changes += 1
+        if self.on_operation is not None:
+            self.on_operation(op, "success" if ok else "error")
 
     # --- reading ---
     def _text(self, value: str | bytes) -> str:
@@ -140,11 +204,13 @@ class MigApplier:
                 inst = ExistingInstance(p.name, int(gi_info.placement.start), int(gi_info.placement.size),
                                         int(gi_info.id) in busy, int(gi_info.id))
                 live.gis[(p.name, inst.start)] = (gi, inst)
+                if not self._compute_instances(gi):
+                    live.no_ci.add((p.name, inst.start))
 
-    # --- acting ---
-    def _destroy(self, live: _LiveGPU, inst: ExistingInstance) -> None:
+    def _compute_instances(self, gi: Any) -> list[Any]:
+        """Handles of every compute instance inside GPU instance `gi`."""
         nv = self.nvml
-        gi, _ = live.gis[(inst.profile, inst.start)]
+        found: list[Any] = []
         for ci_profile in range(int(nv.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
             try:
                 ci_info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
@@ -154,24 +220,64 @@ class MigApplier:
             array = (nv.c_nvmlComputeInstance_t * max(int(ci_info.instanceCount), 1))()
             count = ctypes.c_uint(0)
             nv.nvmlGpuInstanceGetComputeInstances(gi, ci_info.id, array, ctypes.byref(count))
-            for i in range(count.value):
-                nv.nvmlComputeInstanceDestroy(array[i])
-        nv.nvmlGpuInstanceDestroy(gi)
-        self.counters.destroyed += 1
+            found.extend(array[i] for i in range(count.value))
+        return found
 
-    def _create(self, live: _LiveGPU, profile: Profile, start: int, size: int) -> None:
+    # --- acting ---
+    def _destroy(self, live: _LiveGPU, inst: ExistingInstance) -> None:
         nv = self.nvml
-        info = self._profile_info(live.handle, profile)
-        placement = nv.c_nvmlGpuInstancePlacement_t(start, size)
-        gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(live.handle, info.id, ctypes.byref(placement))
+        key = (inst.profile, inst.start)
+        gi, _ = live.gis[key]
+        try:
+            for ci in self._compute_instances(gi):
+                nv.nvmlComputeInstanceDestroy(ci)
+            nv.nvmlGpuInstanceDestroy(gi)
+        except nv.NVMLError:
+            self._count(OP_DESTROY_GI, False)
+            raise
+        del live.gis[key]
+        live.no_ci.discard(key)
+        self._count(OP_DESTROY_GI, True)
+
+    def _create_ci(self, gi: Any, profile: Profile) -> None:
+        nv = self.nvml
         try:
             ci_info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                 gi, profile.ci_profile_id, nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
             nv.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
         except nv.NVMLError:
+            self._count(OP_CREATE_CI, False)
+            raise
+        self._count(OP_CREATE_CI, True)
+
+    def _create(self, live: _LiveGPU, profile: Profile, start: int, size: int) -> None:
+        nv = self.nvml
+        try:
+            info = self._profile_info(live.handle, profile)
+            placement = nv.c_nvmlGpuInstancePlacement_t(start, size)
+            gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(live.handle, info.id, ctypes.byref(placement))
+        except nv.NVMLError:
+            self._count(OP_CREATE_GI, False)
+            raise
+        self._count(OP_CREATE_GI, True)
+        try:
+            self._create_ci(gi, profile)
+        except nv.NVMLError:
             nv.nvmlGpuInstanceDestroy(gi)  # no half-made instance left behind
             raise
-        self.counters.created += 1
+        live.gis[(profile.name, start)] = (gi, ExistingInstance(profile.name, start, size))
+
+    def _fill_compute_instances(self, live: _LiveGPU, layout: Collection[Instance]) -> int:
+        """Give each GPU instance of `layout` that has none its compute instance (a crash between
+        the two creates leaves such a GPU instance behind); returns how many were made."""
+        made = 0
+        for inst in sorted(layout):
+            key = (inst.profile, inst.start)
+            if key in live.no_ci and key in live.gis:
+                self._create_ci(live.gis[key][0], live.model.profile(inst.profile))
+                live.no_ci.discard(key)
+                made += 1
+        return made
 
     def _report(self, result: ApplyResult) -> ApplyResult:
         if result.state == FAILED:
@@ -183,11 +289,13 @@ class MigApplier:
     def _mig_mode(self, gpus: list[_LiveGPU], enable: bool) -> ApplyResult | None:
         """Bring MIG mode to `enable` where allowed; a result when it cannot (yet) be done."""
         nv = self.nvml
+        waiting: list[int] = []  # GPUs whose change is staged and takes effect at their next reset
         for g in gpus:
             if g.mig_current == enable and g.mig_pending == enable:
                 continue
             if g.mig_current != enable and g.mig_pending == enable:
-                return ApplyResult(PENDING, f"GPU {g.index}: MIG mode change waits for a GPU reset")
+                waiting.append(g.index)
+                continue
             if not self.allow_mig_mode_change:
                 mode = "enabled" if g.mig_current else "disabled"
                 return ApplyResult(FAILED, f"GPU {g.index}: MIG mode is {mode}; changing it is not allowed")
@@ -197,12 +305,19 @@ class MigApplier:
             if g.gis:
                 return ApplyResult(FAILED, f"GPU {g.index}: GPU instances exist; MIG mode not changed")
             target = nv.NVML_DEVICE_MIG_ENABLE if enable else nv.NVML_DEVICE_MIG_DISABLE
-            nv.nvmlDeviceSetMigMode(g.handle, target)
-            self.counters.mig_mode_changes += 1
+            try:
+                nv.nvmlDeviceSetMigMode(g.handle, target)
+            except nv.NVMLError:
+                self._count(OP_MIG_MODE, False)
+                raise
+            self._count(OP_MIG_MODE, True)
             current, pending = nv.nvmlDeviceGetMigMode(g.handle)
             g.mig_current, g.mig_pending = bool(current), bool(pending)
             if g.mig_current != enable:
-                return ApplyResult(PENDING, f"GPU {g.index}: MIG mode change waits for a GPU reset")
+                waiting.append(g.index)
+        if waiting:
+            which = ", ".join(map(str, waiting))
+            return ApplyResult(PENDING, f"GPU {which}: MIG mode change waits for a GPU reset")
         return None
 
     def _plan(self, gpus: list[_LiveGPU], desired: Desired) -> MigPlan:
@@ -210,7 +325,14 @@ class MigApplier:
         if desired.layout:
             plans: list[GPUPlan] = []
             for g, s in zip(gpus, states, strict=True):
-                plans.extend(plan_layout(g.model, [s], named_layout(g.model, desired.layout)).gpus)
+                layout = named_layout(g.model, desired.layout)
+                try:
+                    plans.extend(plan_layout(g.model, [s], layout).gpus)
+                except PlanError as exc:
+                    # Planned one GPU at a time: say which, and what in use held it back.
+                    busy = [f"{i.profile}@{i.start}" for i in s.instances if i.in_use]
+                    held = f" (in-use instances stay: {', '.join(busy)})" if busy else ""
+                    raise PlanError(f"GPU {g.index}: {desired.layout}: {exc}{held}") from None
             return MigPlan(",".join(sorted({g.model.name for g in gpus})), (), tuple(plans))
         models = {g.model.name for g in gpus}
         if len(models) != 1:
@@ -247,7 +369,10 @@ class MigApplier:
 
     def _converge(self, gpus: list[_LiveGPU], target: Desired, desired: Desired) -> ApplyResult:
         plan = self._plan(gpus, target)
-        if plan.operations == 0:
+        by_index = {g.index: g for g in gpus}
+        unfilled = sum(len(by_index[gp.index].no_ci & {(i.profile, i.start) for i in gp.layout})
+                       for gp in plan.gpus)
+        if plan.operations == 0 and not unfilled:
             recorded = read_plan_file(self.state_dir)
             if recorded is not None and recorded.get("status") != "done":
                 self._record(desired, plan, "done", "")
@@ -255,23 +380,37 @@ class MigApplier:
         if self.on_state is not None:
             self.on_state(PENDING)
         self._record(desired, plan, "in-progress", "")
-        by_index = {g.index: g for g in gpus}
-        for gp in plan.gpus:
+        self._execute(plan.gpus, by_index)
+        problem = self._verify(plan.gpus)
+        if problem:
+            self._record(desired, plan, "failed", problem)
+            return self._report(ApplyResult(FAILED, problem, plan))
+        self._record(desired, plan, "done", "")
+        return self._report(ApplyResult(SUCCESS, f"{plan.operations + unfilled} operations", plan))
+
+    def _execute(self, steps: Collection[GPUPlan], by_index: Mapping[int, _LiveGPU]) -> None:
+        """Destroys first (they free the slots), then creates, then missing compute instances."""
+        for gp in steps:
             for inst in gp.destroy:
                 self._destroy(by_index[gp.index], inst)
-        for gp in plan.gpus:
+        for gp in steps:
             live = by_index[gp.index]
             for new in gp.create:
                 self._create(live, live.model.profile(new.profile), new.start, new.size)
-        after = {g.index: sorted((p, s) for p, s in g.gis) for g in self._live({})}
-        for gp in plan.gpus:
+            self._fill_compute_instances(live, gp.layout)
+
+    def _verify(self, steps: Collection[GPUPlan]) -> str:
+        """"" when every GPU holds its planned layout, each instance with a compute instance."""
+        after = {g.index: g for g in self._live({})}
+        for gp in steps:
+            live = after.get(gp.index)
+            have = sorted(live.gis) if live is not None else None
             want = sorted((i.profile, i.start) for i in gp.layout)
-            if after.get(gp.index) != want:
-                message = f"GPU {gp.index}: layout after apply is {after.get(gp.index)}, planned {want}"
-                self._record(desired, plan, "failed", message)
-                return self._report(ApplyResult(FAILED, message, plan))
-        self._record(desired, plan, "done", "")
-        return self._report(ApplyResult(SUCCESS, f"{plan.operations} operations", plan))
+            if have != want:
+                return f"GPU {gp.index}: layout after apply is {have}, planned {want}"
+            if live is not None and live.no_ci:
+                return f"GPU {gp.index}: GPU instances without a compute instance: {sorted(live.no_ci)}"
+        return ""
 
     def _record(self, desired: Desired, plan: MigPlan | None, status: str, error: str) -> None:
         body: dict[str, Any] = {"status": status, "desired": desired.to_json()}
@@ -286,9 +425,104 @@ class MigApplier:
         write_plan_file(self.state_dir, body)
 
     def resume(self, in_use: Mapping[int, Collection[int]] | None = None) -> ApplyResult | None:
-        """Finish a plan a previous run recorded but did not complete; None when there is none."""
+        """Finish the plan a previous run recorded but did not complete, or roll it back when it
+        can no longer be finished; None when no plan is pending."""
         body = read_plan_file(self.state_dir)
-        if body is None or body.get("status") != "in-progress":
+        if body is None or body.get("status") not in ("in-progress", "rolling-back"):
             return None
-        return self.apply(Desired.from_json(body.get("desired", {})), in_use)
+        nv = self.nvml
+        try:
+            steps = _recorded_plan(body)
+            if body["status"] == "rolling-back":  # a crash interrupted the rollback: carry on with it
+                return self._rollback(body, steps, str(body.get("error", "")), in_use or {})
+            by_index = {g.index: g for g in self._live(in_use or {})}
+            problem = self._unfinishable(steps, by_index)
+            if not problem:
+                try:
+                    return self._finish(body, steps, by_index)
+                except nv.NVMLError as exc:
+                    problem = f"NVML: {exc}"
+            return self._rollback(body, steps, problem, in_use or {})
+        except (ConfigError, nv.NVMLError) as exc:
+            message = str(exc) if isinstance(exc, ConfigError) else f"NVML: {exc}"
+            self._write_status(body, "failed", message)
+            return self._report(ApplyResult(FAILED, message))
 
+    def _unfinishable(self, steps: list[_Recorded], by_index: Mapping[int, _LiveGPU]) -> str:
+        """Why the recorded plan cannot be finished from the live state; "" when it can."""
+        for step in steps:
+            live = by_index.get(step.index)
+            if live is None or not live.mig_current:
+                return f"GPU {step.index} is gone or no longer in MIG mode"
+            for key, (_, inst) in sorted(live.gis.items()):
+                if key in step.layout:
+                    continue
+                if key not in step.destroy:
+                    return (f"GPU {step.index}: instance {inst.profile}@{inst.start} is not part of the "
+                            "recorded plan")
+                if inst.in_use:
+                    return (f"GPU {step.index}: instance {inst.profile}@{inst.start}, which the plan "
+                            "destroys, is in use")
+        return ""
+
+    def _finish(self, body: dict[str, Any], steps: list[_Recorded],
+                by_index: Mapping[int, _LiveGPU]) -> ApplyResult:
+        remaining: list[GPUPlan] = []
+        for step in steps:
+            live = by_index[step.index]
+            destroy = tuple(inst for key, (_, inst) in sorted(live.gis.items()) if key in step.destroy)
+            create = tuple(sorted(i for key, i in step.layout.items() if key not in live.gis))
+            remaining.append(GPUPlan(step.index, tuple(sorted(step.layout.values())), create, destroy))
+        self._execute(remaining, by_index)
+        problem = self._verify(remaining)
+        if problem:
+            self._write_status(body, "failed", problem)
+            return self._report(ApplyResult(FAILED, problem))
+        self._write_status(body, "done", "")
+        done = sum(g.operations for g in remaining)
+        return self._report(ApplyResult(SUCCESS, f"finished the recorded plan ({done} operations left)"))
+
+    def _rollback(self, body: dict[str, Any], steps: list[_Recorded], problem: str,
+                  in_use: Mapping[int, Collection[int]]) -> ApplyResult:
+        """Undo the recorded plan as far as it is safe: destroy the idle instances it created,
+        recreate the ones it destroyed where their slots are free.  Always a FAILED result."""
+        self._write_status(body, "rolling-back", problem)
+        nv = self.nvml
+        by_index = {g.index: g for g in self._live(in_use)}
+        destroyed = restored = 0
+        notes: list[str] = []
+        for step in steps:
+            live = by_index.get(step.index)
+            if live is None or not live.mig_current:
+                notes.append(f"GPU {step.index} not in MIG mode")
+                continue
+            for key in sorted(step.create):
+                if key not in live.gis:
+                    continue
+                made = live.gis[key][1]
+                if made.in_use:
+                    notes.append(f"GPU {step.index}: {made.profile}@{made.start} kept (in use)")
+                    continue
+                self._destroy(live, made)
+                destroyed += 1
+            for key, gone in sorted(step.destroy.items()):
+                if key in live.gis:
+                    continue
+                try:
+                    self._create(live, live.model.profile(gone.profile), gone.start, gone.size)
+                    restored += 1
+                except nv.NVMLError as exc:
+                    notes.append(f"GPU {step.index}: {gone.profile}@{gone.start} not restored ({exc})")
+        message = (f"recorded plan not finished: {problem}; rolled back: {destroyed} created "
+                   f"instance(s) destroyed, {restored} destroyed instance(s) restored")
+        if notes:
+            message += f" ({'; '.join(notes)})"
+        self._write_status(body, "rolled-back", message)
+        return self._report(ApplyResult(FAILED, message))
+
+    def _write_status(self, body: dict[str, Any], status: str, error: str) -> None:
+        updated = {k: v for k, v in body.items() if k != "error"}
+        updated["status"] = status
+        if error:
+            updated["error"] = error
+        write_plan_file(self.state_dir, updated)
