@@ -689,14 +689,14 @@ static const topo_cpu_t *donor_for(const struct scan_ctx *ctx, uint32_t slot, in
 static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const char *cachedir,
                        int64_t index)
 {
-    char name[32], prefix[40], dir[512];
+    char name[32], prefix[40], dir[512], path[64];
     const topo_cpu_t *cpu = &ctx->pub.cpus[slot], *donor;
     topo_cache_t *c;
     topo_set_t shared;
     uint32_t nerrors = ctx->pub.nerrors;
     size_t len;
     int64_t v;
-    int fd, err;
+    int err;
 
     snprintf(name, sizeof name, "index%lld", (long long)index);
     snprintf(prefix, sizeof prefix, "%s/", name);
@@ -720,34 +720,36 @@ static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const c
         }
     }
 
-    fd = open_dir_at(cachefd, name);
-    if (fd < 0) {
-        if (ctx->pub.nerrors == nerrors)
+    if (shared.off == TOPO_ABSENT && ctx->pub.nerrors == nerrors) {
+        /* no sharing file at all: is the folder itself missing or unreadable? */
+        int fd = open_dir_at(cachefd, name);
+        if (fd < 0) {
             scan_add_error(ctx, errno, dir, NULL);
-        return;
-    }
-    if (GROW(ctx, caches, ncaches, cap_caches, 1)) {
+            return;
+        }
         close(fd);
-        return;
     }
+    if (GROW(ctx, caches, ncaches, cap_caches, 1))
+        return;
     c = &ctx->pub.caches[ctx->pub.ncaches++];
     memset(c, 0, sizeof *c);
     c->index = (int32_t)index;
     c->level = c->line_bytes = -1;
     c->id = c->size_bytes = -1;
     c->cpus = shared;
-    /* Reading each file outright beats listing the folder first: the listing costs two getdents
-     * calls, a missing optional file (`id`) one failed open. */
-    c->level = get_id(ctx, fd, dir, "level");
-    c->line_bytes = get_id(ctx, fd, dir, "coherency_line_size");
-    if (get_int(ctx, fd, dir, "id", 0, &v) == 0)
+    /* Files are read through the cache folder's descriptor as "indexM/<file>": no open of the
+     * index folder, no listing (a missing optional `id` costs one failed open). */
+#define INDEX_FILE(f) (snprintf(path, sizeof path, "%s%s", prefix, f), path)
+    c->level = get_id(ctx, cachefd, cachedir, INDEX_FILE("level"));
+    c->line_bytes = get_id(ctx, cachefd, cachedir, INDEX_FILE("coherency_line_size"));
+    if (get_int(ctx, cachefd, cachedir, INDEX_FILE("id"), 0, &v) == 0)
         c->id = v;
-    err = scan_read(ctx, fd, "size", &len, 0);
+    err = scan_read(ctx, cachefd, INDEX_FILE("size"), &len, 0);
     if (err == 0)
         c->size_bytes = parse_size(ctx->buf, len, &err);
     if (err && err != ENOENT)
         scan_add_error(ctx, err, dir, "size");
-    err = scan_read(ctx, fd, "type", &len, 0);
+    err = scan_read(ctx, cachefd, INDEX_FILE("type"), &len, 0);
     if (err == 0) {
         const char *t = ctx->buf;
         trim(&t, &len);
@@ -757,9 +759,9 @@ static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const c
     } else if (err != ENOENT) {
         scan_add_error(ctx, err, dir, "type");
     }
+#undef INDEX_FILE
     if (ctx->pub.nerrors != nerrors)
         c->flags |= TOPO_F_PARTIAL;
-    close(fd);
 }
 
 /* Scan cpuN/topology; returns the sibling whose facts were copied, or NULL when read in full. */
