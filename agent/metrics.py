@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from agent import __version__
 
+MIG_CONFIG_STATES = ("pending", "success", "failed")  # topolet.io/mig.config.state values
 PIN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -52,6 +53,22 @@ class Metrics:
                                    registry=r)
         self.api_writes = Counter("topolet_api_writes", "Kubernetes API writes by kind (nrt, labels, event)",
                                   ["kind"], registry=r)
+        self.mig_operations = Counter("topolet_mig_operations",
+                                      "MIG changes through NVML by operation and result (success, error)",
+                                      ["op", "result"], registry=r)
+        self.mig_config_state = Gauge("topolet_mig_config_state",
+                                      "1 for the MIG config state now (pending, success, failed), 0 for the "
+                                      "others; no series while no MIG config is managed",
+                                      ["state"], registry=r)
+
+    def set_mig_config_state(self, state: str | None) -> None:
+        """Mark `state` as the MIG config state now (None: no MIG config managed, no series)."""
+        if state is None:
+            self.mig_config_state.clear()
+            return
+        # Set in place (no clear first) so a scrape never sees the family empty mid-update.
+        for value in MIG_CONFIG_STATES:
+            self.mig_config_state.labels(state=value).set(1 if value == state else 0)
 
     def set_cpu_states(self, rows: Iterable[tuple[int, str, int]]) -> None:
         """Replace the `topolet_cpus` series with (numa, state, count) rows."""

@@ -9,10 +9,13 @@ import signal
 import threading
 import time
 from types import FrameType
+from typing import Any
 
 from agent.enforce import detect_layout
 from agent.enforce.state import StateFile
 from agent.errors import EnforcementError, TopoletError
+from agent.gpu.discover import load_nvml
+from agent.gpu.reconcile import MigReconciler
 from agent.labels import build_labels
 from agent.labels.features_file import write_features_file
 from agent.metrics import Metrics, MetricsServer, staleness_health
@@ -28,7 +31,7 @@ log = logging.getLogger("topolet.agent")
 class StandaloneAgent:
     """One node's agent without a cluster: labels, reconcile, metrics."""
 
-    def __init__(self, args: argparse.Namespace, metrics: Metrics) -> None:
+    def __init__(self, args: argparse.Namespace, metrics: Metrics, nvml: Any = None) -> None:
         self.args = args
         self.metrics = metrics
         self.state_file = StateFile(args.state_dir, on_write=metrics.state_writes.inc)
@@ -42,9 +45,44 @@ class StandaloneAgent:
             self.engine = PinningEngine(self.topology, layout, self.state_file, self.reserved)
         except EnforcementError as exc:
             log.warning("CPU pinning disabled: %s", exc)
+        # MIG only when a config is asked; `nvml` (pynvml or a stand-in, initialised) else loads here.
+        self.mig: MigReconciler | None = None
+        if getattr(args, "mig_config", ""):
+            self.mig = self._mig_reconciler(nvml)
         node = os.uname().nodename
         metrics.info.info({"version": metrics.info._value.get("version", ""),  # noqa: SLF001
                            "node": node, "enforcement": "on" if self.engine else "off"})
+
+    def _mig_reconciler(self, nvml: Any) -> MigReconciler | None:
+        """The MIG reconciler over `nvml`, or over NVML loaded now; None (logged once) without it."""
+        if nvml is None:
+            nvml, why = load_nvml()
+            if nvml is None:  # normal on a node without NVIDIA's driver
+                log.info("MIG config %s not applied: %s", self.args.mig_config, why)
+                return None
+        ops = self.metrics.mig_operations
+        return MigReconciler(nvml, self.args.state_dir,
+                             allow_mig_mode_change=bool(self.args.allow_mig_mode_change),
+                             on_state=self._on_mig_state,
+                             on_operation=lambda op, result: ops.labels(op=op, result=result).inc())
+
+    def _on_mig_state(self, state: str) -> None:
+        """Track the MIG state; publish "pending" at once, as a change starts, not a pass later."""
+        self.metrics.set_mig_config_state(state)
+        if state != "pending":
+            return
+        try:
+            if write_features_file(self.args.features_dir, self._labels(self.topology)):
+                self.metrics.label_writes.inc()
+        except TopoletError as exc:
+            log.warning("pending MIG state not published: %s", exc)
+
+    def _labels(self, topo: Topology) -> dict[str, str]:
+        """Every registered source's labels, plus the MIG config and its state when one is managed."""
+        labels = build_labels(topo)
+        if self.mig is not None:
+            labels.update(self.mig.labels())
+        return labels
 
     def refresh_labels(self) -> None:
         """Rediscover (cheap) and rewrite the features.d file only if the labels changed."""
@@ -52,7 +90,7 @@ class StandaloneAgent:
         if topo != self.topology and self.engine is not None:
             self.engine.topology = topo
         self.topology = topo
-        if write_features_file(self.args.features_dir, build_labels(topo)):
+        if write_features_file(self.args.features_dir, self._labels(topo)):
             self.metrics.label_writes.inc()
             log.info("labels written to %s", self.args.features_dir)
 
@@ -60,6 +98,8 @@ class StandaloneAgent:
         """One pass: labels, released and drifted allocations, journal events, CPU gauges."""
         started = time.perf_counter()
         try:
+            if self.mig is not None:  # before the labels, so they carry this pass's state
+                self.metrics.set_mig_config_state(self.mig.reconcile(self.args.mig_config))
             try:
                 self.refresh_labels()
             except TopoletError as exc:  # publishing may fail; enforcing must go on regardless
