@@ -23,7 +23,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.errors import ConfigError
+from agent.errors import ConfigError, TopologyError
+from agent.gpu.discover import normalize_bus_id
 from agent.gpu.layouts import named_layout, plan_layout
 from agent.gpu.planfile import read_plan_file, write_plan_file
 from agent.gpu.planner import (
@@ -100,6 +101,7 @@ class _LiveGPU:
     index: int
     handle: Any
     uuid: str
+    pci_address: str  # "0000:18:00.0", as the state file records GPUs held whole
     model: GPUModel
     mig_current: bool
     mig_pending: bool
@@ -177,7 +179,11 @@ class MigApplier:
             except nv.NVMLError_NotSupported:
                 continue
             processes = list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
-            live = _LiveGPU(index, handle, self._text(nv.nvmlDeviceGetUUID(handle)), model,
+            try:
+                address = normalize_bus_id(nv.nvmlDeviceGetPciInfo(handle).busId)
+            except TopologyError:
+                address = ""
+            live = _LiveGPU(index, handle, self._text(nv.nvmlDeviceGetUUID(handle)), address, model,
                             bool(current), bool(pending), processes)
             if live.mig_current:
                 self._read_instances(live, set(in_use.get(index, ())))
@@ -286,7 +292,7 @@ class MigApplier:
             self.on_state(result.state)
         return result
 
-    def _mig_mode(self, gpus: list[_LiveGPU], enable: bool) -> ApplyResult | None:
+    def _mig_mode(self, gpus: list[_LiveGPU], enable: bool, held: Collection[str]) -> ApplyResult | None:
         """Bring MIG mode to `enable` where allowed; a result when it cannot (yet) be done."""
         nv = self.nvml
         waiting: list[int] = []  # GPUs whose change is staged and takes effect at their next reset
@@ -301,6 +307,10 @@ class MigApplier:
                 return ApplyResult(FAILED, f"GPU {g.index}: MIG mode is {mode}; changing it is not allowed")
             if g.processes:
                 return ApplyResult(FAILED, f"GPU {g.index}: {len(g.processes)} processes running; "
+                                   "MIG mode not changed")
+            if g.uuid in held or g.pci_address in held:
+                # Handed out whole, perhaps before its owner has started a CUDA process.
+                return ApplyResult(FAILED, f"GPU {g.index}: held whole by an allocation; "
                                    "MIG mode not changed")
             if g.gis:
                 return ApplyResult(FAILED, f"GPU {g.index}: GPU instances exist; MIG mode not changed")
@@ -339,8 +349,10 @@ class MigApplier:
             raise PlanError(f"a node-wide demand needs one GPU model; found {', '.join(sorted(models))}")
         return plan_mig(gpus[0].model, states, dict(desired.demand))
 
-    def apply(self, desired: Desired, in_use: Mapping[int, Collection[int]] | None = None) -> ApplyResult:
-        """Converge to `desired`; `in_use` adds GPU-instance ids per GPU index that pods hold."""
+    def apply(self, desired: Desired, in_use: Mapping[int, Collection[int]] | None = None,
+              held_gpus: Collection[str] = ()) -> ApplyResult:
+        """Converge to `desired`; `in_use` adds GPU-instance ids per GPU index that pods hold,
+        `held_gpus` the GPUs (UUID or PCI address) allocations hold whole: their MIG mode stays."""
         nv = self.nvml
         try:
             gpus = self._live(in_use or {})
@@ -355,7 +367,7 @@ class MigApplier:
                 if result.state != SUCCESS:
                     return result
                 gpus = self._live(in_use or {})
-            blocked = self._mig_mode(gpus, enable)
+            blocked = self._mig_mode(gpus, enable, held_gpus)
             if blocked is not None:
                 return self._report(blocked)
             if not enable:

@@ -89,10 +89,11 @@ class MigReconciler:
             return True
         return False
 
-    def reconcile(self, desired_layout_name: str,
-                  in_use: Mapping[int, Collection[int]] | None = None) -> str | None:
+    def reconcile(self, desired_layout_name: str, in_use: Mapping[int, Collection[int]] | None = None,
+                  held_gpus: Collection[str] = ()) -> str | None:
         """Resume, then apply `desired_layout_name`; the state label value, or None when no config
-        is asked or the node has no MIG-capable GPU.  `in_use` adds GPU-instance ids pods hold."""
+        is asked or the node has no MIG-capable GPU.  `in_use` adds GPU-instance ids pods hold;
+        `held_gpus` (UUIDs or PCI addresses) are GPUs held whole, whose MIG mode never changes."""
         self.config = desired_layout_name
         if not desired_layout_name:
             self.state, self.reason = None, ""
@@ -105,7 +106,7 @@ class MigReconciler:
             if resumed is not None:
                 log.log(logging.INFO if resumed.state != FAILED else logging.WARNING,
                         "MIG: interrupted plan: %s", resumed.message)
-            result = self.applier.apply(Desired(layout=desired_layout_name), in_use)
+            result = self.applier.apply(Desired(layout=desired_layout_name), in_use, held_gpus)
         except Exception as exc:  # the agent's loop must go on: anything unexpected is "failed"
             log.exception("MIG reconcile of %s failed", desired_layout_name)
             result = ApplyResult(FAILED, f"unexpected error: {exc!r}")

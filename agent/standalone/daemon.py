@@ -77,6 +77,15 @@ class StandaloneAgent:
         except TopoletError as exc:
             log.warning("pending MIG state not published: %s", exc)
 
+    def _reconcile_mig(self, mig: MigReconciler) -> None:
+        """Apply the MIG config; a GPU an allocation holds whole never has its MIG mode changed."""
+        try:
+            held = self.state_file.load(missing_ok=True).held_gpus()
+        except TopoletError as exc:  # holds unknown: no MIG change this pass, the last state stands
+            log.warning("MIG reconcile skipped: %s", exc)
+            return
+        self.metrics.set_mig_config_state(mig.reconcile(self.args.mig_config, held_gpus=held))
+
     def _labels(self, topo: Topology) -> dict[str, str]:
         """Every registered source's labels, plus the MIG config and its state when one is managed."""
         labels = build_labels(topo)
@@ -99,7 +108,7 @@ class StandaloneAgent:
         started = time.perf_counter()
         try:
             if self.mig is not None:  # before the labels, so they carry this pass's state
-                self.metrics.set_mig_config_state(self.mig.reconcile(self.args.mig_config))
+                self._reconcile_mig(self.mig)
             try:
                 self.refresh_labels()
             except TopoletError as exc:  # publishing may fail; enforcing must go on regardless

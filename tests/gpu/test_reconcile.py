@@ -362,3 +362,12 @@ def test_malformed_recorded_plan_is_failed_not_raised(tmp_path: Path) -> None:
     assert result is not None and result.state == FAILED and "malformed" in result.message
     assert mutations(nvml) == []
     assert MigReconciler(nvml, tmp_path, allow_mig_mode_change=False).reconcile("all-1g.10gb") == SUCCESS
+
+
+@pytest.mark.parametrize("held", ["GPU-00000001-h100", "0000:2a:00.0"])
+def test_gpu_held_whole_keeps_its_mig_mode(tmp_path: Path, held: str) -> None:
+    nvml = node(2, mig=False)
+    rec = MigReconciler(nvml, tmp_path, allow_mig_mode_change=True)
+    assert rec.reconcile("all-1g.10gb", held_gpus={held}) == FAILED
+    assert "GPU 1: held whole by an allocation" in rec.reason
+    assert nvml.gpus[1].mig_pending == 0

@@ -216,3 +216,35 @@ def test_node_without_mig_capable_gpu_publishes_no_mig_state(tmp_path: Path, hgx
     assert CONFIG not in labels and STATE not in labels
     assert state_gauge(metrics) == {"pending": None, "success": None, "failed": None}
     assert nvml.calls == []
+
+
+def test_gpu_held_whole_by_an_exec_keeps_its_mig_mode(tmp_path: Path, hgx: Path) -> None:
+    from agent.enforce.state import Allocation, Owner, State, StateFile
+    from agent.topology.cpuset import CPUSet
+
+    nvml = fake(2, mig=False)  # GPU 0's NVML bus id is 00000000:18:00.0
+    args = agent_args(tmp_path, hgx, "--mig-config", "all-1g.10gb", "--allow-mig-mode-change")
+    StateFile(args.state_dir).commit(State((Allocation(
+        "job", CPUSet([2]), CPUSet(), "topolet/job", Owner(pid=100, start_time=7), "exec best-effort/any",
+        1.0, ("0000:18:00.0",)),)))
+    metrics = Metrics()
+    agent = StandaloneAgent(args, metrics, nvml=nvml)
+    agent.reconcile()
+    assert labels_file(tmp_path)[STATE] == "failed"
+    assert nvml.gpus[0].mig_pending == 0 and nvml.gpus[0].mig_current == 0
+    assert agent.mig is not None and "held whole" in agent.mig.reason
+    # Released: the next pass may enable it.
+    state_file = StateFile(args.state_dir)
+    state_file.commit(state_file.load().without("job"))
+    agent.reconcile()
+    assert labels_file(tmp_path)[STATE] == "success" and nvml.gpus[0].mig_current == 1
+
+
+def test_unreadable_state_file_skips_the_mig_pass(tmp_path: Path, hgx: Path) -> None:
+    nvml = fake(1, mig=False)
+    args = agent_args(tmp_path, hgx, "--mig-config", "all-1g.10gb", "--allow-mig-mode-change")
+    Path(args.state_dir).mkdir()
+    (Path(args.state_dir) / "state.json").write_text("{not json")
+    agent = StandaloneAgent(args, Metrics(), nvml=nvml)
+    agent.reconcile()
+    assert nvml.calls == [] and STATE not in labels_file(tmp_path)
