@@ -215,4 +215,23 @@ def _nearest_cpus(node: RawNode, nodes: list[RawNode], all_ids: list[int], onlin
 
 
 def _kinds(raw: RawScan, online: CPUSet) -> tuple[CPUKind, ...]:
-    return tuple(CPUKind(name, rank, cpus & online) for rank, (name, cpus) in enumerate(raw.kinds))
+    """Core kinds of a hybrid part, fastest first (rank 0).
+
+    Intel names its kinds through the `cpu_core` (performance) and `cpu_atom` (efficiency) PMUs; other
+    parts (Arm big.LITTLE, AMD with dense cores) only differ in `cpu_capacity`, else in maximum
+    frequency, and get kinds named after that value.  A part whose CPUs are all alike has no kinds.
+    """
+    named = [(name, cpus & online) for name, cpus in raw.kinds if cpus & online]
+    if named:
+        return tuple(CPUKind(name, rank, cpus) for rank, (name, cpus) in enumerate(named))
+    for attr, prefix in (("capacity", "capacity-"), ("max_freq_khz", "max-khz-")):
+        groups: dict[int, int] = defaultdict(int)
+        for c in raw.cpus:
+            value = getattr(c, attr)
+            if value > 0 and c.id in online:
+                groups[value] |= 1 << c.id
+        if len(groups) > 1:
+            ordered = sorted(groups.items(), key=lambda kv: -kv[0])
+            return tuple(CPUKind(f"{prefix}{value}", rank, CPUSet.from_mask(mask))
+                         for rank, (value, mask) in enumerate(ordered))
+    return ()

@@ -111,3 +111,24 @@ def test_no_node_folder_gives_one_node_with_all_cpus():
     assert t.numa_ids == (0,)
     assert t.node(0).cpus == CPUSet([0, 1])
     assert t.node(0).memory_bytes == 8 << 30
+
+
+def test_hybrid_kinds_come_from_the_core_and_atom_pmus():
+    t = build_topology(scan([cpu(0), cpu(1), cpu(2)],
+                            kinds=(("cpu_core", CPUSet([0, 1])), ("cpu_atom", CPUSet([2])))))
+    assert [(k.name, k.rank, k.cpus) for k in t.kinds] == [
+        ("cpu_core", 0, CPUSet([0, 1])), ("cpu_atom", 1, CPUSet([2]))]
+
+
+def test_kinds_from_cpu_capacity_rank_the_biggest_first():
+    cpus = [replace(cpu(i), capacity=cap) for i, cap in enumerate((446, 446, 1024, 1024))]
+    t = build_topology(scan(cpus))
+    assert [(k.name, k.cpus) for k in t.kinds] == [
+        ("capacity-1024", CPUSet([2, 3])), ("capacity-446", CPUSet([0, 1]))]
+
+
+def test_kinds_fall_back_to_max_frequency_and_alike_cpus_have_none():
+    fast_slow = [replace(cpu(i), max_freq_khz=f) for i, f in enumerate((3_000_000, 2_000_000))]
+    assert [k.name for k in build_topology(scan(fast_slow)).kinds] == ["max-khz-3000000", "max-khz-2000000"]
+    alike = [replace(cpu(i), capacity=1024, max_freq_khz=3_000_000) for i in range(2)]
+    assert build_topology(scan(alike)).kinds == ()
