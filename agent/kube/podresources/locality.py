@@ -1,0 +1,108 @@
+"""Where a container's GPUs sit: the NUMA nodes its CPUs should come from (DESIGN.md: "the CPUs from
+the GPUs' node").
+
+The kubelet gives GPUs through NVIDIA's device plugin, which names each device by GPU UUID or by
+index (`--device-id-strategy`), and reports each device's NUMA node when it knows it.  The node comes
+from that report first, else from our GPU inventory by UUID or index.  `gpu_numa_nodes` is pure;
+`GPULocator` asks the kubelet and reads the inventory once, lazily, only when a report lacks a node.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Iterable, Sequence
+
+from agent.gpu.model import GPU
+from agent.kube.podresources.client import Device, PodResourcesClient
+from agent.topology.model import Topology
+
+log = logging.getLogger(__name__)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # the device plugin's "mixed" MIG strategy: one per profile
+
+
+def is_gpu_resource(name: str) -> bool:
+    """Whether an extended resource name is NVIDIA GPUs (whole, or MIG slices of them)."""
+    return name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)
+
+
+def gpu_of(device_id: str, gpus: Sequence[GPU]) -> GPU | None:
+    """The inventory GPU a device plugin id names, or None.
+
+    Understood: a GPU UUID ("GPU-…"), an NVML index ("0"), either with a time-slicing replica suffix
+    ("GPU-…::3"), an index-strategy MIG id ("<gpu index>:<mig index>") and an old-style MIG id
+    ("MIG-GPU-<uuid>/<gi>/<ci>").  Newer MIG UUIDs ("MIG-<uuid>") do not name their GPU.
+    """
+    ref = device_id.strip().split("::", 1)[0]
+    if ref.startswith("MIG-GPU-"):
+        ref = ref[len("MIG-"):].split("/", 1)[0]
+    elif ":" in ref and ref.split(":", 1)[0].isdigit():
+        ref = ref.split(":", 1)[0]
+    if ref.isdigit() and len(ref) < 6:
+        index = int(ref)
+        return next((g for g in gpus if g.index == index), None)
+    if ref.startswith("GPU-"):
+        want = ref.lower()
+        return next((g for g in gpus if g.uuid and g.uuid.lower() == want), None)
+    return None
+
+
+def gpu_numa_nodes(devices: Iterable[Device], gpus: Sequence[GPU],
+                   cpu_nodes: Collection[int]) -> frozenset[int] | None:
+    """NUMA nodes (among `cpu_nodes`, those with CPUs) of the GPUs in `devices`; None when none is known.
+
+    A device's reported NUMA nodes win; for a device without them each id is looked up in `gpus`.
+    Nodes outside `cpu_nodes` are dropped: CPUs cannot come from there, and a strict NUMA policy
+    must not be refused over a node number this machine does not have.
+    """
+    nodes: set[int] = set()
+    for d in devices:
+        if not is_gpu_resource(d.resource):
+            continue
+        if d.numa_nodes:
+            nodes |= d.numa_nodes
+            continue
+        for device_id in d.ids:
+            g = gpu_of(device_id, gpus)
+            if g is not None and g.numa_node >= 0:
+                nodes.add(g.numa_node)
+    found = frozenset(n for n in nodes if n in cpu_nodes)
+    return found or None
+
+
+def needs_inventory(devices: Iterable[Device]) -> bool:
+    """Whether some GPU device came without a NUMA node, so the inventory has to place it."""
+    return any(is_gpu_resource(d.resource) and not d.numa_nodes for d in devices)
+
+
+class GPULocator:
+    """The NUMA nodes of a container's GPUs, from the kubelet's pod-resources socket and our inventory."""
+
+    def __init__(self, client: PodResourcesClient, inventory: Callable[[], Sequence[GPU]]) -> None:
+        self.client = client
+        self._inventory = inventory
+        self._gpus: tuple[GPU, ...] | None = None
+
+    def gpus(self) -> tuple[GPU, ...]:
+        """The node's GPUs, read once (an empty inventory when reading fails)."""
+        if self._gpus is None:
+            try:
+                self._gpus = tuple(self._inventory())
+            except Exception as exc:  # noqa: BLE001 - without an inventory, reported nodes still serve
+                log.warning("GPU inventory unavailable for device locality: %s", exc)
+                self._gpus = ()
+        return self._gpus
+
+    def numa_nodes(self, namespace: str, pod: str, container: str,
+                   topology: Topology) -> frozenset[int] | None:
+        """The NUMA nodes the container's CPUs should prefer; None when it holds no GPU we can place."""
+        by_container = self.client.get(namespace, pod)
+        if not by_container:
+            return None
+        devices = by_container.get(container, ())
+        if not any(is_gpu_resource(d.resource) for d in devices):
+            return None
+        gpus = self.gpus() if needs_inventory(devices) else ()
+        cpu_nodes = {n.id for n in topology.numa_nodes if n.cpus}
+        return gpu_numa_nodes(devices, gpus, cpu_nodes)
