@@ -59,10 +59,12 @@ class PodPinner:
     """The pod cache and what it means for the engine; every method runs on the enforcer thread."""
 
     def __init__(self, engine: PinningEngine, metrics: Metrics,
-                 warn: Callable[[PodPlan, PodWarning], None]) -> None:
+                 warn: Callable[[PodPlan, PodWarning], None],
+                 gpu_numa: Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self.warn = warn
+        self.gpu_numa = gpu_numa  # the NUMA nodes of a container's GPUs (kubelet's pod-resources), if known
         self.pods: dict[str, PodPlan] = {}
         self.shared: dict[tuple[str, str], str] = {}  # (uid, container) → cgroup on the pool
         self.pending: set[str] = set()  # uids with a running container whose cgroup is not found yet
@@ -201,9 +203,10 @@ class PodPinner:
     def _allocate(self, plan: PodPlan, c: ContainerPlan, rel: str) -> None:
         started = time.perf_counter()
         aid = alloc_id(plan.uid, c.name)
+        near = self.gpu_numa(plan, c) if self.gpu_numa is not None else None
         try:
             a = self.engine.allocate(
-                aid, Request(c.cpus, c.numa_policy, c.smt), Owner(pod_uid=plan.uid, container=c.name),
+                aid, Request(c.cpus, c.numa_policy, c.smt, near), Owner(pod_uid=plan.uid, container=c.name),
                 memory_binding=c.memory_binding, policy=f"{c.numa_policy}/{c.smt}", cgroup=rel)
         except TopoletError as exc:
             # Refused (no room, policy unmet) or the cgroup write failed: the container stays shared.
@@ -217,8 +220,8 @@ class PodPinner:
             return
         self.metrics.allocations.labels(result="success").inc()
         self.metrics.pin_latency.observe(time.perf_counter() - started)
-        log.info("pod %s/%s container %s: CPUs %s (%s)", plan.namespace, plan.name, c.name, a.cpus,
-                 a.policy)
+        log.info("pod %s/%s container %s: CPUs %s (%s%s)", plan.namespace, plan.name, c.name, a.cpus,
+                 a.policy, f", GPUs on NUMA {sorted(near)}" if near else "")
 
     def retry(self, *, refused: bool = True) -> None:
         """Look again for cgroups that were missing and (with `refused`) CPUs for refused containers."""
@@ -376,13 +379,33 @@ class KubeAgent:
         self.engine = PinningEngine(self.topology, layout, self.state_file, reserved)
         self.changes: queue.Queue[PodChange] = queue.Queue()
         self.publisher = Publisher(self.api, self.node, args, metrics, self.snapshot)
-        self.pinner = PodPinner(self.engine, metrics, self.publisher.warn)
+        self.pinner = PodPinner(self.engine, metrics, self.publisher.warn,
+                                gpu_numa=self._gpu_numa_source(args))
         self.watcher = PodWatcher(self.api, self.node, self.changes.put, retry_max_seconds=RETRY_MAX_SECONDS,
                                   on_list=metrics.pod_lists.inc)
         self.generation = -1
         self.pinned_pods: tuple[tuple[str, str], ...] = ()  # replaced whole: the publisher reads it
         metrics.info.info({"version": metrics.info._value.get("version", ""),  # noqa: SLF001
                            "node": self.node, "enforcement": "on", "mode": "kubernetes"})
+
+    def _gpu_numa_source(self, args: argparse.Namespace
+                         ) -> Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None:
+        """Where containers' GPUs sit, from the kubelet's pod-resources socket (off when not given)."""
+        socket = getattr(args, "pod_resources_socket", None)
+        if not socket:
+            return None
+        from agent.gpu.discover import discover_gpus
+
+        try:
+            from agent.kube.podresources.client import PodResourcesClient
+            from agent.kube.podresources.locality import GPULocator
+        except ImportError as exc:  # grpcio/protobuf missing: pin without GPU locality
+            log.warning("pod-resources API unavailable (%s): CPUs are not aligned with GPUs", exc)
+            return None
+
+        locator = GPULocator(PodResourcesClient(socket),
+                             lambda: discover_gpus(self.topology, args.fsroot).gpus)
+        return lambda plan, c: locator.numa_nodes(plan.namespace, plan.name, c.name, self.topology)
 
     def snapshot(self) -> tuple[Topology, State, tuple[tuple[str, str], ...]]:
         """What the publisher describes: topology, allocation state, (namespace, name) of pinned pods."""
