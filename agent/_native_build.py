@@ -30,5 +30,7 @@ ffibuilder.set_source(
     "#pragma GCC diagnostic ignored \"-Wunused-parameter\"\n",
     sources=[_src(s) for s in _SOURCES],
     include_dirs=[_src("")],
-    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror"],
+    # the scan splits many CPU folders between POSIX threads
+    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-pthread"],
+    extra_link_args=["-pthread"],
 )

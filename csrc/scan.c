@@ -10,6 +10,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -676,14 +679,33 @@ static const topo_cpu_t *find_cpu(const struct scan_ctx *ctx, uint32_t upto, int
     return lo < upto && ctx->pub.cpus[lo].id == id ? &ctx->pub.cpus[lo] : NULL;
 }
 
-/* A CPU scanned earlier that states the same set: a sibling, whose shared facts are ours. */
+static const topo_cpu_t *part_find(const struct scan_ctx *ctx, int64_t id);
+
+/* A CPU scanned earlier that states the same set: a sibling, whose shared facts are ours.  The
+ * lowest member is asked; when the CPUs are scanned in parts, the lowest this part has scanned
+ * (one in another part cannot be asked: then the set is read in full). */
 static const topo_cpu_t *donor_for(const struct scan_ctx *ctx, uint32_t slot, int32_t id,
                                    topo_set_t shared)
 {
     int32_t first = set_min(ctx, shared);
+
     if (first < 0 || first >= id)
         return NULL;
-    return find_cpu(ctx, slot, first);
+    if (!ctx->part)
+        return find_cpu(ctx, slot, first);
+    for (uint32_t w = (uint32_t)first / 64; w < shared.n && (int64_t)w * 64 < id; w++) {
+        uint64_t v = ctx->pub.words[shared.off + (int32_t)w];
+        while (v) {
+            int64_t m = (int64_t)w * 64 + __builtin_ctzll(v);
+            const topo_cpu_t *d;
+            if (m >= id)
+                return NULL;
+            if ((d = part_find(ctx, m)) != NULL)
+                return d;
+            v &= v - 1;
+        }
+    }
+    return NULL;
 }
 
 static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const char *cachedir,
@@ -939,6 +961,302 @@ static int scan_cpu(struct scan_ctx *ctx, int cpudirfd, uint32_t slot, int64_t i
     return 0;
 }
 
+/* ---- CPUs in parallel ------------------------------------------------------------------ */
+
+/* The scan is bound by syscalls (about 70 per CPU folder), and they run in parallel: on a machine
+ * with many CPUs, threads share the cpuN folders, each scanning into a context of its own, and
+ * the records are merged in id order afterwards.  Work goes out in units the threads take as
+ * they come free, so a thread the scheduler keeps waiting (a busy machine) costs one unit, not
+ * a share.  A unit is a slice of each half of the ids: where a core's threads are numbered
+ * ncpus/2 apart (x86: cpuK and cpuK+N/2) both land in one unit, and so do neighbours (POWER). */
+#define PARTS_MIN_CPUS 32           /* fewer folders do not pay for a thread */
+#define PARTS_CPUS_EACH 16
+#define PARTS_AUTO_MAX 4
+#define PARTS_MAX 16
+
+struct part_entry {                 /* written by the thread that scans the id, read after join */
+    int32_t slot;                   /* the record in that part's cpus, -1 when the folder failed */
+    uint32_t part;
+    uint32_t err_begin, err_end;    /* its errors in that part's errors */
+};
+
+struct scan_work {
+    const int64_t *ids;             /* every id, ascending */
+    uint32_t n, half, chunk, nunits;
+    uint32_t next;                  /* the next unit to take (atomic) */
+    int dirfd;                      /* sys/devices/system/cpu, shared read-only */
+    struct part_entry *ent;         /* one per id */
+};
+
+struct cpu_part {
+    struct scan_ctx ctx;
+    struct scan_work *work;
+    uint32_t index;
+    uint8_t *took;                  /* per unit: this part scanned it */
+    uint32_t *wmap;                 /* part word offset -> merged offset + 1 (0: not yet) */
+    pthread_t thread;
+    int running;
+};
+
+static int host_cpus(void)
+{
+    cpu_set_t set;
+    long n;
+
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        return CPU_COUNT(&set);
+    n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)(n > PARTS_MAX ? PARTS_MAX : n) : 1;
+}
+
+static uint32_t pick_parts(int want, uint32_t ncpus)
+{
+    uint32_t n;
+
+    if (want == 1 || ncpus < 2)
+        return 1;
+    if (want > 1)
+        n = (uint32_t)(want > PARTS_MAX ? PARTS_MAX : want);
+    else if (ncpus < PARTS_MIN_CPUS)
+        return 1;
+    else {
+        int host = host_cpus();
+        n = ncpus / PARTS_CPUS_EACH;
+        if (n > PARTS_AUTO_MAX)
+            n = PARTS_AUTO_MAX;
+        if (host > 0 && n > (uint32_t)host)
+            n = (uint32_t)host;
+    }
+    return n > ncpus ? ncpus : n < 1 ? 1 : n;
+}
+
+/* Index range [*b, *e) of ids that half h of unit u covers. */
+static void unit_range(const struct scan_work *w, uint32_t u, int h, uint32_t *b, uint32_t *e)
+{
+    uint32_t lo = h ? w->half : 0, hi = h ? w->n : w->half;
+    uint64_t x = (uint64_t)lo + (uint64_t)u * w->chunk, y = x + w->chunk;
+    *b = (uint32_t)(x < hi ? x : hi);
+    *e = (uint32_t)(y < hi ? y : hi);
+}
+
+static uint32_t unit_of(const struct scan_work *w, uint32_t idx)
+{
+    return idx < w->half ? idx / w->chunk : (idx - w->half) / w->chunk;
+}
+
+/* The record of CPU `id` when this part scanned it already. */
+static const topo_cpu_t *part_find(const struct scan_ctx *ctx, int64_t id)
+{
+    const struct cpu_part *p = (const struct cpu_part *)ctx;
+    const struct scan_work *w = p->work;
+    uint32_t lo = 0, hi = w->n;
+    const struct part_entry *e;
+
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (w->ids[mid] < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == w->n || w->ids[lo] != id || !p->took[unit_of(w, lo)])
+        return NULL;
+    e = &w->ent[lo];
+    return e->slot >= 0 ? &ctx->pub.cpus[e->slot] : NULL;
+}
+
+static void *scan_part(void *arg)
+{
+    struct cpu_part *p = arg;
+    struct scan_ctx *ctx = &p->ctx;
+    struct scan_work *w = p->work;
+
+    for (;;) {
+        uint32_t u = __atomic_fetch_add(&w->next, 1, __ATOMIC_RELAXED), b0, e0, b1, e1;
+        if (u >= w->nunits)
+            break;
+        unit_range(w, u, 0, &b0, &e0);
+        unit_range(w, u, 1, &b1, &e1);
+        if (GROW(ctx, cpus, ncpus, cap_cpus, (e0 - b0) + (e1 - b1)))
+            break; /* out of memory: the merge fails the scan */
+        p->took[u] = 1;
+        for (int h = 0; h < 2; h++) {
+            for (uint32_t i = h ? b1 : b0; i < (h ? e1 : e0); i++) {
+                struct part_entry *e = &w->ent[i];
+                e->part = p->index;
+                e->err_begin = ctx->pub.nerrors;
+                e->slot = -1;
+                if (scan_cpu(ctx, w->dirfd, ctx->pub.ncpus, w->ids[i]) == 0)
+                    e->slot = (int32_t)ctx->pub.ncpus++;
+                e->err_end = ctx->pub.nerrors;
+            }
+        }
+    }
+    return NULL;
+}
+
+static void part_free(struct cpu_part *p)
+{
+    struct scan_ctx *c = &p->ctx;
+    free(c->buf);
+    free(c->scratch);
+    free(c->slots);
+    free(c->pub.cpus);
+    free(c->pub.caches);
+    free(c->pub.errors);
+    free(c->pub.words);
+    free(c->pub.strings);
+    free(p->took);
+    free(p->wmap);
+}
+
+static int part_init(struct scan_ctx *main_ctx, struct cpu_part *p, struct scan_work *w, uint32_t k)
+{
+    struct scan_ctx *c = &p->ctx;
+    topo_set_t online = main_ctx->pub.online;
+
+    memset(p, 0, sizeof *p);
+    p->work = w;
+    p->index = k;
+    c->part = 1;
+    c->rootfd = main_ctx->rootfd;
+    c->is_host = main_ctx->is_host;
+    c->have_openat2 = main_ctx->have_openat2;
+    c->pref_thread = main_ctx->pref_thread;
+    c->pref_shared = main_ctx->pref_shared;
+    c->dir_eof_hint = main_ctx->dir_eof_hint;
+    c->pub.status_path = -1;
+    c->bufcap = 65536;
+    c->buf = malloc(c->bufcap);
+    c->scratch = malloc(TOPO_MAX_WORDS * sizeof *c->scratch);
+    p->took = calloc(w->nunits, 1);
+    scan_add_string(c, "", 0);
+    /* each CPU's online state comes from this set; the main context's pool may move meanwhile */
+    c->pub.online = online;
+    if (online.off >= 0 && online.n > 0)
+        c->pub.online = add_set(c, main_ctx->pub.words + online.off, online.n);
+    if (c->buf == NULL || c->scratch == NULL || p->took == NULL || c->oom) {
+        part_free(p);
+        return -1;
+    }
+    return 0;
+}
+
+static topo_set_t remap_set(struct scan_ctx *ctx, struct cpu_part *p, topo_set_t s)
+{
+    topo_set_t out;
+
+    if (s.off < 0 || s.n == 0)
+        return s;
+    if (p->wmap[s.off] == 0) {
+        out = add_set(ctx, p->ctx.pub.words + s.off, s.n);
+        if (out.off < 0)
+            return out; /* out of memory: the scan fails */
+        p->wmap[s.off] = (uint32_t)out.off + 1;
+    }
+    out.off = (int32_t)(p->wmap[s.off] - 1);
+    out.n = s.n;
+    return out;
+}
+
+/* Append one id's errors and CPU record (with its caches) to the main context. */
+static void merge_entry(struct scan_ctx *ctx, struct cpu_part *p, const struct part_entry *e)
+{
+    const struct scan_ctx *pc = &p->ctx;
+    topo_cpu_t c;
+
+    for (uint32_t i = e->err_begin; i < e->err_end; i++) {
+        const topo_error_t *pe = &pc->pub.errors[i];
+        if (GROW(ctx, errors, nerrors, cap_errors, 1))
+            return;
+        ctx->pub.errors[ctx->pub.nerrors].code = pe->code;
+        ctx->pub.errors[ctx->pub.nerrors].path =
+            scan_add_string(ctx, pc->pub.strings + pe->path, strlen(pc->pub.strings + pe->path));
+        ctx->pub.nerrors++;
+    }
+    if (e->slot < 0)
+        return;
+    c = pc->pub.cpus[e->slot];
+    c.thread_siblings = remap_set(ctx, p, c.thread_siblings);
+    c.package_cpus = remap_set(ctx, p, c.package_cpus);
+    c.die_cpus = remap_set(ctx, p, c.die_cpus);
+    c.cluster_cpus = remap_set(ctx, p, c.cluster_cpus);
+    c.book_siblings = remap_set(ctx, p, c.book_siblings);
+    c.drawer_siblings = remap_set(ctx, p, c.drawer_siblings);
+    if (GROW(ctx, caches, ncaches, cap_caches, c.ncaches))
+        return;
+    for (uint32_t i = 0; i < c.ncaches; i++) {
+        topo_cache_t *k = &ctx->pub.caches[ctx->pub.ncaches + i];
+        *k = pc->pub.caches[c.cache_off + i];
+        k->cpus = remap_set(ctx, p, k->cpus);
+    }
+    c.cache_off = ctx->pub.ncaches;
+    ctx->pub.ncaches += c.ncaches;
+    ctx->pub.cpus[ctx->pub.ncpus++] = c;
+}
+
+/* Scan the CPU folders of l on nparts threads (this one included); 0, or -1 when the parts could
+ * not be set up (the caller then scans alone).  A thread that cannot start is simply missing. */
+static int scan_cpus_parallel(struct scan_ctx *ctx, int dirfd, const struct id_list *l, uint32_t nparts)
+{
+    struct scan_work w;
+    struct cpu_part *parts;
+    sigset_t all, old;
+    uint32_t k, chunk;
+
+    memset(&w, 0, sizeof w);
+    w.ids = l->ids;
+    w.n = l->n;
+    w.half = l->n / 2;
+    w.dirfd = dirfd;
+    /* about four units a thread, each a power of two of ids per half (a core's threads stay
+     * together), at least 4 */
+    for (chunk = 4; chunk < 16 && chunk * 2 * nparts * 4 <= w.half; chunk *= 2)
+        ;
+    w.chunk = chunk;
+    w.nunits = (l->n - w.half + chunk - 1) / chunk;
+    w.ent = malloc(l->n * sizeof *w.ent);
+    parts = calloc(nparts, sizeof *parts);
+    if (w.ent == NULL || parts == NULL) {
+        free(w.ent);
+        free(parts);
+        return -1;
+    }
+    for (k = 0; k < nparts; k++) {
+        if (part_init(ctx, &parts[k], &w, k)) {
+            while (k-- > 0)
+                part_free(&parts[k]);
+            free(parts);
+            free(w.ent);
+            return -1;
+        }
+    }
+    /* the threads take no signals: the caller's handlers expect to run on the caller's thread */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    for (k = 1; k < nparts; k++)
+        parts[k].running = pthread_create(&parts[k].thread, NULL, scan_part, &parts[k]) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    scan_part(&parts[0]);
+    for (k = 1; k < nparts; k++)
+        if (parts[k].running)
+            pthread_join(parts[k].thread, NULL);
+
+    for (k = 0; k < nparts; k++) {
+        parts[k].wmap = calloc(parts[k].ctx.pub.nwords ? parts[k].ctx.pub.nwords : 1, sizeof *parts[k].wmap);
+        if (parts[k].wmap == NULL || parts[k].ctx.oom)
+            ctx->oom = 1;
+    }
+    /* every unit was taken (the calling thread takes whatever is left); merge in id order */
+    for (uint32_t i = 0; i < l->n && !ctx->oom; i++)
+        merge_entry(ctx, &parts[w.ent[i].part], &w.ent[i]);
+    for (k = 0; k < nparts; k++)
+        part_free(&parts[k]);
+    free(parts);
+    free(w.ent);
+    return 0;
+}
+
 static void scan_cpus(struct scan_ctx *ctx)
 {
     static const char dir[] = "sys/devices/system/cpu";
@@ -962,10 +1280,12 @@ static void scan_cpus(struct scan_ctx *ctx)
         ctx->pub.status = err;
         ctx->pub.status_path = scan_add_string(ctx, dir, sizeof dir - 1);
     } else if (GROW(ctx, cpus, ncpus, cap_cpus, l.n) == 0) {
+        uint32_t nparts = pick_parts(ctx->parts, l.n);
         /* a cpuN entry that cannot be opened (a stray link or file) is an error, not a CPU */
-        for (uint32_t i = 0; i < l.n; i++)
-            if (scan_cpu(ctx, fd, ctx->pub.ncpus, l.ids[i]) == 0)
-                ctx->pub.ncpus++;
+        if (nparts < 2 || scan_cpus_parallel(ctx, fd, &l, nparts) != 0)
+            for (uint32_t i = 0; i < l.n; i++)
+                if (scan_cpu(ctx, fd, ctx->pub.ncpus, l.ids[i]) == 0)
+                    ctx->pub.ncpus++;
     }
     free(l.ids);
     close(fd);
@@ -1406,6 +1726,11 @@ static void scan_gpu_nodes(struct scan_ctx *ctx)
 
 topo_scan_t *topo_scan(const char *root)
 {
+    return topo_scan_parts(root, 0);
+}
+
+topo_scan_t *topo_scan_parts(const char *root, int32_t parts)
+{
     static const topo_set_t absent = {TOPO_ABSENT, 0};
     struct scan_ctx *ctx = calloc(1, sizeof *ctx);
     struct stat rs, hs;
@@ -1413,6 +1738,7 @@ topo_scan_t *topo_scan(const char *root)
     if (ctx == NULL)
         return NULL;
     ctx->rootfd = -1;
+    ctx->parts = parts < 0 ? 0 : parts;
     ctx->pub.status_path = -1;
     ctx->pub.possible = ctx->pub.present = ctx->pub.online = ctx->pub.offline = absent;
     ctx->pub.kind_core = ctx->pub.kind_atom = absent;

@@ -23,6 +23,8 @@ struct scan_ctx {
     int have_openat2;
     int pref_thread, pref_shared;   /* which sibling-set file name worked last */
     int dir_eof_hint;               /* getdents64 replies short only at the end */
+    int parts;                      /* CPU folders scanned in this many parts, 0: chosen per scan */
+    int part;                       /* this context is one part's (the first member of a cpu_part) */
     char *buf;                      /* file contents, NUL-terminated */
     size_t bufcap;
     uint64_t *scratch;              /* TOPO_MAX_WORDS words to parse sets into */

@@ -152,6 +152,11 @@ int topo_format_cpumask(const uint64_t *words, size_t nwords, char *out, size_t 
 /* Scan the file-system root once.  NULL only when memory runs out; otherwise free the result
  * with topo_scan_free, and check status first. */
 topo_scan_t *topo_scan(const char *root);
+/* The same, choosing how the CPU folders are split between threads: 0 decides from their count
+ * and the CPUs this process may use, 1 scans on the calling thread only, N > 1 uses N parts (at
+ * most 16).  Every choice gives the same facts, unless threads of one core disagree in
+ * their files (a sibling scanned by another part is read in full, not copied). */
+topo_scan_t *topo_scan_parts(const char *root, int32_t parts);
 void topo_scan_free(topo_scan_t *scan);
 
 /* sched_setaffinity / sched_getaffinity on a word bitmap (pid 0 = the calling thread).

@@ -228,9 +228,12 @@ class _Reader:
         )
 
 
-def scan(root: str = "/") -> RawScan:
-    """Scan a file-system root (the host's "/" or an extracted sysfs dump) in one pass."""
-    p = _lib.topo_scan(os.fsencode(root))
+def scan(root: str = "/", parts: int = 0) -> RawScan:
+    """Scan a file-system root (the host's "/" or an extracted sysfs dump) in one pass.
+
+    `parts`: how many threads share the CPU folders; 0 lets the C side decide, 1 is one thread.
+    """
+    p = _lib.topo_scan_parts(os.fsencode(root), parts)
     if p == _ffi.NULL:
         raise TopologyError("out of memory scanning", root)
     try:
