@@ -10,7 +10,8 @@ Figures, each beside a reference measured in the same run:
   imports the same modules.
 
 Needs root, a writable cpuset hierarchy and the control plane build (tests/controlplane/build.sh).
-Run: `PYTHONPATH=. .venv/bin/python bench/kube.py [--exclusive 100 --shared 400 --steady-seconds 60]`.
+Run: `PYTHONPATH=. .venv/bin/python bench/kube.py [--exclusive 100 --shared 400 --steady-seconds 60]`;
+a quick RSS probe (~30 s): `... bench/kube.py --exclusive 0 --shared 20 --steady-seconds 0`.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def main() -> int:
     ap.add_argument("--exclusive", type=int, default=100)
     ap.add_argument("--shared", type=int, default=400)
     ap.add_argument("--steady-seconds", type=float, default=60.0)
+    ap.add_argument("--agent-arg", action="append", default=[],
+                    help="extra `topolet agent` argument, repeatable: --agent-arg=--pod-resources-socket=")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="topolet-bench-kube-"))
@@ -93,7 +96,7 @@ def main() -> int:
     layout = CgroupLayout(system.version, root)
     node = KubeNode(root, layout, node_name, ns, api, KubeletStandIn(api, node_name, layout), work)
     try:
-        agent = node.start_agent(reconcile_seconds=5.0)
+        agent = node.start_agent(*args.agent_arg, reconcile_seconds=5.0)
         wait_for(lambda: node.metrics_port() is not None and node.nrt() is not None, "the agent's first NRT")
         everything = read_cpuset(layout, "", effective=True)[0]
         g1 = {"cpu": "1", "memory": "64Mi"}
@@ -114,9 +117,10 @@ def main() -> int:
             excl.append(seen - t1)
             node.kubelet.delete_pod(pod)
             changes += 2  # one allocation, one release
-        wait_for(lambda: node.nrt_available_cpus() == len(everything), "the last release in the NRT")
-        time.sleep(1.0)
-        nrt_writes = node.metric("topolet_api_writes_total") - nrt_before
+        if changes:
+            wait_for(lambda: node.nrt_available_cpus() == len(everything), "the last release in the NRT")
+            time.sleep(1.0)
+        nrt_writes = node.metric("topolet_api_writes_total") - nrt_before if changes else 0.0
 
         anchor = node.run_pod("anchor", **g1)
         held = CPUSet.parse(wait_for(lambda: _single(layout, anchor.containers["c0"].cgroup), "anchor pin"))
@@ -135,19 +139,23 @@ def main() -> int:
         rss = rss_mib(agent.pid)
         before = node.metric("topolet_api_writes_total")
         time.sleep(args.steady_seconds)
-        steady = (node.metric("topolet_api_writes_total") - before) * 60.0 / args.steady_seconds
+        steady = (node.metric("topolet_api_writes_total") - before) * 60.0 / max(args.steady_seconds, 1e-9)
         ref_rss = reference_rss()
 
         print(f"topolet kube bench on {len(everything)} CPUs, node {node_name}")
         print(f"  reference: pod status patch round trip  p50 {statistics.median(patch_rtt) * 1e3:7.2f} ms"
               f"  p99 {pct(patch_rtt, 0.99) * 1e3:7.2f} ms  (n={len(patch_rtt)})")
         for name, vals in (("exclusive", excl), ("shared", shared), ("all", excl + shared)):
+            if not vals:
+                continue
             print(f"  Running -> cpuset written, {name:9s}   p50 {statistics.median(vals) * 1e3:7.2f} ms"
                   f"  p99 {pct(vals, 0.99) * 1e3:7.2f} ms  (n={len(vals)}; target p99 < 100 ms)")
-        print(f"  API writes per allocation change: {nrt_writes / max(changes, 1):.2f}"
-              f"  ({nrt_writes:.0f} writes / {changes} changes; target 1)")
-        print(f"  API writes per minute, steady state: {steady:.2f}"
-              f"  (over {args.steady_seconds:.0f} s; target 0)")
+        if changes:
+            print(f"  API writes per allocation change: {nrt_writes / changes:.2f}"
+                  f"  ({nrt_writes:.0f} writes / {changes} changes; target 1)")
+        if args.steady_seconds > 0:
+            print(f"  API writes per minute, steady state: {steady:.2f}"
+                  f"  (over {args.steady_seconds:.0f} s; target 0)")
         print(f"  agent RSS with {pods} pods: {rss:.1f} MiB  (target < 60 MiB; reference: interpreter"
               f" with the same imports {ref_rss:.1f} MiB)")
     finally:

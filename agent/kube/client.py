@@ -1,17 +1,32 @@
-"""Access to the Kubernetes API server: the client, this node's name, the agent's namespace, API errors.
+"""Access to the Kubernetes API server: one raw-JSON request path, this node's name, the agent's namespace.
 
 Public API (stable; the in-cluster daemon builds on it):
 
 - `load_api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient`: the pod's in-cluster
   service-account config when `kubeconfig` is None, else that kubeconfig file.  Raises ConfigError.
+- `KubeClient(api_client)`: every request agent/kube makes goes through it.  It takes the
+  configuration, credentials (the bearer token re-read through the in-cluster loader's refresh hook on
+  every request, so a rotated projected token is picked up), TLS and connection pool of an
+  `ApiClient` and sends requests through that client's REST layer, reading and writing plain JSON
+  dicts.  It never touches the generated API classes or models: they build pydantic schemas on first
+  use, ~20 MiB the agent does not need.  `KubeClient.of(x)` wraps an ApiClient, passes a KubeClient
+  through.  Methods (`path` from `resource_path`, `query` a mapping whose None values are left out):
+  `.get(path, query)`, `.list(path, query)`, `.create(path, body)`,
+  `.patch(path, body, content_type, field_manager=None, force=False)`,
+  `.apply(path, body, field_manager, force=True)` (server-side apply), each returning the response
+  object as a dict; `.watch(path, query, timeout=...)` -> `WatchStream`, an iterator of watch events
+  (dicts; None for a line that is not a JSON object) whose `shutdown()` wakes a blocked read from
+  another thread.  Every method takes `what` (names the call in errors) and `timeout`.
+- `resource_path(group, version, plural=None, name=None, *, namespace=None, subresource=None)`: the
+  URL path of a collection, an object or (without `plural`) an API group version.
 - `node_name(args_value: str | None) -> str`: `--node-name`, else env `NODE_NAME`; ConfigError when
   neither names a valid node.
 - `agent_namespace(value: str | None = None) -> str`: `value`, else env `POD_NAMESPACE`, else the
   service-account namespace file, else "topolet-system".
 - `KubeAPIError` (a TopoletError): an API call failed (server down, timeout, HTTP error); `.status`
-  is the HTTP status or None when the server was not reached.  `api_call(what)` is the context
-  manager that turns the client's exceptions into it.
-- `REQUEST_TIMEOUT`: the (connect, read) seconds every call in agent/kube passes as `_request_timeout`.
+  is the HTTP status or None when the server was not reached; `.not_found` is status 404.
+  `api_call(what)` is the context manager that turns the client's exceptions into it.
+- `REQUEST_TIMEOUT`: the (connect, read) seconds every call in agent/kube uses unless it says otherwise.
 
 The `kubernetes` package is imported only inside functions here and in the rest of agent/kube, so
 `topolet discover` and the standalone agent never load it.
@@ -21,9 +36,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from agent.errors import ConfigError, TopoletError
 from agent.labels.validate import is_dns_subdomain
@@ -33,6 +49,8 @@ from agent.labels.validate import is_dns_subdomain
 REQUEST_TIMEOUT: tuple[float, float] = (5.0, 20.0)
 # Connection-level retries inside one call (urllib3 never retries a non-idempotent read failure).
 CONNECT_RETRIES = 2
+# A watch event bigger than this is not an object we can use (and would otherwise grow without bound).
+MAX_WATCH_LINE = 8 << 20
 DEFAULT_NAMESPACE = "topolet-system"
 SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -102,6 +120,199 @@ def load_api_client(kubeconfig: str | None) -> Any:
         raise ConfigError(f"cannot load Kubernetes client configuration from {where}: {exc}") from exc
     conf.retries = CONNECT_RETRIES
     return k8s.ApiClient(conf)
+
+
+def resource_path(group: str, version: str, plural: str | None = None, name: str | None = None, *,
+                  namespace: str | None = None, subresource: str | None = None) -> str:
+    """The URL path of an API group version, a collection or one object ("" group: the core API)."""
+    parts = ["api", version] if not group else ["apis", group, version]
+    if plural is not None:
+        if namespace is not None:
+            parts += ["namespaces", namespace]
+        parts.append(plural)
+        if name is not None:
+            parts.append(name)
+            if subresource is not None:
+                parts.append(subresource)
+    return "/" + "/".join(quote(p, safe="") for p in parts)
+
+
+def _query_text(query: Mapping[str, object] | None) -> str:
+    """`query` as a URL query string: None values left out, booleans as the API spells them."""
+    if not query:
+        return ""
+    pairs = [(k, ("true" if v else "false") if isinstance(v, bool) else str(v))
+             for k, v in query.items() if v is not None]
+    return "?" + urlencode(pairs) if pairs else ""
+
+
+def _decode(data: bytes, what: str, status: int) -> dict[str, Any]:
+    """A response body as a JSON object (an empty body is an empty object)."""
+    if not data.strip():
+        return {}
+    try:
+        decoded = json.loads(data)
+    except ValueError as exc:
+        raise KubeAPIError(f"{what}: the response is not JSON", status) from exc
+    if not isinstance(decoded, dict):
+        raise KubeAPIError(f"{what}: the response is not a JSON object", status)
+    return decoded
+
+
+class WatchStream:
+    """One watch response: iterate for its events; `shutdown()` from any thread wakes a blocked read."""
+
+    def __init__(self, resp: Any, what: str) -> None:
+        self._resp = resp  # urllib3.HTTPResponse, not preloaded
+        self.what = what
+        self._ended = False  # the server ended the body: the connection can be reused
+
+    def __iter__(self) -> Iterator[dict[str, Any] | None]:
+        """Each event as a dict, None for a line that is not a JSON object; ends when the server does."""
+        with api_call(self.what):
+            buf = b""
+            for chunk in self._resp.stream(65536, decode_content=True):
+                buf += chunk
+                while (i := buf.find(b"\n")) >= 0:
+                    line, buf = buf[:i], buf[i + 1:]
+                    if line.strip():
+                        yield _event(line)
+                if len(buf) > MAX_WATCH_LINE:
+                    raise KubeAPIError(f"{self.what}: a watch event over {MAX_WATCH_LINE} bytes")
+            if buf.strip():
+                yield _event(buf)
+        self._ended = True
+
+    def shutdown(self) -> None:
+        """Wake a read blocked on the stream (the iterator then ends or raises KubeAPIError)."""
+        try:
+            self._resp.shutdown()
+        except Exception:  # noqa: BLE001 - best effort: the socket may already be gone
+            pass
+
+    def close(self) -> None:
+        """Give the connection back, or drop it when the body was not read to its end."""
+        if not self._ended:
+            self._resp.close()
+        self._resp.release_conn()
+
+    def __enter__(self) -> WatchStream:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _event(line: bytes) -> dict[str, Any] | None:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+class KubeClient:
+    """Raw JSON requests over an ApiClient's configuration, credentials, TLS and REST layer."""
+
+    def __init__(self, api_client: Any) -> None:
+        if api_client is None:
+            raise ConfigError("a Kubernetes client needs an ApiClient")
+        self.api_client = api_client
+
+    @classmethod
+    def of(cls, api: Any) -> KubeClient:
+        """`api` itself when it is a KubeClient, else a KubeClient over the ApiClient `api`."""
+        return api if isinstance(api, KubeClient) else cls(api)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.api_client.close()
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        conf = self.api_client.configuration
+        headers = dict(self.api_client.default_headers)  # User-Agent and any the caller set
+        if self.api_client.cookie:
+            headers["Cookie"] = self.api_client.cookie
+        headers["Accept"] = "application/json"
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        # auth_settings() calls the configuration's refresh hook, which re-reads a rotated token.
+        for setting in conf.auth_settings().values():
+            if setting.get("in") == "header" and setting.get("value"):
+                headers[setting["key"]] = setting["value"]
+        return headers
+
+    def _send(self, method: str, path: str, query: Mapping[str, object] | None, body: object,
+              content_type: str | None, timeout: tuple[float, float], what: str) -> Any:
+        """Send one request; the urllib3 response (not read) of a 2xx, else KubeAPIError."""
+        url = self.api_client.configuration.host + path + _query_text(query)
+        with api_call(what):
+            # The REST layer serialises a dict body as JSON for JSON and YAML content types.
+            resp = self.api_client.rest_client.request(
+                method, url, headers=self._headers(content_type), body=body,
+                _request_timeout=timeout).response
+        if 200 <= resp.status < 300:
+            return resp
+        try:
+            with api_call(what):
+                data = resp.data
+        finally:
+            resp.release_conn()
+        detail = _status_message(data) or str(resp.reason or "")
+        raise KubeAPIError(f"{what}: HTTP {resp.status}: {detail}".rstrip(": "), int(resp.status))
+
+    def request(self, method: str, path: str, *, query: Mapping[str, object] | None = None,
+                body: object = None, content_type: str | None = None,
+                timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:
+        """One request; the response object as a dict.  Raises KubeAPIError."""
+        what = what or f"{method} {path}"
+        resp = self._send(method, path, query, body, content_type, timeout, what)
+        try:
+            with api_call(what):
+                data = resp.data
+        finally:
+            resp.release_conn()
+        return _decode(data, what, int(resp.status))
+
+    def get(self, path: str, query: Mapping[str, object] | None = None, *,
+            timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:
+        """GET one object (or an API discovery document)."""
+        return self.request("GET", path, query=query, timeout=timeout, what=what)
+
+    def list(self, path: str, query: Mapping[str, object] | None = None, *,
+             timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:
+        """GET a collection: the list object, `items` and `metadata.resourceVersion` as the API sent them."""
+        return self.request("GET", path, query=query, timeout=timeout, what=what)
+
+    def create(self, path: str, body: Mapping[str, Any], *,
+               timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:
+        """POST `body` to the collection at `path`."""
+        return self.request("POST", path, body=dict(body), content_type="application/json",
+                            timeout=timeout, what=what)
+
+    def patch(self, path: str, body: Mapping[str, Any], content_type: str, *,
+              field_manager: str | None = None, force: bool = False,
+              timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:
+        """PATCH the object at `path` with `body` of `content_type` (merge, strategic or apply patch)."""
+        query = {"fieldManager": field_manager, "force": True if force else None}
+        return self.request("PATCH", path, query=query, body=dict(body), content_type=content_type,
+                            timeout=timeout, what=what)
+
+    def apply(self, path: str, body: Mapping[str, Any], field_manager: str, *, force: bool = True,
+              timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:
+        """Server-side apply `body` to the object at `path` as `field_manager` (creating it if absent)."""
+        if not field_manager:
+            raise ConfigError("server-side apply needs a field manager")
+        # JSON is YAML: the apply content type takes the JSON the REST layer writes.
+        return self.patch(path, body, "application/apply-patch+yaml", field_manager=field_manager,
+                          force=force, timeout=timeout, what=what)
+
+    def watch(self, path: str, query: Mapping[str, object] | None = None, *,
+              timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> WatchStream:
+        """Start a watch on the collection at `path` (`query` gets watch=true); its events stream."""
+        what = what or f"watch {path}"
+        resp = self._send("GET", path, {**(query or {}), "watch": True}, None, None, timeout, what)
+        return WatchStream(resp, what)
 
 
 def node_name(args_value: str | None) -> str:

@@ -26,9 +26,9 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.alloc.request import Request
 from agent.enforce import CgroupDriver, container_cgroup_path, detect_layout, exists
@@ -42,6 +42,10 @@ from agent.standalone.engine import PinningEngine
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
 from agent.topology.model import Topology
+
+if TYPE_CHECKING:
+    from agent.gpu.model import GPU
+    from agent.kube.client import KubeClient
 
 log = logging.getLogger("topolet.kube")
 
@@ -237,8 +241,9 @@ class PodPinner:
 class Publisher:
     """Writes to the API on its own thread: NRT on state change, labels on topology change, Events."""
 
-    def __init__(self, api: Any, node: str, args: argparse.Namespace, metrics: Metrics,
-                 snapshot: Callable[[], tuple[Topology, State, tuple[tuple[str, str], ...]]]) -> None:
+    def __init__(self, api: KubeClient, node: str, args: argparse.Namespace, metrics: Metrics,
+                 snapshot: Callable[[], tuple[Topology, State, tuple[tuple[str, str], ...]]],
+                 gpus: Sequence[GPU] = ()) -> None:
         from agent.kube.client import agent_namespace
         from agent.kube.events import EventRecorder
         from agent.kube.labels_sink import LabelPublisher
@@ -247,6 +252,7 @@ class Publisher:
         self.node = node
         self.api = api
         self._node_ref: tuple[str, str] | None = None
+        self.gpus = tuple(gpus)  # discovered once at start: the NRT's GPU capacity
         self.args = args
         self.metrics = metrics
         self.snapshot = snapshot
@@ -337,22 +343,30 @@ class Publisher:
 
     def _nrt_object(self, topology: Topology, state: State,
                     pinned: tuple[tuple[str, str], ...]) -> dict[str, Any]:
-        from kubernetes import client as k8s
-
-        from agent.kube.client import REQUEST_TIMEOUT, api_call
-        from agent.kube.nrt import nrt_object, pod_set_fingerprint
+        from agent.kube.client import resource_path
 
         if self._node_ref is None:  # the owner reference needs the Node's uid: read it once
-            with api_call(f"get node {self.node}"):
-                resp: Any = k8s.CoreV1Api(self.api).read_node(self.node, _preload_content=False,
-                                                         _request_timeout=REQUEST_TIMEOUT)
-            meta = json.loads(resp.data).get("metadata") or {}
-            self._node_ref = (self.node, str(meta.get("uid") or ""))
-        obj: dict[str, Any] = nrt_object(
-            self._node_ref, topology, state,
-            pods_fingerprint=pod_set_fingerprint(pinned),
-            pods_fingerprint_method="with-exclusive-resources")
-        return obj
+            node = self.api.get(resource_path("", "v1", "nodes", self.node), what=f"get node {self.node}")
+            meta = node.get("metadata") if isinstance(node.get("metadata"), dict) else None
+            self._node_ref = (self.node, str((meta or {}).get("uid") or ""))
+        return build_nrt(self._node_ref, topology, state, pinned, self.gpus)
+
+
+def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
+              pinned: tuple[tuple[str, str], ...], gpus: Sequence[GPU] = ()) -> dict[str, Any]:
+    """The node's NRT: CPUs and GPUs less what `state` holds, and the fingerprint of the pinned pods."""
+    from agent.kube.nrt import nrt_object, pod_set_fingerprint
+
+    gpu_capacity = None
+    if gpus:
+        from agent.gpu.capacity import numa_gpu_capacity
+
+        gpu_capacity = numa_gpu_capacity(gpus, None, state.held_gpus())
+    obj: dict[str, Any] = nrt_object(
+        node_ref, topology, state, gpu_capacity=gpu_capacity,
+        pods_fingerprint=pod_set_fingerprint(pinned),
+        pods_fingerprint_method="with-exclusive-resources")
+    return obj
 
 
 def _pod_ref(plan: PodPlan) -> dict[str, Any]:
@@ -364,13 +378,15 @@ class KubeAgent:
     """The enforcer loop: pod changes and reconcile ticks in, engine calls out."""
 
     def __init__(self, args: argparse.Namespace, metrics: Metrics) -> None:
-        from agent.kube.client import load_api_client, node_name
+        from agent.kube.client import KubeClient, load_api_client, node_name
 
         self.args = args
         self.metrics = metrics
         self.node = node_name(args.node_name)
-        self.api = load_api_client(args.kubeconfig)
+        # Every API request goes through this one raw-JSON client (see agent.kube.client).
+        self.api = KubeClient(load_api_client(args.kubeconfig))
         self.topology: Topology = discover(args.fsroot)
+        self.gpus = node_gpus(self.topology, args.fsroot)
         reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
         layout = detect_layout(args.cgroup_root)
         if not os.access(layout.root, os.W_OK):
@@ -378,7 +394,7 @@ class KubeAgent:
         self.state_file = StateFile(args.state_dir, on_write=metrics.state_writes.inc)
         self.engine = PinningEngine(self.topology, layout, self.state_file, reserved)
         self.changes: queue.Queue[PodChange] = queue.Queue()
-        self.publisher = Publisher(self.api, self.node, args, metrics, self.snapshot)
+        self.publisher = Publisher(self.api, self.node, args, metrics, self.snapshot, self.gpus)
         self.pinner = PodPinner(self.engine, metrics, self.publisher.warn,
                                 gpu_numa=self._gpu_numa_source(args))
         self.watcher = PodWatcher(self.api, self.node, self.changes.put, retry_max_seconds=RETRY_MAX_SECONDS,
@@ -505,6 +521,21 @@ class KubeAgent:
                 break
         self.reconcile()
         return self.publisher.publish_once()
+
+
+def node_gpus(topology: Topology, fsroot: str) -> tuple[GPU, ...]:
+    """This node's GPUs, discovered once at start; none (logged) when discovery fails."""
+    from agent.gpu.discover import discover_gpus
+
+    try:
+        inventory = discover_gpus(topology, fsroot)
+    except TopoletError as exc:
+        # GPU capacity is a report: without it the NRT still carries CPUs and memory, and pinning goes on.
+        log.warning("GPU discovery failed; the NRT reports no GPUs: %s", exc)
+        return ()
+    if inventory.gpus:
+        log.info("%d GPUs (%s)", len(inventory.gpus), inventory.source)
+    return inventory.gpus
 
 
 def run_kube_agent(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent.errors import ConfigError
-from agent.kube.client import REQUEST_TIMEOUT, KubeAPIError, api_call
+from agent.kube.client import KubeAPIError, KubeClient, resource_path
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class EventRecorder:
                  clock: Callable[[], float] = time.time) -> None:
         if not component:
             raise ConfigError("an event recorder needs a component name")
-        self.api_client = api_client
+        self.kube = KubeClient.of(api_client)  # an ApiClient or a KubeClient
         self.node_name = node_name
         self.component = component
         self.interval_seconds = interval_seconds
@@ -133,43 +133,38 @@ class EventRecorder:
 
     def _create(self, ref: _PodRef, kind: str, reason: str, message: str, count: int,
                 now: float) -> _Record:
-        from kubernetes import client as k8s
-
         # kubelet's naming: the object's name and a nanosecond stamp in hex (unique per recorder).
         name = f"{ref.name[:200]}.{int(now * 1e9):x}"
-        stamp = datetime.fromtimestamp(int(now), UTC)
-        body = k8s.CoreV1Event(
-            api_version="v1",
-            kind="Event",
-            metadata=k8s.V1ObjectMeta(name=name, namespace=ref.namespace),
-            involved_object=k8s.V1ObjectReference(api_version="v1", kind="Pod", namespace=ref.namespace,
-                                                  name=ref.name, uid=ref.uid or None),
-            reason=reason,
-            message=message,
-            type=kind,
-            source=k8s.V1EventSource(component=self.component, host=self.node_name),
-            reporting_component=self.component,
-            reporting_instance=self.node_name,
-            first_timestamp=stamp,
-            last_timestamp=stamp,
-            count=count,
-        )
-        with api_call(f"create Event {ref.namespace}/{name}"):
-            k8s.CoreV1Api(self.api_client).create_namespaced_event(
-                ref.namespace, body, _request_timeout=REQUEST_TIMEOUT)
+        stamp = _timestamp(int(now))
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": ref.namespace, "name": ref.name}
+        if ref.uid:
+            involved["uid"] = ref.uid
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": ref.namespace},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "source": {"component": self.component, "host": self.node_name},
+            "reportingComponent": self.component,
+            "reportingInstance": self.node_name,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": count,
+        }
+        self.kube.create(resource_path("", "v1", "events", namespace=ref.namespace), body,
+                         what=f"create Event {ref.namespace}/{name}")
         return _Record(event=name, namespace=ref.namespace, count=count, written_count=count,
                        written_at=now)
 
     def _bump(self, rec: _Record, now: float) -> bool:
         """Write the new count onto the existing Event; False when it has expired."""
-        from kubernetes import client as k8s
-
         patch = {"count": rec.count, "lastTimestamp": _timestamp(now)}
         try:
-            with api_call(f"update Event {rec.namespace}/{rec.event}"):
-                k8s.CoreV1Api(self.api_client).patch_namespaced_event(
-                    rec.event, rec.namespace, patch, _content_type="application/merge-patch+json",
-                    _request_timeout=REQUEST_TIMEOUT)
+            self.kube.patch(resource_path("", "v1", "events", rec.event, namespace=rec.namespace), patch,
+                            "application/merge-patch+json", what=f"update Event {rec.namespace}/{rec.event}")
         except KubeAPIError as exc:
             if exc.not_found:
                 return False

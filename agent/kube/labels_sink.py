@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent.errors import ConfigError, TopoletError
-from agent.kube.client import REQUEST_TIMEOUT, KubeAPIError, agent_namespace, api_call
+from agent.kube.client import KubeAPIError, KubeClient, agent_namespace, resource_path
 from agent.labels.features_file import DEFAULT_FEATURES_DIR, write_features_file
 from agent.labels.nodefeature import (
     NODEFEATURE_API_VERSION,
@@ -71,7 +71,8 @@ class LabelPublisher:
             raise ConfigError(f"invalid node name {node_name!r}")
         if api_client is None and sink in ("auto", "nodefeature", "node"):
             raise ConfigError(f"label sink {sink!r} needs an API client")
-        self.api_client = api_client
+        # An ApiClient or a KubeClient; none for the file and none sinks.
+        self._kube = None if api_client is None else KubeClient.of(api_client)
         self.node_name = node_name
         self.namespace = agent_namespace(namespace)
         self.sink = sink
@@ -115,18 +116,25 @@ class LabelPublisher:
             log.info("label sink: %s", self.resolved_sink)
         return self.resolved_sink
 
-    def _nodefeature_served(self) -> bool:
-        from kubernetes import client as k8s
+    @property
+    def kube(self) -> KubeClient:
+        if self._kube is None:  # the constructor refuses the API sinks without a client
+            raise ConfigError(f"label sink {self.sink!r} needs an API client")
+        return self._kube
 
+    def _nodefeature_served(self) -> bool:
+        # Module globals read per call: tests point the group at one the server does not serve.
+        group_version = f"{NODEFEATURE_GROUP}/{NODEFEATURE_VERSION}"
         try:
-            with api_call(f"discover {NODEFEATURE_API_VERSION}"):
-                found = k8s.CustomObjectsApi(self.api_client).get_api_resources(
-                    NODEFEATURE_GROUP, NODEFEATURE_VERSION, _request_timeout=REQUEST_TIMEOUT)
+            found = self.kube.get(resource_path(NODEFEATURE_GROUP, NODEFEATURE_VERSION),
+                                  what=f"discover {group_version}")
         except KubeAPIError as exc:
             if exc.not_found:  # the group/version is not served at all
                 return False
             raise
-        return any(r.name == NODEFEATURE_PLURAL for r in (found.resources or []))
+        resources = found.get("resources")
+        return isinstance(resources, list) and any(
+            isinstance(r, dict) and r.get("name") == NODEFEATURE_PLURAL for r in resources)
 
     def _write(self, sink: str, labels: dict[str, str]) -> bool:
         if sink == "none":
@@ -138,42 +146,33 @@ class LabelPublisher:
         return self._patch_node(labels)
 
     def _apply_nodefeature(self, labels: dict[str, str]) -> bool:
-        from kubernetes import client as k8s
-
         body = nodefeature_object(self.node_name, self.namespace, labels)
         name = nodefeature_name(self.node_name)
-        api = k8s.CustomObjectsApi(self.api_client)
+        path = resource_path(NODEFEATURE_GROUP, NODEFEATURE_VERSION, NODEFEATURE_PLURAL, name,
+                             namespace=self.namespace)
         if self._last is None:
+            live: Mapping[str, Any] | None
             try:
-                with api_call(f"get NodeFeature {self.namespace}/{name}"):
-                    found = api.get_namespaced_custom_object(
-                        NODEFEATURE_GROUP, NODEFEATURE_VERSION, self.namespace, NODEFEATURE_PLURAL, name,
-                        _request_timeout=REQUEST_TIMEOUT)
+                live = self.kube.get(path, what=f"get NodeFeature {self.namespace}/{name}")
             except KubeAPIError as exc:
                 if not exc.not_found:
                     raise
-                found = None
-            live: Mapping[str, Any] | None = found if isinstance(found, Mapping) else None
+                live = None
             if live is not None and (live.get("spec") or {}).get("labels") == labels and all(
                     ((live.get("metadata") or {}).get("labels") or {}).get(k) == v
                     for k, v in body["metadata"]["labels"].items()):
                 return False
-        with api_call(f"apply NodeFeature {self.namespace}/{name}"):
-            api.patch_namespaced_custom_object(
-                NODEFEATURE_GROUP, NODEFEATURE_VERSION, self.namespace, NODEFEATURE_PLURAL, name,
-                body, field_manager=self.field_manager, force=True,
-                _content_type="application/apply-patch+yaml", _request_timeout=REQUEST_TIMEOUT)
+        self.kube.apply(path, body, self.field_manager, force=True,
+                        what=f"apply NodeFeature {self.namespace}/{name}")
         return True
 
     def _patch_node(self, labels: dict[str, str]) -> bool:
-        from kubernetes import client as k8s
-
-        core = k8s.CoreV1Api(self.api_client)
-        with api_call(f"get Node {self.node_name}"):
-            node = core.read_node(self.node_name, _request_timeout=REQUEST_TIMEOUT)
-        meta = node.metadata
-        current = dict((meta.labels if meta else None) or {})
-        annotations = dict((meta.annotations if meta else None) or {})
+        path = resource_path("", "v1", "nodes", self.node_name)
+        node = self.kube.get(path, what=f"get Node {self.node_name}")
+        found_meta = node.get("metadata")
+        meta: dict[str, Any] = found_meta if isinstance(found_meta, dict) else {}
+        current = dict(meta.get("labels") or {})
+        annotations = dict(meta.get("annotations") or {})
         previous = _managed_keys(annotations)
         record = ",".join(sorted(labels))
         stale = [k for k in previous if k not in labels and k in current]
@@ -182,7 +181,6 @@ class LabelPublisher:
             return False
         patch = node_label_patch(labels, previous)
         patch["metadata"]["annotations"] = {MANAGED_LABELS_ANNOTATION: record}
-        with api_call(f"patch Node {self.node_name} labels"):
-            core.patch_node(self.node_name, patch, _content_type="application/merge-patch+json",
-                            _request_timeout=REQUEST_TIMEOUT)
+        self.kube.patch(path, patch, "application/merge-patch+json",
+                        what=f"patch Node {self.node_name} labels")
         return True

@@ -10,9 +10,10 @@ Public API (stable; the in-cluster daemon builds on it):
   available)}}`.  Pure: no I/O, no clock.  Raises ConfigError on invalid input.
 - `pod_set_fingerprint(pods: Iterable[tuple[namespace, name]]) -> str`: the podfingerprint
   ("pfp0v001<16 hex>") of a set of pods, for `pods_fingerprint`.
-- `NRTPublisher(api_client, node_name, field_manager="topolet")`: `.publish(obj) -> bool` applies
-  `obj` (server-side apply, forced, as `field_manager`) only when it differs from the last object
-  applied, when a previous call failed, after `invalidate()`, or when the periodic existence check
+- `NRTPublisher(api_client, node_name, field_manager="topolet")` (`api_client`: an ApiClient or an
+  `agent.kube.client.KubeClient`): `.publish(obj) -> bool` applies `obj` (server-side apply,
+  forced, as `field_manager`) only when it differs from the last object applied, when a previous
+  call failed, after `invalidate()`, or when the periodic existence check
   (`verify_seconds`, a read) finds the object deleted or our fields changed by someone else.
   True when it sent an apply; raises `agent.kube.client.KubeAPIError` when the API call failed
   (the next call applies again).  `.writes` / `.failures` count applies sent and failed calls;
@@ -64,7 +65,7 @@ from typing import Any
 
 from agent.enforce.state import State
 from agent.errors import ConfigError
-from agent.kube.client import REQUEST_TIMEOUT, KubeAPIError, api_call
+from agent.kube.client import KubeAPIError, KubeClient, resource_path
 from agent.labels.validate import is_dns_subdomain
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import NumaNode, Topology
@@ -354,7 +355,7 @@ class NRTPublisher:
             raise ConfigError(f"invalid node name {node_name!r}")
         if not field_manager or len(field_manager) > 128:
             raise ConfigError(f"invalid field manager {field_manager!r}")
-        self.api_client = api_client
+        self.kube = KubeClient.of(api_client)  # an ApiClient or a KubeClient
         self.node_name = node_name
         self.field_manager = field_manager
         self.verify_seconds = verify_seconds
@@ -404,19 +405,14 @@ class NRTPublisher:
         now = self._clock()
         if now - self._verified_at < self.verify_seconds:
             return False
-        from kubernetes import client as k8s
-
         try:
-            with api_call(f"get NodeResourceTopology {self.node_name}"):
-                found = k8s.CustomObjectsApi(self.api_client).get_cluster_custom_object(
-                    GROUP, VERSION, PLURAL, self.node_name, _request_timeout=REQUEST_TIMEOUT)
+            live = self.kube.get(self._path(), what=f"get NodeResourceTopology {self.node_name}")
         except KubeAPIError as exc:
             if exc.not_found:
                 log.info("NodeResourceTopology %s is gone; applying it again", self.node_name)
                 return True
             self.failures += 1
             raise
-        live: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
         self._verified_at = now
         self._resource_version = (live.get("metadata") or {}).get("resourceVersion")
         if _ours_intact(obj, live):
@@ -424,14 +420,11 @@ class NRTPublisher:
         log.info("NodeResourceTopology %s was changed by someone else; applying it again", self.node_name)
         return True
 
-    def _apply(self, body: dict[str, Any]) -> None:
-        from kubernetes import client as k8s
+    def _path(self) -> str:
+        # Module globals read per call: tests point PLURAL at a resource the server does not serve.
+        return resource_path(GROUP, VERSION, PLURAL, self.node_name)
 
-        with api_call(f"apply NodeResourceTopology {self.node_name}"):
-            # The client sends a dict body as JSON, which is valid YAML for the apply content type.
-            out = k8s.CustomObjectsApi(self.api_client).patch_cluster_custom_object(
-                GROUP, VERSION, PLURAL, self.node_name, body,
-                field_manager=self.field_manager, force=True,
-                _content_type="application/apply-patch+yaml", _request_timeout=REQUEST_TIMEOUT)
-        if isinstance(out, Mapping):
-            self._resource_version = (out.get("metadata") or {}).get("resourceVersion")
+    def _apply(self, body: dict[str, Any]) -> None:
+        out = self.kube.apply(self._path(), body, self.field_manager, force=True,
+                              what=f"apply NodeResourceTopology {self.node_name}")
+        self._resource_version = (out.get("metadata") or {}).get("resourceVersion")

@@ -7,28 +7,29 @@ The watcher turns API traffic into three kinds of change, handed to a sink on th
 - `Changed(plan)`: one pod added or modified.
 - `Gone(uid)`: one pod deleted.
 
-It reads raw JSON (never the client's model classes: they cost memory per pod) and keeps only the
-small `PodPlan` of each pod.  A watch that ends is resumed from the last resourceVersion seen; a
-410 Gone (history compacted) or an expired watch brings a relist.  While the API server is down it
-retries every `retry_max_seconds` at most, and says nothing: a pod we cannot see is not a pod gone.
+It reads raw JSON through `agent.kube.client.KubeClient` (never the client's model classes: they
+cost memory) and keeps only the small `PodPlan` of each pod.  A watch that ends is resumed from the
+last resourceVersion seen; a 410 Gone (history compacted) or an expired watch brings a relist.  While
+the API server is down it retries every `retry_max_seconds` at most, and says nothing: a pod we
+cannot see is not a pod gone.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agent.kube.client import KubeClient, WatchStream, resource_path
 from agent.kube.pods import PodError, PodPlan, plan_pod
 
 log = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_SECONDS = 300  # the server ends a watch after this; we resume from the last version
 CONNECT_TIMEOUT_SECONDS = 3.0
-_MAX_LINE = 8 << 20  # a watch event bigger than this is not a pod we can use
+LIST_READ_TIMEOUT_SECONDS = 60.0  # a list of every pod on a full node is large, but not this slow
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,33 +54,13 @@ class Expired(Exception):
     """The watch's resourceVersion is too old (HTTP 410 Gone): relist."""
 
 
-def _lines(resp: Any) -> Iterator[bytes]:
-    """Split a streamed HTTP body into lines (one watch event per line)."""
-    buf = b""
-    for chunk in resp.stream(65536, decode_content=True):
-        buf += chunk
-        while True:
-            i = buf.find(b"\n")
-            if i < 0:
-                break
-            line, buf = buf[:i], buf[i + 1:]
-            if line.strip():
-                yield line
-        if len(buf) > _MAX_LINE:
-            raise ValueError("watch event too large")
-    if buf.strip():
-        yield buf
-
-
 class PodWatcher:
     """List + watch `spec.nodeName=<node>` pods and hand changes to `sink` (see the module docstring)."""
 
     def __init__(self, api_client: Any, node_name: str, sink: Callable[[PodChange], None], *,
                  retry_max_seconds: float = 1.0, watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
                  on_list: Callable[[], None] | None = None) -> None:
-        from kubernetes import client as k8s
-
-        self.core: Any = k8s.CoreV1Api(api_client)
+        self.kube = KubeClient.of(api_client)  # an ApiClient or a KubeClient
         self.node_name = node_name
         self.sink = sink
         self.retry_max = retry_max_seconds
@@ -92,7 +73,7 @@ class PodWatcher:
         self.connected = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._resp: Any = None
+        self._stream: WatchStream | None = None
         self._relist = threading.Event()
         self.on_list = on_list
 
@@ -108,24 +89,18 @@ class PodWatcher:
 
     def stop(self) -> None:
         self._stop.set()
-        resp = self._resp
-        if resp is not None:
-            try:
-                resp.shutdown()  # wake a read blocked on the stream
-            except Exception:  # noqa: BLE001 - best effort while stopping
-                pass
+        stream = self._stream
+        if stream is not None:
+            stream.shutdown()  # wake a read blocked on the stream
         if self._thread is not None:
             self._thread.join(timeout=10)
 
     def request_relist(self) -> None:
         """End the current watch and list again (as after an expired watch); safe from any thread."""
         self._relist.set()
-        resp = self._resp
-        if resp is not None:
-            try:
-                resp.shutdown()  # wake the read blocked on the stream
-            except Exception:  # noqa: BLE001 - best effort
-                pass
+        stream = self._stream
+        if stream is not None:
+            stream.shutdown()  # wake the read blocked on the stream
 
     def run(self) -> None:
         """List and watch until stopped; every failure is retried with a bounded backoff."""
@@ -159,15 +134,9 @@ class PodWatcher:
 
     def relist(self) -> None:
         """List this node's pods and hand the complete set to the sink."""
-        resp = self.core.list_pod_for_all_namespaces(
-            field_selector=self.selector, _preload_content=False,
-            _request_timeout=(CONNECT_TIMEOUT_SECONDS, 60))
-        try:
-            body = json.loads(resp.data)
-        finally:
-            resp.release_conn()
-        if not isinstance(body, dict):
-            raise ValueError("pod list is not an object")
+        body = self.kube.list(resource_path("", "v1", "pods"), {"fieldSelector": self.selector},
+                              timeout=(CONNECT_TIMEOUT_SECONDS, LIST_READ_TIMEOUT_SECONDS),
+                              what=f"list pods on {self.node_name}")
         plans: dict[str, PodPlan] = {}
         for item in body.get("items") or []:
             plan = self._plan(item)
@@ -187,32 +156,28 @@ class PodWatcher:
 
     def watch_once(self) -> None:
         """One watch request from the last resourceVersion, until the server ends it."""
-        resp = self.core.list_pod_for_all_namespaces(
-            field_selector=self.selector, watch=True, allow_watch_bookmarks=True,
-            resource_version=self.resource_version, timeout_seconds=self.watch_timeout,
-            _preload_content=False,
-            _request_timeout=(CONNECT_TIMEOUT_SECONDS, self.watch_timeout + 30))
-        self._resp = resp
+        stream = self.kube.watch(
+            resource_path("", "v1", "pods"),
+            {"fieldSelector": self.selector, "allowWatchBookmarks": True,
+             "resourceVersion": self.resource_version, "timeoutSeconds": self.watch_timeout},
+            timeout=(CONNECT_TIMEOUT_SECONDS, self.watch_timeout + 30),
+            what=f"watch pods on {self.node_name}")
+        self._stream = stream
         self.watches += 1
         self.connected = True
         try:
-            for line in _lines(resp):
+            for event in stream:
                 if self._stop.is_set() or self._relist.is_set():
                     return
-                self._event(line)
+                self._event(event)
         finally:
-            self._resp = None
-            resp.release_conn()
+            self._stream = None
+            stream.close()
 
-    def _event(self, line: bytes) -> None:
-        try:
-            event = json.loads(line)
-        except ValueError:
+    def _event(self, event: dict[str, Any] | None) -> None:
+        if event is None:
             self.garbage += 1
             log.warning("pod watch: unreadable event skipped")
-            return
-        if not isinstance(event, dict):
-            self.garbage += 1
             return
         kind, obj = event.get("type"), event.get("object")
         if not isinstance(obj, dict):

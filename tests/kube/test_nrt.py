@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import ConfigError
+from agent.gpu.model import GPU
 from agent.kube import nrt
 from agent.kube.client import KubeAPIError, agent_namespace, load_api_client, node_name
 from agent.kube.nrt import (
@@ -258,6 +259,37 @@ def test_builder_properties(case: tuple[Topology, State, CPUSet]) -> None:
             assert cost_ab == cost_ba
     available = sum(int(resources(z)["cpu"][2]) for z in zones if "cpu" in resources(z))
     assert available == len(topo.cpus - reserved - state.allocated())
+
+
+# ---- GPUs in the daemon's NRT --------------------------------------------------------------------
+
+def gpu(index: int, numa: int, *, address: str, mig: bool = False) -> GPU:
+    """A hand-built H100 at `address` on NUMA node `numa` (-1: unknown)."""
+    return GPU(index=index, uuid=f"GPU-{index:08x}-0000-0000-0000-000000000000",
+               name="NVIDIA H100 80GB HBM3", product="NVIDIA-H100-80GB-HBM3", memory_bytes=80 * GiB,
+               pci_address=address, pci_device_id=0x2330, numa_node=numa, local_cpus=EMPTY, minor=index,
+               compute_capability=(9, 0), mig_capable=True, mig_mode_current=mig, mig_mode_pending=mig)
+
+
+def test_daemon_nrt_reports_gpus_per_zone_less_those_held() -> None:
+    from agent.kube.daemon import build_nrt
+
+    gpus = (gpu(0, 0, address="0000:18:00.0"), gpu(1, 1, address="0000:3b:00.0"),
+            gpu(2, 1, address="0000:86:00.0"), gpu(3, -1, address="0000:af:00.0"),
+            gpu(4, 0, address="0000:db:00.0", mig=True))
+    held_by_address = dataclasses.replace(allocation("a", [4]), gpus=("0000:86:00.0",))
+    held_by_uuid = dataclasses.replace(allocation("b", [0]), gpus=(gpus[0].uuid,))
+    state = State(allocations=(held_by_address, held_by_uuid))
+    zones = zones_by_name(build_nrt(("worker-1", "u-1"), TWO_SOCKETS_AND_CXL, state, (), gpus))
+    # Whole GPUs not in MIG mode, by zone; a MIG-mode GPU offers its instances (none given), never
+    # itself; a GPU of unknown locality is in no zone.
+    assert resources(zones["node-0"])["nvidia.com/gpu"] == ("1", "1", "0")
+    assert resources(zones["node-1"])["nvidia.com/gpu"] == ("2", "2", "1")
+    assert "nvidia.com/gpu" not in resources(zones["node-2"])
+    assert resources(zones["node-1"])["cpu"] == ("4", "4", "3")  # CPUs still from the same state
+
+    without = zones_by_name(build_nrt(("worker-1", "u-1"), TWO_SOCKETS_AND_CXL, state, ()))
+    assert all(not k.startswith("nvidia.com/") for z in without.values() for k in resources(z))
 
 
 # ---- the pod fingerprint -------------------------------------------------------------------------
