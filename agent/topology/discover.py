@@ -120,12 +120,18 @@ def _cores(by_id: dict[int, RawCPU], online: CPUSet, packages: tuple[Package, ..
         sib = (c.thread_siblings.mask if c.thread_siblings else 0) & onl & ~seen
         members = 1 << cid
         pkg = pkg_of.get(cid)
-        for o in CPUSet.from_mask(sib & ~members):
+        rest = sib & ~members
+        while rest:
+            low = rest & -rest
+            rest ^= low
+            o = low.bit_length() - 1
             other = by_id.get(o)
             if other is not None and other.core_id == c.core_id and pkg_of.get(o) == pkg:
-                members |= 1 << o
+                members |= low
         seen |= members
-        out.append(Core(-1 if pkg is None else pkg, c.core_id, CPUSet.from_mask(members)))
+        ts = c.thread_siblings  # usually exactly the core: share the scan's set
+        cpus = ts if ts is not None and ts.mask == members else CPUSet.from_mask(members)
+        out.append(Core(-1 if pkg is None else pkg, c.core_id, cpus))
     return tuple(out)  # ascending lowest CPU: built in CPU order, each core at its first CPU
 
 
@@ -145,10 +151,15 @@ def _caches(cpus: Iterable[RawCPU], online: CPUSet) -> tuple[Cache, ...]:
             key = (rc.level, rc.type, (shared | bit) & onl)
             if key not in found:
                 found[key] = rc
-    caches = [Cache(level, kind or "Unified", max(rc.size_bytes, 0), max(rc.line_bytes, 0),
-                    CPUSet.from_mask(mask))
-              for (level, kind, mask), rc in found.items()]
-    return tuple(sorted(caches, key=lambda k: (k.level, k.type, k.cpus.min())))
+    caches: list[tuple[tuple[int, str, int], Cache]] = []
+    for (level, kind, mask), rc in found.items():
+        # the scan's set when it is exactly the cache's (the usual case) rather than a new one
+        cpus = rc.cpus if rc.cpus is not None and rc.cpus.mask == mask else CPUSet.from_mask(mask)
+        kind = kind or "Unified"
+        cache = Cache(level, kind, max(rc.size_bytes, 0), max(rc.line_bytes, 0), cpus)
+        caches.append(((level, kind, (mask & -mask).bit_length()), cache))
+    caches.sort(key=lambda kc: kc[0])  # level, type, lowest CPU
+    return tuple(cache for _, cache in caches)
 
 
 def _numa_nodes(raw: RawScan, online: CPUSet, warnings: list[str]) -> tuple[NumaNode, ...]:

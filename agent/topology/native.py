@@ -98,6 +98,13 @@ def parse_cpumask(text: str) -> int:
     return _parse(_lib.topo_parse_cpumask, "cpumask", text)
 
 
+# topo_cache_t: index, level, line_bytes (int32), flags (uint32), id, size_bytes (int64),
+# cpus (int32 off, uint32 n), type (char[16]).
+_CACHE_RECORD = struct.Struct("=3iI2qiI16s")
+if _CACHE_RECORD.size != _ffi.sizeof("topo_cache_t"):
+    raise ImportError(f"topo_cache_t is {_ffi.sizeof('topo_cache_t')} bytes, expected {_CACHE_RECORD.size}")
+
+
 class _Reader:
     """Turns one C scan result into records; sets that share pool words share one CPUSet."""
 
@@ -107,12 +114,6 @@ class _Reader:
         self.words = bytes(_ffi.buffer(p.words, p.nwords * _WORD)) if p.nwords else b""
         self.sets: dict[int, CPUSet] = {}
         self.empty = CPUSet()
-        # Threads of a core list the same caches; the C side copies those records byte for byte,
-        # so equal bytes mean an equal record and one Python object serves them all.
-        self.cache_size = _ffi.sizeof("topo_cache_t")
-        self.cache_bytes = bytes(_ffi.buffer(p.caches, p.ncaches * self.cache_size)) if p.ncaches else b""
-        self.cache_memo: dict[bytes, RawCache] = {}
-        self.caches_memo: dict[bytes, tuple[RawCache, ...]] = {}
 
     def string(self, off: int) -> str:
         end = self.strings.index(b"\0", off)
@@ -121,37 +122,38 @@ class _Reader:
     def cpuset(self, s: Any) -> CPUSet | None:
         return self._set(s.off, s.n)
 
-    def cache(self, i: int) -> RawCache:
-        size = self.cache_size
-        key = self.cache_bytes[i * size : (i + 1) * size]
-        got = self.cache_memo.get(key)
-        if got is None:
-            c = self.p.caches[i]
-            got = RawCache(
-                level=c.level,
-                type=_ffi.string(c.type).decode("ascii", "replace"),
-                size_bytes=c.size_bytes,
-                line_bytes=c.line_bytes,
-                id=c.id,
-                cpus=self.cpuset(c.cpus),
-            )
-            self.cache_memo[key] = got
-        return got
-
-    def caches(self, first: int, count: int) -> tuple[RawCache, ...]:
-        size = self.cache_size
-        key = self.cache_bytes[first * size : (first + count) * size]
-        got = self.caches_memo.get(key)
-        if got is None:
-            got = tuple(self.cache(i) for i in range(first, first + count))
-            self.caches_memo[key] = got
-        return got
-
     def cpus(self) -> tuple[RawCPU, ...]:
-        # One unpack of the whole array beats reading ~20 cffi fields per CPU.
+        # One unpack of each whole array beats reading cffi fields record by record.
         p = self.p
         data = bytes(_ffi.buffer(p.cpus, p.ncpus * _CPU_RECORD.size)) if p.ncpus else b""
+        size = _CACHE_RECORD.size
+        cache_bytes = bytes(_ffi.buffer(p.caches, p.ncaches * size)) if p.ncaches else b""
+        records = _CACHE_RECORD.iter_unpack(cache_bytes)
         cs = self._set
+        # Threads of a core list the same caches; the C side copies those records byte for byte,
+        # so equal records (or runs of them) mean equal values and one Python object serves all.
+        memo: dict[tuple[Any, ...], RawCache] = {}
+        types: dict[bytes, str] = {}
+        runs: dict[bytes, tuple[RawCache, ...]] = {}
+        caches: list[RawCache] = []
+        for f in records:
+            got = memo.get(f)
+            if got is None:
+                kind = types.get(f[8])
+                if kind is None:
+                    kind = types[f[8]] = f[8].split(b"\0", 1)[0].decode("ascii", "replace")
+                got = memo[f] = RawCache(
+                    level=f[1], type=kind, size_bytes=f[5], line_bytes=f[2], id=f[4], cpus=cs(f[6], f[7])
+                )
+            caches.append(got)
+
+        def run(first: int, count: int) -> tuple[RawCache, ...]:
+            key = cache_bytes[first * size : (first + count) * size]
+            got = runs.get(key)
+            if got is None:
+                got = runs[key] = tuple(caches[first : first + count])
+            return got
+
         return tuple(
             RawCPU(
                 id=f[0], online=bool(f[1]), has_topology=bool(f[2]), package_id=f[3], die_id=f[4],
@@ -159,7 +161,7 @@ class _Reader:
                 thread_siblings=cs(f[14], f[15]), package_cpus=cs(f[16], f[17]),
                 die_cpus=cs(f[18], f[19]), cluster_cpus=cs(f[20], f[21]),
                 book_siblings=cs(f[22], f[23]), drawer_siblings=cs(f[24], f[25]),
-                capacity=f[12], max_freq_khz=f[13], caches=self.caches(f[9], f[10]),
+                capacity=f[12], max_freq_khz=f[13], caches=run(f[9], f[10]),
             )
             for f in _CPU_RECORD.iter_unpack(data)
         )
@@ -237,37 +239,41 @@ def scan(root: str = "/", parts: int = 0) -> RawScan:
     if p == _ffi.NULL:
         raise TopologyError("out of memory scanning", root)
     try:
-        if p.status:
-            r = _Reader(p)
-            where = r.string(p.status_path) if p.status_path >= 0 else ""
-            path = where if where == root else os.path.join(root, where)
-            raise TopologyError(f"cannot scan ({_errname(p.status)}, {os.strerror(p.status)})", path)
-        r = _Reader(p)
-        flags = r.string(p.cpu_flags).lower().split()
-        return RawScan(
-            root=root,
-            possible=r.cpuset(p.possible),
-            present=r.cpuset(p.present),
-            online=r.cpuset(p.online),
-            offline=r.cpuset(p.offline),
-            cpus=r.cpus(),
-            has_node_dir=bool(p.has_node_dir),
-            nodes=r.nodes(),
-            kinds=r.kinds(),
-            cpu_flags=tuple(sorted(set(flags))),
-            cpu_vendor=r.string(p.cpu_vendor),
-            cpu_family=p.cpu_family,
-            cpu_model=p.cpu_model,
-            cpu_model_name=r.string(p.cpu_model_name),
-            hypervisor=bool(p.hypervisor),
-            arch=r.string(p.arch),
-            mem_total_bytes=p.mem_total_bytes,
-            pci=r.pci(),
-            errors=r.errors(),
-            gpu_memory_nodes=r.gpu_memory_nodes(),
-        )
+        return _convert(p, root)
     finally:
         _lib.topo_scan_free(p)
+
+
+def _convert(p: Any, root: str) -> RawScan:
+    """The records of one C scan result; raises TopologyError for a failed scan."""
+    r = _Reader(p)
+    if p.status:
+        where = r.string(p.status_path) if p.status_path >= 0 else ""
+        path = where if where == root else os.path.join(root, where)
+        raise TopologyError(f"cannot scan ({_errname(p.status)}, {os.strerror(p.status)})", path)
+    flags = r.string(p.cpu_flags).lower().split()
+    return RawScan(
+        root=root,
+        possible=r.cpuset(p.possible),
+        present=r.cpuset(p.present),
+        online=r.cpuset(p.online),
+        offline=r.cpuset(p.offline),
+        cpus=r.cpus(),
+        has_node_dir=bool(p.has_node_dir),
+        nodes=r.nodes(),
+        kinds=r.kinds(),
+        cpu_flags=tuple(sorted(set(flags))),
+        cpu_vendor=r.string(p.cpu_vendor),
+        cpu_family=p.cpu_family,
+        cpu_model=p.cpu_model,
+        cpu_model_name=r.string(p.cpu_model_name),
+        hypervisor=bool(p.hypervisor),
+        arch=r.string(p.arch),
+        mem_total_bytes=p.mem_total_bytes,
+        pci=r.pci(),
+        errors=r.errors(),
+        gpu_memory_nodes=r.gpu_memory_nodes(),
+    )
 
 
 def set_affinity(pid: int, cpus: CPUSet) -> None:
