@@ -154,9 +154,9 @@ def _caches(cpus: Iterable[RawCPU], online: CPUSet) -> tuple[Cache, ...]:
     caches: list[tuple[tuple[int, str, int], Cache]] = []
     for (level, kind, mask), rc in found.items():
         # the scan's set when it is exactly the cache's (the usual case) rather than a new one
-        cpus = rc.cpus if rc.cpus is not None and rc.cpus.mask == mask else CPUSet.from_mask(mask)
+        members = rc.cpus if rc.cpus is not None and rc.cpus.mask == mask else CPUSet.from_mask(mask)
         kind = kind or "Unified"
-        cache = Cache(level, kind, max(rc.size_bytes, 0), max(rc.line_bytes, 0), cpus)
+        cache = Cache(level, kind, max(rc.size_bytes, 0), max(rc.line_bytes, 0), members)
         caches.append(((level, kind, (mask & -mask).bit_length()), cache))
     caches.sort(key=lambda kc: kc[0])  # level, type, lowest CPU
     return tuple(cache for _, cache in caches)
