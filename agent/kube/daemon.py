@@ -406,22 +406,33 @@ class KubeAgent:
 
     def _gpu_numa_source(self, args: argparse.Namespace
                          ) -> Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None:
-        """Where containers' GPUs sit, from the kubelet's pod-resources socket (off when not given)."""
+        """Where containers' GPUs sit, from the kubelet's pod-resources socket (off when not given).
+
+        grpc is loaded on the first container that asks for GPUs, not at start: it costs ~13 MiB of
+        resident memory, which a node without GPU workloads should not pay.
+        """
         socket = getattr(args, "pod_resources_socket", None)
         if not socket:
             return None
-        from agent.gpu.discover import discover_gpus
+        found: list[Any] = []
 
-        try:
-            from agent.kube.podresources.client import PodResourcesClient
-            from agent.kube.podresources.locality import GPULocator
-        except ImportError as exc:  # grpcio/protobuf missing: pin without GPU locality
-            log.warning("pod-resources API unavailable (%s): CPUs are not aligned with GPUs", exc)
-            return None
+        def numa_nodes(plan: PodPlan, c: ContainerPlan) -> frozenset[int] | None:
+            if not c.wants_devices:
+                return None
+            if not found:
+                try:
+                    from agent.kube.podresources.client import PodResourcesClient
+                    from agent.kube.podresources.locality import GPULocator
+                except ImportError as exc:  # grpcio/protobuf missing: pin without GPU locality
+                    log.warning("pod-resources API unavailable (%s): CPUs are not aligned with GPUs", exc)
+                    found.append(None)
+                else:
+                    found.append(GPULocator(PodResourcesClient(socket), lambda: self.gpus))
+            locator = found[0]
+            return None if locator is None else locator.numa_nodes(plan.namespace, plan.name, c.name,
+                                                                   self.topology)
 
-        locator = GPULocator(PodResourcesClient(socket),
-                             lambda: discover_gpus(self.topology, args.fsroot).gpus)
-        return lambda plan, c: locator.numa_nodes(plan.namespace, plan.name, c.name, self.topology)
+        return numa_nodes
 
     def snapshot(self) -> tuple[Topology, State, tuple[tuple[str, str], ...]]:
         """What the publisher describes: topology, allocation state, (namespace, name) of pinned pods."""

@@ -80,6 +80,7 @@ class ContainerPlan:
     numa_policy: str = DEFAULT_NUMA_POLICY
     smt: str = DEFAULT_SMT
     memory_binding: bool = False
+    wants_devices: bool = False  # it asks for GPUs or MIG devices: their locality is worth a lookup
 
     @property
     def exclusive(self) -> bool:
@@ -217,6 +218,11 @@ def _whole_cpus(value: object) -> int | None:
     return int(q)
 
 
+def _is_gpu_resource(name: object) -> bool:
+    """NVIDIA's device-plugin resources: whole GPUs and MIG devices (`nvidia.com/mig-<profile>`)."""
+    return isinstance(name, str) and (name == "nvidia.com/gpu" or name.startswith("nvidia.com/mig-"))
+
+
 def plan_pod(pod: object) -> PodPlan:
     """Decide, for every running container of `pod`, exclusive CPUs or the shared pool.
 
@@ -249,8 +255,9 @@ def plan_pod(pod: object) -> PodPlan:
         if not isinstance(cname, str) or cname not in running:
             continue
         cpus = 0
+        requests, limits = _resources(c)
+        devices = any(_is_gpu_resource(k) for k in (*requests, *limits))
         if pinning_allowed and policy != "shared":
-            requests, limits = _resources(c)
             whole = _whole_cpus(requests.get("cpu"))
             if qos is QOSClass.GUARANTEED:
                 cpus = whole or 0
@@ -264,7 +271,7 @@ def plan_pod(pod: object) -> PodPlan:
                 else:
                     warnings.append(PodWarning(REASON_NOT_ELIGIBLE, f"container {cname}: exclusive CPUs "
                                             "need a whole-number CPU request equal to its CPU limit"))
-        plans.append(ContainerPlan(cname, running[cname], cpus, numa, smt, binding and cpus > 0))
+        plans.append(ContainerPlan(cname, running[cname], cpus, numa, smt, binding and cpus > 0, devices))
     for cname, cid in sorted(others.items()):
         if cname not in running:
             plans.append(ContainerPlan(cname, cid))

@@ -307,11 +307,15 @@ class KubeNode:
 
     def create_pod(self, name: str, *, cpu: str | None = None, memory: str | None = None,
                    limits: bool = True, annotations: dict[str, str] | None = None,
-                   containers: int = 1) -> str:
-        """Create a pod bound to this node through the API; returns its uid."""
+                   containers: int = 1, extended: dict[str, str] | None = None) -> str:
+        """Create a pod bound to this node through the API; returns its uid.
+
+        `extended` adds extended resources (e.g. {"nvidia.com/gpu": "1"}) to requests and limits.
+        """
         resources: dict[str, dict[str, str]] = {}
-        if cpu is not None or memory is not None:
+        if cpu is not None or memory is not None or extended:
             req = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
+            req.update(extended or {})
             resources = {"requests": req, **({"limits": dict(req)} if limits else {})}
         body = {
             "apiVersion": "v1", "kind": "Pod",

@@ -54,6 +54,9 @@ ASSIGNED = {
     ("team-b", "train", "worker"): [Device("nvidia.com/gpu", (GPU_A,), frozenset({0}))],
 }
 
+# what the device plugin hands out; the kubelet stand-in does not check it
+GPU_REQUEST = {"nvidia.com/gpu": "1"}
+
 
 def gpu(index: int, uuid_: str, numa: int) -> GPU:
     return GPU(index=index, uuid=uuid_, name="NVIDIA H100 80GB HBM3", product="NVIDIA-H100-80GB-HBM3",
@@ -442,12 +445,13 @@ def test_agent_reads_the_kubelets_socket_for_gpu_pods(kube_node: KubeNode) -> No
     }
     with PodResourcesStandIn(assigned) as s:
         node.start_agent("--pod-resources-socket", s.path)
-        near = node.run_pod("near", cpu="1", memory="64Mi", annotations=strict)
+        near = node.run_pod("near", cpu="1", memory="64Mi", annotations=strict, extended=GPU_REQUEST)
         one_cpu = wait_for(lambda: _single_cpu(near.containers["c0"].pid), "the GPU pod to get one CPU")
         assert one_cpu <= node_cpus(discover_here(), 0)
         node.kubelet.delete_pod(near)
         wait_for(lambda: not StateFile(node.state_dir).load(missing_ok=True).allocations, "the CPU freed")
-        elsewhere = node.run_pod("elsewhere", cpu="1", memory="64Mi", annotations=strict)
+        elsewhere = node.run_pod("elsewhere", cpu="1", memory="64Mi", annotations=strict,
+                                 extended=GPU_REQUEST)
         wait_for(lambda: _single_cpu(elsewhere.containers["c0"].pid), "the second GPU pod to get one CPU")
         assert "Get" in s.calls
     assert "GPUs on NUMA [0]" in node.log_text()
@@ -459,7 +463,7 @@ def test_agent_pins_without_device_info_when_the_socket_serves_garbage(kube_node
     node = kube_node
     with PodResourcesStandIn({}, mode="garbage") as s:
         node.start_agent("--pod-resources-socket", s.path)
-        pod = node.run_pod("gpu", cpu="1", memory="64Mi")
+        pod = node.run_pod("gpu", cpu="1", memory="64Mi", extended=GPU_REQUEST)
         wait_for(lambda: _single_cpu(pod.containers["c0"].pid), "the pod to get one CPU")
         assert s.calls  # it was asked, and its garbage changed nothing
     assert node.agent is not None and node.agent.poll() is None

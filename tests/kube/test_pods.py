@@ -158,3 +158,18 @@ def test_any_bad_annotation_value_keeps_the_pod_shared(value: str) -> None:
     else:
         assert plan.containers[0].cpus == 0
         assert [w.reason for w in plan.warnings] == ["InvalidAnnotation"]
+
+
+@pytest.mark.parametrize("resource, wants", [
+    ("nvidia.com/gpu", True),
+    ("nvidia.com/mig-1g.10gb", True),
+    ("example.com/fpga", False),
+    (None, False),
+])
+def test_containers_asking_for_gpus_are_marked_for_a_locality_lookup(resource: str | None, wants: bool) -> None:
+    spec = g()
+    if resource is not None:
+        spec["resources"]["limits"][resource] = "1"
+    (plan,) = plan_pod(pod([spec])).containers
+    assert plan.wants_devices is wants
+    assert plan.cpus == 2  # an extended resource does not change the CPU decision
