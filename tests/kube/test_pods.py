@@ -166,7 +166,7 @@ def test_any_bad_annotation_value_keeps_the_pod_shared(value: str) -> None:
     ("example.com/fpga", False),
     (None, False),
 ])
-def test_containers_asking_for_gpus_are_marked_for_a_locality_lookup(resource: str | None, wants: bool) -> None:
+def test_containers_asking_for_gpus_are_marked_for_a_lookup(resource: str | None, wants: bool) -> None:
     spec = g()
     if resource is not None:
         spec["resources"]["limits"][resource] = "1"
