@@ -1009,6 +1009,22 @@ static int host_cpus(void)
     return n > 0 ? (int)(n > PARTS_MAX ? PARTS_MAX : n) : 1;
 }
 
+/* Let new threads run anywhere this one may, except where this one runs now.  Left to itself
+ * the kernel often starts a new thread on its creator's CPU and moves it only at the next load
+ * balance (milliseconds later, on an otherwise idle machine): the two would share one CPU for
+ * about the whole scan.  A CPU set that does not fit cpu_set_t leaves the choice to the kernel. */
+static void start_elsewhere(pthread_attr_t *attr)
+{
+    cpu_set_t set;
+    int me = sched_getcpu();
+
+    if (me < 0 || me >= CPU_SETSIZE || sched_getaffinity(0, sizeof set, &set) != 0)
+        return;
+    CPU_CLR(me, &set);
+    if (CPU_COUNT(&set) > 0)
+        pthread_attr_setaffinity_np(attr, sizeof set, &set);
+}
+
 static uint32_t pick_parts(int want, uint32_t ncpus)
 {
     uint32_t n;
@@ -1201,8 +1217,10 @@ static int scan_cpus_parallel(struct scan_ctx *ctx, int dirfd, const struct id_l
 {
     struct scan_work w;
     struct cpu_part *parts;
+    pthread_attr_t attr;
     sigset_t all, old;
     uint32_t k, chunk;
+    int have_attr;
 
     memset(&w, 0, sizeof w);
     w.ids = l->ids;
@@ -1234,8 +1252,14 @@ static int scan_cpus_parallel(struct scan_ctx *ctx, int dirfd, const struct id_l
     /* the threads take no signals: the caller's handlers expect to run on the caller's thread */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
+    have_attr = pthread_attr_init(&attr) == 0;
+    if (have_attr)
+        start_elsewhere(&attr);
     for (k = 1; k < nparts; k++)
-        parts[k].running = pthread_create(&parts[k].thread, NULL, scan_part, &parts[k]) == 0;
+        parts[k].running =
+            pthread_create(&parts[k].thread, have_attr ? &attr : NULL, scan_part, &parts[k]) == 0;
+    if (have_attr)
+        pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     scan_part(&parts[0]);
     for (k = 1; k < nparts; k++)
