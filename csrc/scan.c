@@ -989,7 +989,7 @@ struct scan_work {
 };
 
 struct cpu_part {
-    struct scan_ctx ctx;
+    struct scan_ctx ctx;            /* first: part_find gets from a context to its part */
     struct scan_work *work;
     uint32_t index;
     uint8_t *took;                  /* per unit: this part scanned it */
@@ -997,6 +997,8 @@ struct cpu_part {
     pthread_t thread;
     int running;
 };
+
+_Static_assert(offsetof(struct cpu_part, ctx) == 0, "a part's context is its first member");
 
 static int host_cpus(void)
 {
@@ -1227,8 +1229,8 @@ static int scan_cpus_parallel(struct scan_ctx *ctx, int dirfd, const struct id_l
     w.n = l->n;
     w.half = l->n / 2;
     w.dirfd = dirfd;
-    /* about four units a thread, each a power of two of ids per half (a core's threads stay
-     * together), at least 4 */
+    /* about four units a thread; a unit's slice of each half is a power of two of ids, 4 to 16,
+     * so that SMT threads numbered side by side (up to 4 a core) stay in one unit */
     for (chunk = 4; chunk < 16 && chunk * 2 * nparts * 4 <= w.half; chunk *= 2)
         ;
     w.chunk = chunk;
