@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Collection, Mapping
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from agent.gpu.applier import (
@@ -32,6 +33,10 @@ log = logging.getLogger("topolet.gpu.mig")
 
 CONFIG_LABEL = f"{TOPOLET_NAMESPACE}/mig.config"
 STATES = ("pending", "success", "failed")
+_INDEX_MIG_ID = re.compile(r"(\d{1,5}):(\d{1,5})")  # the device plugin's index strategy: "<gpu>:<mig>"
+
+# What pods hold, in the reconciler's terms: GPU-instance ids per GPU index, and whole GPUs by UUID.
+Holds = tuple[dict[int, set[int]], frozenset[str]]
 
 
 def mig_labels(config: str, state: str | None) -> dict[str, str]:
@@ -63,6 +68,7 @@ class MigReconciler:
         self.state: str | None = None
         self.reason = ""
         self._last_logged: tuple[str, str | None, str] | None = None
+        self._holds_problem = ""
 
     def _on_state(self, state: str) -> None:
         # `labels()` must say "pending" while a change runs, before `reconcile` returns.
@@ -78,6 +84,80 @@ class MigReconciler:
     def labels(self) -> dict[str, str]:
         """The MIG labels for the last pass (empty when it managed nothing)."""
         return mig_labels(self.config, self.state)
+
+    def holds_of(self, device_ids: Iterable[str]) -> Holds | None:
+        """What the device plugin's ids (the kubelet's pod-resources answer) hold; None when one
+        names a device NVML cannot place, since then no instance is known to be free.
+
+        Understood: GPU UUIDs and indices (whole GPUs), "MIG-GPU-<uuid>/<gi>/<ci>", "MIG-<uuid>" and
+        "<gpu index>:<mig index>", each with a time-slicing replica suffix ("::<n>") or without.
+        """
+        nv = self.nvml
+        in_use: dict[int, set[int]] = {}
+        whole: set[str] = set()
+        mig_uuids: dict[str, tuple[int, int]] | None = None
+        try:
+            uuids = {self._uuid(nv.nvmlDeviceGetHandleByIndex(i)).lower(): i
+                     for i in range(nv.nvmlDeviceGetCount())}
+            for raw in device_ids:
+                ref = raw.strip().split("::", 1)[0]
+                place: tuple[int, int] | None = None
+                by_index = _INDEX_MIG_ID.fullmatch(ref)
+                if ref.startswith("MIG-GPU-"):
+                    gpu_uuid, _, rest = ref[len("MIG-"):].partition("/")
+                    index = uuids.get(gpu_uuid.lower())
+                    gi = rest.partition("/")[0]
+                    place = (index, int(gi)) if index is not None and gi.isdigit() else None
+                elif ref.startswith("MIG-"):
+                    if mig_uuids is None:
+                        mig_uuids = self._mig_devices(len(uuids))
+                    place = mig_uuids.get(ref.lower())
+                elif by_index is not None:
+                    gpu, mig = int(by_index.group(1)), int(by_index.group(2))
+                    handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(nv.nvmlDeviceGetHandleByIndex(gpu), mig)
+                    place = (gpu, int(nv.nvmlDeviceGetGpuInstanceId(handle)))
+                elif ref.lower() in uuids or (ref.isdigit() and int(ref) < len(uuids)):
+                    index = uuids[ref.lower()] if ref.lower() in uuids else int(ref)
+                    whole.add(self._uuid(nv.nvmlDeviceGetHandleByIndex(index)))
+                    continue
+                if place is None:
+                    self._settle_holds(f"device {raw!r} assigned to a pod is not on this node's GPUs")
+                    return None
+                in_use.setdefault(place[0], set()).add(place[1])
+        except (nv.NVMLError, AttributeError) as exc:  # AttributeError: an NVML without MIG device queries
+            self._settle_holds(f"MIG devices assigned to pods cannot be located: {exc!r}")
+            return None
+        self._holds_problem = ""
+        return in_use, frozenset(whole)
+
+    def _uuid(self, handle: Any) -> str:
+        value = self.nvml.nvmlDeviceGetUUID(handle)
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def _mig_devices(self, count: int) -> dict[str, tuple[int, int]]:
+        """{MIG device UUID (lower case): (GPU index, GPU-instance id)} over every GPU in MIG mode."""
+        nv = self.nvml
+        out: dict[str, tuple[int, int]] = {}
+        for index in range(count):
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            try:
+                if not nv.nvmlDeviceGetMigMode(handle)[0]:
+                    continue
+            except nv.NVMLError_NotSupported:
+                continue
+            for slot in range(int(nv.nvmlDeviceGetMaxMigDeviceCount(handle))):
+                try:
+                    mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                except nv.NVMLError_NotFound:  # an empty slot
+                    continue
+                out[self._uuid(mig).lower()] = (index, int(nv.nvmlDeviceGetGpuInstanceId(mig)))
+        return out
+
+    def _settle_holds(self, reason: str) -> None:
+        """Log (once per reason) that this pass changes no MIG instance."""
+        if reason != self._holds_problem:
+            self._holds_problem = reason
+            log.warning("MIG reconcile held back: %s", reason)
 
     def _mig_capable(self) -> bool:
         nv = self.nvml

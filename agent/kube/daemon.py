@@ -10,6 +10,16 @@ Three threads, so that losing the API server stops publishing, never enforcing:
   allocation change, labels when the topology changes, Events for bad annotations — retrying
   every second at most while the API is down, so it catches up within seconds of its return.
 
+MIG follows NVIDIA MIG manager's protocol on the Node: the user's label `topolet.io/mig.config`
+names the layout (else `--mig-config`), and the agent answers in `topolet.io/mig.config.state`
+(pending, success, failed).  The publisher re-reads the Node every reconcile period and hands the
+layout to the enforcer, which applies it through NVML on its own thread — with the API down, the
+last layout read stays applied.  Until this run has read the Node once, no MIG change is made: its
+label may name another layout than the flag.
+
+GPUs the kubelet handed to containers (its pod-resources socket, read on the enforcer thread only
+when the node has GPUs) count as taken in the NRT, and their MIG instances as in use.
+
 The container's cgroup is the kubelet's (`agent.enforce.kubepods`); the cgroup driver is found by
 looking for `kubepods.slice` (systemd) or `kubepods` (cgroupfs) under the cpuset hierarchy, and per
 pod when neither exists yet at startup.
@@ -26,7 +36,8 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +56,7 @@ from agent.topology.model import Topology
 
 if TYPE_CHECKING:
     from agent.gpu.model import GPU
+    from agent.gpu.reconcile import MigReconciler
     from agent.kube.client import KubeClient
 
 log = logging.getLogger("topolet.kube")
@@ -52,6 +64,67 @@ log = logging.getLogger("topolet.kube")
 RETRY_MAX_SECONDS = 1.0  # publishing and watching retry at least this often while the API is down
 PENDING_RETRY_SECONDS = 0.2  # a running container whose cgroup is not there yet is looked for again
 REASON_ALLOCATION_FAILED = "AllocationFailed"
+
+
+@dataclass(frozen=True, slots=True)
+class MigConfigChanged:
+    """The Node asks for another MIG layout: the enforcer applies it now, not at its next reconcile."""
+
+
+class MigStatus:
+    """The MIG layout the Node asks for and how applying it went, shared by the publisher (reads the
+    Node, publishes the state) and the enforcer (applies the layout); fields are replaced whole."""
+
+    def __init__(self, fallback: str) -> None:
+        self.fallback = fallback  # --mig-config: the layout while the Node carries no label
+        self.desired: str | None = None  # None until this run has read the Node
+        self.result: tuple[str, str | None] = ("", None)  # (layout, state) of the enforcer's last pass
+        self.changed_since_start = False
+        self.live_state: str | None = None  # the state label the Node carried when first read
+
+    def node_labels(self, labels: Mapping[str, str]) -> bool:
+        """Take the layout from the Node's labels; True when it differs from the one known before."""
+        from agent.gpu.applier import STATE_LABEL
+        from agent.gpu.reconcile import CONFIG_LABEL, STATES
+
+        wanted = str(labels.get(CONFIG_LABEL) or "").strip() or self.fallback
+        if self.desired is None:
+            live = labels.get(STATE_LABEL)
+            self.live_state = live if live in STATES else None
+        elif wanted != self.desired:
+            self.changed_since_start = True
+        changed = wanted != self.desired
+        self.desired = wanted
+        return changed
+
+    def report(self, layout: str, state: str | None) -> bool:
+        """The enforcer's outcome for `layout`; True when it differs from the last one."""
+        changed = (layout, state) != self.result
+        self.result = (layout, state)
+        return changed
+
+    def state(self) -> str | None:
+        """The value of `topolet.io/mig.config.state` now (None: no label).
+
+        "pending" from the moment the Node asks for a layout the enforcer has not reported on yet;
+        after a restart the Node's own value stands until the first pass, so that an agent restart
+        on a node whose layout already holds does not flip it to pending and back.
+        """
+        if not self.desired:
+            return None
+        layout, state = self.result
+        if layout == self.desired:
+            return state
+        if self.changed_since_start:
+            return "pending"
+        return self.live_state or "pending"
+
+    def labels(self) -> dict[str, str]:
+        """The state label to publish; never `topolet.io/mig.config` itself (the user's label)."""
+        from agent.gpu.applier import STATE_LABEL
+
+        state = self.state()
+        return {STATE_LABEL: state} if state else {}
 
 
 def alloc_id(pod_uid: str, container: str) -> str:
@@ -242,8 +315,9 @@ class Publisher:
     """Writes to the API on its own thread: NRT on state change, labels on topology change, Events."""
 
     def __init__(self, api: KubeClient, node: str, args: argparse.Namespace, metrics: Metrics,
-                 snapshot: Callable[[], tuple[Topology, State, tuple[tuple[str, str], ...]]],
-                 gpus: Sequence[GPU] = ()) -> None:
+                 snapshot: Callable[[], Snapshot], gpus: Sequence[GPU] = (), *,
+                 mig: MigStatus | None = None, on_mig_change: Callable[[], None] | None = None,
+                 node_poll_seconds: float = 5.0) -> None:
         from agent.kube.client import agent_namespace
         from agent.kube.events import EventRecorder
         from agent.kube.labels_sink import LabelPublisher
@@ -256,6 +330,13 @@ class Publisher:
         self.args = args
         self.metrics = metrics
         self.snapshot = snapshot
+        # With MIG managed the Node is read again every `node_poll_seconds` (its layout label may
+        # change); otherwise once, for the NRT's owner reference.
+        self.mig = mig
+        self.on_mig_change = on_mig_change
+        self.node_poll_seconds = node_poll_seconds
+        self._next_node_read = 0.0
+        self._mig_changed = False  # the Node asks for another MIG layout: the enforcer is told
         self.labels = LabelPublisher(api, node, agent_namespace(), sink=args.label_sink,
                                      features_dir=args.features_dir)
         self.nrt_writes = 0
@@ -296,7 +377,8 @@ class Publisher:
             if ok:
                 self.failing_since = None
                 self.caught_up.set()
-                self._wake.wait()
+                self._wake.wait(None if self.mig is None
+                                else max(self._next_node_read - time.monotonic(), 0.0))
             else:
                 if self.failing_since is None:
                     self.failing_since = time.monotonic()
@@ -306,9 +388,18 @@ class Publisher:
     def publish_once(self) -> bool:
         """Publish whatever differs from what was last written; False if anything failed."""
         ok = True
-        topology, state, pinned = self.snapshot()
+        if self.mig is not None and time.monotonic() >= self._next_node_read:
+            try:
+                self._read_node()
+                self._next_node_read = time.monotonic() + self.node_poll_seconds
+            except Exception as exc:  # noqa: BLE001 - the API may fail in any way; retried
+                ok = False
+                log.warning("Node %s not read: %s", self.node, exc)
+        topology, state, pinned, assigned = self.snapshot()
         try:
             labels = build_labels(topology, gfd_compat=self.args.gfd_compat)
+            if self.mig is not None:
+                labels.update(self.mig.labels())
             if labels != self._published_labels:
                 if self.labels.publish(labels):
                     self.metrics.api_writes.labels(kind="labels").inc()
@@ -317,7 +408,7 @@ class Publisher:
             ok = False
             log.warning("labels not published: %s", exc)
         try:
-            obj = self._nrt_object(topology, state, pinned)
+            obj = self._nrt_object(topology, state, pinned, assigned)
             digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
             if digest != self._published_nrt:
                 if self.nrt.publish(obj):
@@ -339,34 +430,78 @@ class Publisher:
                     self.metrics.api_writes.labels(kind="event").inc()
             except TopoletError as exc:
                 log.warning("event not recorded: %s", exc)
+        if self._mig_changed:
+            self._mig_changed = False
+            if self.on_mig_change is not None:
+                # After the labels, so that "pending" is on its way before the change starts.
+                self.on_mig_change()
         return ok
 
-    def _nrt_object(self, topology: Topology, state: State,
-                    pinned: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    def _read_node(self) -> None:
+        """Read this node's Node: its uid (the NRT's owner) and, with MIG managed, its layout label."""
         from agent.kube.client import resource_path
 
-        if self._node_ref is None:  # the owner reference needs the Node's uid: read it once
-            node = self.api.get(resource_path("", "v1", "nodes", self.node), what=f"get node {self.node}")
-            meta = node.get("metadata") if isinstance(node.get("metadata"), dict) else None
-            self._node_ref = (self.node, str((meta or {}).get("uid") or ""))
-        return build_nrt(self._node_ref, topology, state, pinned, self.gpus)
+        node = self.api.get(resource_path("", "v1", "nodes", self.node), what=f"get node {self.node}")
+        found = node.get("metadata")
+        meta: dict[str, Any] = found if isinstance(found, dict) else {}
+        self._node_ref = (self.node, str(meta.get("uid") or ""))
+        labels = meta.get("labels")
+        if self.mig is not None and self.mig.node_labels(
+                {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}):
+            self._mig_changed = True
+
+    def _nrt_object(self, topology: Topology, state: State, pinned: tuple[tuple[str, str], ...],
+                    assigned: frozenset[str]) -> dict[str, Any]:
+        if self._node_ref is None:  # the owner reference needs the Node's uid
+            self._read_node()
+        if self._node_ref is None:  # _read_node sets it or raises
+            raise TopoletError(f"Node {self.node} not read")
+        return build_nrt(self._node_ref, topology, state, pinned, self.gpus, assigned)
+
+
+# What the publisher describes: topology, allocation state, (namespace, name) of pinned pods, and
+# the GPUs (PCI addresses) the kubelet handed to containers.
+Snapshot = tuple[Topology, State, tuple[tuple[str, str], ...], frozenset[str]]
 
 
 def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
-              pinned: tuple[tuple[str, str], ...], gpus: Sequence[GPU] = ()) -> dict[str, Any]:
-    """The node's NRT: CPUs and GPUs less what `state` holds, and the fingerprint of the pinned pods."""
+              pinned: tuple[tuple[str, str], ...], gpus: Sequence[GPU] = (),
+              assigned_gpus: Collection[str] = ()) -> dict[str, Any]:
+    """The node's NRT: CPUs and GPUs less what `state` holds and GPUs less those the kubelet
+    assigned (`assigned_gpus`: PCI addresses or UUIDs), and the fingerprint of the pinned pods."""
     from agent.kube.nrt import nrt_object, pod_set_fingerprint
 
     gpu_capacity = None
     if gpus:
         from agent.gpu.capacity import numa_gpu_capacity
 
-        gpu_capacity = numa_gpu_capacity(gpus, None, state.held_gpus())
+        gpu_capacity = numa_gpu_capacity(gpus, None, state.held_gpus() | frozenset(assigned_gpus))
     obj: dict[str, Any] = nrt_object(
         node_ref, topology, state, gpu_capacity=gpu_capacity,
         pods_fingerprint=pod_set_fingerprint(pinned),
         pods_fingerprint_method="with-exclusive-resources")
     return obj
+
+
+def is_mig_device_id(device_id: str) -> bool:
+    """Whether a device plugin id names a MIG device ("MIG-…", or "<gpu>:<mig>" by index)."""
+    ref = device_id.strip().split("::", 1)[0]
+    return ref.startswith("MIG-") or ":" in ref
+
+
+def kubelet_gpus(device_ids: Iterable[str], gpus: Sequence[GPU]) -> frozenset[str]:
+    """PCI addresses of the whole GPUs that device plugin ids name (MIG devices and ids of GPUs not
+    in `gpus` left out)."""
+    from agent.kube.podresources.locality import gpu_of
+
+    out: set[str] = set()
+    for device_id in device_ids:
+        if is_mig_device_id(device_id):
+            continue
+        g = gpu_of(device_id, gpus)
+        if g is not None:
+            out.add(g.pci_address)
+    return frozenset(out)
 
 
 def _pod_ref(plan: PodPlan) -> dict[str, Any]:
@@ -377,7 +512,10 @@ def _pod_ref(plan: PodPlan) -> dict[str, Any]:
 class KubeAgent:
     """The enforcer loop: pod changes and reconcile ticks in, engine calls out."""
 
-    def __init__(self, args: argparse.Namespace, metrics: Metrics) -> None:
+    def __init__(self, args: argparse.Namespace, metrics: Metrics, nvml: Any = None,
+                 gpus: Sequence[GPU] | None = None) -> None:
+        """`nvml`: pynvml or a stand-in, initialised (else NVML loads when a MIG layout is asked);
+        `gpus`: the node's GPU inventory (else discovered once here)."""
         from agent.kube.client import KubeClient, load_api_client, node_name
 
         self.args = args
@@ -386,15 +524,30 @@ class KubeAgent:
         # Every API request goes through this one raw-JSON client (see agent.kube.client).
         self.api = KubeClient(load_api_client(args.kubeconfig))
         self.topology: Topology = discover(args.fsroot)
-        self.gpus = node_gpus(self.topology, args.fsroot)
+        self.nvml = nvml
+        self.gpus = tuple(gpus) if gpus is not None else node_gpus(self.topology, args.fsroot, nvml)
         reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
         layout = detect_layout(args.cgroup_root)
         if not os.access(layout.root, os.W_OK):
             raise EnforcementError("cpuset hierarchy is not writable (run as root)", layout.root)
         self.state_file = StateFile(args.state_dir, on_write=metrics.state_writes.inc)
         self.engine = PinningEngine(self.topology, layout, self.state_file, reserved)
-        self.changes: queue.Queue[PodChange] = queue.Queue()
-        self.publisher = Publisher(self.api, self.node, args, metrics, self.snapshot, self.gpus)
+        self.changes: queue.Queue[PodChange | MigConfigChanged] = queue.Queue()
+        self._podres: list[Any] = []  # [] not opened yet; [None] off; [client]
+        self.kubelet_gpu_ids: tuple[str, ...] = ()  # GPU device ids the kubelet handed out
+        self.assigned_gpus: frozenset[str] = frozenset()  # whole GPUs among them (PCI addresses)
+        # MIG is looked after where it can matter: an NVML given, a layout asked, a MIG-capable GPU.
+        mig_config = str(getattr(args, "mig_config", "") or "")
+        self.mig_status: MigStatus | None = None
+        if nvml is not None or mig_config or any(g.mig_capable for g in self.gpus):
+            self.mig_status = MigStatus(mig_config)
+        self._mig: MigReconciler | None = None
+        self._mig_layout = ""  # the layout of the pass under way (for the pending callback)
+        self._nvml_problem = ""
+        self.publisher = Publisher(self.api, self.node, args, metrics, self.snapshot, self.gpus,
+                                   mig=self.mig_status,
+                                   on_mig_change=lambda: self.changes.put(MigConfigChanged()),
+                                   node_poll_seconds=args.reconcile_seconds)
         self.pinner = PodPinner(self.engine, metrics, self.publisher.warn,
                                 gpu_numa=self._gpu_numa_source(args))
         self.watcher = PodWatcher(self.api, self.node, self.changes.put, retry_max_seconds=RETRY_MAX_SECONDS,
@@ -411,8 +564,7 @@ class KubeAgent:
         grpc is loaded on the first container that asks for GPUs, not at start: it costs ~13 MiB of
         resident memory, which a node without GPU workloads should not pay.
         """
-        socket = getattr(args, "pod_resources_socket", None)
-        if not socket:
+        if not getattr(args, "pod_resources_socket", None):
             return None
         found: list[Any] = []
 
@@ -420,23 +572,132 @@ class KubeAgent:
             if not c.wants_devices:
                 return None
             if not found:
-                try:
-                    from agent.kube.podresources.client import PodResourcesClient
-                    from agent.kube.podresources.locality import GPULocator
-                except ImportError as exc:  # grpcio/protobuf missing: pin without GPU locality
-                    log.warning("pod-resources API unavailable (%s): CPUs are not aligned with GPUs", exc)
+                client = self._pod_resources()
+                if client is None:
                     found.append(None)
                 else:
-                    found.append(GPULocator(PodResourcesClient(socket), lambda: self.gpus))
+                    from agent.kube.podresources.locality import GPULocator
+
+                    found.append(GPULocator(client, lambda: self.gpus))
             locator = found[0]
             return None if locator is None else locator.numa_nodes(plan.namespace, plan.name, c.name,
                                                                    self.topology)
 
         return numa_nodes
 
-    def snapshot(self) -> tuple[Topology, State, tuple[tuple[str, str], ...]]:
-        """What the publisher describes: topology, allocation state, (namespace, name) of pinned pods."""
-        return self.topology, self.state_file.load(missing_ok=True), self.pinned_pods
+    def _pod_resources(self) -> Any:
+        """The kubelet's pod-resources client, opened on first use (grpc loads then); None when off."""
+        if not self._podres:
+            socket = getattr(self.args, "pod_resources_socket", None)
+            client = None
+            if socket:
+                try:
+                    from agent.kube.podresources.client import PodResourcesClient
+                except ImportError as exc:  # grpcio/protobuf missing: no device information
+                    log.warning("pod-resources API unavailable (%s): CPUs are not aligned with GPUs and "
+                                "the NRT counts only GPUs held in our state", exc)
+                else:
+                    client = PodResourcesClient(socket)
+            self._podres.append(client)
+        return self._podres[0]
+
+    def refresh_devices(self) -> None:
+        """Read which GPUs the kubelet handed to containers; the publisher hears of a change.
+
+        Only on a node with GPUs: elsewhere grpc is never loaded for this.
+        """
+        if not self.gpus:
+            return
+        client = self._pod_resources()
+        if client is None:
+            return
+        from agent.kube.podresources.locality import is_gpu_resource
+
+        listed = client.list()  # {} when the kubelet gives no answer: only our own holds count then
+        ids = tuple(sorted({i for devices in listed.values() for d in devices
+                            if is_gpu_resource(d.resource) for i in d.ids}))
+        self.kubelet_gpu_ids = ids
+        assigned = kubelet_gpus(ids, self.gpus)
+        if assigned != self.assigned_gpus:
+            self.assigned_gpus = assigned
+            self.publisher.notify()
+
+    def snapshot(self) -> Snapshot:
+        """What the publisher describes: topology, allocation state, (namespace, name) of pinned pods,
+        and the whole GPUs the kubelet handed out."""
+        return self.topology, self.state_file.load(missing_ok=True), self.pinned_pods, self.assigned_gpus
+
+    # -- MIG (enforcer thread) -------------------------------------------------------------------
+
+    def _mig_reconciler(self) -> MigReconciler | None:
+        """The MIG reconciler, over NVML loaded now if none was given; None (logged) without NVML.
+
+        Loading is tried again each pass: a GPU driver container may come up after the agent.
+        """
+        if self._mig is None:
+            nvml = self.nvml
+            if nvml is None:
+                from agent.gpu.discover import load_nvml
+
+                nvml, why = load_nvml()
+                if nvml is None:
+                    if why != self._nvml_problem:
+                        self._nvml_problem = why
+                        log.info("MIG layout not applied: %s", why)
+                    return None
+                self.nvml = nvml
+            from agent.gpu.reconcile import MigReconciler
+
+            ops = self.metrics.mig_operations
+            self._mig = MigReconciler(nvml, self.args.state_dir,
+                                      allow_mig_mode_change=bool(getattr(self.args, "allow_mig_mode_change",
+                                                                         False)),
+                                      on_state=self._on_mig_state,
+                                      on_operation=lambda op, result: ops.labels(op=op, result=result).inc())
+        return self._mig
+
+    def _on_mig_state(self, state: str) -> None:
+        """The applier's state as it goes ("pending" as a change starts): the publisher hears at once."""
+        self.metrics.set_mig_config_state(state)
+        if self.mig_status is not None and self.mig_status.report(self._mig_layout, state):
+            self.publisher.notify()
+
+    def _mig_holds(self, mig: MigReconciler
+                   ) -> tuple[Mapping[int, Collection[int]] | None, frozenset[str]] | None:
+        """(GPU instances pods hold, GPUs held whole) for the reconciler; None when unknown, and then
+        no MIG change is safe.  Instances with processes are in use to the applier anyway."""
+        try:
+            held = self.state_file.load(missing_ok=True).held_gpus()
+        except TopoletError as exc:
+            log.warning("MIG reconcile skipped: %s", exc)
+            return None
+        if not self.kubelet_gpu_ids:
+            return None, held
+        found = mig.holds_of(self.kubelet_gpu_ids)
+        if found is None:
+            return None
+        in_use, whole = found
+        return in_use, held | whole
+
+    def reconcile_mig(self) -> None:
+        """Keep the layout the Node asks for applied (with the API down, the last one read)."""
+        status = self.mig_status
+        if status is None or status.desired is None:  # not read yet: its label may name another layout
+            return
+        layout = status.desired
+        state: str | None = None
+        mig = self._mig_reconciler() if layout else None
+        if mig is not None:
+            holds = self._mig_holds(mig)
+            if holds is None:  # what pods hold is unknown: no change this pass, the last state stands
+                return
+            self._mig_layout = layout
+            state = mig.reconcile(layout, *holds)
+        elif self._mig is not None:
+            self._mig.reconcile("")  # no layout asked any more: the reconciler forgets the last one
+        self.metrics.set_mig_config_state(state)
+        if status.report(layout, state):
+            self.publisher.notify()
 
     def _after_changes(self) -> None:
         """Tell the publisher when the allocation state moved; refresh the CPU gauges."""
@@ -455,7 +716,10 @@ class KubeAgent:
                     (u.numa, "shared", len(u.shared - u.reserved)),
                 ))
 
-    def handle(self, change: PodChange) -> None:
+    def handle(self, change: PodChange | MigConfigChanged) -> None:
+        if isinstance(change, MigConfigChanged):
+            self.reconcile_mig()
+            return
         try:
             self.pinner.handle(change)
         except TopoletError as exc:
@@ -470,10 +734,12 @@ class KubeAgent:
             if topo != self.topology:
                 self.topology = self.engine.topology = topo
                 self.publisher.notify()
+            self.refresh_devices()
             result = self.engine.reconcile()
             if result.drift_repaired:
                 self.metrics.drift.inc(result.drift_repaired)
             self.pinner.retry()
+            self.reconcile_mig()  # after the pins: a MIG change may take seconds
             self.metrics.last_reconcile.set(time.time())
         except TopoletError as exc:
             self.metrics.reconcile_errors.inc()
@@ -496,15 +762,19 @@ class KubeAgent:
                 if self.pinner.pending:
                     wait = min(wait, max(next_retry - now, 0.0))
                 try:
-                    change: PodChange | None = self.changes.get(timeout=max(wait, 0.0))
+                    change: PodChange | MigConfigChanged | None = self.changes.get(timeout=max(wait, 0.0))
                 except queue.Empty:
                     change = None
+                pods_changed = False
                 while change is not None:
                     self.handle(change)
+                    pods_changed |= not isinstance(change, MigConfigChanged)
                     try:
                         change = self.changes.get_nowait()
                     except queue.Empty:
                         change = None
+                if pods_changed:  # a started or stopped pod may have taken or returned GPUs
+                    self.refresh_devices()
                 if self.pinner.pending and time.monotonic() >= next_retry:
                     self._retry_pending()
                     next_retry = time.monotonic() + PENDING_RETRY_SECONDS
@@ -531,15 +801,26 @@ class KubeAgent:
             except queue.Empty:
                 break
         self.reconcile()
-        return self.publisher.publish_once()
+        ok = self.publisher.publish_once()
+        kicked = False
+        while True:  # the Node's MIG layout, read by that publish: apply it and say how it went
+            try:
+                self.handle(self.changes.get_nowait())
+                kicked = True
+            except queue.Empty:
+                break
+        if kicked:
+            ok = self.publisher.publish_once() and ok
+        return ok
 
 
-def node_gpus(topology: Topology, fsroot: str) -> tuple[GPU, ...]:
-    """This node's GPUs, discovered once at start; none (logged) when discovery fails."""
+def node_gpus(topology: Topology, fsroot: str, nvml: Any = None) -> tuple[GPU, ...]:
+    """This node's GPUs, discovered once at start (through `nvml` when given); none (logged) when
+    discovery fails."""
     from agent.gpu.discover import discover_gpus
 
     try:
-        inventory = discover_gpus(topology, fsroot)
+        inventory = discover_gpus(topology, fsroot, nvml=nvml)
     except TopoletError as exc:
         # GPU capacity is a report: without it the NRT still carries CPUs and memory, and pinning goes on.
         log.warning("GPU discovery failed; the NRT reports no GPUs: %s", exc)

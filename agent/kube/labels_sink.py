@@ -23,6 +23,7 @@ Sinks:
   labels and removes the keys we set before and no longer publish; no other label is touched.  The
   keys we own are kept in the Node annotation `topolet.io/managed-labels` so that a restarted agent
   still knows them.
+  Labels in `USER_LABELS` are never set or removed, whatever the annotation lists.
 - "file": NFD's features.d file (`agent.labels.features_file.write_features_file`).
 - "none": publishes nothing.
 """
@@ -51,12 +52,17 @@ SINKS = ("auto", "nodefeature", "node", "file", "none")
 NODEFEATURE_GROUP, NODEFEATURE_VERSION = NODEFEATURE_API_VERSION.split("/")
 NODEFEATURE_PLURAL = "nodefeatures"
 MANAGED_LABELS_ANNOTATION = "topolet.io/managed-labels"
+# Labels the user sets and the agent only reads: `publish` refuses them and the Node sink never
+# removes them.  (NVIDIA MIG manager's protocol: the user names the layout in
+# topolet.io/mig.config, `agent.gpu.reconcile.CONFIG_LABEL`; the agent answers in its .state.)
+USER_LABELS = frozenset({"topolet.io/mig.config"})
 
 
 def _managed_keys(annotations: Mapping[str, str] | None) -> dict[str, str]:
-    """The label keys recorded in our annotation, as a `previous` mapping for node_label_patch."""
+    """The label keys recorded in our annotation, as a `previous` mapping for node_label_patch
+    (user-owned keys left out even if an annotation lists them)."""
     text = (annotations or {}).get(MANAGED_LABELS_ANNOTATION, "")
-    return {k: "" for k in text.split(",") if k and is_label_key(k)}
+    return {k: "" for k in text.split(",") if k and is_label_key(k) and k not in USER_LABELS}
 
 
 class LabelPublisher:
@@ -94,6 +100,8 @@ class LabelPublisher:
         for key, value in labels.items():
             if not is_label_key(key) or not is_label_value(value):
                 raise ConfigError(f"not a valid label: {key!r}={value!r}")
+            if key in USER_LABELS:
+                raise ConfigError(f"label {key} is the user's to set; the agent never writes it")
         wanted = dict(sorted(labels.items()))
         with self._lock:
             if wanted == self._last:
