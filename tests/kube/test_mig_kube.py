@@ -155,6 +155,13 @@ def test_index_and_mig_uuid_ids_through_nvml_mig_devices(tmp_path: Any) -> None:
 
 # ---- the label sink keeps its hands off the user's label -----------------------------------------
 
+def node_meta(api: Any, name: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(labels, annotations) of the Node `name`."""
+    meta = k8s.CoreV1Api(api).read_node(name).metadata
+    assert meta is not None
+    return dict(meta.labels or {}), dict(meta.annotations or {})
+
+
 def test_user_labels_are_refused_and_never_removed(control_plane: ControlPlane) -> None:
     import uuid
 
@@ -171,7 +178,7 @@ def test_user_labels_are_refused_and_never_removed(control_plane: ControlPlane) 
             with pytest.raises(ConfigError, match="user"):
                 pub.publish({CONFIG_LABEL: "all-7g.80gb"})
             assert pub.publish({STATE_LABEL: "success"}) is True
-            labels = dict(core.read_node(name).metadata.labels or {})
+            labels, _ = node_meta(api, name)
             assert labels[CONFIG_LABEL] == "all-1g.10gb"  # kept, though the annotation listed it
             assert labels[STATE_LABEL] == "success"
             assert "topolet.io/numa.nodes" not in labels  # ours, no longer published: removed
@@ -212,7 +219,7 @@ def mig_node(kube_node: KubeNode, monkeypatch: pytest.MonkeyPatch) -> KubeNode:
 
 
 def node_labels(node: KubeNode) -> dict[str, str]:
-    return dict(k8s.CoreV1Api(node.api).read_node(node.name).metadata.labels or {})
+    return node_meta(node.api, node.name)[0]
 
 
 def set_config(node: KubeNode, layout: str | None) -> None:
@@ -269,8 +276,8 @@ def test_node_label_drives_the_layout_pending_then_success_and_failed(mig_node: 
         # The label removed: nothing managed, the state label goes too.
         set_config(node, None)
         wait_for(lambda: STATE_LABEL not in node_labels(node), "the state label removed")
-        annotation = k8s.CoreV1Api(node.api).read_node(node.name).metadata.annotations
-        assert CONFIG_LABEL not in annotation.get(MANAGED_LABELS_ANNOTATION, "").split(",")
+        annotations = node_meta(node.api, node.name)[1]
+        assert CONFIG_LABEL not in annotations.get(MANAGED_LABELS_ANNOTATION, "").split(",")
 
 
 def test_mig_goes_on_with_the_api_down(mig_node: KubeNode, control_plane: ControlPlane) -> None:
