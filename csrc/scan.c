@@ -1627,22 +1627,33 @@ static int open_pci_device(struct scan_ctx *ctx, int devsfd, const char *devsdir
     return fd;
 }
 
-static void scan_pci(struct scan_ctx *ctx)
+/* Open folder `dir` below the root and list its entries, sorted, into `l`.  Returns the folder's
+ * descriptor, or -1 when it is absent (no error) or cannot be opened (an error is recorded). */
+static int open_sorted_listing(struct scan_ctx *ctx, const char *dir, struct name_list *l)
 {
-    static const char dir[] = "sys/bus/pci/devices";
-    struct name_list l = {ctx, NULL, 0, 0};
     int fd = open_in_root(ctx, dir, O_RDONLY | O_DIRECTORY), err;
 
     if (fd < 0) {
         if (errno != ENOENT)
             scan_add_error(ctx, errno, dir, NULL);
-        return;
+        return -1;
     }
-    err = list_dir(ctx, fd, collect_name, &l);
+    err = list_dir(ctx, fd, collect_name, l);
     if (err)
         scan_add_error(ctx, err, dir, NULL);
-    if (l.n)
-        qsort(l.names, l.n, sizeof *l.names, cmp_str);
+    if (l->n)
+        qsort(l->names, l->n, sizeof *l->names, cmp_str);
+    return fd;
+}
+
+static void scan_pci(struct scan_ctx *ctx)
+{
+    static const char dir[] = "sys/bus/pci/devices";
+    struct name_list l = {ctx, NULL, 0, 0};
+    int fd = open_sorted_listing(ctx, dir, &l);
+
+    if (fd < 0)
+        return;
     for (uint32_t i = 0; i < l.n; i++) {
         char sub[512];
         struct stat st;
@@ -1698,18 +1709,10 @@ static void scan_gpu_nodes(struct scan_ctx *ctx)
 {
     static const char dir[] = "proc/driver/nvidia/gpus";
     struct name_list l = {ctx, NULL, 0, 0};
-    int fd = open_in_root(ctx, dir, O_RDONLY | O_DIRECTORY), err;
+    int fd = open_sorted_listing(ctx, dir, &l), err;
 
-    if (fd < 0) {
-        if (errno != ENOENT)
-            scan_add_error(ctx, errno, dir, NULL);
+    if (fd < 0)
         return;
-    }
-    err = list_dir(ctx, fd, collect_name, &l);
-    if (err)
-        scan_add_error(ctx, err, dir, NULL);
-    if (l.n)
-        qsort(l.names, l.n, sizeof *l.names, cmp_str);
     for (uint32_t i = 0; i < l.n; i++) {
         char rel[320];
         const char *p;
