@@ -121,13 +121,13 @@ class MigReconciler:
                     whole.add(self._uuid(nv.nvmlDeviceGetHandleByIndex(index)))
                     continue
                 if place is None:
-                    self._settle_holds(f"device {raw!r} assigned to a pod is not on this node's GPUs")
+                    self.hold_back(f"device {raw!r} assigned to a pod is not on this node's GPUs")
                     return None
                 in_use.setdefault(place[0], set()).add(place[1])
         except (nv.NVMLError, AttributeError) as exc:  # AttributeError: an NVML without MIG device queries
-            self._settle_holds(f"MIG devices assigned to pods cannot be located: {exc!r}")
+            self.hold_back(f"MIG devices assigned to pods cannot be located: {exc!r}")
             return None
-        self._holds_problem = ""
+        self.hold_back("")
         return in_use, frozenset(whole)
 
     def _uuid(self, handle: Any) -> str:
@@ -153,11 +153,12 @@ class MigReconciler:
                 out[self._uuid(mig).lower()] = (index, int(nv.nvmlDeviceGetGpuInstanceId(mig)))
         return out
 
-    def _settle_holds(self, reason: str) -> None:
-        """Log (once per reason) that this pass changes no MIG instance."""
-        if reason != self._holds_problem:
-            self._holds_problem = reason
+    def hold_back(self, reason: str) -> None:
+        """Log (once per reason) that no MIG change is made as what pods hold is not known; ""
+        when it is known again."""
+        if reason and reason != self._holds_problem:
             log.warning("MIG reconcile held back: %s", reason)
+        self._holds_problem = reason
 
     def _mig_capable(self) -> bool:
         nv = self.nvml

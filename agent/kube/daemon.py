@@ -535,6 +535,10 @@ class KubeAgent:
         self.changes: queue.Queue[PodChange | MigConfigChanged] = queue.Queue()
         self._podres: list[Any] = []  # [] not opened yet; [None] off; [client]
         self.kubelet_gpu_ids: tuple[str, ...] = ()  # GPU device ids the kubelet handed out
+        # Whether those ids are the kubelet's word: None without its socket (NVML's processes are all
+        # MIG can go by), False while it fails to answer (no MIG change is safe then), True.
+        self.kubelet_answered: bool | None = None
+        self._kubelet_quiet_until = 0.0
         self.assigned_gpus: frozenset[str] = frozenset()  # whole GPUs among them (PCI addresses)
         # MIG is looked after where it can matter: an NVML given, a layout asked, a MIG-capable GPU.
         mig_config = str(getattr(args, "mig_config", "") or "")
@@ -613,7 +617,14 @@ class KubeAgent:
             return
         from agent.kube.podresources.locality import is_gpu_resource
 
+        failures = client.failures
         listed = client.list()  # {} when the kubelet gives no answer: only our own holds count then
+        if not client.available:
+            self.kubelet_answered = None
+        else:
+            if client.failures != failures:  # the client leaves the socket alone for a while now
+                self._kubelet_quiet_until = time.monotonic() + client.backoff
+            self.kubelet_answered = time.monotonic() >= self._kubelet_quiet_until
         ids = tuple(sorted({i for devices in listed.values() for d in devices
                             if is_gpu_resource(d.resource) for i in d.ids}))
         self.kubelet_gpu_ids = ids
@@ -671,7 +682,11 @@ class KubeAgent:
         except TopoletError as exc:
             log.warning("MIG reconcile skipped: %s", exc)
             return None
+        if self.kubelet_answered is False:
+            mig.hold_back("the kubelet's pod-resources socket does not answer")
+            return None
         if not self.kubelet_gpu_ids:
+            mig.hold_back("")
             return None, held
         found = mig.holds_of(self.kubelet_gpu_ids)
         if found is None:
@@ -718,6 +733,7 @@ class KubeAgent:
 
     def handle(self, change: PodChange | MigConfigChanged) -> None:
         if isinstance(change, MigConfigChanged):
+            self.refresh_devices()  # what pods hold now, not a reconcile ago
             self.reconcile_mig()
             return
         try:

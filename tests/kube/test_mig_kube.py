@@ -346,3 +346,25 @@ def test_instances_pods_hold_are_kept(mig_node: KubeNode) -> None:
             kubelet.assignments = {}
             wait_for(lambda: node_labels(node).get(STATE_LABEL) == "success", "state success")
             assert len(nvml.layout(0)) == 7
+
+
+def test_a_kubelet_that_does_not_answer_holds_mig_back(mig_node: KubeNode) -> None:
+    # Its socket is there but answers garbage: which instances pods hold is unknown, so the idle
+    # instance the layout would replace stays, and the state stays pending.
+    node = mig_node
+    nvml = fake(1)
+    nvml.create_instance(0, "3g.40gb", 4)
+    set_config(node, "all-1g.10gb")
+    metrics = Metrics()
+    with PodResourcesStandIn({}, mode="garbage") as kubelet:
+        args = agent_args(node)
+        args.pod_resources_socket = kubelet.path
+        agent = KubeAgent(args, metrics, nvml=nvml)
+        with running(agent):
+            wait_for(lambda: node_labels(node).get(STATE_LABEL) == "pending", "state pending")
+            passes = sample(metrics, "topolet_reconcile_duration_seconds_count") or 0
+            wait_for(lambda: (sample(metrics, "topolet_reconcile_duration_seconds_count") or 0) >= passes + 3,
+                     "three more reconciles")
+            assert kubelet.calls and not MUTATING & set(nvml.calls)
+            assert node_labels(node)[STATE_LABEL] == "pending"
+            assert nvml.layout(0) == [("3g.40gb", 4, 4)]
