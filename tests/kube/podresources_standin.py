@@ -61,7 +61,7 @@ def pod_messages(assignments: Assignments, cpu_ids: Mapping[tuple[str, str, str]
     return list(pods.values())
 
 
-class _Servicer(api_pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
     def __init__(self, standin: PodResourcesStandIn) -> None:
         self.s = standin
 
@@ -131,7 +131,8 @@ class PodResourcesStandIn:
     def start(self) -> PodResourcesStandIn:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         if self.mode == "ok":
-            api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Servicer(self), server)
+            api_pb2_grpc.add_PodResourcesListerServicer_to_server(  # type: ignore[no-untyped-call]
+                _Servicer(self), server)
         else:
             server.add_generic_rpc_handlers((self._misbehaving(),))
         server.add_insecure_port(f"unix://{self.path}")
