@@ -10,7 +10,7 @@ Figures, each beside a reference measured in the same run:
   imports the same modules.
 
 Needs root, a writable cpuset hierarchy and the control plane build (tests/controlplane/build.sh).
-Run: `PYTHONPATH=. .venv/bin/python bench/kube.py [--exclusive 100 --shared 400 --steady-seconds 60]`;
+Run: `PYTHONPATH=. .venv/bin/python bench/kube.py [--exclusive 200 --shared 500 --steady-seconds 60]`;
 a quick RSS probe (~30 s): `... bench/kube.py --exclusive 0 --shared 20 --steady-seconds 0`.
 """
 
@@ -69,8 +69,8 @@ def reference_rss() -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--exclusive", type=int, default=100)
-    ap.add_argument("--shared", type=int, default=400)
+    ap.add_argument("--exclusive", type=int, default=200)
+    ap.add_argument("--shared", type=int, default=500)
     ap.add_argument("--steady-seconds", type=float, default=60.0)
     ap.add_argument("--agent-arg", action="append", default=[],
                     help="extra `topolet agent` argument, repeatable: --agent-arg=--pod-resources-socket=")
