@@ -40,3 +40,15 @@ class StateError(TopoletError):
 
 class ConfigError(TopoletError):
     """Configuration or a command-line value is invalid."""
+
+
+class KubeAPIError(TopoletError):
+    """A Kubernetes API call failed; `status` is the HTTP status, None when the server was not reached."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404

@@ -23,7 +23,7 @@ Public API (stable; the in-cluster daemon builds on it):
   neither names a valid node.
 - `agent_namespace(value: str | None = None) -> str`: `value`, else env `POD_NAMESPACE`, else the
   service-account namespace file, else "topolet-system".
-- `KubeAPIError` (a TopoletError): an API call failed (server down, timeout, HTTP error); `.status`
+- `KubeAPIError` (agent.errors): an API call failed (server down, timeout, HTTP error); `.status`
   is the HTTP status or None when the server was not reached; `.not_found` is status 404.
   `api_call(what)` is the context manager that turns the client's exceptions into it.
 - `REQUEST_TIMEOUT`: the (connect, read) seconds every call in agent/kube uses unless it says otherwise.
@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from agent.errors import ConfigError, TopoletError
+from agent.errors import ConfigError, KubeAPIError
 from agent.labels.validate import is_dns_subdomain
 
 # A call that cannot connect in 5 s or answer in 20 s is treated as the API being down: the caller
@@ -53,18 +53,6 @@ CONNECT_RETRIES = 2
 MAX_WATCH_LINE = 8 << 20
 DEFAULT_NAMESPACE = "topolet-system"
 SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-
-class KubeAPIError(TopoletError):
-    """A Kubernetes API call failed; `status` is the HTTP status, None when the server was not reached."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
 
 
 def _status_message(body: object) -> str:

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.errors import ConfigError
-from agent.kube.client import KubeAPIError, KubeClient, resource_path
+from agent.errors import ConfigError, KubeAPIError
+from agent.kube.client import KubeClient, resource_path
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from agent.errors import ConfigError, TopoletError
-from agent.kube.client import KubeAPIError, KubeClient, agent_namespace, resource_path
+from agent.errors import ConfigError, KubeAPIError, TopoletError
+from agent.kube.client import KubeClient, agent_namespace, resource_path
 from agent.labels.features_file import DEFAULT_FEATURES_DIR, write_features_file
 from agent.labels.nodefeature import (
     NODEFEATURE_API_VERSION,

@@ -64,8 +64,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from agent.enforce.state import State
-from agent.errors import ConfigError
-from agent.kube.client import KubeAPIError, KubeClient, resource_path
+from agent.errors import ConfigError, KubeAPIError
+from agent.kube.client import KubeClient, resource_path
 from agent.labels.validate import is_dns_subdomain
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import NumaNode, Topology

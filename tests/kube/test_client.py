@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from agent.errors import ConfigError
-from agent.kube.client import KubeAPIError, KubeClient, load_api_client, resource_path
+from agent.errors import ConfigError, KubeAPIError
+from agent.kube.client import KubeClient, load_api_client, resource_path
 from tests.conftest import REPO
 from tests.controlplane.harness import ControlPlane
 

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent.errors import ConfigError
+from agent.errors import ConfigError, KubeAPIError
 from agent.kube import labels_sink
-from agent.kube.client import KubeAPIError
 from agent.kube.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
 from agent.labels.nodefeature import NODE_NAME_LABEL, nodefeature_name
 from tests.controlplane.harness import ControlPlane

@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.enforce.state import Allocation, Owner, State
-from agent.errors import ConfigError
+from agent.errors import ConfigError, KubeAPIError
 from agent.gpu.model import GPU
 from agent.kube import nrt
-from agent.kube.client import KubeAPIError, agent_namespace, load_api_client, node_name
+from agent.kube.client import agent_namespace, load_api_client, node_name
 from agent.kube.nrt import (
     NRTPublisher,
     hugepages_resource_name,

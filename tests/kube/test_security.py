@@ -370,7 +370,7 @@ def test_agent_publishers_work_with_the_agents_credentials(cluster: Cluster) -> 
 
 def test_agent_publishers_for_another_node_are_refused(cluster: Cluster) -> None:
     """A misconfigured --node-name cannot make an agent write another node's objects."""
-    from agent.kube.client import KubeAPIError
+    from agent.errors import KubeAPIError
     from agent.kube.labels_sink import LabelPublisher
     from agent.kube.nrt import NRTPublisher
 
