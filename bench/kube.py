@@ -22,15 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-from kubernetes import client as k8s
-
-from agent.enforce.cgroup import CgroupLayout, create_cgroup, detect_layout, read_cpuset
+from agent.enforce.cgroup import CgroupLayout, detect_layout, read_cpuset
 from agent.topology.cpuset import CPUSet
 from tests.controlplane.harness import ControlPlane, build_binaries
-from tests.kube.kubelet_standin import KubeletStandIn, KubeNode, _remove_tree, install_nrt_crd, wait_for
+from tests.kube.kubelet_standin import KubeNode, node_on, wait_for
 
 
 def pct(values: list[float], q: float) -> float:
@@ -79,91 +76,78 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="topolet-bench-kube-"))
     plane = ControlPlane(build_binaries(), work / "cp")
     plane.start()
-    system = detect_layout()
-    cpus, mems = read_cpuset(system, "", effective=True)
-    tag = uuid.uuid4().hex[:8]
-    rel = f"topolet-bench-kube-{tag}"
-    create_cgroup(system, rel, cpus=cpus, mems=mems)
-    root = system.abspath(rel)
-    api = plane.client()
-    core = k8s.CoreV1Api(api)
-    node_name, ns = f"node-{tag}", f"bench-{tag}"
-    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name}})
-    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
-    install_nrt_crd(api)
-    plane.write_kubeconfig(work / "agent.kubeconfig", plane.admin_token)
-    layout = CgroupLayout(system.version, root)
-    node = KubeNode(root, layout, node_name, ns, api, KubeletStandIn(api, node_name, layout), work)
     try:
-        agent = node.start_agent(*args.agent_arg, reconcile_seconds=5.0)
-        wait_for(lambda: node.metrics_port() is not None and node.nrt() is not None, "the agent's first NRT")
-        everything = read_cpuset(layout, "", effective=True)[0]
-        g1 = {"cpu": "1", "memory": "64Mi"}
-
-        patch_rtt: list[float] = []
-        excl: list[float] = []
-        nrt_before = node.metric("topolet_api_writes_total")
-        changes = 0
-        for i in range(args.exclusive):
-            node.create_pod(f"x{i}", **g1)
-            pod = node.kubelet.start_pod(ns, f"x{i}", report=False)
-            t0 = time.monotonic()
-            node.kubelet.report(pod)
-            t1 = time.monotonic()
-            patch_rtt.append(t1 - t0)
-            c = pod.containers["c0"]
-            seen = wait_cpus_len1(layout, c.cgroup)
-            excl.append(seen - t1)
-            node.kubelet.delete_pod(pod)
-            changes += 2  # one allocation, one release
-        if changes:
-            wait_for(lambda: node.nrt_available_cpus() == len(everything), "the last release in the NRT")
-            time.sleep(1.0)
-        nrt_writes = node.metric("topolet_api_writes_total") - nrt_before if changes else 0.0
-
-        anchor = node.run_pod("anchor", **g1)
-        held = CPUSet.parse(wait_for(lambda: _single(layout, anchor.containers["c0"].cgroup), "anchor pin"))
-        pool = everything - held
-        shared: list[float] = []
-        for i in range(args.shared):
-            node.create_pod(f"s{i}", cpu="10m", memory="8Mi", limits=False)
-            pod = node.kubelet.start_pod(ns, f"s{i}", report=False)
-            t0 = time.monotonic()
-            node.kubelet.report(pod)
-            t1 = time.monotonic()
-            patch_rtt.append(t1 - t0)
-            shared.append(wait_cpus(layout, pod.containers["c0"].cgroup, pool) - t1)
-        pods = args.shared + 1
-        time.sleep(2.0)
-        rss = rss_mib(agent.pid)
-        before = node.metric("topolet_api_writes_total")
-        time.sleep(args.steady_seconds)
-        steady = (node.metric("topolet_api_writes_total") - before) * 60.0 / max(args.steady_seconds, 1e-9)
-        ref_rss = reference_rss()
-
-        print(f"topolet kube bench on {len(everything)} CPUs, node {node_name}")
-        print(f"  reference: pod status patch round trip  p50 {statistics.median(patch_rtt) * 1e3:7.2f} ms"
-              f"  p99 {pct(patch_rtt, 0.99) * 1e3:7.2f} ms  (n={len(patch_rtt)})")
-        for name, vals in (("exclusive", excl), ("shared", shared), ("all", excl + shared)):
-            if not vals:
-                continue
-            print(f"  Running -> cpuset written, {name:9s}   p50 {statistics.median(vals) * 1e3:7.2f} ms"
-                  f"  p99 {pct(vals, 0.99) * 1e3:7.2f} ms  (n={len(vals)}; target p99 < 100 ms)")
-        if changes:
-            print(f"  API writes per allocation change: {nrt_writes / changes:.2f}"
-                  f"  ({nrt_writes:.0f} writes / {changes} changes; target 1)")
-        if args.steady_seconds > 0:
-            print(f"  API writes per minute, steady state: {steady:.2f}"
-                  f"  (over {args.steady_seconds:.0f} s; target 0)")
-        print(f"  agent RSS with {pods} pods: {rss:.1f} MiB  (target < 60 MiB; reference: interpreter"
-              f" with the same imports {ref_rss:.1f} MiB)")
+        with node_on(plane, detect_layout(), work, "topolet-bench-kube") as node:
+            return run(node, args)
     finally:
-        node.stop_agent()
-        node.kubelet.close()
-        _remove_tree(root)
-        api.close()
         plane.stop()
+
+
+def run(node: KubeNode, args: argparse.Namespace) -> int:
+    """The measurements, on a node whose agent this starts."""
+    layout, ns = node.layout, node.namespace
+    agent = node.start_agent(*args.agent_arg, reconcile_seconds=5.0)
+    wait_for(lambda: node.metrics_port() is not None and node.nrt() is not None, "the agent's first NRT")
+    everything = read_cpuset(layout, "", effective=True)[0]
+    g1 = {"cpu": "1", "memory": "64Mi"}
+
+    patch_rtt: list[float] = []
+    excl: list[float] = []
+    nrt_before = node.metric("topolet_api_writes_total")
+    changes = 0
+    for i in range(args.exclusive):
+        node.create_pod(f"x{i}", **g1)
+        pod = node.kubelet.start_pod(ns, f"x{i}", report=False)
+        t0 = time.monotonic()
+        node.kubelet.report(pod)
+        t1 = time.monotonic()
+        patch_rtt.append(t1 - t0)
+        c = pod.containers["c0"]
+        seen = wait_cpus_len1(layout, c.cgroup)
+        excl.append(seen - t1)
+        node.kubelet.delete_pod(pod)
+        changes += 2  # one allocation, one release
+    if changes:
+        wait_for(lambda: node.nrt_available_cpus() == len(everything), "the last release in the NRT")
+        time.sleep(1.0)
+    nrt_writes = node.metric("topolet_api_writes_total") - nrt_before if changes else 0.0
+
+    anchor = node.run_pod("anchor", **g1)
+    held = CPUSet.parse(wait_for(lambda: _single(layout, anchor.containers["c0"].cgroup), "anchor pin"))
+    pool = everything - held
+    shared: list[float] = []
+    for i in range(args.shared):
+        node.create_pod(f"s{i}", cpu="10m", memory="8Mi", limits=False)
+        pod = node.kubelet.start_pod(ns, f"s{i}", report=False)
+        t0 = time.monotonic()
+        node.kubelet.report(pod)
+        t1 = time.monotonic()
+        patch_rtt.append(t1 - t0)
+        shared.append(wait_cpus(layout, pod.containers["c0"].cgroup, pool) - t1)
+    pods = args.shared + 1
+    time.sleep(2.0)
+    rss = rss_mib(agent.pid)
+    before = node.metric("topolet_api_writes_total")
+    time.sleep(args.steady_seconds)
+    steady = (node.metric("topolet_api_writes_total") - before) * 60.0 / max(args.steady_seconds, 1e-9)
+    ref_rss = reference_rss()
+
+    print(f"topolet kube bench on {len(everything)} CPUs, node {node.name}")
+    print(f"  reference: pod status patch round trip  p50 {statistics.median(patch_rtt) * 1e3:7.2f} ms"
+          f"  p99 {pct(patch_rtt, 0.99) * 1e3:7.2f} ms  (n={len(patch_rtt)})")
+    for name, vals in (("exclusive", excl), ("shared", shared), ("all", excl + shared)):
+        if not vals:
+            continue
+        print(f"  Running -> cpuset written, {name:9s}   p50 {statistics.median(vals) * 1e3:7.2f} ms"
+              f"  p99 {pct(vals, 0.99) * 1e3:7.2f} ms  (n={len(vals)}; target p99 < 100 ms)")
+    if changes:
+        print(f"  API writes per allocation change: {nrt_writes / changes:.2f}"
+              f"  ({nrt_writes:.0f} writes / {changes} changes; target 1)")
+    if args.steady_seconds > 0:
+        print(f"  API writes per minute, steady state: {steady:.2f}"
+              f"  (over {args.steady_seconds:.0f} s; target 0)")
+    print(f"  agent RSS with {pods} pods: {rss:.1f} MiB  (target < 60 MiB; reference: interpreter"
+          f" with the same imports {ref_rss:.1f} MiB)")
     return 0
 
 

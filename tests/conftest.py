@@ -25,6 +25,21 @@ def require(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+def writable_cpuset_hierarchy():  # type: ignore[no-untyped-def]
+    """The machine's cpuset cgroup hierarchy, checked writable (a failure under CI, else a skip)."""
+    from agent.enforce.cgroup import detect_layout
+    from agent.errors import EnforcementError
+
+    require(os.geteuid() == 0, "needs root to write cgroups")
+    try:
+        system = detect_layout()
+    except EnforcementError as exc:
+        require(False, f"needs a cpuset cgroup hierarchy: {exc}")
+        raise
+    require(os.access(system.root, os.W_OK), f"cpuset hierarchy {system.root} is not writable")
+    return system
+
+
 def topolet_bin() -> str:
     """The installed `topolet` console script (next to the running interpreter)."""
     exe = Path(sys.executable).parent / "topolet"

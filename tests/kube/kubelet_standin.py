@@ -27,9 +27,12 @@ import secrets
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -433,38 +436,26 @@ def _remove_tree(root: str) -> None:
                 time.sleep(0.02)
 
 
-@pytest.fixture
-def kube_node(control_plane: Any, tmp_path: Any) -> Iterator[KubeNode]:
-    """A node for one test: private cpuset root, a Node and a namespace in the API, the stand-in."""
-    import uuid
-
-    from agent.enforce.cgroup import detect_layout
-    from agent.errors import EnforcementError
-    from tests.conftest import require
-
-    require(os.geteuid() == 0, "needs root to write cgroups")
-    try:
-        system = detect_layout()
-    except EnforcementError as exc:
-        require(False, f"needs a cpuset cgroup hierarchy: {exc}")
-        raise
-    require(os.access(system.root, os.W_OK), f"cpuset hierarchy {system.root} is not writable")
+@contextmanager
+def node_on(plane: Any, system: CgroupLayout, work: Path, prefix: str) -> Iterator[KubeNode]:
+    """A node on `plane`: a private cpuset root under `system` with every allowed CPU and memory node,
+    a Node, a namespace with its default service account, the NRT CRD, an admin kubeconfig for the
+    agent in `work`, and the kubelet stand-in; all removed afterwards."""
     cpus, mems = read_cpuset(system, "", effective=True)
-    require(len(cpus) >= 2, "needs at least 2 CPUs")
     tag = uuid.uuid4().hex[:8]
-    rel = f"topolet-kube-{os.getpid()}-{tag}"
+    rel = f"{prefix}-{os.getpid()}-{tag}"
     create_cgroup(system, rel, cpus=cpus, mems=mems)
     root = system.abspath(rel)
-    api = control_plane.client()
+    api = plane.client()
     core = k8s.CoreV1Api(api)
     node_name, namespace = f"node-{tag}", f"t-{tag}"
     core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name}})
     core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
     install_nrt_crd(api)
-    control_plane.write_kubeconfig(tmp_path / "agent.kubeconfig", control_plane.admin_token)
+    plane.write_kubeconfig(work / "agent.kubeconfig", plane.admin_token)
     layout = CgroupLayout(system.version, root)
-    node = KubeNode(root, layout, node_name, namespace, api, KubeletStandIn(api, node_name, layout), tmp_path)
+    node = KubeNode(root, layout, node_name, namespace, api, KubeletStandIn(api, node_name, layout), work)
     try:
         yield node
     finally:
@@ -476,3 +467,14 @@ def kube_node(control_plane: Any, tmp_path: Any) -> Iterator[KubeNode]:
         except Exception:  # noqa: BLE001 - the API server may be stopped by a failed test
             pass
         api.close()
+
+
+@pytest.fixture
+def kube_node(control_plane: Any, tmp_path: Path) -> Iterator[KubeNode]:
+    """A node for one test: private cpuset root, a Node and a namespace in the API, the stand-in."""
+    from tests.conftest import require, writable_cpuset_hierarchy
+
+    system = writable_cpuset_hierarchy()
+    require(len(read_cpuset(system, "", effective=True)[0]) >= 2, "needs at least 2 CPUs")
+    with node_on(control_plane, system, tmp_path, "topolet-kube") as node:
+        yield node

@@ -32,12 +32,11 @@ from agent.enforce.cgroup import (
     read_procs,
 )
 from agent.enforce.state import State, StateFile
-from agent.errors import EnforcementError
 from agent.standalone.engine import PinningEngine
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
 from agent.topology.model import Topology
-from tests.conftest import REPO, require, topolet_bin
+from tests.conftest import REPO, require, topolet_bin, writable_cpuset_hierarchy
 
 PR_SET_CHILD_SUBREAPER = 36
 Completed = subprocess.CompletedProcess[str]
@@ -268,13 +267,7 @@ def _remove_tree(layout: CgroupLayout, rel: str) -> None:
 @pytest.fixture
 def node(tmp_path: Path, topology: Topology) -> Iterator[Node]:
     """A private cpuset cgroup with every CPU and memory node, a state folder, and cleanup of both."""
-    require(os.geteuid() == 0, "needs root to write cgroups")
-    try:
-        system = detect_layout()
-    except EnforcementError as exc:
-        require(False, f"needs a cpuset cgroup hierarchy: {exc}")
-        raise
-    require(os.access(system.root, os.W_OK), f"cpuset hierarchy {system.root} is not writable")
+    system = writable_cpuset_hierarchy()
     cpus, mems = read_cpuset(system, "", effective=True)
     require(len(cpus & topology.cpus) >= 2, "needs at least 2 CPUs")
     name = f"topolet-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
