@@ -59,6 +59,8 @@ test: deps install lint typecheck native-check fuzz conformance pytest
 bench: install
 	$(BIN)/python bench/discover.py
 	$(BIN)/python bench/alloc.py
+	$(BIN)/python bench/pin.py
+	$(BIN)/python bench/footprint.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info agent/_native*.so agent/_native.c $(RUN_DIR)
