@@ -9,7 +9,6 @@ NVML adds UUIDs, MIG mode, links and exact memory; without it the NVIDIA driver'
 from __future__ import annotations
 
 import os
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -52,20 +51,13 @@ def _hidden_vendor_gpus(topology: Topology, driver_root: Path | None) -> set[str
     """Display functions whose vendor file is missing that are NVIDIA's all the same.
 
     Two signs, each written only by NVIDIA's driver: its proc folder for the address (when a file
-    system is at hand), or a GPU-memory NUMA node (tier "GPU", coherent GPU memory on POWER9 or
-    Grace) whose local CPUs are the function's.  The model does not say which address owns a GPU
-    node, so functions are paired with GPU nodes by local CPUs, one for one, in address order.
+    system is at hand), or a GPU-memory NUMA node (coherent GPU memory on POWER9 or Grace) that the
+    driver says the function owns.
     """
-    unknown = sorted((d for d in topology.pci_devices if d.vendor < 0 and _is_display(d)),
-                     key=lambda d: d.address)
-    found: set[str] = set()
+    unknown = {d.address for d in topology.pci_devices if d.vendor < 0 and _is_display(d)}
+    found = {n.gpu_pci for n in topology.numa_nodes if n.gpu_pci} & unknown
     if driver_root is not None:
-        found = {d.address for d in unknown if (driver_root / _DRIVER_GPUS / d.address).is_dir()}
-    owners = Counter(n.local_cpus for n in topology.numa_nodes if n.tier == "GPU" and n.local_cpus)
-    for d in unknown:
-        if d.address not in found and owners[d.local_cpus] > 0:
-            owners[d.local_cpus] -= 1
-            found.add(d.address)
+        found |= {a for a in unknown if (driver_root / _DRIVER_GPUS / a).is_dir()}
     return found
 
 

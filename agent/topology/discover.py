@@ -202,6 +202,7 @@ def _numa_nodes(raw: RawScan, online: CPUSet, warnings: list[str]) -> tuple[Numa
             memory_only=not cpus,
             local_cpus=local,
             tier=tier,
+            gpu_pci=gpu_owner.get(n.id, ""),
         ))
     return tuple(out)
 

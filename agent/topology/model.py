@@ -54,6 +54,7 @@ class NumaNode:
     memory_only: bool
     local_cpus: CPUSet  # equals `cpus` for CPU-bearing nodes
     tier: str  # "DRAM" | "HBM" | "NVM" | "CXL" | "GPU" | "" (unknown)
+    gpu_pci: str = ""  # tier "GPU": the PCI address of the GPU whose memory this node is
 
 
 @dataclass(frozen=True, slots=True)
