@@ -78,6 +78,9 @@ class MigStatus:
     def __init__(self, fallback: str) -> None:
         self.fallback = fallback  # --mig-config: the layout while the Node carries no label
         self.desired: str | None = None  # None until this run has read the Node
+        # The layout the enforcer may apply: `desired` once the publisher has put the state label
+        # that goes with it ("pending" for a new layout) on the Node, so no change starts unannounced.
+        self.released: str | None = None
         self.result: tuple[str, str | None] = ("", None)  # (layout, state) of the enforcer's last pass
         self.changed_since_start = False
         self.live_state: str | None = None  # the state label the Node carried when first read
@@ -404,6 +407,9 @@ class Publisher:
                 if self.labels.publish(labels):
                     self.metrics.api_writes.labels(kind="labels").inc()
                 self._published_labels = labels
+            if self.mig is not None and self.mig.released != self.mig.desired:
+                self.mig.released = self.mig.desired  # its state label is on the Node now
+                self._mig_changed = True
         except Exception as exc:  # noqa: BLE001 - the API may fail in any way; retried
             ok = False
             log.warning("labels not published: %s", exc)
@@ -446,9 +452,9 @@ class Publisher:
         meta: dict[str, Any] = found if isinstance(found, dict) else {}
         self._node_ref = (self.node, str(meta.get("uid") or ""))
         labels = meta.get("labels")
-        if self.mig is not None and self.mig.node_labels(
-                {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}):
-            self._mig_changed = True
+        if self.mig is not None:  # a new layout reaches the enforcer once its state label is published
+            self.mig.node_labels({str(k): str(v) for k, v in labels.items()}
+                                 if isinstance(labels, dict) else {})
 
     def _nrt_object(self, topology: Topology, state: State, pinned: tuple[tuple[str, str], ...],
                     assigned: frozenset[str]) -> dict[str, Any]:
@@ -697,9 +703,9 @@ class KubeAgent:
     def reconcile_mig(self) -> None:
         """Keep the layout the Node asks for applied (with the API down, the last one read)."""
         status = self.mig_status
-        if status is None or status.desired is None:  # not read yet: its label may name another layout
+        if status is None or status.released is None:  # the Node not read (or its state not published)
             return
-        layout = status.desired
+        layout = status.released
         state: str | None = None
         mig = self._mig_reconciler() if layout else None
         if mig is not None:
