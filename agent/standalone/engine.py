@@ -116,12 +116,7 @@ class PinningEngine:
                                exclusive=exclusive, shared=pool, mems=mems or None, remove=remove)
 
     def _alive(self, alloc: Allocation) -> bool:
-        """An allocation lives while its owner runs or any process is still in its cgroup."""
-        if alloc.owner.pod_uid is not None:
-            return True  # pods are released by the pod watch, not by process liveness
-        if alloc.owner.process_alive(self.proc):
-            return True
-        return exists(self.layout, alloc.cgroup) and bool(read_procs(self.layout, alloc.cgroup))
+        return allocation_in_use(self.layout, alloc, self.proc)
 
     # -- the operations ------------------------------------------------------------------------
 
@@ -287,6 +282,16 @@ class PinningEngine:
         if state is None:
             state = self.state_file.load(missing_ok=True)
         return usage_of(self.topology, self.allowed, state)
+
+
+def allocation_in_use(layout: CgroupLayout | None, alloc: Allocation, proc: str = "/proc") -> bool:
+    """An allocation is in use while it is a pod's, its owner runs, or a process is still in its
+    cgroup (`layout` None: no cgroups to look at)."""
+    if alloc.owner.pod_uid is not None:
+        return True  # pods are released by the pod watch, not by process liveness
+    if alloc.owner.process_alive(proc):
+        return True
+    return layout is not None and exists(layout, alloc.cgroup) and bool(read_procs(layout, alloc.cgroup))
 
 
 def usage_of(topology: Topology, allowed: CPUSet, state: State) -> list[NodeUsage]:

@@ -13,13 +13,13 @@ from types import FrameType
 from typing import Any
 
 from agent.alloc.request import Request
-from agent.enforce import CgroupLayout, detect_layout, exists, read_cpus, read_procs
+from agent.enforce import CgroupLayout, detect_layout, read_cpus
 from agent.enforce.cgroup import cgroup_of_pid
 from agent.enforce.state import Allocation, Owner, StateFile
 from agent.errors import AllocationError, ConfigError, TopoletError
 from agent.gpu.model import GPU
 from agent.gpu.visible import visible_devices_env
-from agent.standalone.engine import PinningEngine, unique_id, usage_of
+from agent.standalone.engine import PinningEngine, allocation_in_use, unique_id, usage_of
 from agent.standalone.journal import Event, append_event
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
@@ -126,11 +126,9 @@ def run_exec(args: argparse.Namespace) -> int:
 
 
 def _alive(layout: CgroupLayout | None, alloc: Allocation) -> bool:
-    """Whether an allocation is in use: a pod's, a live owner's, or one whose cgroup has processes."""
-    if alloc.owner.pod_uid is not None or alloc.owner.process_alive():
-        return True
+    """`allocation_in_use`, where an unreadable cgroup counts as idle (status only reports)."""
     try:
-        return layout is not None and exists(layout, alloc.cgroup) and bool(read_procs(layout, alloc.cgroup))
+        return allocation_in_use(layout, alloc)
     except TopoletError:
         return False
 
