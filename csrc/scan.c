@@ -620,9 +620,7 @@ static void mark_cpu(void *arg, const char *name, unsigned char type)
 
 /* The sharing map comes before the list: the kernel derives the list from the map, and where a
  * dump's two disagree (64fake-4n2s2ca2c2t) the map is the one hwloc and the kernel trust. */
-enum { K_LEVEL, K_TYPE, K_SIZE, K_LINE, K_ID, K_SHARED_MAP, K_SHARED_LIST, K_COUNT };
-static const char *const cache_names[K_COUNT] = {"level", "type", "size", "coherency_line_size",
-                                                 "id", "shared_cpu_map", "shared_cpu_list"};
+static const char *const cache_set_names[2] = {"shared_cpu_map", "shared_cpu_list"};
 static const int cache_is_mask[2] = {1, 0};
 
 static int64_t parse_size(const char *s, size_t n, int *err)
@@ -727,7 +725,7 @@ static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const c
     /* Every CPU sharing a cache shows the same indexM folder: when the lowest sharer was
      * scanned already and states the same set, its record is this one (hwloc reads only the
      * first sharer's files, for the same reason). */
-    shared = get_set_pref(ctx, cachefd, cachedir, prefix, cache_names + K_SHARED_MAP, cache_is_mask,
+    shared = get_set_pref(ctx, cachefd, cachedir, prefix, cache_set_names, cache_is_mask,
                           2, &ctx->pref_shared);
     donor = donor_for(ctx, slot, cpu->id, shared);
     if (donor) {

@@ -28,22 +28,13 @@ class TopologyIndex:
     l3_masks: tuple[int, ...]
     core_masks: tuple[int, ...]
     core_sizes: tuple[int, ...]
-    cell_numa: tuple[int, ...]
     cell_package: tuple[int, ...]
     cell_l3: tuple[int, ...]
     cell_masks: tuple[int, ...]
     cell_cores: tuple[range, ...]
     numa_l3s: tuple[int, ...]  # per NUMA node: bit g set when it has CPUs in L3 group g
     threads_per_core: int
-    numa_spans_packages: bool  # whether some NUMA node has CPUs in more than one package
     l3_spans_numa: bool  # whether some L3 group has CPUs in more than one NUMA node
-
-    def numa_position(self, numa_id: int) -> int | None:
-        """Position of an OS NUMA id in `numa_ids`, None when it has no CPUs here."""
-        try:
-            return self.numa_ids.index(numa_id)
-        except ValueError:
-            return None
 
 
 _MEMO: dict[int, tuple[weakref.ref[Topology], TopologyIndex]] = {}
@@ -154,13 +145,11 @@ def build_index(topology: Topology) -> TopologyIndex:
         l3_masks=tuple(l3_masks),
         core_masks=tuple(core_masks),
         core_sizes=core_sizes,
-        cell_numa=tuple(c[0] for c in cells),
         cell_package=tuple(c[1] for c in cells),
         cell_l3=tuple(c[2] for c in cells),
         cell_masks=tuple(cell_masks),
         cell_cores=tuple(cell_cores),
         numa_l3s=numa_l3s,
         threads_per_core=max(core_sizes, default=1),
-        numa_spans_packages=any(p.bit_count() > 1 for p in numa_packages),
         l3_spans_numa=l3_spans_numa,
     )

@@ -342,7 +342,6 @@ class Publisher:
         self._mig_changed = False  # the Node asks for another MIG layout: the enforcer is told
         self.labels = LabelPublisher(api, node, agent_namespace(), sink=args.label_sink,
                                      features_dir=args.features_dir)
-        self.nrt_writes = 0
         self.nrt = NRTPublisher(api, node)
         self.events = EventRecorder(api, node, component="topolet")
         self._wake = threading.Event()
