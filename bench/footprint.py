@@ -11,7 +11,6 @@ Needs root for the agent's cgroup work (without it the agent runs with pinning o
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import subprocess
 import sys
@@ -19,21 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+from procstat import cpu_seconds, rss_mib
 
 
 def free_port() -> int:

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from procstat import rss_mib
+
 from agent.enforce.cgroup import CgroupLayout, detect_layout, read_cpuset
 from agent.topology.cpuset import CPUSet
 from tests.controlplane.harness import ControlPlane, build_binaries
@@ -33,14 +35,6 @@ from tests.kube.kubelet_standin import KubeNode, node_on, wait_for
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def wait_cpus(layout: CgroupLayout, rel: str, want: CPUSet, timeout: float = 30.0) -> float:
