@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds the test control plane (etcd, kube-apiserver) and its client (kubectl, kustomize built in) from
+# Builds the test control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) and its client (kubectl, kustomize built in) from
 # the Go module proxy, once per version.
 #
-# Usage: tests/controlplane/build.sh [etcd] [kube-apiserver] [kubectl]   (all three when none named)
+# Usage: tests/controlplane/build.sh [COMPONENT...]   (every component when none named)
 # Prints one `<component>=<absolute path of the binary>` line per component on stdout; progress and
 # compiler output go to stderr. A binary is cached under
 #   ${TOPOLET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topolet}/controlplane/<component>-<version>-<hash>/
@@ -17,11 +17,15 @@ command -v go >/dev/null || { echo "build.sh: go is not on PATH" >&2; exit 2; }
 go_version="$(go env GOVERSION)"
 
 # component -> module dir, Go package to build, module whose version names the cache entry.
-declare -A module_dir=([etcd]=etcd [kube-apiserver]=apiserver [kubectl]=kubectl)
+declare -A module_dir=([etcd]=etcd [kube-apiserver]=apiserver [kubectl]=kubectl
+                       [kube-controller-manager]=apiserver [kube-scheduler]=apiserver)
 declare -A package=([etcd]=. [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
-                    [kubectl]=k8s.io/kubernetes/cmd/kubectl)
+                    [kubectl]=k8s.io/kubernetes/cmd/kubectl
+                    [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
+                    [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler)
 declare -A version_of=([etcd]=go.etcd.io/etcd/server/v3 [kube-apiserver]=k8s.io/kubernetes
-                       [kubectl]=k8s.io/kubernetes)
+                       [kubectl]=k8s.io/kubernetes [kube-controller-manager]=k8s.io/kubernetes
+                       [kube-scheduler]=k8s.io/kubernetes)
 
 # The version of module $2 as required by the go.mod in directory $1.
 required_version() {
@@ -46,7 +50,7 @@ build_one() {
         flock "$lock"
         if [[ ! -x "$binary" ]]; then
             local ldflags="-s -w"
-            if [[ "$component" == kube-apiserver || "$component" == kubectl ]]; then
+            if [[ "$component" == kube-* || "$component" == kubectl ]]; then
                 # What `kubectl version` and /version report; upstream's build stamps the same variables.
                 local major minor
                 major="$(echo "$version" | sed -E 's/^v([0-9]+)\..*/\1/')"
@@ -68,7 +72,7 @@ build_one() {
 }
 
 components=("$@")
-[[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kubectl)
+[[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kubectl kube-controller-manager kube-scheduler)
 for c in "${components[@]}"; do
     [[ -n "${module_dir[$c]:-}" ]] || { echo "build.sh: unknown component '$c'" >&2; exit 2; }
     build_one "$c"
