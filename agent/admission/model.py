@@ -24,6 +24,11 @@ TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _EMPTY: Mapping[str, int] = MappingProxyType({})
 
 
+def _empty() -> Mapping[str, int]:
+    # A factory, not a default: dataclasses refuse an unhashable default such as a mappingproxy.
+    return _EMPTY
+
+
 @dataclass(frozen=True, slots=True)
 class Resources:
     """Amounts of every resource the engine places, in base units.
@@ -35,10 +40,10 @@ class Resources:
 
     cpu_milli: int = 0
     memory: int = 0
-    hugepages: Mapping[str, int] = field(default=_EMPTY)
+    hugepages: Mapping[str, int] = field(default_factory=_empty)
     gpus: int = 0
     gpu_milli: int = 0
-    mig: Mapping[str, int] = field(default=_EMPTY)
+    mig: Mapping[str, int] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +85,9 @@ class Zone:
     cpu_milli: int = 0
     cpu_capacity_milli: int = 0
     memory: int = 0
-    hugepages: Mapping[str, int] = field(default=_EMPTY)
+    hugepages: Mapping[str, int] = field(default_factory=_empty)
     gpus: int = 0
-    mig: Mapping[str, int] = field(default=_EMPTY)
+    mig: Mapping[str, int] = field(default_factory=_empty)
     l3_cpus: int = 0
 
 
@@ -98,7 +103,7 @@ class Node:
     """
 
     name: str
-    labels: Mapping[str, str] = field(default=_EMPTY)
+    labels: Mapping[str, str] = field(default_factory=_empty)
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
     free: Resources = field(default_factory=Resources)
@@ -138,7 +143,7 @@ class PodSet:
     count: int
     requests: Resources
     numa_policy: str = "none"
-    node_selector: Mapping[str, str] = field(default=_EMPTY)
+    node_selector: Mapping[str, str] = field(default_factory=_empty)
     required_affinity: tuple[tuple[NodeSelectorRequirement, ...], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     colocate_label: str | None = None
