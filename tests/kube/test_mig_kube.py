@@ -22,8 +22,9 @@ from agent.cli import build_parser
 from agent.errors import ConfigError
 from agent.gpu.applier import STATE_LABEL
 from agent.gpu.reconcile import CONFIG_LABEL, MigReconciler
-from agent.kube.daemon import KubeAgent, MigStatus
+from agent.kube.daemon import KubeAgent
 from agent.kube.labels_sink import MANAGED_LABELS_ANNOTATION, USER_LABELS, LabelPublisher
+from agent.kube.mig_status import MigStatus
 from agent.kube.podresources.client import Device
 from agent.metrics import Metrics
 from tests.controlplane.harness import ControlPlane

@@ -272,7 +272,7 @@ def gpu(index: int, numa: int, *, address: str, mig: bool = False) -> GPU:
 
 
 def test_daemon_nrt_reports_gpus_per_zone_less_those_held() -> None:
-    from agent.kube.daemon import build_nrt
+    from agent.kube.nrt_build import build_nrt
 
     gpus = (gpu(0, 0, address="0000:18:00.0"), gpu(1, 1, address="0000:3b:00.0"),
             gpu(2, 1, address="0000:86:00.0"), gpu(3, -1, address="0000:af:00.0"),

@@ -17,7 +17,8 @@ import pytest
 
 from agent.cli import build_parser
 from agent.enforce.state import State
-from agent.kube.daemon import KubeAgent, build_nrt, is_mig_device_id, kubelet_gpus
+from agent.kube.daemon import KubeAgent
+from agent.kube.nrt_build import build_nrt, is_mig_device_id, kubelet_gpus
 from agent.kube.podresources.client import Device
 from agent.metrics import Metrics
 from tests.conftest import REPO

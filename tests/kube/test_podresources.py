@@ -27,7 +27,7 @@ from agent.enforce.kubepods import CgroupDriver, QOSClass, container_cgroup_path
 from agent.enforce.state import StateFile
 from agent.errors import AllocationError, EnforcementError
 from agent.gpu.model import GPU
-from agent.kube.daemon import PodPinner
+from agent.kube.pinner import PodPinner
 from agent.kube.podresources import api_pb2
 from agent.kube.podresources.client import Device, PodResourcesClient
 from agent.kube.podresources.locality import GPULocator, gpu_numa_nodes, gpu_of, is_gpu_resource

@@ -1,0 +1,209 @@
+"""The pod cache of the enforcer thread and what it means for the pinning engine.
+
+`PodPinner` turns pod plans (`agent.kube.pods`) into engine calls: exclusive CPUs for containers
+that ask for them, the shared pool for the rest, state first and cgroups after.  It never calls the
+API: warnings go out through a callback the publisher drains.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from agent.alloc.request import Request
+from agent.enforce import CgroupDriver, container_cgroup_path, exists
+from agent.enforce.state import Owner, State
+from agent.errors import EnforcementError, TopoletError
+from agent.kube.pods import ContainerPlan, PodPlan, PodWarning
+from agent.kube.watch import Changed, Gone, PodChange, Synced
+from agent.metrics import Metrics
+from agent.standalone.engine import PinningEngine
+
+log = logging.getLogger("topolet.kube")
+
+REASON_ALLOCATION_FAILED = "AllocationFailed"
+
+
+def alloc_id(pod_uid: str, container: str) -> str:
+    """The state file id of a pod container's allocation (uids and container names hold no ".")."""
+    return f"pod-{pod_uid}.{container}"
+
+
+class PodPinner:
+    """The pod cache and what it means for the engine; every method runs on the enforcer thread."""
+
+    def __init__(self, engine: PinningEngine, metrics: Metrics,
+                 warn: Callable[[PodPlan, PodWarning], None],
+                 gpu_numa: Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None = None) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.warn = warn
+        self.gpu_numa = gpu_numa  # the NUMA nodes of a container's GPUs (kubelet's pod-resources), if known
+        self.pods: dict[str, PodPlan] = {}
+        self.shared: dict[tuple[str, str], str] = {}  # (uid, container) → cgroup on the pool
+        self.pending: set[str] = set()  # uids with a running container whose cgroup is not found yet
+        self.unsatisfied: set[str] = set()  # uids with a container refused exclusive CPUs (retry later)
+        self.warned: set[tuple[str, str, str]] = set()
+        self.driver: CgroupDriver | None = self._detect_driver()
+
+    # -- cgroups ---------------------------------------------------------------------------------
+
+    def _detect_driver(self) -> CgroupDriver | None:
+        layout = self.engine.layout
+        if exists(layout, "kubepods.slice"):
+            return CgroupDriver.SYSTEMD
+        if exists(layout, "kubepods"):
+            return CgroupDriver.CGROUPFS
+        return None
+
+    def cgroup_of(self, plan: PodPlan, c: ContainerPlan) -> str | None:
+        """The container's cgroup (relative to the cpuset root) if it exists; None if not (yet)."""
+        drivers = [self.driver] if self.driver else [CgroupDriver.CGROUPFS, CgroupDriver.SYSTEMD]
+        for driver in drivers:
+            try:
+                rel = container_cgroup_path(plan.uid, plan.qos, c.container_id, None, driver)
+            except EnforcementError as exc:
+                self._warn_once(plan, PodWarning("UnsupportedContainer", f"container {c.name}: {exc}"))
+                return None
+            if exists(self.engine.layout, rel):
+                self.driver = driver
+                return rel
+        return None
+
+    # -- changes ---------------------------------------------------------------------------------
+
+    def handle(self, change: PodChange) -> None:
+        """Apply one change from the pod watch."""
+        if isinstance(change, Synced):
+            for uid in set(self.pods) - set(change.plans):
+                self.forget(uid)
+            # Allocations of pods the API no longer lists (deleted while we were away) go too.
+            for a in self._state().allocations:
+                if a.owner.pod_uid is not None and a.owner.pod_uid not in change.plans:
+                    self._release(a.id)
+            for plan in change.plans.values():
+                self.apply(plan)
+        elif isinstance(change, Changed):
+            self.apply(change.plan)
+        elif isinstance(change, Gone):
+            self.forget(change.uid)
+
+    def _state(self) -> State:
+        return self.engine.state_file.load(missing_ok=True)
+
+    def _warn_once(self, plan: PodPlan, w: PodWarning) -> None:
+        key = (plan.uid, w.reason, w.message)
+        if key not in self.warned:
+            self.warned.add(key)
+            log.warning("pod %s/%s: %s: %s", plan.namespace, plan.name, w.reason, w.message)
+            self.warn(plan, w)
+
+    def _release(self, aid: str) -> None:
+        if self.engine.release_container(aid):
+            self.metrics.allocations.labels(result="released").inc()
+            log.info("released %s", aid)
+            # Freed CPUs may now satisfy a container that was refused them.
+            self.pending |= self.unsatisfied
+
+    def _set_shared(self) -> None:
+        self.engine.extra_shared = frozenset(self.shared.values())
+
+    def forget(self, uid: str) -> None:
+        """A pod the API says is gone: free its CPUs, drop its containers from the pool set."""
+        self.pods.pop(uid, None)
+        self.pending.discard(uid)
+        self.unsatisfied.discard(uid)
+        self.warned = {k for k in self.warned if k[0] != uid}
+        for key in [k for k in self.shared if k[0] == uid]:
+            del self.shared[key]
+        self._set_shared()
+        for a in self._state().allocations:
+            if a.owner.pod_uid == uid:
+                self._release(a.id)
+
+    def apply(self, plan: PodPlan, *, force: bool = False) -> None:
+        """Bring the engine to `plan`: unchanged containers are left alone (no write, no state commit)."""
+        if not force and self.pods.get(plan.uid) == plan and plan.uid not in self.pending:
+            return
+        self.pods[plan.uid] = plan
+        self.pending.discard(plan.uid)
+        self.unsatisfied.discard(plan.uid)
+        for w in plan.warnings:
+            self._warn_once(plan, w)
+        running = {c.name: c for c in plan.containers}
+        mine = {a.owner.container: a for a in self._state().allocations if a.owner.pod_uid == plan.uid}
+        # Stopped containers and ones that turned shared (or changed size) give their CPUs back first.
+        for name, a in list(mine.items()):
+            c = running.get(name or "")
+            if c is None or len(a.cpus) != c.cpus:
+                self._release(a.id)
+                del mine[name]
+        for key in [k for k in self.shared if k[0] == plan.uid and k[1] not in running]:
+            del self.shared[key]
+        paths: dict[str, str] = {}
+        for c in plan.containers:
+            rel = self.cgroup_of(plan, c)
+            if rel is None:
+                self.pending.add(plan.uid)
+                self.shared.pop((plan.uid, c.name), None)
+                continue
+            paths[c.name] = rel
+            if c.exclusive:
+                self.shared.pop((plan.uid, c.name), None)
+            else:
+                self.shared[(plan.uid, c.name)] = rel
+        self._set_shared()
+        for c in plan.containers:
+            rel = paths.get(c.name)
+            if rel is None:
+                continue
+            if not c.exclusive:
+                self._join_pool(rel)
+                continue
+            held = mine.get(c.name)
+            if held is None:
+                self._allocate(plan, c, rel)
+            elif held.cgroup != rel:
+                self.engine.rebind(held.id, rel)  # a restarted container keeps its CPUs, as with kubelet
+                log.info("%s moved to restarted container %s", held.id, rel)
+
+    def _join_pool(self, rel: str) -> None:
+        try:
+            if self.engine.join_pool(rel):
+                self.metrics.pool_writes.inc()
+        except EnforcementError as exc:
+            log.warning("shared container %s: %s", rel, exc)
+
+    def _allocate(self, plan: PodPlan, c: ContainerPlan, rel: str) -> None:
+        started = time.perf_counter()
+        aid = alloc_id(plan.uid, c.name)
+        near = self.gpu_numa(plan, c) if self.gpu_numa is not None else None
+        try:
+            a = self.engine.allocate(
+                aid, Request(c.cpus, c.numa_policy, c.smt, near), Owner(pod_uid=plan.uid, container=c.name),
+                memory_binding=c.memory_binding, policy=f"{c.numa_policy}/{c.smt}", cgroup=rel)
+        except TopoletError as exc:
+            # Refused (no room, policy unmet) or the cgroup write failed: the container stays shared.
+            self.metrics.allocations.labels(result="error").inc()
+            self.unsatisfied.add(plan.uid)
+            self._warn_once(plan, PodWarning(REASON_ALLOCATION_FAILED,
+                                             f"container {c.name}: {c.cpus} exclusive CPUs: {exc}"))
+            self.shared[(plan.uid, c.name)] = rel
+            self._set_shared()
+            self._join_pool(rel)
+            return
+        self.metrics.allocations.labels(result="success").inc()
+        self.metrics.pin_latency.observe(time.perf_counter() - started)
+        log.info("pod %s/%s container %s: CPUs %s (%s%s)", plan.namespace, plan.name, c.name, a.cpus,
+                 a.policy, f", GPUs on NUMA {sorted(near)}" if near else "")
+
+    def retry(self, *, refused: bool = True) -> None:
+        """Look again for cgroups that were missing and (with `refused`) CPUs for refused containers."""
+        for uid in sorted(self.pending | self.unsatisfied if refused else self.pending):
+            plan = self.pods.get(uid)
+            if plan is None:
+                self.pending.discard(uid)
+                self.unsatisfied.discard(uid)
+                continue
+            self.apply(plan, force=True)

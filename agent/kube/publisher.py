@@ -1,0 +1,191 @@
+"""The publisher thread of the Kubernetes agent: NRT on state change, labels on topology change, Events.
+
+It writes what the enforcer changed, retrying every `RETRY_MAX_SECONDS` at most while the API is
+down, so it catches up within seconds of its return; with MIG managed it also re-reads the Node for
+its layout label (`agent.kube.mig_status`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from agent.enforce.state import State
+from agent.errors import TopoletError
+from agent.kube.mig_status import MigStatus
+from agent.kube.nrt_build import Snapshot, build_nrt
+from agent.kube.pods import PodPlan, PodWarning
+from agent.labels import build_labels
+from agent.metrics import Metrics
+from agent.topology.model import Topology
+
+if TYPE_CHECKING:
+    from agent.gpu.model import GPU
+    from agent.kube.client import KubeClient
+
+log = logging.getLogger("topolet.kube")
+
+RETRY_MAX_SECONDS = 1.0  # publishing and watching retry at least this often while the API is down
+
+
+class Publisher:
+    """Writes to the API on its own thread: NRT on state change, labels on topology change, Events."""
+
+    def __init__(self, api: KubeClient, node: str, args: argparse.Namespace, metrics: Metrics,
+                 snapshot: Callable[[], Snapshot], gpus: Sequence[GPU] = (), *,
+                 mig: MigStatus | None = None, on_mig_change: Callable[[], None] | None = None,
+                 node_poll_seconds: float = 5.0) -> None:
+        from agent.kube.client import agent_namespace
+        from agent.kube.events import EventRecorder
+        from agent.kube.labels_sink import LabelPublisher
+        from agent.kube.nrt import NRTPublisher
+
+        self.node = node
+        self.api = api
+        self._node_ref: tuple[str, str] | None = None
+        self.gpus = tuple(gpus)  # discovered once at start: the NRT's GPU capacity
+        self.args = args
+        self.metrics = metrics
+        self.snapshot = snapshot
+        # With MIG managed the Node is read again every `node_poll_seconds` (its layout label may
+        # change); otherwise once, for the NRT's owner reference.
+        self.mig = mig
+        self.on_mig_change = on_mig_change
+        self.node_poll_seconds = node_poll_seconds
+        self._next_node_read = 0.0
+        self._mig_changed = False  # the Node asks for another MIG layout: the enforcer is told
+        self.labels = LabelPublisher(api, node, agent_namespace(), sink=args.label_sink,
+                                     features_dir=args.features_dir)
+        self.nrt = NRTPublisher(api, node)
+        self.events = EventRecorder(api, node, component="topolet")
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._warnings: queue.Queue[tuple[PodPlan, PodWarning]] = queue.Queue(maxsize=1000)
+        self._published_nrt: str | None = None  # fingerprint of the last NRT written
+        self._published_labels: dict[str, str] | None = None
+        self.failing_since: float | None = None
+        self.caught_up = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def notify(self) -> None:
+        """Something may have changed: compare and publish soon."""
+        self.caught_up.clear()
+        self._wake.set()
+
+    def warn(self, plan: PodPlan, w: PodWarning) -> None:
+        try:
+            self._warnings.put_nowait((plan, w))
+        except queue.Full:
+            log.warning("event queue full: dropping %s for %s/%s", w.reason, plan.namespace, plan.name)
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            ok = self.publish_once()
+            if ok:
+                self.failing_since = None
+                self.caught_up.set()
+                self._wake.wait(None if self.mig is None
+                                else max(self._next_node_read - time.monotonic(), 0.0))
+            else:
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
+                self._wake.wait(RETRY_MAX_SECONDS)
+            self._wake.clear()
+
+    def publish_once(self) -> bool:
+        """Publish whatever differs from what was last written; False if anything failed."""
+        ok = True
+        if self.mig is not None and time.monotonic() >= self._next_node_read:
+            try:
+                self._read_node()
+                self._next_node_read = time.monotonic() + self.node_poll_seconds
+            except Exception as exc:  # noqa: BLE001 - the API may fail in any way; retried
+                ok = False
+                log.warning("Node %s not read: %s", self.node, exc)
+        topology, state, pinned, assigned = self.snapshot()
+        try:
+            labels = build_labels(topology, gfd_compat=self.args.gfd_compat)
+            if self.mig is not None:
+                labels.update(self.mig.labels())
+            if labels != self._published_labels:
+                if self.labels.publish(labels):
+                    self.metrics.api_writes.labels(kind="labels").inc()
+                self._published_labels = labels
+            if self.mig is not None and self.mig.released != self.mig.desired:
+                self.mig.released = self.mig.desired  # its state label is on the Node now
+                self._mig_changed = True
+        except Exception as exc:  # noqa: BLE001 - the API may fail in any way; retried
+            ok = False
+            log.warning("labels not published: %s", exc)
+        try:
+            obj = self._nrt_object(topology, state, pinned, assigned)
+            digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+            if digest != self._published_nrt:
+                if self.nrt.publish(obj):
+                    self.metrics.api_writes.labels(kind="nrt").inc()
+                    log.info("NodeResourceTopology %s written", self.node)
+                self._published_nrt = digest
+        except Exception as exc:  # noqa: BLE001
+            ok = False
+            log.warning("NodeResourceTopology not published: %s", exc)
+        while True:
+            try:
+                plan, w = self._warnings.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                # Best effort (the recorder logs and counts its own failures): a lost Event never
+                # holds back the NRT behind it.
+                if self.events.warn(_pod_ref(plan), w.reason, w.message):
+                    self.metrics.api_writes.labels(kind="event").inc()
+            except TopoletError as exc:
+                log.warning("event not recorded: %s", exc)
+        if self._mig_changed:
+            self._mig_changed = False
+            if self.on_mig_change is not None:
+                # After the labels, so that "pending" is on its way before the change starts.
+                self.on_mig_change()
+        return ok
+
+    def _read_node(self) -> None:
+        """Read this node's Node: its uid (the NRT's owner) and, with MIG managed, its layout label."""
+        from agent.kube.client import resource_path
+
+        node = self.api.get(resource_path("", "v1", "nodes", self.node), what=f"get node {self.node}")
+        found = node.get("metadata")
+        meta: dict[str, Any] = found if isinstance(found, dict) else {}
+        self._node_ref = (self.node, str(meta.get("uid") or ""))
+        labels = meta.get("labels")
+        if self.mig is not None:  # a new layout reaches the enforcer once its state label is published
+            self.mig.node_labels({str(k): str(v) for k, v in labels.items()}
+                                 if isinstance(labels, dict) else {})
+
+    def _nrt_object(self, topology: Topology, state: State, pinned: tuple[tuple[str, str], ...],
+                    assigned: frozenset[str]) -> dict[str, Any]:
+        if self._node_ref is None:  # the owner reference needs the Node's uid
+            self._read_node()
+        if self._node_ref is None:  # _read_node sets it or raises
+            raise TopoletError(f"Node {self.node} not read")
+        return build_nrt(self._node_ref, topology, state, pinned, self.gpus, assigned)
+
+
+def _pod_ref(plan: PodPlan) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": plan.name, "namespace": plan.namespace, "uid": plan.uid}}
+
