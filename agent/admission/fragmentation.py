@@ -1,0 +1,192 @@
+"""Shared-GPU fragmentation: how much of a node's free GPU a typical workload could not use.
+
+The measure follows FGD ("Beware of Fragmentation: Scheduling GPU-Sharing Workloads with
+Fragmentation Gradient Descent", USENIX ATC '23).  For one pod type m, the fragment of a node is the
+free GPU (in thousandths) that m cannot use there:
+
+- m asks for no GPU, or the node cannot host m at all (too little free CPU or memory, or no GPU with
+  enough room): every free thousandth on the node is a fragment for m;
+- m fits: the free thousandths of the GPUs that cannot take m are fragments, i.e. GPUs with less free
+  than m's share for a shared pod, and every partly used GPU for a whole-GPU pod.
+
+A node's fragmentation is the expectation over the target workload, `sum(popularity(m) * F(m))`.
+Placing a pod is scored by how much it raises that expectation (FGD's gradient): lower is better.
+
+Public API:
+- `GpuMix`: a target workload, (request, popularity) pairs, compiled for fast scoring;
+- `fragmentation(cpu_milli, memory, gpu_free_milli, mix)`: a node state's expected fragment;
+- `gpu_choice(node, request, mix)`: None when the request does not fit the node, else
+  `(score, gpu_index)`, the rise in fragmentation and the GPU a shared pod should take.
+
+Everything is pure; `GpuMix` memoises fragmentation by node state because a cluster has few distinct
+node states and the engine scores every node for every pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agent.admission.model import Node, Resources
+
+WHOLE = 1000
+"""Thousandths in one GPU: a `gpu_free_milli` entry of WHOLE is a GPU nobody shares yet."""
+
+_MEMO_LIMIT = 1 << 18
+
+
+class GpuMix:
+    """A target workload compiled for scoring: pod types grouped by their GPU demand.
+
+    The demand is `(gpus, gpu_milli)`: whole GPUs, or one share.  Within a demand, the types differ
+    only in CPU and memory, which decide whether the type fits the node at all.
+    """
+
+    __slots__ = ("no_gpu", "demands", "total", "_memo")
+
+    def __init__(self, mix: Sequence[tuple[Resources, float]]) -> None:
+        groups: dict[tuple[int, int], list[tuple[int, int, float]]] = {}
+        no_gpu = 0.0
+        total = 0.0
+        for request, popularity in mix:
+            total += popularity
+            if request.gpus == 0 and request.gpu_milli == 0:
+                no_gpu += popularity
+                continue
+            demand = (request.gpus, request.gpu_milli if request.gpus == 0 else 0)
+            groups.setdefault(demand, []).append((request.cpu_milli, request.memory, popularity))
+        self.no_gpu = no_gpu
+        self.total = total
+        # per demand: the CPU/memory needs with their popularity, smallest CPU first
+        self.demands: tuple[tuple[int, int, tuple[tuple[int, int, float], ...]], ...] = tuple(
+            (gpus, milli, tuple(sorted(kinds))) for (gpus, milli), kinds in sorted(groups.items())
+        )
+        self._memo: dict[tuple[int, int, tuple[int, ...]], float] = {}
+
+    def fragmentation(self, cpu_milli: int, memory: int, gpu_free_milli: Sequence[int]) -> float:
+        """The expected fragment, in GPU thousandths, of a node with this much free."""
+        key = (cpu_milli, memory, tuple(sorted(gpu_free_milli)))
+        found = self._memo.get(key)
+        if found is not None:
+            return found
+        value = self._compute(cpu_milli, memory, key[2])
+        if len(self._memo) >= _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[key] = value
+        return value
+
+    def _compute(self, cpu_milli: int, memory: int, gpus: tuple[int, ...]) -> float:
+        free = sum(gpus)
+        if free == 0:
+            return 0.0
+        whole = sum(1 for f in gpus if f >= WHOLE)
+        frag = self.total * free
+        for count, milli, kinds in self.demands:
+            if count:
+                if whole < count:
+                    continue
+                usable = whole * WHOLE
+            else:
+                usable = sum(f for f in gpus if f >= milli)
+                if usable == 0:
+                    continue
+            fitting = 0.0
+            for cpu, mem, popularity in kinds:
+                if cpu > cpu_milli:
+                    break
+                if mem <= memory:
+                    fitting += popularity
+            # a type that fits leaves only the GPUs it cannot use as fragments
+            frag -= fitting * usable
+        return frag
+
+
+def _free_gpus(node: Node) -> tuple[int, ...]:
+    if node.gpu_free_milli:
+        return node.gpu_free_milli
+    # a node that reports no sharing state: its free devices are whole
+    return (WHOLE,) * node.free.gpus
+
+
+def fits(node: Node, request: Resources) -> bool:
+    """Whether the node's free CPU, memory and GPUs can take the request."""
+    if request.cpu_milli > node.free.cpu_milli or request.memory > node.free.memory:
+        return False
+    gpus = _free_gpus(node)
+    if request.gpus:
+        return sum(1 for f in gpus if f >= WHOLE) >= request.gpus
+    if request.gpu_milli:
+        return any(f >= request.gpu_milli for f in gpus)
+    return True
+
+
+def fragmentation(
+    cpu_milli: int, memory: int, gpu_free_milli: Sequence[int], mix: Sequence[tuple[Resources, float]]
+) -> float:
+    """The expected fragment (GPU thousandths) of a node state w.r.t. the target workload `mix`."""
+    return compiled(mix).fragmentation(cpu_milli, memory, gpu_free_milli)
+
+
+_last: tuple[Sequence[tuple[Resources, float]], GpuMix] | None = None
+
+
+def compiled(mix: Sequence[tuple[Resources, float]] | GpuMix) -> GpuMix:
+    """The compiled form of `mix`, reused while callers pass the same mix object."""
+    global _last
+    if isinstance(mix, GpuMix):
+        return mix
+    if _last is not None and _last[0] is mix:
+        return _last[1]
+    gm = GpuMix(mix)
+    # the engine passes one ClusterView's mix for every node: keep its compiled form and memo
+    _last = (mix, gm)
+    return gm
+
+
+def taken(gpus: Sequence[int], request: Resources, index: int | None) -> tuple[int, ...]:
+    """The per-GPU free thousandths after `request` takes GPU `index` (shared) or whole GPUs."""
+    after = list(gpus)
+    if request.gpus:
+        left = request.gpus
+        for i, f in enumerate(after):
+            if left and f >= WHOLE:
+                after[i] = 0
+                left -= 1
+    elif index is not None:
+        after[index] -= request.gpu_milli
+    return tuple(after)
+
+
+def gpu_choice(
+    node: Node, request: Resources, mix: Sequence[tuple[Resources, float]] | GpuMix
+) -> tuple[float, int | None] | None:
+    """None when `request` does not fit `node`, else (rise in fragmentation, GPU for a shared pod).
+
+    With an empty mix the score is plain best fit: the free GPU thousandths the node keeps.
+    """
+    if not fits(node, request):
+        return None
+    gpus = _free_gpus(node)
+    cpu = node.free.cpu_milli - request.cpu_milli
+    mem = node.free.memory - request.memory
+    gm = compiled(mix)
+    if not gm.total:
+        if request.gpu_milli and not request.gpus:
+            index = min((f, i) for i, f in enumerate(gpus) if f >= request.gpu_milli)[1]
+            return float(sum(gpus) - request.gpu_milli), index
+        return float(sum(gpus) - request.gpus * WHOLE), None
+    before = gm.fragmentation(node.free.cpu_milli, node.free.memory, gpus)
+    if request.gpus or not request.gpu_milli:
+        return gm.fragmentation(cpu, mem, taken(gpus, request, None)) - before, None
+    best: tuple[float, int, int] | None = None
+    tried: set[int] = set()
+    for i, f in enumerate(gpus):
+        if f < request.gpu_milli or f in tried:
+            continue
+        # GPUs with the same free amount give the same state: score one of them
+        tried.add(f)
+        rise = gm.fragmentation(cpu, mem, taken(gpus, request, i)) - before
+        candidate = (rise, f, i)
+        if best is None or candidate < best:
+            best = candidate
+    assert best is not None
+    return best[0], best[2]
