@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 NUMA_POLICIES = ("single-numa-node", "restricted", "best-effort", "none")
 """A pod set's NUMA policy, the kubelet Topology Manager's names: single-numa-node must fit one zone;
@@ -24,7 +25,7 @@ TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _EMPTY: Mapping[str, int] = MappingProxyType({})
 
 
-def _empty() -> Mapping[str, int]:
+def _empty() -> Mapping[str, Any]:
     # A factory, not a default: dataclasses refuse an unhashable default such as a mappingproxy.
     return _EMPTY
 

@@ -1,0 +1,182 @@
+"""Job -> Gang, the admission record and the patch bodies, as tables."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from agent.admission.jobs import (
+    ADMISSION_ANNOTATION,
+    GATE,
+    HOSTNAME_LABEL,
+    NUMA_ZONE_ANNOTATION,
+    AdmissionRecord,
+    JobSpecError,
+    SlotPlacement,
+    decision_patch,
+    decode_record,
+    gang_from_job,
+    pod_patch,
+    pod_slot,
+    record_of,
+)
+from agent.admission.model import NodeSelectorRequirement, Resources, Toleration
+
+GI = 1 << 30
+
+
+def _job(*, parallelism: Any = 2, completions: Any = None, indexed: bool = False,
+         containers: list[dict[str, Any]] | None = None, init: list[dict[str, Any]] | None = None,
+         template_annotations: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+         pod_spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"parallelism": parallelism, "suspend": True}
+    if completions is not None:
+        spec["completions"] = completions
+    if indexed:
+        spec["completionMode"] = "Indexed"
+    ps: dict[str, Any] = {"restartPolicy": "Never",
+                          "containers": containers if containers is not None else [_c("2", "1Gi")]}
+    if init:
+        ps["initContainers"] = init
+    ps.update(pod_spec or {})
+    spec["template"] = {"metadata": {"annotations": template_annotations or {}}, "spec": ps}
+    return {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "7",
+                         "annotations": annotations or {}},
+            "spec": spec}
+
+
+def _c(cpu: str | None = None, memory: str | None = None, *, limits: bool = False,
+       extra: dict[str, str] | None = None, **kw: Any) -> dict[str, Any]:
+    req = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None} | (extra or {})
+    res = {"requests": req, "limits": dict(req)} if limits else {"requests": req}
+    return {"name": "c", "image": "x", "resources": res, **kw}
+
+
+GANGS = [
+    # (what, job, expected count, expected Resources, expected policy)
+    ("parallelism is the count", _job(parallelism=3), 3, Resources(cpu_milli=2000, memory=GI), "none"),
+    ("indexed: min(parallelism, completions)", _job(parallelism=8, completions=4, indexed=True), 4,
+     Resources(cpu_milli=2000, memory=GI), "none"),
+    ("containers add up, millicores round up",
+     _job(containers=[_c("500m", "1Gi"), _c("0.0001", "512Mi")]), 2,
+     Resources(cpu_milli=501, memory=GI + GI // 2), "none"),
+    ("an init container bigger than the containers sets the peak",
+     _job(init=[_c("6", "1Gi")]), 2, Resources(cpu_milli=6000, memory=GI), "none"),
+    ("a sidecar adds to the containers",
+     _job(init=[_c("1", "1Gi", restartPolicy="Always")]), 2,
+     Resources(cpu_milli=3000, memory=2 * GI), "none"),
+    ("whole GPUs, MIG and hugepages",
+     _job(containers=[_c("4", "8Gi", extra={"nvidia.com/gpu": "2", "hugepages-2Mi": "1Gi"})]), 2,
+     Resources(cpu_milli=4000, memory=8 * GI, gpus=2, hugepages={"hugepages-2Mi": GI}), "none"),
+    ("MIG devices by resource name",
+     _job(containers=[_c("1", "1Gi", extra={"nvidia.com/mig-1g.10gb": "1"})]), 2,
+     Resources(cpu_milli=1000, memory=GI, mig={"nvidia.com/mig-1g.10gb": 1}), "none"),
+    ("the annotation sets the NUMA policy",
+     _job(template_annotations={"topolet.io/numa-policy": "single-numa-node"}), 2,
+     Resources(cpu_milli=2000, memory=GI), "single-numa-node"),
+    ("guaranteed integer CPUs take the nodes' policy",
+     _job(containers=[_c("4", "2Gi", limits=True)]), 2,
+     Resources(cpu_milli=4000, memory=2 * GI), "restricted"),
+    ("guaranteed but fractional CPUs: none",
+     _job(containers=[_c("1500m", "2Gi", limits=True)]), 2, Resources(cpu_milli=1500, memory=2 * GI), "none"),
+]
+
+
+@pytest.mark.parametrize(("what", "job", "count", "requests", "policy"), GANGS, ids=[g[0] for g in GANGS])
+def test_gang_from_job(what: str, job: dict[str, Any], count: int, requests: Resources, policy: str) -> None:
+    gang = gang_from_job(job, {}, guaranteed_policy="restricted")
+    (ps,) = gang.pod_sets
+    assert (gang.key, ps.count, ps.requests, ps.numa_policy) == ("ns/j", count, requests, policy)
+
+
+def test_gang_placement_constraints_and_priority() -> None:
+    job = _job(annotations={"topolet.io/colocate": "topology.kubernetes.io/rack"}, pod_spec={
+        "priorityClassName": "high",
+        "nodeSelector": {"pool": "gpu"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}]}}}})
+    gang = gang_from_job(job, {"high": 1000})
+    (ps,) = gang.pod_sets
+    assert gang.priority == 1000
+    assert ps.colocate_label == "topology.kubernetes.io/rack"
+    assert dict(ps.node_selector) == {"pool": "gpu"}
+    assert ps.tolerations == (Toleration("gpu", "Exists", "", "NoSchedule"),)
+    assert ps.required_affinity == ((NodeSelectorRequirement("zone", "In", ("a", "b")),),)
+
+
+BAD = [
+    ("zero parallelism", _job(parallelism=0)),
+    ("indexed without completions", _job(indexed=True)),
+    ("bad quantity", _job(containers=[_c("lots")])),
+    ("fractional GPU", _job(containers=[_c("1", extra={"nvidia.com/gpu": "500m"})])),
+    ("no containers", _job(containers=[])),
+    ("unknown NUMA policy", _job(template_annotations={"topolet.io/numa-policy": "tight"})),
+    ("bad colocate label", _job(annotations={"topolet.io/colocate": "not a label!"})),
+    ("unknown priority class", _job(pod_spec={"priorityClassName": "nope"})),
+    ("bad affinity operator", _job(pod_spec={"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "Near"}]}]}}}})),
+    ("whole GPUs and MIG",
+     _job(containers=[_c("1", extra={"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"})])),
+]
+
+
+@pytest.mark.parametrize(("what", "job"), BAD, ids=[b[0] for b in BAD])
+def test_gang_from_job_rejects(what: str, job: dict[str, Any]) -> None:
+    with pytest.raises(JobSpecError):
+        gang_from_job(job, {})
+
+
+def test_record_round_trip_and_decision_patch() -> None:
+    record = AdmissionRecord("admitted", "d-1", "2026-12-01T00:00:00Z",
+                             {0: SlotPlacement("n1", 0), 1: SlotPlacement("n2", None)})
+    assert decode_record(record.encode()) == record
+    job = _job(pod_spec={"schedulingGates": [{"name": "other"}]})
+    patch = decision_patch(job, record)
+    assert patch["spec"]["template"]["spec"]["schedulingGates"] == [{"name": "other"}, {"name": GATE}]
+    assert patch["metadata"]["resourceVersion"] == "7"
+    applied = copy.deepcopy(job)
+    applied["metadata"]["annotations"].update(patch["metadata"]["annotations"])
+    gates = patch["spec"]["template"]["spec"]["schedulingGates"]
+    applied["spec"]["template"]["spec"]["schedulingGates"] = gates
+    assert record_of(applied) == record
+    # Idempotent: a second patch computed from the patched Job adds no second gate.
+    assert decision_patch(applied, record)["spec"]["template"]["spec"]["schedulingGates"] == \
+        [{"name": "other"}, {"name": GATE}]
+
+
+@pytest.mark.parametrize("text", [
+    "not json", "{}", '{"result":"maybe","decision":"d","time":"t"}',
+    '{"result":"admitted","decision":"d","time":"t"}',
+    '{"result":"admitted","decision":"d","time":"t","placement":{"x":{"node":"n"}}}',
+    '{"result":"admitted","decision":"d","time":"t","placement":{"0":{"node":"n","zone":-1}}}',
+])
+def test_malformed_record(text: str) -> None:
+    with pytest.raises(JobSpecError):
+        record_of({"metadata": {"annotations": {ADMISSION_ANNOTATION: text}}})
+
+
+def test_pod_patch_pins_and_ungates() -> None:
+    pod = {"metadata": {"resourceVersion": "3", "annotations": {}},
+           "spec": {"schedulingGates": [{"name": GATE}], "nodeSelector": {"pool": "a"}}}
+    patch = pod_patch(pod, 2, "n1", 1)
+    assert patch["spec"] == {"nodeSelector": {HOSTNAME_LABEL: "n1"}, "schedulingGates": None}
+    assert patch["metadata"]["annotations"] == {NUMA_ZONE_ANNOTATION: "1", "topolet.io/slot": "2"}
+    pod["spec"]["schedulingGates"].append({"name": "keep"})
+    assert pod_patch(pod, 0, "n1", None)["spec"]["schedulingGates"] == [{"name": "keep"}]
+    assert NUMA_ZONE_ANNOTATION not in pod_patch(pod, 0, "n1", None)["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize(("annotations", "indexed", "slot"), [
+    ({"batch.kubernetes.io/job-completion-index": "3"}, True, 3),
+    ({"batch.kubernetes.io/job-completion-index": "3"}, False, None),
+    ({"topolet.io/slot": "1"}, False, 1),
+    ({"topolet.io/slot": "x"}, False, None),
+    ({}, True, None),
+])
+def test_pod_slot(annotations: dict[str, str], indexed: bool, slot: int | None) -> None:
+    assert pod_slot({"metadata": {"annotations": annotations}}, indexed) == slot
