@@ -1,0 +1,185 @@
+"""Leader election through a `coordination.k8s.io/v1` Lease, so that of several replicas one decides.
+
+Public API:
+
+- `LeaderElector(api_client, namespace, name, identity, *, lease_duration=15.0, renew_deadline=10.0,
+  retry_period=2.0, clock=time.monotonic, wall=time.time)`.
+- `.try_acquire_or_renew() -> bool`: one round: create the Lease, renew it when we hold it, or take it
+  over when its holder let it expire.  True when we hold it afterwards.  API failures count as "not
+  renewed" (they never raise).
+- `.is_leader` : True only while our last successful renewal is younger than `renew_deadline`, so a
+  leader that cannot reach the API server stops deciding before another replica may take over
+  (`lease_duration` after the last renewal it saw).
+- `.run(stop, on_change=None)`: retry every `retry_period` until `stop` is set, calling
+  `on_change(leading)` when leadership changes; `.start(...)` runs it on a daemon thread.
+- `.release()`: give the Lease up (holder cleared) so a successor need not wait for it to expire.
+
+Expiry follows client-go's rule: a replica does not compare the holder's `renewTime` with its own
+clock (clocks differ between machines); it measures, on its own monotonic clock, how long the Lease
+has gone without a change it observed, and takes it over after `leaseDurationSeconds` of that.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.errors import ConfigError, KubeAPIError
+from agent.kube.client import KubeClient, resource_path
+
+log = logging.getLogger(__name__)
+
+
+def _micro_time(seconds: float) -> str:
+    """A metav1.MicroTime (RFC 3339 with microseconds, UTC)."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    """Holds (or waits for) one Lease; see the module docstring."""
+
+    def __init__(self, api_client: Any, namespace: str, name: str, identity: str, *,
+                 lease_duration: float = 15.0, renew_deadline: float = 10.0, retry_period: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        if not identity:
+            raise ConfigError("leader election needs an identity")
+        if not 0 < retry_period < renew_deadline < lease_duration:
+            raise ConfigError("leader election wants 0 < retry period < renew deadline < lease duration "
+                              f"(got {retry_period}, {renew_deadline}, {lease_duration})")
+        self.kube = KubeClient.of(api_client)
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self._clock = clock
+        self._wall = wall
+        self._observed: tuple[str, str, str] | None = None  # (holder, renewTime, resourceVersion)
+        self._observed_at = 0.0
+        self._renewed_at: float | None = None  # our clock at our last successful renewal
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def path(self) -> str:
+        return resource_path("coordination.k8s.io", "v1", "leases", self.name, namespace=self.namespace)
+
+    @property
+    def is_leader(self) -> bool:
+        with self._lock:
+            return self._renewed_at is not None and self._clock() - self._renewed_at < self.renew_deadline
+
+    def _spec(self, transitions: int, acquired: str | None) -> dict[str, Any]:
+        now = _micro_time(self._wall())
+        return {"holderIdentity": self.identity, "leaseDurationSeconds": max(1, round(self.lease_duration)),
+                "acquireTime": acquired or now, "renewTime": now, "leaseTransitions": transitions}
+
+    def try_acquire_or_renew(self) -> bool:
+        """One election round; True when we hold the Lease afterwards."""
+        try:
+            held = self._round()
+        except KubeAPIError as exc:
+            log.warning("leader election %s/%s: %s", self.namespace, self.name, exc)
+            held = False
+        with self._lock:
+            if held:
+                self._renewed_at = self._clock()
+            elif self._renewed_at is not None and self._clock() - self._renewed_at >= self.renew_deadline:
+                self._renewed_at = None
+        return held
+
+    def _round(self) -> bool:
+        now = self._clock()
+        try:
+            lease = self.kube.get(self.path, what=f"get Lease {self.namespace}/{self.name}")
+        except KubeAPIError as exc:
+            if not exc.not_found:
+                raise
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec(0, None)}
+            try:
+                collection = resource_path("coordination.k8s.io", "v1", "leases", namespace=self.namespace)
+                self.kube.create(collection, body, what=f"create Lease {self.namespace}/{self.name}")
+            except KubeAPIError as exc2:
+                if exc2.status == 409:  # another replica created it first
+                    return False
+                raise
+            log.info("leader election: %s acquired new Lease %s/%s", self.identity, self.namespace, self.name)
+            return True
+        spec = lease.get("spec") if isinstance(lease.get("spec"), dict) else {}
+        meta = lease.get("metadata") if isinstance(lease.get("metadata"), dict) else {}
+        holder = str(spec.get("holderIdentity") or "")
+        seen = (holder, str(spec.get("renewTime") or ""), str(meta.get("resourceVersion") or ""))
+        if seen != self._observed:
+            self._observed, self._observed_at = seen, now
+        duration = spec.get("leaseDurationSeconds")
+        duration = float(duration) if isinstance(duration, int) and duration > 0 else self.lease_duration
+        if holder and holder != self.identity and now - self._observed_at < duration:
+            return False  # held by a live replica
+        transitions = spec.get("leaseTransitions")
+        transitions = transitions if isinstance(transitions, int) and transitions >= 0 else 0
+        if holder == self.identity:
+            new_spec = self._spec(transitions, spec.get("acquireTime") if isinstance(
+                spec.get("acquireTime"), str) else None)
+        else:
+            new_spec = self._spec(transitions + 1, None)
+        body = {**lease, "spec": new_spec}
+        try:
+            # PUT with the resourceVersion we read: a replica that wrote in between makes it fail (409).
+            updated = self.kube.request("PUT", self.path, body=body, content_type="application/json",
+                                        what=f"update Lease {self.namespace}/{self.name}")
+        except KubeAPIError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        umeta = updated.get("metadata") if isinstance(updated.get("metadata"), dict) else {}
+        self._observed = (self.identity, new_spec["renewTime"], str(umeta.get("resourceVersion") or ""))
+        self._observed_at = now
+        if holder != self.identity:
+            log.info("leader election: %s took over Lease %s/%s from %r", self.identity, self.namespace,
+                     self.name, holder)
+        return True
+
+    def release(self) -> None:
+        """Clear the holder if it is us (best effort), and stop leading at once."""
+        with self._lock:
+            self._renewed_at = None
+        try:
+            lease = self.kube.get(self.path, what=f"get Lease {self.namespace}/{self.name}")
+            spec = lease.get("spec") if isinstance(lease.get("spec"), dict) else {}
+            if spec.get("holderIdentity") != self.identity:
+                return
+            # A one-second duration and no holder: the next replica takes it on its next round.
+            body = {**lease, "spec": {**spec, "holderIdentity": None, "leaseDurationSeconds": 1}}
+            self.kube.request("PUT", self.path, body=body, content_type="application/json",
+                              what=f"release Lease {self.namespace}/{self.name}")
+        except KubeAPIError as exc:
+            log.warning("leader election: releasing %s/%s: %s", self.namespace, self.name, exc)
+
+    def run(self, stop: threading.Event, on_change: Callable[[bool], None] | None = None) -> None:
+        """Elect every `retry_period` until `stop` is set; `on_change(leading)` on every change."""
+        leading = False
+        while not stop.is_set():
+            self.try_acquire_or_renew()
+            now_leading = self.is_leader
+            if now_leading != leading:
+                leading = now_leading
+                log.info("leader election: %s %s", self.identity, "leads" if leading else "stopped leading")
+                if on_change is not None:
+                    on_change(leading)
+            stop.wait(self.retry_period)
+
+    def start(self, stop: threading.Event, on_change: Callable[[bool], None] | None = None) -> None:
+        """`run` on a daemon thread."""
+        self._thread = threading.Thread(target=self.run, args=(stop, on_change), name="leader-election",
+                                        daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
