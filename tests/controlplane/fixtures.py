@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.controlplane.cluster import Cluster, start_cluster
 from tests.controlplane.harness import ControlPlane, ControlPlaneError, build_binaries
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -63,3 +64,44 @@ def _apiserver_up_between_tests() -> Iterator[None]:
     yield
     if _plane is not None and not _plane.apiserver_running():
         _plane.start_apiserver()
+
+
+# One test cluster (its own control plane, kube-controller-manager, kube-scheduler) per session: its
+# controllers would act on the objects of tests that share `control_plane` (they create the default
+# service account themselves, and bind their pods with no scheduler).
+_cluster: Cluster | None = None
+_cluster_failure: str | None = None
+
+
+@pytest.fixture(scope="session")
+def cluster_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The session's test cluster (see tests/controlplane/cluster.py); tests use `cluster`."""
+    global _cluster, _cluster_failure
+    if _cluster is None and _cluster_failure is None:
+        try:
+            import kubernetes  # noqa: F401
+
+            _cluster = start_cluster(tmp_path_factory.mktemp("cluster"))
+        except ImportError:
+            _cluster_failure = "the `kubernetes` Python client is not installed (pip install '.[kube]')"
+        except ControlPlaneError as exc:
+            _cluster_failure = str(exc)
+    if _cluster is None:
+        _unavailable(_cluster_failure or "unknown")
+    assert _cluster is not None
+    yield _cluster
+    _cluster.stop()
+    _cluster = None
+
+
+@pytest.fixture
+def cluster(cluster_session: Cluster) -> Iterator[Cluster]:
+    """The test cluster: .add_node(name, fsroot, labels=, taints=, reserved_cpus=, agent=), .nodes,
+    .nrt(name), .set_ready(name, ready), .plane (the ControlPlane), .logs(); the nodes a test adds are
+    removed after it, and the components' and agents' logs are printed when it fails."""
+    before = set(cluster_session.nodes)
+    yield cluster_session
+    # Captured output: pytest shows it only for a failing test.
+    print(cluster_session.logs())
+    for name in set(cluster_session.nodes) - before:
+        cluster_session.remove_node(name)

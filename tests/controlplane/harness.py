@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,10 @@ READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
 ADMIN_USER = "admin"
 UNPRIVILEGED_USER = "nobody"
+# The identities kubeadm gives these components (their certificates' CNs); RBAC's default bindings
+# grant them what they need, so the test cluster runs them with no extra role.
+CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
+SCHEDULER_USER = "system:kube-scheduler"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 DEFAULT_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
 
@@ -48,13 +52,13 @@ class Binaries:
     kube_apiserver: Path
 
 
-def build_binaries(timeout_s: float = BUILD_TIMEOUT_S) -> Binaries:
-    """Build (or find in the cache) etcd and kube-apiserver through build.sh and return their paths."""
+def build_components(*components: str, timeout_s: float = BUILD_TIMEOUT_S) -> dict[str, Path]:
+    """Build (or find in the cache) control-plane components through build.sh; name → binary path."""
     if shutil.which("go") is None:
-        raise ControlPlaneError("the Go toolchain (`go`) is not on PATH; it builds etcd and kube-apiserver")
+        raise ControlPlaneError(f"the Go toolchain (`go`) is not on PATH; it builds {', '.join(components)}")
     try:
         done = subprocess.run(
-            [str(BUILD_SCRIPT), "etcd", "kube-apiserver"],
+            [str(BUILD_SCRIPT), *components],
             capture_output=True, text=True, timeout=timeout_s, check=False,
         )
     except subprocess.TimeoutExpired as exc:
@@ -62,10 +66,16 @@ def build_binaries(timeout_s: float = BUILD_TIMEOUT_S) -> Binaries:
     if done.returncode != 0:
         raise ControlPlaneError(f"build.sh failed ({done.returncode}):\n{done.stderr[-4000:]}")
     paths = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
-    try:
-        return Binaries(etcd=Path(paths["etcd"]), kube_apiserver=Path(paths["kube-apiserver"]))
-    except KeyError as exc:
-        raise ControlPlaneError(f"build.sh printed no path for {exc}: {done.stdout!r}") from exc
+    missing = [c for c in components if c not in paths]
+    if missing:
+        raise ControlPlaneError(f"build.sh printed no path for {missing}: {done.stdout!r}")
+    return {c: Path(paths[c]) for c in components}
+
+
+def build_binaries(timeout_s: float = BUILD_TIMEOUT_S) -> Binaries:
+    """Build (or find in the cache) etcd and kube-apiserver through build.sh and return their paths."""
+    paths = build_components("etcd", "kube-apiserver", timeout_s=timeout_s)
+    return Binaries(etcd=paths["etcd"], kube_apiserver=paths["kube-apiserver"])
 
 
 def free_port() -> int:
@@ -127,7 +137,8 @@ def _die_with_parent() -> None:
 class _Process:
     """One child in its own process group, its output in a log file."""
 
-    def __init__(self, name: str, argv: Sequence[str], log: Path) -> None:
+    def __init__(self, name: str, argv: Sequence[str], log: Path,
+                 env: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.log = log
         with open(log, "ab") as out:
@@ -137,6 +148,7 @@ class _Process:
             self.popen = subprocess.Popen(
                 list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, preexec_fn=_die_with_parent if tie else None,
+                env=None if env is None else {**os.environ, **env},
             )
 
     def running(self) -> bool:
@@ -177,6 +189,8 @@ class ControlPlane:
         self.url = f"https://127.0.0.1:{self.port}"
         self.admin_token = uuid.uuid4().hex
         self.unprivileged_token = uuid.uuid4().hex
+        self.controller_manager_token = uuid.uuid4().hex
+        self.scheduler_token = uuid.uuid4().hex
         self._etcd: _Process | None = None
         self._apiserver: _Process | None = None
         self._lock = threading.Lock()
@@ -190,6 +204,8 @@ class ControlPlane:
         (self.workdir / "tokens.csv").write_text(
             f'{self.admin_token},{ADMIN_USER},{ADMIN_USER}-uid,"system:masters"\n'
             f"{self.unprivileged_token},{UNPRIVILEGED_USER},{UNPRIVILEGED_USER}-uid\n"
+            f"{self.controller_manager_token},{CONTROLLER_MANAGER_USER},{CONTROLLER_MANAGER_USER}-uid\n"
+            f"{self.scheduler_token},{SCHEDULER_USER},{SCHEDULER_USER}-uid\n"
         )
         atexit.register(self.stop)
         self._start_etcd()

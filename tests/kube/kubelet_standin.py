@@ -56,6 +56,40 @@ def _join_cgroup(procs_file: str) -> None:
         os.close(fd)
 
 
+_QOS_NAMES = {QOSClass.GUARANTEED: "Guaranteed", QOSClass.BURSTABLE: "Burstable",
+              QOSClass.BESTEFFORT: "BestEffort"}
+
+
+def new_container_id() -> str:
+    """A container ID in the form containerd reports it."""
+    return f"containerd://{secrets.token_hex(32)}"
+
+
+def container_status(name: str, uri: str, started_at: str, exit_code: int | None = None,
+                     restarts: int = 0) -> dict[str, Any]:
+    """One `containerStatuses` entry as kubelet writes it: running, or terminated with `exit_code`."""
+    if exit_code is None:
+        state: dict[str, Any] = {"running": {"startedAt": started_at}}
+    else:
+        state = {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                                "startedAt": started_at, "finishedAt": _now(), "containerID": uri}}
+    return {"name": name, "containerID": uri, "state": state, "ready": exit_code is None,
+            "restartCount": restarts, "image": "registry.k8s.io/pause:3.10",
+            "imageID": "registry.k8s.io/pause@sha256:" + "0" * 64, "started": exit_code is None}
+
+
+def pod_status(qos: QOSClass, statuses: list[dict[str, Any]], started_at: str) -> dict[str, Any]:
+    """The status patch kubelet writes for a pod whose containers are `statuses` (container_status)."""
+    codes = [s["state"]["terminated"]["exitCode"] for s in statuses if "terminated" in s["state"]]
+    phase = "Running"
+    if statuses and len(codes) == len(statuses):
+        phase = "Succeeded" if all(code == 0 for code in codes) else "Failed"
+    return {"status": {"phase": phase, "qosClass": _QOS_NAMES[qos], "containerStatuses": statuses,
+                       "hostIP": "127.0.0.1", "podIP": "10.244.0.10", "startTime": started_at,
+                       "conditions": [{"type": "Ready", "status": "True" if phase == "Running"
+                                       else "False", "lastTransitionTime": _now()}]}}
+
+
 @dataclass
 class Container:
     """One running (or stopped) container of a stand-in pod."""
@@ -136,29 +170,8 @@ class KubeletStandIn:
 
     def status_body(self, pod: Pod) -> dict[str, Any]:
         """The status kubelet would write for `pod` now."""
-        statuses = []
-        for c in pod.containers.values():
-            if c.exit_code is None:
-                state: dict[str, Any] = {"running": {"startedAt": pod.started_at}}
-            else:
-                state = {"terminated": {"exitCode": c.exit_code, "reason": "Completed" if c.exit_code == 0
-                                        else "Error", "startedAt": pod.started_at, "finishedAt": _now(),
-                                        "containerID": c.uri}}
-            statuses.append({
-                "name": c.name, "containerID": c.uri, "state": state, "ready": c.exit_code is None,
-                "restartCount": c.restarts, "image": "registry.k8s.io/pause:3.10",
-                "imageID": "registry.k8s.io/pause@sha256:" + "0" * 64, "started": c.exit_code is None,
-            })
-        all_exited = all(c.exit_code is not None for c in pod.containers.values())
-        phase = "Running"
-        if all_exited:
-            phase = "Succeeded" if all(c.exit_code == 0 for c in pod.containers.values()) else "Failed"
-        qos = {QOSClass.GUARANTEED: "Guaranteed", QOSClass.BURSTABLE: "Burstable",
-               QOSClass.BESTEFFORT: "BestEffort"}[pod.qos]
-        return {"status": {"phase": phase, "qosClass": qos, "containerStatuses": statuses,
-                           "hostIP": "127.0.0.1", "podIP": "10.244.0.10", "startTime": pod.started_at,
-                           "conditions": [{"type": "Ready", "status": "True" if phase == "Running"
-                                           else "False", "lastTransitionTime": _now()}]}}
+        return pod_status(pod.qos, [container_status(c.name, c.uri, pod.started_at, c.exit_code, c.restarts)
+                                    for c in pod.containers.values()], pod.started_at)
 
     def report(self, pod: Pod) -> None:
         """Patch the pod's status through the API (status subresource)."""
@@ -277,17 +290,9 @@ class KubeNode:
 
     def metric(self, name: str) -> float:
         """The sum of every sample of metric `name` from the agent's /metrics (0 when absent)."""
-        import urllib.request
-
         port = self.metrics_port()
         assert port is not None, "agent serves no metrics yet"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(name) and (line[len(name)] in " {"):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_sum(port, name)
 
     def healthz(self) -> int:
         import urllib.error
@@ -364,6 +369,20 @@ class KubeNode:
         out = k8s.CoreV1Api(self.api).list_namespaced_event(
             self.namespace, field_selector=f"involvedObject.uid={uid}")
         return list(out.items)
+
+
+def metric_sum(port: int, name: str, **labels: str) -> float:
+    """The sum of the samples of metric `name` whose labels include `labels`, from 127.0.0.1:port/metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name)] in " {") and all(w in line for w in wanted):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def proc_cpus(pid: int) -> str | None:
