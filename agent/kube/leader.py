@@ -34,6 +34,10 @@ from agent.kube.client import KubeClient, resource_path
 log = logging.getLogger(__name__)
 
 
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _micro_time(seconds: float) -> str:
     """A metav1.MicroTime (RFC 3339 with microseconds, UTC)."""
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -111,8 +115,8 @@ class LeaderElector:
                 raise
             log.info("leader election: %s acquired new Lease %s/%s", self.identity, self.namespace, self.name)
             return True
-        spec = lease.get("spec") if isinstance(lease.get("spec"), dict) else {}
-        meta = lease.get("metadata") if isinstance(lease.get("metadata"), dict) else {}
+        spec = _dict(lease.get("spec"))
+        meta = _dict(lease.get("metadata"))
         holder = str(spec.get("holderIdentity") or "")
         seen = (holder, str(spec.get("renewTime") or ""), str(meta.get("resourceVersion") or ""))
         if seen != self._observed:
@@ -137,7 +141,7 @@ class LeaderElector:
             if exc.status == 409:
                 return False
             raise
-        umeta = updated.get("metadata") if isinstance(updated.get("metadata"), dict) else {}
+        umeta = _dict(updated.get("metadata"))
         self._observed = (self.identity, new_spec["renewTime"], str(umeta.get("resourceVersion") or ""))
         self._observed_at = now
         if holder != self.identity:
@@ -151,7 +155,7 @@ class LeaderElector:
             self._renewed_at = None
         try:
             lease = self.kube.get(self.path, what=f"get Lease {self.namespace}/{self.name}")
-            spec = lease.get("spec") if isinstance(lease.get("spec"), dict) else {}
+            spec = _dict(lease.get("spec"))
             if spec.get("holderIdentity") != self.identity:
                 return
             # A one-second duration and no holder: the next replica takes it on its next round.
