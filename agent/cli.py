@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "topolet.io/mig.config overrides it)")
     g.add_argument("--allow-mig-mode-change", action="store_true",
                    help="let the agent switch MIG mode on GPUs that run no processes")
+    g.add_argument("--enforcement", default="on", choices=["on", "off"],
+                   help="Kubernetes mode: off = decide, record in the state file and publish labels and "
+                        "NRT as with on, but write no cgroup and need no cpuset hierarchy; a container "
+                        "counts as started once its pod status lists it running with a container ID")
     g.set_defaults(handler=_agent)
 
     e = sub.add_parser("exec", help="run a command on exclusive, topology-aligned CPUs")

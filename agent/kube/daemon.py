@@ -24,6 +24,14 @@ The container's cgroup is the kubelet's (`agent.enforce.kubepods`); the cgroup d
 looking for `kubepods.slice` (systemd) or `kubepods` (cgroupfs) under the cpuset hierarchy, and per
 pod when neither exists yet at startup.
 
+With `--enforcement off` the agent discovers, decides, records allocations in its state file and
+publishes labels and the NRT exactly as with enforcement on, but reads and writes no cgroup
+(`agent.kube.recording.RecordingEngine`) and needs no writable cpuset hierarchy.  A container then
+counts as started — and a Guaranteed one as pinned — as soon as the pod status lists it running
+with a container ID; its state entry names the cgroupfs path the kubelet would give it.  Metrics say
+`topolet_info{enforcement="off"}`.  This is for dry runs and for test clusters that run real agents
+on hardware dumps (`--fsroot`).
+
 This module holds the enforcer loop (`KubeAgent`) and the entry point; the pieces it drives live
 beside it: `agent.kube.pinner` (pods to engine calls), `agent.kube.publisher` (the API writer),
 `agent.kube.nrt_build` (what the NRT says), `agent.kube.mig_status` (the Node's MIG layout).
@@ -50,6 +58,7 @@ from agent.kube.nrt_build import Snapshot, kubelet_gpus
 from agent.kube.pinner import PodPinner
 from agent.kube.pods import ContainerPlan, PodPlan
 from agent.kube.publisher import RETRY_MAX_SECONDS, Publisher
+from agent.kube.recording import RecordingEngine
 from agent.kube.watch import PodChange, PodWatcher
 from agent.metrics import Metrics, MetricsServer, staleness_health
 from agent.standalone.engine import PinningEngine
@@ -83,11 +92,15 @@ class KubeAgent:
         self.nvml = nvml
         self.gpus = tuple(gpus) if gpus is not None else node_gpus(self.topology, args.fsroot, nvml)
         reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
-        layout = detect_layout(args.cgroup_root)
-        if not os.access(layout.root, os.W_OK):
-            raise EnforcementError("cpuset hierarchy is not writable (run as root)", layout.root)
+        self.enforce = getattr(args, "enforcement", "on") != "off"
         self.state_file = StateFile(args.state_dir, on_write=metrics.state_writes.inc)
-        self.engine = PinningEngine(self.topology, layout, self.state_file, reserved)
+        if self.enforce:
+            layout = detect_layout(args.cgroup_root)
+            if not os.access(layout.root, os.W_OK):
+                raise EnforcementError("cpuset hierarchy is not writable (run as root)", layout.root)
+            self.engine: PinningEngine = PinningEngine(self.topology, layout, self.state_file, reserved)
+        else:
+            self.engine = RecordingEngine(self.topology, self.state_file, reserved)
         self.changes: queue.Queue[PodChange | MigConfigChanged] = queue.Queue()
         self._podres: list[Any] = []  # [] not opened yet; [None] off; [client]
         self.kubelet_gpu_ids: tuple[str, ...] = ()  # GPU device ids the kubelet handed out
@@ -109,13 +122,14 @@ class KubeAgent:
                                    on_mig_change=lambda: self.changes.put(MigConfigChanged()),
                                    node_poll_seconds=args.reconcile_seconds)
         self.pinner = PodPinner(self.engine, metrics, self.publisher.warn,
-                                gpu_numa=self._gpu_numa_source(args))
+                                gpu_numa=self._gpu_numa_source(args), enforce=self.enforce)
         self.watcher = PodWatcher(self.api, self.node, self.changes.put, retry_max_seconds=RETRY_MAX_SECONDS,
                                   on_list=metrics.pod_lists.inc)
         self.generation = -1
         self.pinned_pods: tuple[tuple[str, str], ...] = ()  # replaced whole: the publisher reads it
         metrics.info.info({"version": metrics.info._value.get("version", ""),  # noqa: SLF001
-                           "node": self.node, "enforcement": "on", "mode": "kubernetes"})
+                           "node": self.node, "enforcement": "on" if self.enforce else "off",
+                           "mode": "kubernetes"})
 
     def _gpu_numa_source(self, args: argparse.Namespace
                          ) -> Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None:

@@ -35,8 +35,12 @@ class PodPinner:
 
     def __init__(self, engine: PinningEngine, metrics: Metrics,
                  warn: Callable[[PodPlan, PodWarning], None],
-                 gpu_numa: Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None = None) -> None:
+                 gpu_numa: Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None = None,
+                 *, enforce: bool = True) -> None:
         self.engine = engine
+        # False (`--enforcement off`): no container cgroup is looked for; a running container (its
+        # status carries a container ID) is named by the cgroup the kubelet would give it.
+        self.enforce = enforce
         self.metrics = metrics
         self.warn = warn
         self.gpu_numa = gpu_numa  # the NUMA nodes of a container's GPUs (kubelet's pod-resources), if known
@@ -58,7 +62,18 @@ class PodPinner:
         return None
 
     def cgroup_of(self, plan: PodPlan, c: ContainerPlan) -> str | None:
-        """The container's cgroup (relative to the cpuset root) if it exists; None if not (yet)."""
+        """The container's cgroup (relative to the cpuset root) if it exists; None if not (yet).
+
+        Without enforcement it is the cgroupfs driver's path, existing or not: a container counts
+        as started once the pod status gives it an ID, and that path is only its name in the state.
+        """
+        if not self.enforce:
+            try:
+                return container_cgroup_path(plan.uid, plan.qos, c.container_id, None,
+                                             self.driver or CgroupDriver.CGROUPFS)
+            except EnforcementError as exc:
+                self._warn_once(plan, PodWarning("UnsupportedContainer", f"container {c.name}: {exc}"))
+                return None
         drivers = [self.driver] if self.driver else [CgroupDriver.CGROUPFS, CgroupDriver.SYSTEMD]
         for driver in drivers:
             try:
