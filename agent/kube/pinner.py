@@ -193,7 +193,10 @@ class PodPinner:
     def _allocate(self, plan: PodPlan, c: ContainerPlan, rel: str) -> None:
         started = time.perf_counter()
         aid = alloc_id(plan.uid, c.name)
-        near = self.gpu_numa(plan, c) if self.gpu_numa is not None else None
+        if c.numa_zone is not None:  # the admission controller's zone decides, GPUs included
+            near: frozenset[int] | None = frozenset((c.numa_zone,))
+        else:
+            near = self.gpu_numa(plan, c) if self.gpu_numa is not None else None
         try:
             a = self.engine.allocate(
                 aid, Request(c.cpus, c.numa_policy, c.smt, near), Owner(pod_uid=plan.uid, container=c.name),
@@ -211,7 +214,8 @@ class PodPinner:
         self.metrics.allocations.labels(result="success").inc()
         self.metrics.pin_latency.observe(time.perf_counter() - started)
         log.info("pod %s/%s container %s: CPUs %s (%s%s)", plan.namespace, plan.name, c.name, a.cpus,
-                 a.policy, f", GPUs on NUMA {sorted(near)}" if near else "")
+                 a.policy, f", zone {c.numa_zone}" if c.numa_zone is not None
+                 else f", GPUs on NUMA {sorted(near)}" if near else "")
 
     def retry(self, *, refused: bool = True) -> None:
         """Look again for cgroups that were missing and (with `refused`) CPUs for refused containers."""

@@ -14,8 +14,13 @@ The rules (DESIGN.md "Pods"; the node's kubelet runs `cpuManagerPolicy: none`, s
 - `topolet.io/numa-policy` (single-numa-node|restricted|best-effort, default best-effort),
   `topolet.io/smt` (full-cores|any, default any), `topolet.io/memory-binding` (true|false, default
   false) refine an exclusive allocation.
-- Any bad annotation (unknown value, wrong type) puts the whole pod on the shared pool and yields an
-  `InvalidAnnotation` warning: never a wrong pin.
+- `topolet.io/numa-zone: "<N>"` (N a NUMA node id, written by the admission controller on the pods
+  it places) pins the pod's exclusive CPUs inside node N with single-numa-node semantics, whatever
+  `topolet.io/numa-policy` says: the controller counted the pod against that zone.  A node that
+  cannot hold it (no such node, no CPUs there, not enough free) gives an `AllocationFailed` Event
+  and the shared pool, retried as CPUs are freed.
+- Any bad annotation (unknown value, wrong type, a zone that is not a decimal id) puts the whole
+  pod on the shared pool and yields an `InvalidAnnotation` warning: never a wrong pin.
 - Only regular containers are pinned.  Init containers (sidecars included) and ephemeral containers
   run on the shared pool while they run: kubelet hands init containers CPUs only for their short
   life and gives them back, which buys nothing here but churn.
@@ -37,6 +42,7 @@ CPU_POLICY = "topolet.io/cpu-policy"
 NUMA_POLICY = "topolet.io/numa-policy"
 SMT = "topolet.io/smt"
 MEMORY_BINDING = "topolet.io/memory-binding"
+NUMA_ZONE = "topolet.io/numa-zone"
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     CPU_POLICY: ("exclusive", "shared"),
@@ -59,6 +65,8 @@ _SUFFIX: dict[str, Fraction] = {
     "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
     "Pi": Fraction(2**50), "Ei": Fraction(2**60),
 }
+_NUMA_ZONE_RE = re.compile(r"0|[1-9][0-9]{0,3}")  # Linux numbers at most 1024 NUMA nodes
+_MAX_NUMA_ZONE = 1023
 _MAX_EXCLUSIVE = 1 << 16  # no node has more CPUs; a bigger request is garbage, not a pin
 
 
@@ -81,6 +89,7 @@ class ContainerPlan:
     smt: str = DEFAULT_SMT
     memory_binding: bool = False
     wants_devices: bool = False  # it asks for GPUs or MIG devices: their locality is worth a lookup
+    numa_zone: int | None = None  # the NUMA node the admission controller placed it on (numa-zone)
 
     @property
     def exclusive(self) -> bool:
@@ -177,6 +186,13 @@ def _annotations(meta: dict[str, Any]) -> tuple[dict[str, str], list[PodWarning]
     for key, value in raw.items():
         if not isinstance(key, str) or not key.startswith(ANNOTATION_PREFIX):
             continue
+        if key == NUMA_ZONE:
+            if isinstance(value, str) and _NUMA_ZONE_RE.fullmatch(value) and int(value) <= _MAX_NUMA_ZONE:
+                out[key] = value
+            else:
+                warnings.append(PodWarning(REASON_INVALID, f"{key}={repr(value)[:64]}: expected a NUMA "
+                                        f"node id (0..{_MAX_NUMA_ZONE})"))
+            continue
         if key not in _CHOICES:
             warnings.append(PodWarning(REASON_INVALID, f"unknown annotation {key}"))
             continue
@@ -245,6 +261,9 @@ def plan_pod(pod: object) -> PodPlan:
     others = _running_others(status)
     policy = notes.get(CPU_POLICY)
     numa = notes.get(NUMA_POLICY, DEFAULT_NUMA_POLICY)
+    zone = int(notes[NUMA_ZONE]) if NUMA_ZONE in notes else None
+    if zone is not None:
+        numa = "single-numa-node"  # the controller counted the pod against one zone
     smt = notes.get(SMT, DEFAULT_SMT)
     binding = notes.get(MEMORY_BINDING) == "true"
     pinning_allowed = not warnings  # a bad annotation: the whole pod stays on the shared pool
@@ -271,7 +290,8 @@ def plan_pod(pod: object) -> PodPlan:
                 else:
                     warnings.append(PodWarning(REASON_NOT_ELIGIBLE, f"container {cname}: exclusive CPUs "
                                             "need a whole-number CPU request equal to its CPU limit"))
-        plans.append(ContainerPlan(cname, running[cname], cpus, numa, smt, binding and cpus > 0, devices))
+        plans.append(ContainerPlan(cname, running[cname], cpus, numa, smt, binding and cpus > 0, devices,
+                                   zone if cpus > 0 else None))
     for cname, cid in sorted(others.items()):
         if cname not in running:
             plans.append(ContainerPlan(cname, cid))

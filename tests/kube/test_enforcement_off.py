@@ -176,3 +176,21 @@ def test_agent_without_enforcement_publishes_what_it_would_pin(dump_node: DumpNo
     wait_for(lambda: node.available("cpu") == before, "the NRT to give the CPUs back")
     assert not node.state().allocations
     assert "Traceback" not in node.log_text()
+
+
+def test_controller_zone_is_where_the_pod_is_pinned(dump_node: DumpNode) -> None:
+    node = dump_node
+    node.start_agent()
+    before = wait_for(lambda: node.available("cpu"), "the first NodeResourceTopology")
+    uid = node.create_running_pod("zoned", {"cpu": "6", "memory": "256Mi"}, {"topolet.io/numa-zone": "2"})
+    bad = node.create_running_pod("bad-zone", {"cpu": "2", "memory": "256Mi"}, {"topolet.io/numa-zone": "9"})
+    want = {**before, "node-2": before["node-2"] - 6}
+    wait_for(lambda: node.available("cpu") == want, "node-2 of the NRT to lose the zoned pod's 6 CPUs")
+    assert [a.owner.pod_uid for a in node.state().allocations] == [uid]
+
+    def reasons() -> list[str]:
+        events = k8s.CoreV1Api(node.api).list_namespaced_event(
+            node.namespace, field_selector=f"involvedObject.uid={bad}").items
+        return [e.reason for e in events]
+
+    assert wait_for(reasons, "an Event for the pod whose zone does not exist") == ["AllocationFailed"]
