@@ -1,0 +1,210 @@
+"""The ledger: placements the admission controller made that the nodes' NRTs do not show yet.
+
+Public API:
+
+- `Entry(gang, slot, node, zone, request, added_at)`: one pod placed by the controller.  `gang` is
+  the gang key, `slot` names the pod within it (the controller's choice: a completion index, or
+  `PodPlacement`'s "<pod set>#<index>" as `Ledger.record` writes it).
+- `Ledger(entries=(), timeout=120.0)`, immutable:
+  - `Ledger.from_records(records, now, timeout=...)`: rebuilt from `(gang, slot, node, zone,
+    request)` tuples (what the controller reads back from its Job annotations after a restart);
+  - `.record(placement, requests, now)`: adds a Placement's pods (`requests`: pod set -> Resources);
+  - `.without_gang(gang)`, `.on_node(node)`, `len(ledger)`;
+  - `.settle(nrts, pods, now, live_gangs=None, slot_of=job_slot)`: the ledger less every entry that
+    cleared (the rule below).
+- `job_slot(pod) -> (gang, slot) | None`: the default way a pod names its entry: gang
+  `<namespace>/<job name>` (label `batch.kubernetes.io/job-name`, else `job-name`), slot its
+  completion index (annotation `batch.kubernetes.io/job-completion-index`), else the pod's name.
+- `pinned_eligible(pods, node) -> tuple[(namespace, name), ...]`: the pods bound to `node` that the
+  node's agent pins (running, not terminal, with a container owed exclusive CPUs).
+
+When an entry clears (each rule is checked in order by `settle`):
+
+1. its gang is not live any more (`live_gangs` given and the gang not in it): deleted or finished;
+2. it is older than `timeout` seconds (the NRT never caught up: the agent is slow or gone);
+3. its pod is terminal, or is bound to another node than the entry's (the pods list counts it there);
+4. its pod is bound to the entry's node and the entry has no zone: node totals come from the pods
+   list from now on, and no zone figure was ever counted;
+5. its pod is bound to the entry's node, the pod is pinned-eligible, and that node's NRT attribute
+   `nodeTopologyPodsFingerprint` equals `pod_set_fingerprint` of *all* the pinned-eligible pods the
+   controller sees on the node.  The agent computes that fingerprint over the pods it has pinned
+   (method "with-exclusive-resources": the pods holding an allocation in its state, see
+   `agent.kube.daemon`), so equality with a set that includes the pod means the NRT's `available`
+   figures were computed after the pod's CPUs were taken.  A mismatch (the agent has not pinned
+   it yet, or pinned something the controller does not see) keeps the entry: overcounting for a
+   while is safe, undercounting is not.
+
+Until an entry clears, `agent.admission.view.build_view` subtracts its request from its zone, and
+from the node's totals while its pod is not yet bound there (a bound pod's requests are already in
+the node's used figures).  Pure: no I/O; `now` is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from agent.admission.model import Placement, Resources
+from agent.kube.nrt import ATTR_FINGERPRINT, pod_set_fingerprint
+from agent.kube.pods import PodError, plan_pod
+
+DEFAULT_TIMEOUT = 120.0
+JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One pod the controller placed: where, on which zone (None: node totals), and what it asks."""
+
+    gang: str
+    slot: str
+    node: str
+    zone: int | None
+    request: Resources
+    added_at: float
+
+
+Record = tuple[str, str, str, int | None, Resources]
+SlotOf = Callable[[Mapping[str, Any]], tuple[str, str] | None]
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _str_map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def job_slot(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(gang, slot) of a Job's pod: `<namespace>/<job name>` and its completion index (or name)."""
+    meta = _meta(pod)
+    labels = _str_map(meta.get("labels"))
+    job = next((labels[k] for k in JOB_NAME_LABELS if isinstance(labels.get(k), str)), None)
+    namespace, name = meta.get("namespace"), meta.get("name")
+    if job is None or not isinstance(namespace, str) or not isinstance(name, str):
+        return None
+    index = _str_map(meta.get("annotations")).get(COMPLETION_INDEX)
+    return f"{namespace}/{job}", index if isinstance(index, str) else name
+
+
+def _node_of(pod: Mapping[str, Any]) -> str | None:
+    node = _str_map(pod.get("spec")).get("nodeName")
+    return node if isinstance(node, str) and node else None
+
+
+def _terminal(pod: Mapping[str, Any]) -> bool:
+    return _str_map(pod.get("status")).get("phase") in TERMINAL_PHASES
+
+
+def _pinned(pod: Mapping[str, Any]) -> bool:
+    """Whether the node's agent holds exclusive CPUs for this pod (it pins running containers)."""
+    if _terminal(pod) or _meta(pod).get("deletionTimestamp"):
+        return False
+    try:
+        plan = plan_pod(dict(pod))
+    except (PodError, TypeError, ValueError):
+        return False
+    return any(c.exclusive for c in plan.containers)
+
+
+def pinned_eligible(pods: Iterable[Mapping[str, Any]], node: str) -> tuple[tuple[str, str], ...]:
+    """(namespace, name) of the pods bound to `node` that its agent pins, sorted."""
+    out = []
+    for pod in pods:
+        if _node_of(pod) == node and _pinned(pod):
+            meta = _meta(pod)
+            out.append((str(meta.get("namespace")), str(meta.get("name"))))
+    return tuple(sorted(out))
+
+
+def nrt_fingerprint(nrt: Mapping[str, Any]) -> str | None:
+    """The NRT's `nodeTopologyPodsFingerprint` attribute, None when absent."""
+    attrs = nrt.get("attributes")
+    if not isinstance(attrs, list):
+        return None
+    for attr in attrs:
+        if isinstance(attr, Mapping) and attr.get("name") == ATTR_FINGERPRINT:
+            value = attr.get("value")
+            return value if isinstance(value, str) else None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """Placements not yet visible in the nodes' NRTs; every change returns a new ledger."""
+
+    entries: tuple[Entry, ...] = ()
+    timeout: float = DEFAULT_TIMEOUT
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @classmethod
+    def from_records(cls, records: Iterable[Record], now: float,
+                     timeout: float = DEFAULT_TIMEOUT) -> Ledger:
+        """A ledger of `(gang, slot, node, zone, request)` records, each added at `now`."""
+        return cls(tuple(Entry(g, s, n, z, r, now) for g, s, n, z, r in records), timeout)
+
+    def record(self, placement: Placement, requests: Mapping[str, Resources], now: float) -> Ledger:
+        """This ledger plus every pod of `placement` (slot "<pod set>#<index>")."""
+        added = tuple(Entry(placement.gang, f"{p.pod_set}#{p.index}", p.node, p.zone,
+                            requests[p.pod_set], now) for p in placement.pods)
+        return replace(self, entries=self.entries + added)
+
+    def without_gang(self, gang: str) -> Ledger:
+        """This ledger less the entries of `gang`."""
+        return replace(self, entries=tuple(e for e in self.entries if e.gang != gang))
+
+    def on_node(self, node: str) -> tuple[Entry, ...]:
+        """The entries counted on `node`."""
+        return tuple(e for e in self.entries if e.node == node)
+
+    def settle(self, nrts: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+               now: float, live_gangs: Collection[str] | None = None,
+               slot_of: SlotOf = job_slot) -> Ledger:
+        """This ledger less the entries that cleared (see the module docstring for the rule)."""
+        if not self.entries:
+            return self
+        pod_list = list(pods)
+        by_slot: dict[tuple[str, str], Mapping[str, Any]] = {}
+        for pod in pod_list:
+            key = slot_of(pod)
+            if key is not None:
+                by_slot[key] = pod
+        prints: dict[str, str | None] = {}
+        for nrt in nrts:
+            name = _meta(nrt).get("name")
+            if isinstance(name, str):
+                prints[name] = nrt_fingerprint(nrt)
+        seen: dict[str, tuple[tuple[str, str], ...]] = {}
+        kept = []
+        for e in self.entries:
+            if live_gangs is not None and e.gang not in live_gangs:
+                continue
+            if now - e.added_at >= self.timeout:
+                continue
+            mine = by_slot.get((e.gang, e.slot))
+            if mine is not None:
+                bound = _node_of(mine)
+                if _terminal(mine) or (bound is not None and bound != e.node):
+                    continue
+                if bound == e.node:
+                    if e.zone is None:
+                        continue
+                    if e.node not in seen:
+                        seen[e.node] = pinned_eligible(pod_list, e.node)
+                    eligible = seen[e.node]
+                    meta = _meta(mine)
+                    me = (str(meta.get("namespace")), str(meta.get("name")))
+                    fp = prints.get(e.node)
+                    if fp is not None and me in eligible and fp == pod_set_fingerprint(eligible):
+                        continue
+            kept.append(e)
+        if len(kept) == len(self.entries):
+            return self
+        return replace(self, entries=tuple(kept))

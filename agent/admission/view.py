@@ -1,0 +1,339 @@
+"""The cluster view the engine places on, built from API objects as plain dicts.
+
+Public API:
+
+- `build_view(nodes, nrts, pods, ledger, now, gpu_mix=(), slot_of=job_slot)
+  -> tuple[ClusterView, dict[str, str]]`: the view, and the nodes left out with the reason (node
+  name -> one line, for the controller to log).  Never raises on bad input: a node whose objects
+  cannot be read is left out with a reason.  `now` is accepted for the ledger's sake and symmetry
+  with `Ledger.settle`; the view itself does not depend on the clock.
+- `pod_requests(pod) -> Resources | None`: what a pod asks of its node, counted as the scheduler
+  does (None when its requests are malformed).
+
+What each node's figures are:
+
+- `free` = `status.allocatable` less the requests of the non-terminal pods bound there (per
+  resource, the larger of the biggest init container and the sum of the app containers plus the
+  restartable init ones, plus `spec.overhead`) less the ledger entries whose pod is not bound yet;
+  `free_pods` likewise from allocatable `pods`.
+- `zones` = the NRT zones of `type: Node` named `node-<N>`: `available` cpu (as millicores),
+  memory, `hugepages-*`, `nvidia.com/gpu`, `nvidia.com/mig-*`; `cpu_capacity_milli` from the zone's
+  cpu `allocatable`; less the ledger entries counted on that zone.  A node without an NRT has no
+  zones (it takes only best-effort/none pods).
+- `labels`, `spec.taints`, `spec.unschedulable`; `gpu_model` from `nvidia.com/gpu.product`.
+
+Left out: a node whose Ready condition is present and not True (a node without conditions, as a
+test creates it, counts as ready: the not-ready taint the node lifecycle controller adds is handled
+by the taint filter); a node whose NRT is stale, i.e. its owner reference names another Node uid
+(the NRT of an earlier node of that name); a node whose allocatable or NRT has a malformed quantity
+or zone.  `view.empty` is the same nodes with allocatable figures and nothing used.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from agent.admission.ledger import Ledger, SlotOf, job_slot
+from agent.admission.model import ClusterView, Node, Resources, Taint, Zone
+from agent.kube.nrt import ZONE_TYPE
+from agent.kube.pods import parse_quantity
+
+GPU = "nvidia.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"
+HUGEPAGES_PREFIX = "hugepages-"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+DEFAULT_MAX_PODS = 110  # kubelet's maxPods when a Node states no allocatable pods
+_ZONE_NAME = re.compile(r"node-(0|[1-9][0-9]{0,3})")
+
+
+class BadObject(ValueError):
+    """An API object the view cannot read; the message is the reason the node is left out."""
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _quantity(name: str, value: object, what: str) -> Fraction:
+    q = parse_quantity(value)
+    if q is None or q < 0:
+        raise BadObject(f"{what}: malformed quantity {name}={value!r}")
+    return q
+
+
+@dataclass(slots=True)
+class _Amounts:
+    """Mutable resource amounts in base units while a node's figures are summed."""
+
+    cpu: int = 0
+    memory: int = 0
+    gpus: int = 0
+    pods: int = 0
+    hugepages: dict[str, int] | None = None
+    mig: dict[str, int] | None = None
+
+    def add(self, r: Resources, sign: int = 1) -> None:
+        self.cpu += sign * r.cpu_milli
+        self.memory += sign * r.memory
+        self.gpus += sign * r.gpus
+        for attr, extra in (("hugepages", r.hugepages), ("mig", r.mig)):
+            if extra:
+                d = getattr(self, attr)
+                if d is None:
+                    d = {}
+                    setattr(self, attr, d)
+                for k, v in extra.items():
+                    d[k] = d.get(k, 0) + sign * v
+
+    def resources(self) -> Resources:
+        return Resources(cpu_milli=max(0, self.cpu), memory=max(0, self.memory),
+                         gpus=max(0, self.gpus),
+                         hugepages={k: max(0, v) for k, v in (self.hugepages or {}).items()},
+                         mig={k: max(0, v) for k, v in (self.mig or {}).items()})
+
+
+def _resources(amounts: Mapping[str, Any], what: str) -> tuple[Resources, int]:
+    """(Resources, pods) of a resource list ({"cpu": "4", ...}); unknown names are ignored."""
+    a = _Amounts()
+    hp: dict[str, int] = {}
+    mig: dict[str, int] = {}
+    for name, value in amounts.items():
+        if not isinstance(name, str):
+            continue
+        if name == "cpu":
+            a.cpu = int(_quantity(name, value, what) * 1000)
+        elif name == "memory":
+            a.memory = int(_quantity(name, value, what))
+        elif name == "pods":
+            a.pods = int(_quantity(name, value, what))
+        elif name == GPU:
+            a.gpus = int(_quantity(name, value, what))
+        elif name.startswith(HUGEPAGES_PREFIX):
+            hp[name] = int(_quantity(name, value, what))
+        elif name.startswith(MIG_PREFIX):
+            mig[name] = int(_quantity(name, value, what))
+    a.hugepages, a.mig = hp, mig
+    return a.resources(), a.pods
+
+
+def _container_requests(container: object, what: str) -> Resources:
+    res = _map(_map(container).get("resources"))
+    requests = dict(_map(res.get("limits")))
+    requests.update(_map(res.get("requests")))  # requests default to limits (API defaulting)
+    return _resources(requests, what)[0]
+
+
+def _max(a: Resources, b: Resources) -> Resources:
+    def keys(x: Mapping[str, int], y: Mapping[str, int]) -> dict[str, int]:
+        return {k: max(x.get(k, 0), y.get(k, 0)) for k in set(x) | set(y)}
+    return Resources(cpu_milli=max(a.cpu_milli, b.cpu_milli), memory=max(a.memory, b.memory),
+                     gpus=max(a.gpus, b.gpus), hugepages=keys(a.hugepages, b.hugepages),
+                     mig=keys(a.mig, b.mig))
+
+
+def pod_requests(pod: Mapping[str, Any]) -> Resources | None:
+    """A pod's requests as the scheduler counts them; None when they are malformed."""
+    spec = _map(pod.get("spec"))
+    what = f"pod {_map(pod.get('metadata')).get('name')}"
+    try:
+        run = _Amounts()
+        for c in _list(spec.get("containers")):
+            run.add(_container_requests(c, what))
+        init_peak = Resources()
+        sidecars = _Amounts()
+        for c in _list(spec.get("initContainers")):
+            r = _container_requests(c, what)
+            if _map(c).get("restartPolicy") == "Always":  # a sidecar runs beside the app containers
+                sidecars.add(r)
+                run.add(r)
+            else:
+                started = _Amounts()
+                started.add(sidecars.resources())
+                started.add(r)
+                init_peak = _max(init_peak, started.resources())
+        total = _Amounts()
+        total.add(_max(run.resources(), init_peak))
+        total.add(_resources(_map(spec.get("overhead")), what)[0])
+        return total.resources()
+    except BadObject:
+        return None
+
+
+def _ready(node: Mapping[str, Any]) -> bool:
+    for cond in _list(_map(node.get("status")).get("conditions")):
+        if _map(cond).get("type") == "Ready":
+            return _map(cond).get("status") == "True"
+    return True
+
+
+def _taints(spec: Mapping[str, Any]) -> tuple[Taint, ...]:
+    out = []
+    for t in _list(spec.get("taints")):
+        t = _map(t)
+        key, effect = t.get("key"), t.get("effect", "NoSchedule")
+        if not isinstance(key, str) or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise BadObject(f"malformed taint {t!r}")
+        out.append(Taint(key=key, value=str(t.get("value") or ""), effect=effect))
+    return tuple(out)
+
+
+def _zones(nrt: Mapping[str, Any]) -> tuple[tuple[Zone, ...], tuple[Zone, ...]]:
+    """(zones with available figures, zones with allocatable figures) of an NRT."""
+    now: list[Zone] = []
+    empty: list[Zone] = []
+    for z in _list(nrt.get("zones")):
+        z = _map(z)
+        if z.get("type") != ZONE_TYPE:
+            continue  # other zone types are not NUMA nodes (consumers skip them)
+        m = _ZONE_NAME.fullmatch(str(z.get("name")))
+        if m is None:
+            raise BadObject(f"zone name {z.get('name')!r} is not node-<N>")
+        numa = int(m.group(1))
+        available: dict[str, Any] = {}
+        allocatable: dict[str, Any] = {}
+        for res in _list(z.get("resources")):
+            res = _map(res)
+            name = res.get("name")
+            if not isinstance(name, str):
+                raise BadObject(f"zone node-{numa}: resource without a name")
+            available[name] = res.get("available")
+            allocatable[name] = res.get("allocatable")
+        what = f"NRT zone node-{numa}"
+        free, _ = _resources(available, what)
+        cap, _ = _resources(allocatable, what)
+        now.append(Zone(numa=numa, cpu_milli=free.cpu_milli, cpu_capacity_milli=cap.cpu_milli,
+                        memory=free.memory, hugepages=free.hugepages, gpus=free.gpus, mig=free.mig))
+        empty.append(Zone(numa=numa, cpu_milli=cap.cpu_milli, cpu_capacity_milli=cap.cpu_milli,
+                          memory=cap.memory, hugepages=cap.hugepages, gpus=cap.gpus, mig=cap.mig))
+    if len({z.numa for z in now}) != len(now):
+        raise BadObject("NRT names a zone twice")
+    order = sorted(range(len(now)), key=lambda k: now[k].numa)
+    return tuple(now[k] for k in order), tuple(empty[k] for k in order)
+
+
+def _stale(nrt: Mapping[str, Any], uid: str) -> bool:
+    for ref in _list(_map(nrt.get("metadata")).get("ownerReferences")):
+        ref = _map(ref)
+        if ref.get("kind") == "Node" and ref.get("uid") != uid:
+            return True
+    return False
+
+
+def _less_zone(zone: Zone, r: Resources) -> Zone:
+    def minus(have: Mapping[str, int], want: Mapping[str, int]) -> dict[str, int]:
+        out = dict(have)
+        for k, v in want.items():
+            out[k] = max(0, out.get(k, 0) - v)
+        return out
+    return Zone(numa=zone.numa, cpu_milli=max(0, zone.cpu_milli - r.cpu_milli),
+                cpu_capacity_milli=zone.cpu_capacity_milli, memory=max(0, zone.memory - r.memory),
+                hugepages=minus(zone.hugepages, r.hugepages), gpus=max(0, zone.gpus - r.gpus),
+                mig=minus(zone.mig, r.mig), l3_cpus=zone.l3_cpus)
+
+
+def build_view(nodes: Iterable[Mapping[str, Any]], nrts: Iterable[Mapping[str, Any]],
+               pods: Iterable[Mapping[str, Any]], ledger: Ledger, now: float,
+               gpu_mix: tuple[tuple[Resources, float], ...] = (),
+               slot_of: SlotOf = job_slot) -> tuple[ClusterView, dict[str, str]]:
+    """The view of `nodes` (with their NRTs, bound pods and the ledger) and the nodes left out."""
+    del now  # the ledger was settled by the caller at `now`; the view itself is timeless
+    by_name: dict[str, Mapping[str, Any]] = {}
+    for nrt in nrts:
+        name = _map(_map(nrt).get("metadata")).get("name")
+        if isinstance(name, str):
+            by_name[name] = nrt
+    used: dict[str, _Amounts] = {}
+    bad_pods: dict[str, str] = {}
+    bound: dict[tuple[str, str], str] = {}
+    for pod in pods:
+        node = _map(pod.get("spec")).get("nodeName")
+        if isinstance(node, str) and node:
+            key = slot_of(pod)
+            if key is not None:
+                bound[key] = node
+        if not isinstance(node, str) or not node:
+            continue
+        if _map(pod.get("status")).get("phase") in TERMINAL_PHASES:
+            continue
+        r = pod_requests(pod)
+        if r is None:
+            bad_pods[node] = f"pod {_map(pod.get('metadata')).get('name')} has malformed requests"
+            continue
+        a = used.setdefault(node, _Amounts())
+        a.add(r)
+        a.pods += 1
+    pending: dict[str, list[Resources]] = {}
+    on_zone: dict[tuple[str, int], list[Resources]] = {}
+    for e in ledger.entries:
+        if bound.get((e.gang, e.slot)) != e.node:  # a bound pod is already in the node's used figures
+            pending.setdefault(e.node, []).append(e.request)
+        if e.zone is not None:
+            on_zone.setdefault((e.node, e.zone), []).append(e.request)
+
+    out: list[Node] = []
+    empty: list[Node] = []
+    left_out: dict[str, str] = {}
+    for obj in nodes:
+        meta = _map(_map(obj).get("metadata"))
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            continue
+        try:
+            if not _ready(obj):
+                raise BadObject("NotReady")
+            if name in bad_pods:
+                raise BadObject(bad_pods[name])
+            spec = _map(obj.get("spec"))
+            status = _map(obj.get("status"))
+            allocatable = _map(status.get("allocatable"))
+            alloc, max_pods = _resources(allocatable, "allocatable")
+            if "pods" not in allocatable:
+                max_pods = DEFAULT_MAX_PODS
+            labels = {str(k): str(v) for k, v in _map(meta.get("labels")).items()}
+            topo = by_name.get(name)
+            zones: tuple[Zone, ...] = ()
+            zones_empty: tuple[Zone, ...] = ()
+            if topo is not None:
+                if _stale(topo, str(meta.get("uid") or "")):
+                    raise BadObject("stale NRT: its owner is another Node uid")
+                zones, zones_empty = _zones(topo)
+            zones = tuple(_zone_after(name, z, on_zone) for z in zones)
+            a = _Amounts(cpu=alloc.cpu_milli, memory=alloc.memory, gpus=alloc.gpus, pods=max_pods,
+                         hugepages=dict(alloc.hugepages), mig=dict(alloc.mig))
+            u = used.get(name)
+            if u is not None:
+                a.add(u.resources(), -1)
+                a.pods -= u.pods
+            for r in pending.get(name, ()):
+                a.add(r, -1)
+                a.pods -= 1
+            base = Node(name=name, labels=labels, taints=_taints(spec),
+                        unschedulable=bool(spec.get("unschedulable")), capacity=alloc,
+                        gpu_model=labels.get(GPU_PRODUCT_LABEL, ""))
+        except BadObject as exc:
+            left_out[name] = str(exc)
+            continue
+        out.append(Node(name=name, labels=base.labels, taints=base.taints,
+                        unschedulable=base.unschedulable, free=a.resources(), capacity=alloc,
+                        zones=zones, gpu_model=base.gpu_model, free_pods=max(0, a.pods)))
+        empty.append(Node(name=name, labels=base.labels, taints=base.taints,
+                          unschedulable=base.unschedulable, free=alloc, capacity=alloc,
+                          zones=zones_empty, gpu_model=base.gpu_model, free_pods=max_pods))
+    out.sort(key=lambda n: n.name)
+    empty.sort(key=lambda n: n.name)
+    return ClusterView(nodes=tuple(out), empty=tuple(empty), gpu_mix=gpu_mix), left_out
+
+
+def _zone_after(node: str, zone: Zone, on_zone: Mapping[tuple[str, int], list[Resources]]) -> Zone:
+    for r in on_zone.get((node, zone.numa), ()):
+        zone = _less_zone(zone, r)
+    return zone
