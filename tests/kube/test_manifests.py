@@ -1,4 +1,8 @@
-"""The daemonset/ kustomize base: what it renders, the limits it promises, and that an API server takes it."""
+"""The daemonset/ kustomize base: what it renders, the limits it promises, and that an API server takes it.
+
+The base holds two workloads: the agent (DaemonSet topolet-agent) and the admission controller
+(daemonset/controller/: Deployment topolet-controller). Each has its own service account and RBAC.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +31,23 @@ except ImportError:
 
 NAMESPACE = "topolet-system"
 AGENT_SA = "topolet-agent"
+CONTROLLER = "topolet-controller"  # the Deployment, its service account, roles and Lease share the name
+CONTROLLER_PORT = 9471
+# What issue 8 lists for the controller, and nothing else: (namespace, or "*" for every namespace and
+# cluster-scoped objects; API group; resource; verb; resource name, "" for any).
+_READ = ("get", "list", "watch")
+CONTROLLER_GRANTS: frozenset[tuple[str, str, str, str, str]] = frozenset({
+    *(("*", "batch", "jobs", v, "") for v in (*_READ, "patch")),
+    *(("*", "", "pods", v, "") for v in (*_READ, "patch")),
+    *(("*", "", "nodes", v, "") for v in _READ),
+    *(("*", "topology.node.k8s.io", "noderesourcetopologies", v, "") for v in _READ),
+    *(("*", "scheduling.k8s.io", "priorityclasses", v, "") for v in _READ),
+    # core/v1 and events.k8s.io/v1 Events are the same objects; patch counts a repeated Event up.
+    *(("*", g, "events", v, "") for g in ("", "events.k8s.io") for v in ("create", "patch")),
+    # Leader election: create a Lease (RBAC cannot name a create's object), then only its own Lease.
+    (NAMESPACE, "coordination.k8s.io", "leases", "create", ""),
+    *((NAMESPACE, "coordination.k8s.io", "leases", v, CONTROLLER) for v in ("get", "update")),
+})
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
 # Verbs that hand out more than the rule names: granting roles, acting as someone else, minting tokens.
 POWER_VERBS = {"escalate", "bind", "impersonate", "approve", "sign", "*"}
@@ -57,13 +78,30 @@ def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
 
 
 def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The agent's pod template spec."""
     spec: dict[str, Any] = one(docs, "DaemonSet", "topolet-agent")["spec"]["template"]["spec"]
     return spec
 
 
+def controller_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The admission controller's pod template spec."""
+    spec: dict[str, Any] = one(docs, "Deployment", CONTROLLER)["spec"]["template"]["spec"]
+    return spec
+
+
+# Every workload of the base, by the kind and name of its object.
+WORKLOADS = [("DaemonSet", "topolet-agent"), ("Deployment", CONTROLLER)]
+
+
+def workload_spec(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = one(docs, kind, name)["spec"]["template"]["spec"]
+    return spec
+
+
 def containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    spec = pod_spec(docs)
-    return [*spec.get("initContainers", []), *spec["containers"]]
+    """The containers of every workload in the base."""
+    specs = [workload_spec(docs, kind, name) for kind, name in WORKLOADS]
+    return [c for spec in specs for c in (*spec.get("initContainers", []), *spec["containers"])]
 
 
 @pytest.mark.parametrize(("kind", "name"), [
@@ -74,6 +112,13 @@ def containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ("Role", AGENT_SA),
     ("RoleBinding", AGENT_SA),
     ("DaemonSet", "topolet-agent"),
+    ("ServiceAccount", CONTROLLER),
+    ("ClusterRole", CONTROLLER),
+    ("ClusterRoleBinding", CONTROLLER),
+    ("Role", CONTROLLER),
+    ("RoleBinding", CONTROLLER),
+    ("Deployment", CONTROLLER),
+    ("PodDisruptionBudget", CONTROLLER),
     ("ValidatingAdmissionPolicy", "topolet-agent-own-node"),
     ("ValidatingAdmissionPolicyBinding", "topolet-agent-own-node"),
     ("ConfigMap", "topolet-dashboards"),
@@ -133,12 +178,13 @@ def test_probes_reach_the_port_the_agent_listens_on(docs: list[dict[str, Any]]) 
         assert ports.get(get["port"], get["port"]) == int(port)
 
 
-def test_security_context_is_narrow(docs: list[dict[str, Any]]) -> None:
-    spec = pod_spec(docs)
+@pytest.mark.parametrize(("kind", "name"), WORKLOADS)
+def test_security_context_is_narrow(docs: list[dict[str, Any]], kind: str, name: str) -> None:
+    spec = workload_spec(docs, kind, name)
     for host_ns in ("hostPID", "hostIPC", "hostNetwork"):
         assert not spec.get(host_ns, False), host_ns
     pod_sc = spec.get("securityContext", {})
-    for c in containers(docs):
+    for c in (*spec.get("initContainers", []), *spec["containers"]):
         sc = c.get("securityContext", {})
         assert sc.get("privileged", False) is False
         assert sc.get("allowPrivilegeEscalation") is False
@@ -171,6 +217,106 @@ def test_tolerates_every_taint_and_rolls_ten_percent_at_a_time(docs: list[dict[s
     assert strategy["rollingUpdate"].get("maxSurge", 0) == 0
 
 
+# ---- the admission controller ----------------------------------------------------------------------
+
+
+def controller_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = controller_spec(docs)["containers"]
+    assert isinstance(container, dict)
+    return container
+
+
+def controller_pod_labels(docs: list[dict[str, Any]]) -> dict[str, str]:
+    labels: dict[str, str] = one(docs, "Deployment", CONTROLLER)["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a label selector with matchLabels only (what the base uses) selects `labels`."""
+    assert set(selector) == {"matchLabels"}, selector
+    return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+def test_controller_runs_two_replicas_with_leader_election(docs: list[dict[str, Any]]) -> None:
+    deployment = one(docs, "Deployment", CONTROLLER)
+    assert deployment["spec"]["replicas"] == 2
+    assert selects(deployment["spec"]["selector"], controller_pod_labels(docs))
+    # The agents' DaemonSet must not adopt the controller's pods, nor the Deployment the agents'.
+    daemonset = one(docs, "DaemonSet", "topolet-agent")
+    assert not selects(deployment["spec"]["selector"], daemonset["spec"]["template"]["metadata"]["labels"])
+    assert not selects(daemonset["spec"]["selector"], controller_pod_labels(docs))
+    container = controller_container(docs)
+    assert container["command"] == ["topolet", "controller"]
+    assert "--leader-elect" in container["args"]
+    # The Lease lives in the pod's own namespace, the only one where RBAC lets it hold one.
+    assert "--namespace=$(POD_NAMESPACE)" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert controller_spec(docs)["serviceAccountName"] == CONTROLLER
+
+
+def test_controller_uses_the_agents_image(docs: list[dict[str, Any]]) -> None:
+    (agent,) = pod_spec(docs)["containers"]
+    assert controller_container(docs)["image"] == agent["image"]
+
+
+def test_controller_command_line_is_one_the_cli_accepts(docs: list[dict[str, Any]]) -> None:
+    from agent.cli import build_parser
+
+    container = controller_container(docs)
+    # The kubelet expands $(POD_NAMESPACE) before the process sees it.
+    args = [a.replace("$(POD_NAMESPACE)", NAMESPACE) for a in container["args"]]
+    parsed = build_parser().parse_args([*container["command"][1:], *args])
+    assert parsed.leader_elect is True
+    assert parsed.namespace == NAMESPACE
+    assert parsed.listen == f"0.0.0.0:{CONTROLLER_PORT}"
+
+
+def test_controller_probes_and_metrics_reach_its_port(docs: list[dict[str, Any]]) -> None:
+    container = controller_container(docs)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": CONTROLLER_PORT}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["path"] == "/healthz"
+        assert ports.get(get["port"], get["port"]) == CONTROLLER_PORT
+    annotations = one(docs, "Deployment", CONTROLLER)["spec"]["template"]["metadata"]["annotations"]
+    agent_annotations = one(docs, "DaemonSet", "topolet-agent")["spec"]["template"]["metadata"]["annotations"]
+    assert set(annotations) == set(agent_annotations)
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(CONTROLLER_PORT)
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_controller_runs_as_non_root_with_only_tmp_writable(docs: list[dict[str, Any]]) -> None:
+    spec = controller_spec(docs)
+    pod_sc = spec["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True
+    assert pod_sc["runAsUser"] != 0 and pod_sc["runAsGroup"] != 0
+    assert all("hostPath" not in v for v in spec.get("volumes", []))
+    container = controller_container(docs)
+    assert container["securityContext"].get("runAsUser", pod_sc["runAsUser"]) != 0
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/tmp"]
+
+
+def test_controller_replicas_prefer_different_nodes(docs: list[dict[str, Any]]) -> None:
+    anti = controller_spec(docs)["affinity"]["podAntiAffinity"]
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert selects(term["podAffinityTerm"]["labelSelector"], controller_pod_labels(docs))
+    # Preferred, not required: one node still runs both replicas.
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
+
+
+def test_controller_rollouts_and_drains_keep_a_replica(docs: list[dict[str, Any]]) -> None:
+    rolling = one(docs, "Deployment", CONTROLLER)["spec"]["strategy"]["rollingUpdate"]
+    assert rolling["maxUnavailable"] == 0 and rolling["maxSurge"] >= 1
+    pdb = one(docs, "PodDisruptionBudget", CONTROLLER)["spec"]
+    assert selects(pdb["selector"], controller_pod_labels(docs))
+    assert pdb["maxUnavailable"] == 1
+    assert "minAvailable" not in pdb
+
+
 def rbac_rules(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     return [(f"{d['kind']}/{d['metadata']['name']}", rule)
             for d in docs if d["kind"] in ("ClusterRole", "Role") for rule in d.get("rules", [])]
@@ -187,15 +333,48 @@ def test_rbac_grants_no_secrets_no_wildcards_no_power_verbs(docs: list[dict[str,
         assert not set(rule["verbs"]) & (POWER_VERBS | {"delete", "deletecollection"}), where
 
 
-def test_bindings_grant_only_the_agent(docs: list[dict[str, Any]]) -> None:
+def test_bindings_grant_each_role_to_its_own_service_account_only(docs: list[dict[str, Any]]) -> None:
     bindings = find(docs, "ClusterRoleBinding") + find(docs, "RoleBinding")
-    assert bindings
+    assert {b["metadata"]["name"] for b in bindings} == {AGENT_SA, CONTROLLER}
     for b in bindings:
-        assert b["subjects"] == [{"kind": "ServiceAccount", "name": AGENT_SA, "namespace": NAMESPACE}]
-        assert (b["roleRef"]["kind"], b["roleRef"]["name"]) in {("ClusterRole", AGENT_SA), ("Role", AGENT_SA)}
+        name = b["metadata"]["name"]
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}]
+        role_kind = "ClusterRole" if b["kind"] == "ClusterRoleBinding" else "Role"
+        assert (b["roleRef"]["kind"], b["roleRef"]["name"]) == (role_kind, name)
 
 
-def test_every_granted_write_is_confined_by_the_admission_policy(docs: list[dict[str, Any]]) -> None:
+def granted_to(docs: list[dict[str, Any]], service_account: str) -> set[tuple[str, str, str, str, str]]:
+    """What the base's bindings give `service_account`, flattened as in CONTROLLER_GRANTS."""
+    subject = {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE}
+    granted: set[tuple[str, str, str, str, str]] = set()
+    for b in find(docs, "ClusterRoleBinding") + find(docs, "RoleBinding"):
+        if subject not in b["subjects"]:
+            continue
+        scope = "*" if b["kind"] == "ClusterRoleBinding" else b["metadata"]["namespace"]
+        role_kind = b["roleRef"]["kind"]
+        if role_kind == "Role":
+            roles = [r for r in find(docs, "Role", b["roleRef"]["name"])
+                     if r["metadata"]["namespace"] == b["metadata"]["namespace"]]
+        else:
+            roles = find(docs, "ClusterRole", b["roleRef"]["name"])
+        (role,) = roles
+        for rule in role.get("rules", []):
+            assert "nonResourceURLs" not in rule
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        for name in rule.get("resourceNames") or [""]:
+                            granted.add((scope, group, resource, verb, name))
+    return granted
+
+
+def test_controller_rbac_is_exactly_what_the_issue_lists(docs: list[dict[str, Any]]) -> None:
+    granted = granted_to(docs, CONTROLLER)
+    assert granted == CONTROLLER_GRANTS, {"extra": granted - CONTROLLER_GRANTS,
+                                          "missing": CONTROLLER_GRANTS - granted}
+
+
+def test_every_agent_write_is_confined_by_the_admission_policy(docs: list[dict[str, Any]]) -> None:
     """RBAC cannot say "my node"; each write it grants must fall under the policy that can."""
     policy = one(docs, "ValidatingAdmissionPolicy", "topolet-agent-own-node")["spec"]
     covered: set[tuple[str, str, str]] = set()
@@ -205,7 +384,10 @@ def test_every_granted_write_is_confined_by_the_admission_policy(docs: list[dict
                 for op in rule["operations"]:
                     covered.add((group, resource, op))
     verb_to_op = {"create": "CREATE", "update": "UPDATE", "patch": "UPDATE", "delete": "DELETE"}
+    agent_roles = {f"{kind}/{AGENT_SA}" for kind in ("ClusterRole", "Role")}
     for where, rule in rbac_rules(docs):
+        if where not in agent_roles:
+            continue
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 if (group, resource) in UNCONFINED_WRITES:
@@ -245,11 +427,18 @@ def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
     return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
 
 
-def test_dashboard_ships_as_a_sidecar_configmap(docs: list[dict[str, Any]]) -> None:
+DASHBOARDS = ("topolet.json", "topolet-admission.json")
+
+
+def test_dashboards_ship_as_a_sidecar_configmap(docs: list[dict[str, Any]]) -> None:
     cm = one(docs, "ConfigMap", "topolet-dashboards")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
-    shipped = json.loads((BASE / "dashboards" / "topolet.json").read_text())
-    assert json.loads(cm["data"]["topolet.json"]) == shipped
+    assert set(cm["data"]) == set(DASHBOARDS)
+    for name in DASHBOARDS:
+        shipped = json.loads((BASE / "dashboards" / name).read_text())
+        assert json.loads(cm["data"][name]) == shipped
+    uids = [json.loads(cm["data"][name])["uid"] for name in DASHBOARDS]
+    assert len(uids) == len(set(uids))
 
 
 def test_dashboard_queries_only_series_the_agent_exports() -> None:
@@ -263,6 +452,116 @@ def test_dashboard_queries_only_series_the_agent_exports() -> None:
     assert any("histogram_quantile(0.99" in e and "topolet_pin_latency_seconds_bucket" in e for e in exprs)
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def admission_dashboard() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((BASE / "dashboards" / "topolet-admission.json").read_text())
+    return loaded
+
+
+def admission_series() -> set[str]:
+    """The series names the controller's registry exposes."""
+    from agent.admission.metrics import AdmissionMetrics
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    return {f.name + s for f in AdmissionMetrics().registry.collect() for s in suffixes[f.type]}
+
+
+def panels_of(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dashboard's panels that show data (rows only group them)."""
+    return [p for p in dashboard["panels"] if p["type"] != "row"]
+
+
+def test_admission_dashboard_queries_every_controller_series_and_nothing_else() -> None:
+    exprs = dashboard_exprs(admission_dashboard())
+    used = {m for e in exprs for m in re.findall(r"\btopolet_[a-z0-9_]+", e)}
+    exported = admission_series()
+    assert used <= exported, used - exported
+    wanted = {"topolet_admission_decisions_total", "topolet_admission_decision_duration_seconds_bucket",
+              "topolet_admission_queue_depth", "topolet_admission_cluster_free",
+              "topolet_admission_largest_free_zone", "topolet_admission_fragmentation_ratio",
+              "topolet_admission_nodes", "topolet_admission_ledger_entries", "topolet_admission_leader"}
+    assert used == wanted, {"extra": used - wanted, "missing": wanted - used}
+
+
+def test_admission_dashboard_has_a_unit_and_a_description_on_every_panel() -> None:
+    dashboard = admission_dashboard()
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    assert dashboard["uid"] != json.loads((BASE / "dashboards" / "topolet.json").read_text())["uid"]
+    for panel in panels_of(dashboard):
+        assert panel["description"].strip(), panel["title"]
+        assert panel["fieldConfig"]["defaults"].get("unit"), panel["title"]
+        assert panel["targets"], panel["title"]
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)), panel["title"]
+
+
+def find_panel(dashboard: dict[str, Any], metric: str) -> list[dict[str, Any]]:
+    return [p for p in panels_of(dashboard) if any(metric in t["expr"] for t in p["targets"])]
+
+
+def test_admission_dashboard_panels_say_what_the_issue_asks() -> None:
+    dashboard = admission_dashboard()
+    (decisions,) = find_panel(dashboard, "topolet_admission_decisions_total")
+    (expr,) = [t["expr"] for t in decisions["targets"]]
+    assert "sum by (result) (rate(" in expr
+    assert decisions["fieldConfig"]["defaults"]["unit"] == "ops"
+
+    (latency,) = find_panel(dashboard, "topolet_admission_decision_duration_seconds_bucket")
+    quantiles = {float(q) for t in latency["targets"]
+                 for q in re.findall(r"histogram_quantile\(([0-9.]+),", t["expr"])}
+    assert quantiles == {0.5, 0.99}
+    defaults = latency["fieldConfig"]["defaults"]
+    assert defaults["unit"] == "s"
+    steps = defaults["thresholds"]["steps"]
+    assert any(step["value"] is not None and step["value"] > 0 for step in steps)
+    assert defaults["custom"]["thresholdsStyle"]["mode"] != "off"
+
+    (fragmentation,) = find_panel(dashboard, "topolet_admission_fragmentation_ratio")
+    assert fragmentation["type"] == "gauge"
+    defaults = fragmentation["fieldConfig"]["defaults"]
+    assert (defaults["unit"], defaults["min"], defaults["max"]) == ("percentunit", 0, 1)
+
+    free = find_panel(dashboard, "topolet_admission_cluster_free")
+    shown = {r for p in free for t in p["targets"] if "topolet_admission_cluster_free" in t["expr"]
+             for r in re.findall(r'resource="([^"]+)"', t["expr"])}
+    assert shown == {"cpu", "memory", "nvidia.com/gpu"}
+    (memory,) = [p for p in free if any('resource="memory"' in t["expr"] for t in p["targets"])]
+    assert memory["fieldConfig"]["defaults"]["unit"] == "bytes"
+
+    assert any("by (queue)" in t["expr"] for p in find_panel(dashboard, "topolet_admission_queue_depth")
+               for t in p["targets"])
+    assert any("by (state)" in t["expr"] for p in find_panel(dashboard, "topolet_admission_nodes")
+               for t in p["targets"])
+    assert find_panel(dashboard, "topolet_admission_ledger_entries")
+    assert find_panel(dashboard, "topolet_admission_largest_free_zone")
+    # Which replica leads: by instance, among the replicas the dashboard's variable selects.
+    assert any("{{instance}}" == t["legendFormat"] for p in find_panel(dashboard, "topolet_admission_leader")
+               for t in p["targets"])
+
+
+def test_admission_dashboard_gauges_count_the_leader_only() -> None:
+    """Both replicas may export the cluster gauges; summing them would count the cluster twice."""
+    leader_only = ("topolet_admission_queue_depth", "topolet_admission_cluster_free",
+                   "topolet_admission_largest_free_zone", "topolet_admission_fragmentation_ratio",
+                   "topolet_admission_nodes", "topolet_admission_ledger_entries")
+    for panel in panels_of(admission_dashboard()):
+        for target in panel["targets"]:
+            if any(metric in target["expr"] for metric in leader_only):
+                assert "and on (instance) (topolet_admission_leader" in target["expr"], target["expr"]
+                assert "== 1)" in target["expr"], target["expr"]
+
+
+def test_admission_dashboard_panels_do_not_overlap() -> None:
+    cells: dict[tuple[int, int], str] = {}
+    for panel in admission_dashboard()["panels"]:
+        pos = panel["gridPos"]
+        assert pos["x"] + pos["w"] <= 24, panel["title"]
+        for x in range(pos["x"], pos["x"] + pos["w"]):
+            for y in range(pos["y"], pos["y"] + pos["h"]):
+                assert (x, y) not in cells, (panel["title"], cells.get((x, y)))
+                cells[(x, y)] = panel["title"]
 
 
 # ---- against the API server ----------------------------------------------------------------------
@@ -295,9 +594,23 @@ def test_base_applies_and_the_api_server_stores_it(
 def test_applying_twice_changes_nothing(
     kubectl: Kubectl, applied_base: subprocess.CompletedProcess[str],  # noqa: F811 - fixture
 ) -> None:
+    before = stored_versions(kubectl)
     again = kubectl.run("apply", "-k", str(BASE))
     lines = [line for line in again.stdout.splitlines() if line.strip()]
-    assert lines and all(line.endswith(" unchanged") for line in lines), again.stdout
+    assert len(lines) == len(before), again.stdout
+    # kubectl reports a PodDisruptionBudget "configured" on every apply: its selector's patch strategy
+    # is "replace", so the selector is always in the patch. The server stores nothing new, which is
+    # what this test is about.
+    assert all(line.endswith((" unchanged", " configured")) for line in lines), again.stdout
+    assert stored_versions(kubectl) == before
+
+
+def stored_versions(kubectl: Kubectl) -> dict[str, str]:
+    """Every object of the base as stored: its generation where it has one (status updates by a
+    controller do not change it), else its resourceVersion."""
+    listed = json.loads(kubectl.run("get", "-k", str(BASE), "-o", "json").stdout)
+    return {f"{o['kind']}/{o['metadata'].get('namespace', '')}/{o['metadata']['name']}":
+            str(o["metadata"].get("generation") or o["metadata"]["resourceVersion"]) for o in listed["items"]}
 
 
 @pytest.fixture
@@ -309,8 +622,9 @@ def scratch_namespace(control_plane: ControlPlane) -> Iterator[tuple[str, str]]:
         for name, level in zip(names, ("restricted", "baseline"), strict=True):
             core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(
                 name=name, labels={"pod-security.kubernetes.io/enforce": level})))
-            core.create_namespaced_service_account(name, k8s.V1ServiceAccount(
-                metadata=k8s.V1ObjectMeta(name=AGENT_SA)))
+            for account in (AGENT_SA, CONTROLLER):
+                core.create_namespaced_service_account(name, k8s.V1ServiceAccount(
+                    metadata=k8s.V1ObjectMeta(name=account)))
     yield names
     with control_plane.client() as api:
         for name in names:
@@ -346,6 +660,37 @@ def test_only_host_paths_and_root_keep_the_pod_from_stricter_pod_security(
     assert "restricted volume types" in violations
     assert violations <= {"restricted volume types", "runAsNonRoot != true", "runAsUser=0"}, violations
     assert pod_security_violations(control_plane, NAMESPACE, spec) == set()
+
+
+def test_controller_meets_pod_security_restricted(
+    control_plane: ControlPlane, applied_base: subprocess.CompletedProcess[str],  # noqa: F811 - fixture
+    docs: list[dict[str, Any]], scratch_namespace: tuple[str, str],
+) -> None:
+    """The controller needs nothing from the host: the strictest level admits its pod as it is."""
+    restricted, _ = scratch_namespace
+    assert pod_security_violations(control_plane, restricted, controller_spec(docs)) == set()
+    # The check can fail: the same spec running as root is refused.
+    as_root = {**controller_spec(docs), "securityContext": {**controller_spec(docs)["securityContext"],
+                                                            "runAsUser": 0, "runAsNonRoot": False}}
+    assert pod_security_violations(control_plane, restricted, as_root)
+
+
+def test_the_api_server_stores_the_controller_as_built(
+    control_plane: ControlPlane, applied_base: subprocess.CompletedProcess[str],  # noqa: F811 - fixture
+    docs: list[dict[str, Any]],
+) -> None:
+    status, stored = api_request(control_plane, "GET",
+                                 f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{CONTROLLER}")
+    assert status == 200, stored
+    assert stored["spec"]["replicas"] == 2
+    (container,) = stored["spec"]["template"]["spec"]["containers"]
+    built = controller_container(docs)
+    for key in ("image", "command", "args", "securityContext", "resources"):
+        assert container[key] == built[key], key
+    status, pdb = api_request(control_plane, "GET",
+                              f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets/{CONTROLLER}")
+    assert status == 200, pdb
+    assert pdb["spec"]["maxUnavailable"] == 1
 
 
 def test_namespace_of_the_base_allows_the_agent(docs: list[dict[str, Any]]) -> None:
