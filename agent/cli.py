@@ -53,6 +53,12 @@ def _status(args: argparse.Namespace) -> int:
     return run_status(args)
 
 
+def _controller(args: argparse.Namespace) -> int:
+    from agent.admission.controller import run_controller
+
+    return run_controller(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="topolet", description="Node topology agent.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -128,6 +134,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cgroup-root", default=None)
     s.add_argument("--format", default="table", choices=["table", "json"])
     s.set_defaults(handler=_status)
+
+    c = sub.add_parser("controller", help="run the central admission controller (gangs of queued Jobs)")
+    c.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster config)")
+    c.add_argument("--namespace", default=None,
+                   help="the controller's namespace, for its Lease (default: $POD_NAMESPACE, the service "
+                        "account's, else topolet-system)")
+    c.add_argument("--listen", default="0.0.0.0:9471", help="address for /metrics and /healthz")
+    c.add_argument("--leader-elect", action="store_true",
+                   help="elect one deciding replica through the Lease topolet-controller")
+    c.add_argument("--lease-duration", type=float, default=15.0,
+                   help="seconds a Lease holder that stopped renewing keeps it (default 15)")
+    c.add_argument("--renew-deadline", type=float, default=10.0,
+                   help="seconds the leader keeps deciding without a successful renewal (default 10)")
+    c.add_argument("--retry-period", type=float, default=2.0,
+                   help="seconds between leader election attempts (default 2)")
+    c.add_argument("--identity", default=None,
+                   help="this replica's name in the Lease (default: $POD_NAME, else host-pid)")
+    c.add_argument("--queue", action="append", default=[], metavar="NAME=MODE",
+                   help="a queue's mode, StrictFIFO (the head blocks the rest) or BestEffortFIFO (the "
+                        "default: later gangs may pass a head that does not fit); repeat per queue")
+    c.add_argument("--resync-seconds", type=float, default=30.0,
+                   help="a decision pass at least this often, changes or not (default 30)")
+    c.add_argument("--ledger-timeout-seconds", type=float, default=120.0,
+                   help="seconds a placement counts against capacity while the NRT does not show it "
+                        "(default 120)")
+    c.set_defaults(handler=_controller)
     return p
 
 

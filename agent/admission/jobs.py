@@ -19,7 +19,8 @@ Public API:
   `reject_patch(job, record)`; `pod_patch(pod, slot, node, zone)` pins a gated pod to its node and
   zone and removes the gate in one write.
 - `pod_slot(pod, indexed)`: the slot a pod holds (completion index, or our slot annotation), or None.
-- `job_finished(job)`, `job_indexed(job)`, `job_suspended(job)`.
+- `gang_requests(job)`: one pod's requests (Resources) from the template.
+- `job_finished(job)`, `job_indexed(job)`, `job_suspended(job)`, `pod_gated(pod)`, `pod_live(pod)`.
 """
 
 from __future__ import annotations
@@ -317,6 +318,12 @@ def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
                      node_selector=_node_selector(pod_spec), required_affinity=_required_affinity(pod_spec),
                      tolerations=_tolerations(pod_spec), colocate_label=colocate)
     return Gang(key=job_key(job), pod_sets=(pod_set,), priority=int(priority))
+
+
+def gang_requests(job: Mapping[str, Any]) -> Resources:
+    """One pod's requests from the Job's template, as `gang_from_job` counts them."""
+    pod_spec = _dict(_dict(_dict(job.get("spec")).get("template")).get("spec"))
+    return resources_of(pod_requests(pod_spec))
 
 
 # -- the admission record ---------------------------------------------------------------------------

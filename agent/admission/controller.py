@@ -1,0 +1,684 @@
+"""`topolet controller`: admits queued Jobs as gangs and pins their pods through scheduling gates.
+
+Public API:
+
+- `ControllerConfig` (namespace, queue modes, resync and ledger timeout, identity).
+- `Controller(kube, config, metrics, leader=None)`: `.start()` starts the list+watch reflectors
+  (queued Jobs, pods, Nodes, NRTs, PriorityClasses) into an in-memory store; `.run(stop)` runs a
+  decision pass after every change (debounced) and every `resync_seconds`, while leading;
+  `.decide_once()` runs one pass now (tests).
+- `run_controller(args) -> int`: the `topolet controller` sub-command.
+
+A pass, in order (each step is idempotent and re-derived from the API objects, so a controller
+killed at any point finishes the work on restart and never decides a Job twice):
+
+1. Admitted Jobs (annotation `topolet.io/admission` result admitted) that are still suspended are
+   unsuspended; their gated pods each get `nodeSelector kubernetes.io/hostname`, the
+   `topolet.io/numa-zone` and `topolet.io/slot` annotations and lose the gate, in one patch.
+   A slot is held by a live pod carrying `topolet.io/slot`; a new pod takes its completion index's
+   slot when that is free (Indexed Jobs), else the lowest free one, in pod creation order.
+2. The view: Nodes, NRTs and pods, with the ledger of admitted Jobs' slots the NRTs do not show yet.
+3. Pending Jobs (suspended, queue label, no record) in queue order through the engine: admitted ones
+   get the gate and the record in one patch, then unsuspend; "never" refusals get a rejected record;
+   "not now" ones an Event when their reason changes.  A malformed Job gets an Event and is left as
+   it is.
+
+Writes carry the resourceVersion they were computed from, so a stale store makes a write fail (and
+the next pass retry) instead of overwriting.  Only the leader writes, and it checks before every
+write; a replica that loses the Lease stops at once.
+
+For the kill tests, env `TOPOLET_CONTROLLER_CRASH_AT=<step>` makes the process SIGKILL itself the
+first time it reaches `<step>`: `after-decision`, `after-unsuspend` or `after-pod-patch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.admission import jobs
+from agent.admission.jobs import AdmissionRecord, JobSpecError, SlotPlacement
+from agent.admission.metrics import AdmissionMetrics
+from agent.admission.model import ClusterView, Gang, Placement, Refusal
+from agent.admission.queues import Blocked, Pending, admission_pass
+from agent.errors import KubeAPIError
+from agent.kube.client import KubeClient, WatchStream, resource_path
+from agent.kube.leader import LeaderElector
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "topolet.io/controller"
+LEASE_NAME = "topolet-controller"
+CRASH_ENV = "TOPOLET_CONTROLLER_CRASH_AT"
+CRASH_STEPS = ("after-decision", "after-unsuspend", "after-pod-patch")
+DEBOUNCE_SECONDS = 0.2
+WATCH_TIMEOUT_SECONDS = 300
+LIST_TIMEOUT = (5.0, 120.0)
+NRT_GROUP, NRT_VERSION, NRT_PLURAL = "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies"
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return _dict(obj.get("metadata"))
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = _meta(obj)
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+def _rv(obj: Mapping[str, Any]) -> int:
+    text = _meta(obj).get("resourceVersion")
+    return int(text) if isinstance(text, str) and text.isdigit() else -1
+
+
+def _timestamp(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _crash_point(step: str) -> None:
+    """SIGKILL this process at `step` when the kill tests ask for it (env TOPOLET_CONTROLLER_CRASH_AT)."""
+    if os.environ.get(CRASH_ENV) == step:
+        log.warning("%s=%s: killing myself", CRASH_ENV, step)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- list + watch into a store ----------------------------------------------------------------------
+
+class Reflector:
+    """Lists then watches one collection into `items` (key -> object); `changed` is set on every change.
+
+    A collection whose API is not served (404: e.g. the NRT CRD is not installed) counts as empty and
+    synced, and is listed again on the next retry.
+    """
+
+    def __init__(self, kube: KubeClient, path: str, what: str, changed: threading.Event,
+                 query: Mapping[str, object] | None = None) -> None:
+        self.kube = kube
+        self.path = path
+        self.what = what
+        self.query = dict(query or {})
+        self.changed = changed
+        self.items: dict[str, dict[str, Any]] = {}
+        self.synced = threading.Event()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._stream: WatchStream | None = None
+        self._thread: threading.Thread | None = None
+        self._rv: str | None = None
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.items.values())
+
+    def put(self, obj: dict[str, Any]) -> None:
+        """Store `obj` (a write's response) unless the store already holds a newer version."""
+        key = _key(obj)
+        with self._lock:
+            old = self.items.get(key)
+            if old is None or _rv(obj) >= _rv(old):
+                self.items[key] = obj
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"watch-{self.what}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        stream = self._stream
+        if stream is not None:
+            stream.shutdown()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        delay = 0.2
+        need_list = True
+        while not self._stop.is_set():
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                if self._rv is None:  # API not served: list again later
+                    need_list = True
+                    self._stop.wait(10)
+                    continue
+                need_list = self._watch()
+                delay = 0.2
+            except Exception as exc:  # noqa: BLE001 - the API may fail in any way; we keep trying
+                if self._stop.is_set():
+                    break
+                if getattr(exc, "status", None) == 410:
+                    need_list = True
+                    continue
+                log.warning("%s: %s; retrying in %.1fs", self.what, exc, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _list(self) -> None:
+        try:
+            body = self.kube.list(self.path, self.query, timeout=LIST_TIMEOUT, what=f"list {self.what}")
+        except KubeAPIError as exc:
+            if not exc.not_found:
+                raise
+            with self._lock:
+                self.items = {}
+            self._rv = None
+            self.synced.set()
+            self.changed.set()
+            return
+        items = {_key(o): o for o in body.get("items") or [] if isinstance(o, dict)}
+        with self._lock:
+            self.items = items
+        self._rv = str(_meta(body).get("resourceVersion") or "") or None
+        self.synced.set()
+        self.changed.set()
+
+    def _watch(self) -> bool:
+        """One watch from the last resourceVersion; True when a relist is needed."""
+        stream = self.kube.watch(self.path, {**self.query, "resourceVersion": self._rv,
+                                             "allowWatchBookmarks": True,
+                                             "timeoutSeconds": WATCH_TIMEOUT_SECONDS},
+                                 timeout=(5.0, WATCH_TIMEOUT_SECONDS + 30), what=f"watch {self.what}")
+        self._stream = stream
+        try:
+            for event in stream:
+                if self._stop.is_set():
+                    return False
+                if event is None:
+                    continue
+                kind, obj = event.get("type"), _dict(event.get("object"))
+                if kind == "ERROR":
+                    return True  # 410 Gone and the like: start over from a list
+                rv = _meta(obj).get("resourceVersion")
+                if isinstance(rv, str) and rv:
+                    self._rv = rv
+                if kind == "BOOKMARK":
+                    continue
+                key = _key(obj)
+                with self._lock:
+                    if kind == "DELETED":
+                        self.items.pop(key, None)
+                    elif kind in ("ADDED", "MODIFIED"):
+                        self.items[key] = obj
+                self.changed.set()
+        finally:
+            self._stream = None
+            stream.close()
+        return False
+
+
+# -- Events on Jobs ---------------------------------------------------------------------------------
+
+class JobEvents:
+    """core/v1 Events on Jobs from `topolet.io/controller`; best effort (a failure is logged)."""
+
+    def __init__(self, kube: KubeClient, instance: str) -> None:
+        self.kube = kube
+        self.instance = instance
+        self.writes = 0
+        self.failures = 0
+
+    def record(self, job: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        meta = _meta(job)
+        ns, name = str(meta.get("namespace")), str(meta.get("name"))
+        now = time.time()
+        stamp = _timestamp(now)
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": ns},
+            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "namespace": ns, "name": name,
+                               "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
+            "reason": reason, "message": message[:1024], "type": kind,
+            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        }
+        try:
+            self.kube.create(resource_path("", "v1", "events", namespace=ns), body,
+                             what=f"create Event on Job {ns}/{name}")
+            self.writes += 1
+        except KubeAPIError as exc:
+            self.failures += 1
+            log.warning("event %s on Job %s/%s not recorded: %s", reason, ns, name, exc)
+
+
+# -- the controller ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    namespace: str = "topolet-system"
+    queue_modes: Mapping[str, str] = field(default_factory=dict)
+    resync_seconds: float = 30.0
+    ledger_timeout_seconds: float = 120.0
+    identity: str = ""
+
+
+class NotLeader(Exception):
+    """This replica stopped leading in the middle of a pass: write nothing more."""
+
+
+class Controller:
+    """The store, the decision pass and the loop (see the module docstring)."""
+
+    def __init__(self, kube: KubeClient, config: ControllerConfig, metrics: AdmissionMetrics,
+                 leader: LeaderElector | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.kube = kube
+        self.config = config
+        self.metrics = metrics
+        self.leader = leader
+        self.clock = clock
+        self.identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
+        self.events = JobEvents(kube, self.identity)
+        self.changed = threading.Event()
+        self.jobs = Reflector(kube, resource_path("batch", "v1", "jobs"), "queued Jobs", self.changed,
+                              {"labelSelector": jobs.QUEUE_LABEL})
+        self.pods = Reflector(kube, resource_path("", "v1", "pods"), "pods", self.changed)
+        self.nodes = Reflector(kube, resource_path("", "v1", "nodes"), "nodes", self.changed)
+        self.nrts = Reflector(kube, resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL), "NRTs", self.changed)
+        self.priorities = Reflector(kube, resource_path("scheduling.k8s.io", "v1", "priorityclasses"),
+                                    "PriorityClasses", self.changed)
+        self.reflectors = (self.jobs, self.pods, self.nodes, self.nrts, self.priorities)
+        # Said once per state, so Events are not repeated every pass: Job uid -> last waiting reason,
+        # and (uid, resourceVersion) of Jobs already told they are malformed.
+        self._waiting: dict[str, str] = {}
+        self._invalid: set[tuple[str, str]] = set()
+        from agent.admission.ledger import Ledger
+
+        # The ledger lives across passes; every admitted Job's decision is added once (on start: every
+        # admitted Job there is, which is the rebuild) and entries leave by the ledger's own rule.
+        self.ledger = Ledger(timeout=config.ledger_timeout_seconds)
+        self._ledgered: set[tuple[str, str]] = set()  # (Job key, decision id) already in the ledger
+        self._left_out: dict[str, str] = {}  # node -> why the view leaves it out (logged on change)
+        self.passes = 0
+
+    # -- loop ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for r in self.reflectors:
+            r.start()
+
+    def stop(self) -> None:
+        for r in self.reflectors:
+            r.stop()
+
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors)
+
+    def leading(self) -> bool:
+        return self.leader is None or self.leader.is_leader
+
+    def run(self, stop: threading.Event) -> None:
+        """Pass after every change (debounced) and every resync, until `stop` is set."""
+        while not stop.is_set():
+            self.changed.wait(self.config.resync_seconds)
+            if stop.wait(DEBOUNCE_SECONDS):
+                break
+            self.changed.clear()
+            self.metrics.leader.set(1 if self.leading() else 0)
+            if not self.synced() or not self.leading():
+                self.metrics.last_pass.set(self.clock())
+                continue
+            try:
+                self.decide_once()
+            except NotLeader:
+                log.info("lost the lease mid-pass: stopped deciding")
+            except Exception:  # noqa: BLE001 - one bad pass must not end the controller
+                log.exception("decision pass failed")
+                self.metrics.decisions.labels(result="error").inc()
+                self.changed.set()
+                stop.wait(1.0)
+
+    def _check_leader(self) -> None:
+        if not self.leading():
+            raise NotLeader()
+
+    def _patch(self, store: Reflector, path: str, body: Mapping[str, Any],
+               what: str) -> dict[str, Any] | None:
+        """A merge patch as the leader; the response goes into the store.  None on a conflict (409) or
+        a vanished object (404): the next pass sees the newer state and decides again."""
+        self._check_leader()
+        try:
+            out = self.kube.patch(path, body, jobs.MERGE_PATCH, what=what)
+        except KubeAPIError as exc:
+            if exc.status in (404, 409):
+                log.info("%s: %s (retried on the next pass)", what, exc)
+                self.changed.set()
+                return None
+            raise
+        store.put(out)
+        return out
+
+    # -- one pass -----------------------------------------------------------------------------------
+
+    def decide_once(self) -> None:
+        """One decision pass over the store (see the module docstring)."""
+        self._check_leader()
+        self.passes += 1
+        all_jobs = sorted(self.jobs.snapshot(), key=_key)
+        pods = self.pods.snapshot()
+        by_owner: dict[str, list[dict[str, Any]]] = {}
+        for pod in pods:
+            for ref in _meta(pod).get("ownerReferences") or []:
+                ref = _dict(ref)
+                if ref.get("kind") == "Job" and ref.get("controller"):
+                    by_owner.setdefault(str(ref.get("uid")), []).append(pod)
+        priorities = {str(_meta(p).get("name")): int(p.get("value") or 0) for p in self.priorities.snapshot()
+                      if isinstance(p.get("value"), int)}
+        admitted: list[tuple[dict[str, Any], AdmissionRecord]] = []
+        pending: list[Pending] = []
+        jobs_by_key: dict[str, dict[str, Any]] = {}
+        for job in all_jobs:
+            queue = jobs.job_queue(job)
+            if queue is None:
+                continue
+            try:
+                record = jobs.record_of(job)
+            except JobSpecError as exc:
+                self._invalid_job(job, "InvalidAdmissionRecord", str(exc))
+                continue
+            if record is not None:
+                if record.result == "admitted" and not jobs.job_finished(job):
+                    admitted.append((job, record))
+                continue
+            if not jobs.job_suspended(job):
+                self._invalid_job(job, "NotSuspended",
+                                  "a queued Job must be created with spec.suspend: true; left alone")
+                continue
+            try:
+                gang = jobs.gang_from_job(job, priorities, self._guaranteed_policy())
+            except JobSpecError as exc:
+                self._invalid_job(job, "InvalidJob", str(exc))
+                continue
+            jobs_by_key[gang.key] = job
+            pending.append(Pending(gang, queue, str(_meta(job).get("creationTimestamp") or ""),
+                                   str(_meta(job).get("name"))))
+
+        for job, record in admitted:
+            self._finish_admitted(job, record, by_owner.get(str(_meta(job).get("uid")), []))
+
+        depths: dict[str, int] = {}
+        for p in pending:
+            depths[p.queue] = depths.get(p.queue, 0) + 1
+        view = self._view(admitted, pods)
+        self.metrics.set_view(view)
+
+        from agent.admission.engine import commit, place
+
+        state = {"view": view}
+
+        def decide(gang: Gang) -> Placement | Refusal:
+            result = place(state["view"], gang)
+            if isinstance(result, Placement):
+                state["view"] = commit(state["view"], gang, result)
+            return result
+
+        started: dict[str, float] = {}
+
+        def timed(gang: Gang) -> Placement | Refusal:
+            started[gang.key] = time.perf_counter()
+            return decide(gang)
+
+        for outcome in admission_pass(pending, self.config.queue_modes, timed):
+            job = jobs_by_key[outcome.pending.gang.key]
+            result = outcome.result
+            if isinstance(result, Placement):
+                if self._admit(job, result):
+                    depths[outcome.pending.queue] -= 1
+            elif isinstance(result, Refusal) and result.kind == "never":
+                if self._reject(job, result.reason):
+                    depths[outcome.pending.queue] -= 1
+            elif isinstance(result, Refusal):
+                self._wait(job, result.reason)
+            elif isinstance(result, Blocked):
+                self._wait(job, f"behind {result.head}, the head of StrictFIFO queue {outcome.pending.queue}")
+            if outcome.pending.gang.key in started:
+                self.metrics.decision_seconds.observe(time.perf_counter() - started[outcome.pending.gang.key])
+        self.metrics.set_queue_depths(depths)
+        self.metrics.last_pass.set(self.clock())
+
+    def _guaranteed_policy(self) -> str:
+        """The Topology Manager policy every NRT reports, when they agree; else "none"."""
+        policies = set()
+        for nrt in self.nrts.snapshot():
+            for attr in nrt.get("attributes") or []:
+                attr = _dict(attr)
+                if attr.get("name") == "topologyManagerPolicy":
+                    policies.add(str(attr.get("value")))
+        if len(policies) == 1:
+            (policy,) = policies
+            if policy in ("single-numa-node", "restricted", "best-effort"):
+                return policy
+        return "none"
+
+    def _invalid_job(self, job: Mapping[str, Any], reason: str, message: str) -> None:
+        """A Warning Event once per Job version; the Job itself is left as it is."""
+        meta = _meta(job)
+        key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
+        if key in self._invalid:
+            return
+        self._invalid.add(key)
+        log.warning("Job %s: %s: %s", jobs.job_key(job), reason, message)
+        self.metrics.decisions.labels(result="error").inc()
+        self._check_leader()
+        self.events.record(job, "Warning", reason, message)
+
+    def _job_path(self, job: Mapping[str, Any]) -> str:
+        meta = _meta(job)
+        return resource_path("batch", "v1", "jobs", str(meta.get("name")),
+                             namespace=str(meta.get("namespace")))
+
+    def _admit(self, job: dict[str, Any], placement: Placement) -> bool:
+        pods = sorted(placement.pods, key=lambda p: (p.pod_set, p.index))
+        record = AdmissionRecord("admitted", uuid.uuid4().hex, _timestamp(self.clock()),
+                                 {i: SlotPlacement(p.node, p.zone) for i, p in enumerate(pods)})
+        out = self._patch(self.jobs, self._job_path(job), jobs.decision_patch(job, record),
+                          f"record the admission of Job {jobs.job_key(job)}")
+        if out is None:
+            return False
+        _crash_point("after-decision")
+        self.metrics.decisions.labels(result="admitted").inc()
+        nodes = sorted({p.node for p in pods})
+        self.events.record(out, "Normal", "Admitted",
+                           f"{len(pods)} pods placed on {len(nodes)} nodes ({', '.join(nodes[:8])}"
+                           f"{', ...' if len(nodes) > 8 else ''}); decision {record.decision}")
+        self._waiting.pop(str(_meta(job).get("uid")), None)
+        self._unsuspend(out)
+        return True
+
+    def _unsuspend(self, job: dict[str, Any]) -> None:
+        if self._patch(self.jobs, self._job_path(job), jobs.unsuspend_patch(),
+                       f"unsuspend Job {jobs.job_key(job)}") is not None:
+            _crash_point("after-unsuspend")
+
+    def _reject(self, job: dict[str, Any], reason: str) -> bool:
+        record = AdmissionRecord("rejected", uuid.uuid4().hex, _timestamp(self.clock()), reason=reason)
+        out = self._patch(self.jobs, self._job_path(job), jobs.reject_patch(job, record),
+                          f"record the rejection of Job {jobs.job_key(job)}")
+        if out is None:
+            return False
+        self.metrics.decisions.labels(result="rejected").inc()
+        self.events.record(out, "Warning", "Rejected", f"can never fit this cluster: {reason}")
+        return True
+
+    def _wait(self, job: dict[str, Any], reason: str) -> None:
+        self.metrics.decisions.labels(result="waiting").inc()
+        uid = str(_meta(job).get("uid"))
+        if self._waiting.get(uid) == reason:
+            return
+        self._waiting[uid] = reason
+        self._check_leader()
+        self.events.record(job, "Normal", "Waiting", reason)
+
+    def _finish_admitted(self, job: dict[str, Any], record: AdmissionRecord,
+                         pods: list[dict[str, Any]]) -> None:
+        """Unsuspend an admitted Job still suspended; give its gated pods their slots."""
+        if jobs.job_suspended(job):
+            self._unsuspend(job)
+        live = [p for p in pods if jobs.pod_live(p)]
+        held = {s for p in live if (s := jobs.pod_slot(p, False)) is not None and not jobs.pod_gated(p)}
+        free = sorted(set(record.slots) - held)
+        gated = sorted((p for p in live if jobs.pod_gated(p)),
+                       key=lambda p: (str(_meta(p).get("creationTimestamp")), str(_meta(p).get("name"))))
+        indexed = jobs.job_indexed(job)
+        for pod in gated:
+            if not free:
+                break  # more live pods than slots (an old one still terminating): wait for it to go
+            want = jobs.pod_slot(pod, True) if indexed else None
+            slot = want if want in free else free[0]
+            place = record.slots[slot]
+            meta = _meta(pod)
+            out = self._patch(self.pods, resource_path("", "v1", "pods", str(meta.get("name")),
+                                                       namespace=str(meta.get("namespace"))),
+                              jobs.pod_patch(pod, slot, place.node, place.zone),
+                              f"place pod {_key(pod)} (slot {slot}) on {place.node}")
+            if out is not None:
+                free.remove(slot)
+                _crash_point("after-pod-patch")
+
+    # -- the view -----------------------------------------------------------------------------------
+
+    def _view(self, admitted: list[tuple[dict[str, Any], AdmissionRecord]],
+              pods: list[dict[str, Any]]) -> ClusterView:
+        """The engine's view of the cluster now, after the ledger of admitted Jobs' slots."""
+        from agent.admission.ledger import Entry
+        from agent.admission.view import build_view
+
+        now = self.clock()
+        live = {jobs.job_key(job) for job, _ in admitted}
+        added = []
+        for job, record in admitted:
+            key = (jobs.job_key(job), record.decision)
+            if key in self._ledgered:
+                continue
+            self._ledgered.add(key)
+            # A rebuilt entry keeps its decision time, so a restart does not extend its timeout.
+            at = _parse_time(record.time, now)
+            request = jobs.gang_requests(job)
+            added += [Entry(key[0], str(slot), p.node, p.zone, request, at)
+                      for slot, p in sorted(record.slots.items())]
+        if added:
+            self.ledger = replace(self.ledger, entries=self.ledger.entries + tuple(added))
+        self.ledger = self.ledger.settle(self.nrts.snapshot(), pods, now, live_gangs=live,
+                                         slot_of=_slot_of)
+        self._ledgered = {k for k in self._ledgered if k[0] in live}
+        self.metrics.ledger_entries.set(len(self.ledger))
+        nodes = self.nodes.snapshot()
+        view, left_out = build_view(nodes, self.nrts.snapshot(), pods, self.ledger, now, slot_of=_slot_of)
+        counts = {"usable": len(view.nodes), "stale": 0, "not_ready": 0}
+        for node in nodes:
+            if str(_meta(node).get("name")) in left_out:
+                counts["not_ready" if not _node_ready(node) else "stale"] += 1
+        if left_out != self._left_out:
+            for name, why in sorted(left_out.items()):
+                if self._left_out.get(name) != why:
+                    log.warning("node %s left out: %s", name, why)
+            self._left_out = left_out
+        self.metrics.set_nodes(counts)
+        return view
+
+
+def _slot_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """A pod's ledger entry: (Job key, the slot we gave it); None before we placed it."""
+    meta = _meta(pod)
+    job = _dict(meta.get("labels")).get("batch.kubernetes.io/job-name")
+    slot = jobs.pod_slot(pod, False)
+    if not isinstance(job, str) or slot is None:
+        return None
+    return f"{meta.get('namespace')}/{job}", str(slot)
+
+
+def _node_ready(node: Mapping[str, Any]) -> bool:
+    """Ready unless a Ready condition says otherwise (the view's rule)."""
+    for cond in _dict(node.get("status")).get("conditions") or []:
+        cond = _dict(cond)
+        if cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return True
+
+
+def _parse_time(text: str, default: float) -> float:
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return default
+
+
+# -- the sub-command --------------------------------------------------------------------------------
+
+def run_controller(args: argparse.Namespace) -> int:
+    """`topolet controller`: serve metrics, elect a leader if asked, and run until SIGTERM/SIGINT."""
+    from agent.admission.queues import parse_queue_modes
+    from agent.kube.client import agent_namespace, load_api_client
+    from agent.metrics import MetricsServer
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = ControllerConfig(namespace=agent_namespace(args.namespace),
+                              queue_modes=parse_queue_modes(args.queue or []),
+                              resync_seconds=args.resync_seconds,
+                              ledger_timeout_seconds=args.ledger_timeout_seconds,
+                              identity=args.identity or os.environ.get("POD_NAME", ""))
+    kube = KubeClient(load_api_client(args.kubeconfig))
+    metrics = AdmissionMetrics()
+    stop = threading.Event()
+    leader = None
+    identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
+    if args.leader_elect:
+        leader = LeaderElector(kube, config.namespace, LEASE_NAME, identity,
+                               lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
+                               retry_period=args.retry_period)
+    controller = Controller(kube, replace(config, identity=identity), metrics, leader)
+    max_age = max(3 * config.resync_seconds, 30.0)
+
+    def health() -> tuple[bool, str]:
+        last = metrics.last_pass._value.get()  # noqa: SLF001 - prometheus_client keeps no getter
+        if not last:
+            return False, "no pass yet"
+        age = time.time() - last
+        return age <= max_age, f"last pass {age:.1f}s ago"
+
+    server = MetricsServer(metrics, args.listen, health)  # type: ignore[arg-type]
+    server.start()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+        controller.changed.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    def on_change(leading: bool) -> None:
+        metrics.leader.set(1 if leading else 0)
+        controller.changed.set()
+
+    if leader is not None:
+        leader.start(stop, on_change)
+    else:
+        metrics.leader.set(1)
+    controller.start()
+    log.info("topolet controller %s: namespace %s, queues %s, metrics on %s", identity, config.namespace,
+             dict(config.queue_modes) or "all BestEffortFIFO", args.listen)
+    try:
+        controller.run(stop)
+    finally:
+        controller.stop()
+        if leader is not None:
+            leader.join(timeout=5)
+            leader.release()
+        server.stop()
+        kube.close()
+    return 0
