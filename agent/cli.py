@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ledger-timeout-seconds", type=float, default=120.0,
                    help="seconds a placement counts against capacity while the NRT does not show it "
                         "(default 120)")
+    c.add_argument("--crash-at", default=None,
+                   choices=["after-decision", "after-unsuspend", "after-pod-patch"],
+                   help="for the restart tests only: SIGKILL this process the first time it reaches the step")
     c.set_defaults(handler=_controller)
     return p
 

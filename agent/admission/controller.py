@@ -27,8 +27,9 @@ Writes carry the resourceVersion they were computed from, so a stale store makes
 the next pass retry) instead of overwriting.  Only the leader writes, and it checks before every
 write; a replica that loses the Lease stops at once.
 
-For the kill tests, env `TOPOLET_CONTROLLER_CRASH_AT=<step>` makes the process SIGKILL itself the
-first time it reaches `<step>`: `after-decision`, `after-unsuspend` or `after-pod-patch`.
+For the kill tests, env `TOPOLET_CONTROLLER_CRASH_AT=<step>` (or `--crash-at <step>`) makes the
+process SIGKILL itself the first time it reaches `<step>`: `after-decision`, `after-unsuspend` or
+`after-pod-patch`.
 """
 
 from __future__ import annotations
@@ -625,6 +626,8 @@ def run_controller(args: argparse.Namespace) -> int:
     from agent.kube.client import agent_namespace, load_api_client
     from agent.metrics import MetricsServer
 
+    if args.crash_at:
+        os.environ[CRASH_ENV] = args.crash_at
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = ControllerConfig(namespace=agent_namespace(args.namespace),
                               queue_modes=parse_queue_modes(args.queue or []),
