@@ -54,8 +54,8 @@ from agent.enforce import detect_layout
 from agent.enforce.state import StateFile
 from agent.errors import EnforcementError, TopoletError
 from agent.kube.mig_status import MigConfigChanged, MigStatus
-from agent.kube.nrt_build import Snapshot, kubelet_gpus
-from agent.kube.pinner import PodPinner
+from agent.kube.nrt_build import MemoryRequests, Snapshot, kubelet_gpus
+from agent.kube.pinner import PodPinner, alloc_id
 from agent.kube.pods import ContainerPlan, PodPlan
 from agent.kube.publisher import RETRY_MAX_SECONDS, Publisher
 from agent.kube.recording import RecordingEngine
@@ -127,6 +127,7 @@ class KubeAgent:
                                   on_list=metrics.pod_lists.inc)
         self.generation = -1
         self.pinned_pods: tuple[tuple[str, str], ...] = ()  # replaced whole: the publisher reads it
+        self.memory_requests: MemoryRequests = {}  # likewise: allocation id → memory it asked for
         metrics.info.info({"version": metrics.info._value.get("version", ""),  # noqa: SLF001
                            "node": self.node, "enforcement": "on" if self.enforce else "off",
                            "mode": "kubernetes"})
@@ -205,8 +206,9 @@ class KubeAgent:
 
     def snapshot(self) -> Snapshot:
         """What the publisher describes: topology, allocation state, (namespace, name) of pinned pods,
-        and the whole GPUs the kubelet handed out."""
-        return self.topology, self.state_file.load(missing_ok=True), self.pinned_pods, self.assigned_gpus
+        the whole GPUs the kubelet handed out and the memory requests of pinned containers."""
+        return Snapshot(self.topology, self.state_file.load(missing_ok=True), self.pinned_pods,
+                        self.assigned_gpus, self.memory_requests)
 
     # -- MIG (enforcer thread) -------------------------------------------------------------------
 
@@ -292,6 +294,8 @@ class KubeAgent:
             uids = {a.owner.pod_uid for a in state.allocations if a.owner.pod_uid}
             self.pinned_pods = tuple(sorted((p.namespace, p.name) for uid, p in self.pinner.pods.items()
                                             if uid in uids))
+            self.memory_requests = {alloc_id(uid, c.name): c.memory for uid, p in self.pinner.pods.items()
+                                    if uid in uids for c in p.containers if c.memory}
             self.publisher.notify()
             usage = self.engine.usage(state)
             self.metrics.set_cpu_states(

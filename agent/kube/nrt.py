@@ -4,8 +4,8 @@ Public API (stable; the in-cluster daemon builds on it):
 
 - `nrt_object(node, topology, state, *, reserved=EMPTY, gpu_capacity=None,
   topology_manager_policy="none", topology_manager_scope="container", pods_fingerprint=None,
-  pods_fingerprint_method=None) -> dict`: the `topology.node.k8s.io/v1alpha2` object.  `node` is a
-  Node (a dict as the API returns it, or a kubernetes V1Node) or a `(name, uid)` pair;
+  pods_fingerprint_method=None, memory_held=None) -> dict`: the `topology.node.k8s.io/v1alpha2`
+  object.  `node` is a Node (a dict as the API returns it, or a kubernetes V1Node) or a `(name, uid)` pair;
   `gpu_capacity` is `agent.gpu.capacity.numa_gpu_capacity(...)`'s `{numa: {resource: (capacity,
   available)}}`.  Pure: no I/O, no clock.  Raises ConfigError on invalid input.
 - `pod_set_fingerprint(pods: Iterable[tuple[namespace, name]]) -> str`: the podfingerprint
@@ -32,11 +32,14 @@ NodeResourceTopologyMatch reads (it skips other types and parses N from the name
 - `cpu`: capacity = the zone's online CPUs; allocatable = capacity less reserved CPUs (`reserved`
   plus the state's); available = allocatable less CPUs held by exclusive allocations in the state.
   The shared pool is not subtracted: pods there hold no CPU exclusively.
-- `memory`: capacity = the node's memory; allocatable = capacity less the hugepage pools (memory the
-  pools hold is not available as regular memory, kubelet's rule); available = allocatable (topolet
-  does not account memory per pod).
-- `hugepages-<size>` (`hugepages-2Mi`, `hugepages-1Gi`): the pool's pages times the page size, for
-  all three (pages are not accounted per pod either).
+- `memory`: capacity = the NUMA node's memory; allocatable = capacity less the hugepage pools
+  (memory the pools hold is not available as regular memory, kubelet's rule); available =
+  allocatable less `memory_held` for the zone.
+- `hugepages-<size>` (`hugepages-2Mi`, `hugepages-1Gi`): capacity = allocatable = the pool's pages
+  times the page size; available = allocatable less `memory_held` for the zone.
+- `memory_held` (`{numa id: {"memory" | "hugepages-<size>": bytes}}`) is what pods bound to the
+  zone hold; the in-cluster agent counts the requests of containers whose memory it binds
+  (`agent.kube.nrt_build.zone_memory_held` says how a binding to several zones is split).
 - GPU resources (`nvidia.com/gpu`, `nvidia.com/mig-...`) from `gpu_capacity`: capacity =
   allocatable, available as given.  GPUs of unknown locality (key -1) are in no zone.
 
@@ -232,7 +235,7 @@ def _node_ref(node: object) -> tuple[str, str]:
 
 
 def _zone_resources(numa: NumaNode, *, reserved: CPUSet, allocated: CPUSet,
-                    gpus: Mapping[str, tuple[int, int]]) -> list[dict[str, str]]:
+                    gpus: Mapping[str, tuple[int, int]], held: Mapping[str, int]) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     if not numa.memory_only and numa.cpus:
         free = numa.cpus - reserved
@@ -241,11 +244,12 @@ def _zone_resources(numa: NumaNode, *, reserved: CPUSet, allocated: CPUSet,
     pooled = sum(h.size_bytes * h.total for h in pools)
     if numa.memory_bytes > 0:
         regular = numa.memory_bytes - pooled
-        out.append(_resource("memory", numa.memory_bytes, regular, regular))
+        out.append(_resource("memory", numa.memory_bytes, regular, regular - held.get("memory", 0)))
     for pool in pools:
         if pool.size_bytes > 0 and pool.total > 0:
             size = pool.size_bytes * pool.total
-            out.append(_resource(hugepages_resource_name(pool.size_bytes), size, size, size))
+            name = hugepages_resource_name(pool.size_bytes)
+            out.append(_resource(name, size, size, size - held.get(name, 0)))
     for name in sorted(gpus):
         capacity, available = gpus[name]
         if capacity > 0:
@@ -264,6 +268,7 @@ def nrt_object(
     topology_manager_scope: str = "container",
     pods_fingerprint: str | None = None,
     pods_fingerprint_method: str | None = None,
+    memory_held: Mapping[int, Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
     """The NodeResourceTopology object for this node, its `available` taken from `state`."""
     name, uid = _node_ref(node)
@@ -283,6 +288,11 @@ def nrt_object(
             if not 0 <= available <= capacity:
                 raise ConfigError(f"NUMA {numa_id} {res}: available {available} outside 0..{capacity}")
 
+    bound = memory_held or {}
+    for numa_id, amounts in bound.items():
+        for res, amount in amounts.items():
+            if amount < 0:
+                raise ConfigError(f"NUMA {numa_id} {res}: negative amount held {amount}")
     held = reserved | state.reserved
     allocated = state.allocated()
     published = [n for n in topology.numa_nodes
@@ -298,7 +308,7 @@ def nrt_object(
         if costs:
             zone["costs"] = costs
         resources = _zone_resources(numa, reserved=held, allocated=allocated,
-                                    gpus=gpus.get(numa.id, {}))
+                                    gpus=gpus.get(numa.id, {}), held=bound.get(numa.id, {}))
         if resources:
             zone["resources"] = resources
         zones.append(zone)

@@ -1,12 +1,23 @@
-"""What this node's NodeResourceTopology says: CPUs and GPUs less what the state and the kubelet hold.
+"""What this node's NodeResourceTopology says: CPUs, memory and GPUs less what pods hold.
 
-`build_nrt` assembles the object `agent.kube.nrt.nrt_object` shapes; `kubelet_gpus` turns the
-kubelet's device ids (pod-resources) into the whole GPUs they name.
+`build_nrt` assembles the object `agent.kube.nrt.nrt_object` shapes from a `Snapshot` of the
+enforcer's view; `kubelet_gpus` turns the kubelet's device ids (pod-resources) into the whole GPUs
+they name.
+
+Memory and hugepages are accounted per pod where topolet binds memory: a container with exclusive
+CPUs and `topolet.io/memory-binding: true` gets `cpuset.mems` = the NUMA nodes of its CPUs, and its
+`memory` and `hugepages-<size>` requests are subtracted from `available` of those zones.  Other
+pods are not subtracted — single-numa-node ones included: without a binding the kernel may place
+their memory on any node, so no zone can be charged truthfully.  A binding to several zones is
+charged in proportion to the container's CPUs in each zone (the kernel allocates on the node of
+the CPU that touches the memory first); the bytes left over by rounding down go to the zone holding
+most of its CPUs (the lowest id among equals).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agent.enforce.state import State
@@ -15,16 +26,51 @@ from agent.topology.model import Topology
 if TYPE_CHECKING:
     from agent.gpu.model import GPU
 
-# What the publisher describes: topology, allocation state, (namespace, name) of pinned pods, and
-# the GPUs (PCI addresses) the kubelet handed to containers.
-Snapshot = tuple[Topology, State, tuple[tuple[str, str], ...], frozenset[str]]
+MemoryRequests = Mapping[str, tuple[tuple[str, int], ...]]  # allocation id → ((resource, bytes), ...)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the publisher describes, taken on the enforcer thread and handed over whole."""
+
+    topology: Topology
+    state: State
+    pinned: tuple[tuple[str, str], ...] = ()  # (namespace, name) of pods with exclusive CPUs
+    assigned_gpus: frozenset[str] = frozenset()  # whole GPUs the kubelet handed out (PCI addresses)
+    memory: MemoryRequests = field(default_factory=dict)  # memory requests of pinned containers
+
+
+def zone_memory_held(topology: Topology, state: State, requests: MemoryRequests) -> dict[int, dict[str, int]]:
+    """{numa id: {"memory" | "hugepages-<size>": bytes}} held by memory-bound allocations (the rule
+    in this module's docstring); allocations without `mems` or without requests hold nothing."""
+    cpus_of = {n.id: n.cpus for n in topology.numa_nodes}
+    out: dict[int, dict[str, int]] = {}
+    for a in state.allocations:
+        asked = requests.get(a.id)
+        if not a.mems or not asked:
+            continue
+        zones = sorted(a.mems)
+        weights = {z: len(a.cpus & cpus_of[z]) if z in cpus_of else 0 for z in zones}
+        if not any(weights.values()):
+            weights = dict.fromkeys(zones, 1)
+        total = sum(weights.values())
+        first = max(zones, key=lambda z: (weights[z], -z))
+        for resource, amount in asked:
+            shares = {z: amount * weights[z] // total for z in zones}
+            shares[first] += amount - sum(shares.values())
+            for z, share in shares.items():
+                if share:
+                    zone = out.setdefault(z, {})
+                    zone[resource] = zone.get(resource, 0) + share
+    return out
 
 
 def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
               pinned: tuple[tuple[str, str], ...], gpus: Sequence[GPU] = (),
-              assigned_gpus: Collection[str] = ()) -> dict[str, Any]:
-    """The node's NRT: CPUs and GPUs less what `state` holds and GPUs less those the kubelet
-    assigned (`assigned_gpus`: PCI addresses or UUIDs), and the fingerprint of the pinned pods."""
+              assigned_gpus: Collection[str] = (), *, memory: MemoryRequests | None = None) -> dict[str, Any]:
+    """The node's NRT: CPUs and GPUs less what `state` holds, GPUs less those the kubelet assigned
+    (`assigned_gpus`: PCI addresses or UUIDs), memory and hugepages less what memory-bound
+    containers request (`memory`, by allocation id), and the fingerprint of the pinned pods."""
     from agent.kube.nrt import nrt_object, pod_set_fingerprint
 
     gpu_capacity = None
@@ -35,7 +81,8 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
     obj: dict[str, Any] = nrt_object(
         node_ref, topology, state, gpu_capacity=gpu_capacity,
         pods_fingerprint=pod_set_fingerprint(pinned),
-        pods_fingerprint_method="with-exclusive-resources")
+        pods_fingerprint_method="with-exclusive-resources",
+        memory_held=zone_memory_held(topology, state, memory or {}))
     return obj
 
 

@@ -30,6 +30,7 @@ The rules (DESIGN.md "Pods"; the node's kubelet runs `cpuManagerPolicy: none`, s
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -90,6 +91,9 @@ class ContainerPlan:
     memory_binding: bool = False
     wants_devices: bool = False  # it asks for GPUs or MIG devices: their locality is worth a lookup
     numa_zone: int | None = None  # the NUMA node the admission controller placed it on (numa-zone)
+    # Requests of `memory` and `hugepages-<size>` in bytes, sorted by name (requests, else limits as
+    # the API server defaults them): what a memory-bound allocation holds on its zones.
+    memory: tuple[tuple[str, int], ...] = ()
 
     @property
     def exclusive(self) -> bool:
@@ -234,6 +238,18 @@ def _whole_cpus(value: object) -> int | None:
     return int(q)
 
 
+def _memory_requests(requests: dict[str, Any], limits: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """(resource, bytes) of memory and hugepages a container asks for; unreadable values left out."""
+    out: dict[str, int] = {}
+    for name in {*requests, *limits}:
+        if not isinstance(name, str) or not (name == "memory" or name.startswith("hugepages-")):
+            continue
+        q = parse_quantity(requests.get(name, limits.get(name)))
+        if q is not None and q > 0:
+            out[name] = math.ceil(q)
+    return tuple(sorted(out.items()))
+
+
 def _is_gpu_resource(name: object) -> bool:
     """NVIDIA's device-plugin resources: whole GPUs and MIG devices (`nvidia.com/mig-<profile>`)."""
     return isinstance(name, str) and (name == "nvidia.com/gpu" or name.startswith("nvidia.com/mig-"))
@@ -291,7 +307,7 @@ def plan_pod(pod: object) -> PodPlan:
                     warnings.append(PodWarning(REASON_NOT_ELIGIBLE, f"container {cname}: exclusive CPUs "
                                             "need a whole-number CPU request equal to its CPU limit"))
         plans.append(ContainerPlan(cname, running[cname], cpus, numa, smt, binding and cpus > 0, devices,
-                                   zone if cpus > 0 else None))
+                                   zone if cpus > 0 else None, _memory_requests(requests, limits)))
     for cname, cid in sorted(others.items()):
         if cname not in running:
             plans.append(ContainerPlan(cname, cid))

@@ -17,14 +17,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agent.enforce.state import State
 from agent.errors import TopoletError
 from agent.kube.mig_status import MigStatus
 from agent.kube.nrt_build import Snapshot, build_nrt
 from agent.kube.pods import PodPlan, PodWarning
 from agent.labels import build_labels
 from agent.metrics import Metrics
-from agent.topology.model import Topology
 
 if TYPE_CHECKING:
     from agent.gpu.model import GPU
@@ -118,9 +116,9 @@ class Publisher:
             except Exception as exc:  # noqa: BLE001 - the API may fail in any way; retried
                 ok = False
                 log.warning("Node %s not read: %s", self.node, exc)
-        topology, state, pinned, assigned = self.snapshot()
+        snap = self.snapshot()
         try:
-            labels = build_labels(topology, gfd_compat=self.args.gfd_compat)
+            labels = build_labels(snap.topology, gfd_compat=self.args.gfd_compat)
             if self.mig is not None:
                 labels.update(self.mig.labels())
             if labels != self._published_labels:
@@ -134,7 +132,7 @@ class Publisher:
             ok = False
             log.warning("labels not published: %s", exc)
         try:
-            obj = self._nrt_object(topology, state, pinned, assigned)
+            obj = self._nrt_object(snap)
             digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
             if digest != self._published_nrt:
                 if self.nrt.publish(obj):
@@ -176,13 +174,13 @@ class Publisher:
             self.mig.node_labels({str(k): str(v) for k, v in labels.items()}
                                  if isinstance(labels, dict) else {})
 
-    def _nrt_object(self, topology: Topology, state: State, pinned: tuple[tuple[str, str], ...],
-                    assigned: frozenset[str]) -> dict[str, Any]:
+    def _nrt_object(self, snap: Snapshot) -> dict[str, Any]:
         if self._node_ref is None:  # the owner reference needs the Node's uid
             self._read_node()
         if self._node_ref is None:  # _read_node sets it or raises
             raise TopoletError(f"Node {self.node} not read")
-        return build_nrt(self._node_ref, topology, state, pinned, self.gpus, assigned)
+        return build_nrt(self._node_ref, snap.topology, snap.state, snap.pinned, self.gpus,
+                         snap.assigned_gpus, memory=snap.memory)
 
 
 def _pod_ref(plan: PodPlan) -> dict[str, Any]:

@@ -159,8 +159,11 @@ def test_agent_without_enforcement_publishes_what_it_would_pin(dump_node: DumpNo
     assert 'enforcement="off"' in node.info_line()
 
     shared = node.create_running_pod("shared", None)
+    memory_before = node.available("memory")
+    assert len(memory_before) == 4 and all(v > 0 for v in memory_before.values()), memory_before
     uid = node.create_running_pod("pinned", {"cpu": "4", "memory": "256Mi"},
-                                  {"topolet.io/numa-policy": "single-numa-node"})
+                                  {"topolet.io/numa-policy": "single-numa-node",
+                                   "topolet.io/memory-binding": "true"})
 
     def one_zone_lost_four() -> dict[str, int] | None:
         now = node.available("cpu")
@@ -171,9 +174,13 @@ def test_agent_without_enforcement_publishes_what_it_would_pin(dump_node: DumpNo
     (alloc,) = node.state().allocations
     assert alloc.owner.pod_uid == uid and len(alloc.cpus) == 4
     assert alloc.owner.pod_uid != shared
+    # Its memory is bound to the zone of its CPUs, and that zone's available memory shows it.
+    (zone,) = [name for name, cpus in after.items() if cpus == 12]
+    assert node.available("memory") == {**memory_before, zone: memory_before[zone] - 256 * 2**20}
 
     k8s.CoreV1Api(node.api).delete_namespaced_pod("pinned", node.namespace, grace_period_seconds=0)
     wait_for(lambda: node.available("cpu") == before, "the NRT to give the CPUs back")
+    assert node.available("memory") == memory_before
     assert not node.state().allocations
     assert "Traceback" not in node.log_text()
 
