@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from agent.gpu.model import GPU
 from agent.gpu.planner import ExistingInstance
 from agent.gpu.profiles import GPUModel, resolve_model
 
+if TYPE_CHECKING:
+    from agent.gpu.applier import MigApplier
+
 WHOLE_GPU = "nvidia.com/gpu"
+
+# GPU index → (in MIG mode now, its GPU instances); what NVML says at one moment.
+MigInventory = Mapping[int, tuple[bool, tuple[ExistingInstance, ...]]]
 
 
 def _mig_resource(model: GPUModel | None, profile: str) -> str:
@@ -47,3 +54,22 @@ def numa_gpu_capacity(gpus: Sequence[GPU],
             cap, avail = zone.get(WHOLE_GPU, (0, 0))
             zone[WHOLE_GPU] = (cap + 1, avail + (0 if held(g, gpus_in_use) else 1))
     return out
+
+
+def read_mig_inventory(applier: MigApplier, in_use: Mapping[int, Collection[int]]) -> dict[
+        int, tuple[bool, tuple[ExistingInstance, ...]]]:
+    """Every MIG-capable GPU's mode and GPU instances through NVML, read the way the applier reads
+    them; an instance is `in_use` when a process runs on it or `in_use` ({GPU index: {GPU-instance
+    id}}, the MIG devices the kubelet handed out) names it.  Raises what NVML raises."""
+    live = applier._live(in_use)  # noqa: SLF001 - the one NVML reader of instances; read-only
+    return {g.index: (g.mig_current, tuple(sorted((inst for _, inst in g.gis.values()),
+                                                  key=lambda i: (i.start, i.profile))))
+            for g in live}
+
+
+def with_mig_modes(gpus: Sequence[GPU], inventory: MigInventory) -> tuple[GPU, ...]:
+    """`gpus` with the MIG mode `inventory` read (the startup inventory's may be stale)."""
+    from dataclasses import replace
+
+    return tuple(replace(g, mig_mode_current=inventory[g.index][0]) if g.index in inventory else g
+                 for g in gpus)

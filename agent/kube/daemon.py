@@ -18,7 +18,10 @@ last layout read stays applied.  Until this run has read the Node once, no MIG c
 label may name another layout than the flag.
 
 GPUs the kubelet handed to containers (its pod-resources socket, read on the enforcer thread only
-when the node has GPUs) count as taken in the NRT, and their MIG instances as in use.
+when the node has GPUs) count as taken in the NRT, and their MIG instances as in use.  Where MIG is
+looked after, the enforcer reads each GPU's MIG mode and instances through NVML after every pod
+change and reconcile; the NRT lists them by profile (`nvidia.com/mig-<profile>`) in the GPU's zone,
+available unless the kubelet handed them out or a process runs on them.
 
 The container's cgroup is the kubelet's (`agent.enforce.kubepods`); the cgroup driver is found by
 looking for `kubepods.slice` (systemd) or `kubepods` (cgroupfs) under the cpuset hierarchy, and per
@@ -67,6 +70,7 @@ from agent.topology.discover import discover
 from agent.topology.model import Topology
 
 if TYPE_CHECKING:
+    from agent.gpu.capacity import MigInventory
     from agent.gpu.model import GPU
     from agent.gpu.reconcile import MigReconciler
 
@@ -128,6 +132,7 @@ class KubeAgent:
         self.generation = -1
         self.pinned_pods: tuple[tuple[str, str], ...] = ()  # replaced whole: the publisher reads it
         self.memory_requests: MemoryRequests = {}  # likewise: allocation id → memory it asked for
+        self.mig_inventory: MigInventory | None = None  # likewise: NVML's MIG instances, once read
         metrics.info.info({"version": metrics.info._value.get("version", ""),  # noqa: SLF001
                            "node": self.node, "enforcement": "on" if self.enforce else "off",
                            "mode": "kubernetes"})
@@ -206,9 +211,10 @@ class KubeAgent:
 
     def snapshot(self) -> Snapshot:
         """What the publisher describes: topology, allocation state, (namespace, name) of pinned pods,
-        the whole GPUs the kubelet handed out and the memory requests of pinned containers."""
+        the whole GPUs the kubelet handed out, the memory requests of pinned containers and the MIG
+        instances."""
         return Snapshot(self.topology, self.state_file.load(missing_ok=True), self.pinned_pods,
-                        self.assigned_gpus, self.memory_requests)
+                        self.assigned_gpus, self.memory_requests, self.mig_inventory)
 
     # -- MIG (enforcer thread) -------------------------------------------------------------------
 
@@ -266,6 +272,31 @@ class KubeAgent:
         in_use, whole = found
         return in_use, held | whole
 
+    def refresh_mig_inventory(self) -> None:
+        """Read the GPUs' MIG instances for the NRT, those the kubelet handed out in use; the
+        publisher hears of a change.  Only where MIG is looked after and a GPU is MIG-capable."""
+        if self.mig_status is None or not any(g.mig_capable for g in self.gpus):
+            return
+        mig = self._mig_reconciler()
+        if mig is None:
+            return
+        in_use: Mapping[int, Collection[int]] = {}
+        if self.kubelet_gpu_ids:
+            found = mig.holds_of(self.kubelet_gpu_ids)
+            if found is None:  # a device NVML cannot place: the last inventory stands
+                return
+            in_use = found[0]
+        from agent.gpu.capacity import read_mig_inventory
+
+        try:
+            inventory = read_mig_inventory(mig.applier, in_use)
+        except Exception as exc:  # noqa: BLE001 - NVML may fail in any way; the last inventory stands
+            log.warning("MIG instances not read: %s", exc)
+            return
+        if inventory != self.mig_inventory:
+            self.mig_inventory = inventory
+            self.publisher.notify()
+
     def reconcile_mig(self) -> None:
         """Keep the layout the Node asks for applied (with the API down, the last one read)."""
         status = self.mig_status
@@ -309,6 +340,7 @@ class KubeAgent:
         if isinstance(change, MigConfigChanged):
             self.refresh_devices()  # what pods hold now, not a reconcile ago
             self.reconcile_mig()
+            self.refresh_mig_inventory()
             return
         try:
             self.pinner.handle(change)
@@ -330,6 +362,7 @@ class KubeAgent:
                 self.metrics.drift.inc(result.drift_repaired)
             self.pinner.retry()
             self.reconcile_mig()  # after the pins: a MIG change may take seconds
+            self.refresh_mig_inventory()
             self.metrics.last_reconcile.set(time.time())
         except TopoletError as exc:
             self.metrics.reconcile_errors.inc()
@@ -365,6 +398,7 @@ class KubeAgent:
                         change = None
                 if pods_changed:  # a started or stopped pod may have taken or returned GPUs
                     self.refresh_devices()
+                    self.refresh_mig_inventory()
                 if self.pinner.pending and time.monotonic() >= next_retry:
                     self._retry_pending()
                     next_retry = time.monotonic() + PENDING_RETRY_SECONDS

@@ -24,6 +24,7 @@ from agent.enforce.state import State
 from agent.topology.model import Topology
 
 if TYPE_CHECKING:
+    from agent.gpu.capacity import MigInventory
     from agent.gpu.model import GPU
 
 MemoryRequests = Mapping[str, tuple[tuple[str, int], ...]]  # allocation id → ((resource, bytes), ...)
@@ -38,6 +39,7 @@ class Snapshot:
     pinned: tuple[tuple[str, str], ...] = ()  # (namespace, name) of pods with exclusive CPUs
     assigned_gpus: frozenset[str] = frozenset()  # whole GPUs the kubelet handed out (PCI addresses)
     memory: MemoryRequests = field(default_factory=dict)  # memory requests of pinned containers
+    mig: MigInventory | None = None  # MIG mode and instances per GPU index, when NVML was read
 
 
 def zone_memory_held(topology: Topology, state: State, requests: MemoryRequests) -> dict[int, dict[str, int]]:
@@ -67,17 +69,24 @@ def zone_memory_held(topology: Topology, state: State, requests: MemoryRequests)
 
 def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
               pinned: tuple[tuple[str, str], ...], gpus: Sequence[GPU] = (),
-              assigned_gpus: Collection[str] = (), *, memory: MemoryRequests | None = None) -> dict[str, Any]:
+              assigned_gpus: Collection[str] = (), *, memory: MemoryRequests | None = None,
+              mig: MigInventory | None = None) -> dict[str, Any]:
     """The node's NRT: CPUs and GPUs less what `state` holds, GPUs less those the kubelet assigned
     (`assigned_gpus`: PCI addresses or UUIDs), memory and hugepages less what memory-bound
-    containers request (`memory`, by allocation id), and the fingerprint of the pinned pods."""
+    containers request (`memory`, by allocation id), and the fingerprint of the pinned pods.
+
+    With `mig` (NVML's word), a GPU in MIG mode offers its instances by profile
+    (`nvidia.com/mig-<profile>`) in the zone of the GPU, available unless in use; without it no
+    MIG resource is published (instances unknown)."""
     from agent.kube.nrt import nrt_object, pod_set_fingerprint
 
     gpu_capacity = None
     if gpus:
-        from agent.gpu.capacity import numa_gpu_capacity
+        from agent.gpu.capacity import numa_gpu_capacity, with_mig_modes
 
-        gpu_capacity = numa_gpu_capacity(gpus, None, state.held_gpus() | frozenset(assigned_gpus))
+        instances = {index: found for index, (_, found) in mig.items()} if mig is not None else None
+        gpu_capacity = numa_gpu_capacity(with_mig_modes(gpus, mig or {}), instances,
+                                         state.held_gpus() | frozenset(assigned_gpus))
     obj: dict[str, Any] = nrt_object(
         node_ref, topology, state, gpu_capacity=gpu_capacity,
         pods_fingerprint=pod_set_fingerprint(pinned),
