@@ -62,6 +62,7 @@ from agent.admission.model import (
     Resources,
     Taint,
     Toleration,
+    Zone,
 )
 
 WHOLE_GPU = 1000
@@ -144,17 +145,17 @@ class _State:
     def to_node(self, node: Node) -> Node:
         """`node` with these free figures."""
         zones = tuple(
-            replace(z, cpu_milli=self.zcpu[i], memory=self.zmem[i], gpus=self.zgpus[i],
-                    hugepages=_frozen(self.zhp[i]), mig=_frozen(self.zmig[i]))
+            Zone(z.numa, self.zcpu[i], z.cpu_capacity_milli, self.zmem[i], _frozen(self.zhp[i]),
+                 self.zgpus[i], _frozen(self.zmig[i]), z.l3_cpus)
             for i, z in enumerate(node.zones))
-        free = replace(node.free, cpu_milli=self.cpu, memory=self.mem, gpus=self.gpus,
-                       hugepages=_frozen(self.hp), mig=_frozen(self.mig))
-        return replace(node, free=free, zones=zones, gpu_free_milli=tuple(self.gfree),
-                       free_pods=self.pods)
+        free = Resources(self.cpu, self.mem, _frozen(self.hp), self.gpus, node.free.gpu_milli,
+                         _frozen(self.mig))
+        return Node(node.name, node.labels, node.taints, node.unschedulable, free, node.capacity,
+                    zones, tuple(self.gfree), node.gpu_model, self.pods)
 
 
 def _frozen(m: Mapping[str, int]) -> Mapping[str, int]:
-    return m if isinstance(m, MappingProxyType) else MappingProxyType(dict(m))
+    return m if not m or isinstance(m, MappingProxyType) else MappingProxyType(dict(m))
 
 
 def _holds(have: Mapping[str, int], want: Mapping[str, int]) -> bool:
@@ -256,7 +257,7 @@ def _filter_reason(node: Node, ps: PodSet) -> str | None:
 class _Index:
     """A view's nodes with their free figures, and its zones sorted by free CPU."""
 
-    __slots__ = ("nodes", "states", "zkeys", "nkeys", "gpu_nodes", "kmin")
+    __slots__ = ("nodes", "states", "zkeys", "nkeys", "gpu_nodes", "kmin", "by_name")
 
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.nodes = list(nodes)
@@ -267,6 +268,7 @@ class _Index:
         self.gpu_nodes = [i for i, n in enumerate(nodes) if n.capacity.gpus or n.free.gpus
                           or n.gpu_free_milli]
         self.kmin: dict[tuple[int, int], int] = {}
+        self.by_name = {n.name: i for i, n in enumerate(nodes)}
 
     def update(self, i: int, node: Node) -> None:
         """Replace node `i` (its sorted keys move)."""
@@ -321,6 +323,7 @@ class _Work:
         self.mix = mix
         self.touched: dict[int, _State] = {}
         self.eligible: dict[tuple[str, int], tuple[bool, int]] = {}
+        self.base: dict[tuple[str, int], tuple[bool, int]] = {}
 
     def state(self, i: int) -> _State:
         return self.touched.get(i) or self.ix.states[i]
@@ -334,6 +337,16 @@ class _Work:
             hit = (_filter_reason(node, ps) is None,
                    _untolerated(node, ps.tolerations)[1] if node.taints else 0)
             self.eligible[k] = hit
+        return hit
+
+    def base_fit(self, ps: PodSet, i: int) -> tuple[bool, int]:
+        """`filter`, and whether untouched node `i`'s totals hold a pod of `ps` (cached)."""
+        k = (ps.name, i)
+        hit = self.base.get(k)
+        if hit is None:
+            ok, soft = self.filter(ps, i)
+            hit = (ok and _node_holds(self.ix.states[i], ps.requests), soft)
+            self.base[k] = hit
         return hit
 
     # -- candidates --
@@ -367,11 +380,11 @@ class _Work:
             _, i, p = zkeys[pos]
             if i in self.touched:
                 continue
-            ok, soft = self.filter(ps, i)
+            ok, soft = self.base_fit(ps, i)
             if not ok:
                 continue
             s = self.ix.states[i]
-            if not _node_holds(s, r) or not _zone_holds(s, p, r):
+            if not _zone_holds(s, p, r):
                 continue
             found.append(self._zone_choice(ps, i, s, p, soft))
             seen += 1
@@ -814,7 +827,7 @@ def _invalid(gang: Gang) -> str:
 def commit(view: ClusterView, gang: Gang, placement: Placement) -> ClusterView:
     """`view` with `placement`'s pods counted on their nodes and zones, as `place` counted them."""
     ix = _index(view, view.nodes)
-    by_name = {n.name: i for i, n in enumerate(ix.nodes)}
+    by_name = ix.by_name
     sets = {ps.name: ps for ps in gang.pod_sets}
     work = _Work(ix, view.gpu_mix)
     for pod in placement.pods:
