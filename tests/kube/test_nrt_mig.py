@@ -3,18 +3,28 @@ the inventory read through NVML.  The one GPU stand-in is tests/gpu/fake_nvml.py
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.cli import build_parser
 from agent.enforce.state import State
 from agent.gpu.applier import MigApplier
 from agent.gpu.capacity import MigInventory, read_mig_inventory
 from agent.gpu.planner import ExistingInstance
+from agent.kube.daemon import KubeAgent
 from agent.kube.nrt_build import build_nrt
+from agent.kube.podresources.client import Device
+from agent.metrics import Metrics
 from tests.gpu.fake_nvml import h100_node
+from tests.kube.kubelet_standin import wait_for
+from tests.kube.podresources_standin import PodResourcesStandIn
+from tests.kube.test_enforcement_off import DumpNode, dump_node
 from tests.kube.test_nrt import TWO_SOCKETS_AND_CXL, gpu, resources, zones_by_name
+
+__all__ = ["dump_node"]
 
 # H100s: GPUs 0 and 1 on NUMA 0 and 1, both MIG-capable; the startup inventory says GPU 0 and 1
 # are in MIG mode, GPU 2 (NUMA 1) is not.
@@ -92,3 +102,50 @@ def test_inventory_read_through_nvml(tmp_path: Path) -> None:
     assert resources(zones["node-0"])["nvidia.com/mig-1g.10gb"] == ("2", "2", "1")
     assert resources(zones["node-0"])["nvidia.com/mig-3g.40gb"] == ("1", "1", "0")
     assert resources(zones["node-1"])["nvidia.com/gpu"] == ("1", "1", "1")
+
+
+# ---- the agent on a real API server --------------------------------------------------------------
+
+def mig_available(node: DumpNode, zone: str) -> dict[str, int]:
+    obj = node.nrt() or {}
+    return {r["name"]: int(r["available"]) for z in obj.get("zones") or [] if z["name"] == zone
+            for r in z.get("resources") or [] if r["name"].startswith("nvidia.com/mig-")}
+
+
+def test_agent_publishes_mig_instances_less_those_the_kubelet_assigned(
+        dump_node: DumpNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The agent in this process, without enforcement, on the 64-CPU dump; NVML is the stand-in with
+    # two H100s in MIG mode (NUMA 0 and 1 by the hand-built inventory), the kubelet's pod-resources
+    # socket the gRPC stand-in.
+    node = dump_node
+    monkeypatch.setenv("POD_NAMESPACE", node.namespace)
+    nvml: Any = h100_node(2)
+    nvml.nvmlInit()
+    first = nvml.create_instance(0, "1g.10gb", 0)
+    nvml.create_instance(0, "1g.10gb", 1)
+    nvml.create_instance(1, "3g.40gb", 0)
+    with PodResourcesStandIn() as kubelet:
+        args = build_parser().parse_args([
+            "agent", "--mode", "kubernetes", "--kubeconfig", str(node.tmp / "agent.kubeconfig"),
+            "--node-name", node.name, "--state-dir", node.state_dir, "--fsroot", str(node.fsroot),
+            "--enforcement", "off", "--features-dir", str(node.tmp / "features.d"),
+            "--listen", "127.0.0.1:0", "--label-sink", "none", "--reconcile-seconds", "0.3",
+            "--pod-resources-socket", kubelet.path])
+        agent = KubeAgent(args, Metrics(), nvml=nvml, gpus=GPUS[:2])
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            wait_for(lambda: mig_available(node, "node-0") == {"nvidia.com/mig-1g.10gb": 2}
+                     and mig_available(node, "node-1") == {"nvidia.com/mig-3g.40gb": 1},
+                     "the NRT to list the MIG instances in their GPUs' zones")
+            kubelet.assignments = {(node.namespace, "train", "c0"): [
+                Device("nvidia.com/mig-1g.10gb", (f"MIG-GPU-00000000-h100/{first}/0",), frozenset({0}))]}
+            node.create_running_pod("train", None)  # a pod change: the agent asks the kubelet again
+            wait_for(lambda: mig_available(node, "node-0") == {"nvidia.com/mig-1g.10gb": 1},
+                     "the NRT to count the MIG device the kubelet handed out")
+            assert mig_available(node, "node-1") == {"nvidia.com/mig-3g.40gb": 1}
+        finally:
+            stop.set()
+            thread.join(30)
+            agent.api.close()
