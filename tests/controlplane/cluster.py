@@ -256,6 +256,7 @@ class Cluster:
     _kcm: _Process | None = None
     _scheduler: _Process | None = None
     _kubelets: SimulatedKubelets | None = None
+    controllers: list[_Process] = field(default_factory=list)
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -277,7 +278,8 @@ class Cluster:
             raise
 
     def stop(self) -> None:
-        """Stop every agent, the simulated kubelets, the scheduler and the controller manager (idempotent)."""
+        """Stop topolet controllers, agents, kubelets, scheduler and controller manager (idempotent)."""
+        self.stop_controllers()
         for node in self.nodes.values():
             if node.agent is not None:
                 node.agent.stop()
@@ -297,6 +299,8 @@ class Cluster:
         for proc in (self._kcm, self._scheduler):
             if proc is not None:
                 parts.append(f"--- {proc.name} ---\n{proc.log_tail(chars)}")
+        for proc in self.controllers:
+            parts.append(f"--- {proc.name} ---\n{proc.log_tail(chars)}")
         for node in self.nodes.values():
             if node.agent is not None:
                 parts.append(f"--- agent {node.name} ---\n{node.agent.log_tail(chars)}")
@@ -387,6 +391,26 @@ class Cluster:
         finally:
             api.close()
 
+    # ---- topolet controller ----------------------------------------------------------------------
+
+    def start_controller(self, *extra: str) -> _Process:
+        """Start a `topolet controller` replica (admin credentials) on this cluster; stop() ends it."""
+        from tests.conftest import REPO, topolet_bin
+
+        n = len(self.controllers)
+        kc = self.plane.write_kubeconfig(self.workdir / "topolet-controller.kubeconfig",
+                                         self.plane.admin_token)
+        argv = [topolet_bin(), "controller", "--kubeconfig", str(kc), *extra]
+        proc = _Process(f"topolet-controller-{n}", argv, self.workdir / f"topolet-controller-{n}.log",
+                        env={"POD_NAMESPACE": "default", "PYTHONPATH": str(REPO)})
+        self.controllers.append(proc)
+        return proc
+
+    def stop_controllers(self) -> None:
+        """Stop every `topolet controller` replica started here."""
+        while self.controllers:
+            self.controllers.pop().stop()
+
     # ---- nodes -----------------------------------------------------------------------------------
 
     def add_node(self, name: str, fsroot: Path | str, *, labels: Mapping[str, str] | None = None,
@@ -429,7 +453,6 @@ class Cluster:
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "labels": {HOSTNAME_LABEL: name, "kubernetes.io/os": "linux",
                                                       "kubernetes.io/arch": "amd64", **(labels or {})}},
-                "spec": {"taints": [dict(t) for t in taints]} if taints else {},
             })
             api.patch(f"/api/v1/nodes/{name}/status", {"status": {
                 "capacity": dict(capacity), "allocatable": dict(allocatable),
@@ -439,6 +462,10 @@ class Cluster:
                 "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
                               {"type": "Hostname", "address": name}],
             }}, "application/merge-patch+json")
+            # The API server's TaintNodesByCondition admission taints a new Node not-ready; the node
+            # lifecycle controller (not run here) lifts it once the Node is Ready. Do its part.
+            api.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": [dict(t) for t in taints] or None}},
+                      "application/merge-patch+json")
         finally:
             api.close()
 

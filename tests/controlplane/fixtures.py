@@ -103,5 +103,6 @@ def cluster(cluster_session: Cluster) -> Iterator[Cluster]:
     yield cluster_session
     # Captured output: pytest shows it only for a failing test.
     print(cluster_session.logs())
+    cluster_session.stop_controllers()
     for name in set(cluster_session.nodes) - before:
         cluster_session.remove_node(name)
