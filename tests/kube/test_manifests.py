@@ -42,8 +42,8 @@ CONTROLLER_GRANTS: frozenset[tuple[str, str, str, str, str]] = frozenset({
     *(("*", "", "nodes", v, "") for v in _READ),
     *(("*", "topology.node.k8s.io", "noderesourcetopologies", v, "") for v in _READ),
     *(("*", "scheduling.k8s.io", "priorityclasses", v, "") for v in _READ),
-    # core/v1 and events.k8s.io/v1 Events are the same objects; patch counts a repeated Event up.
-    *(("*", g, "events", v, "") for g in ("", "events.k8s.io") for v in ("create", "patch")),
+    # Events on Jobs: core/v1, each posted new (agent/admission/controller.py never patches one).
+    ("*", "", "events", "create", ""),
     # Leader election: create a Lease (RBAC cannot name a create's object), then only its own Lease.
     (NAMESPACE, "coordination.k8s.io", "leases", "create", ""),
     *((NAMESPACE, "coordination.k8s.io", "leases", v, CONTROLLER) for v in ("get", "update")),

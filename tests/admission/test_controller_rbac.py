@@ -1,0 +1,460 @@
+"""The admission controller's credentials on a real API server: what issue 8 grants works, nothing else does.
+
+Setup, all through the daemonset/ base as `kubectl apply -k` installs it: a controller Pod (service
+account topolet-controller) on a Node, and a token bound to that pod as the kubelet would project it.
+A user namespace holds a suspended Job labelled topolet.io/queue and a pod held by the scheduling gate
+topolet.io/placement, the objects the controller works on. Three views of one question, each with the
+controller's own token:
+
+- the API server's own listing of the token's rules (SelfSubjectRulesReview), less what any service
+  account gets, is exactly CONTROLLER_GRANTS;
+- SelfSubjectAccessReview over a grid of resources, verbs and namespaces says yes exactly where
+  CONTROLLER_GRANTS does;
+- real requests: each thing the controller does succeeds, and each refused row is refused by RBAC.
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tests.controlplane.fixtures import IN_CI, _apiserver_up_between_tests, control_plane
+from tests.controlplane.harness import ControlPlane
+from tests.controlplane.kubectl import api_request
+from tests.controlplane.kubectl import applied_base as applied_base  # noqa: F401 - fixture
+from tests.controlplane.kubectl import kubectl as kubectl  # noqa: F401 - fixture
+from tests.kube.test_manifests import CONTROLLER, CONTROLLER_GRANTS, NAMESPACE
+
+try:
+    import kubernetes  # noqa: F401
+except ImportError:
+    if IN_CI:
+        raise
+    pytest.skip("the `kubernetes` Python client is not installed", allow_module_level=True)
+
+__all__ = ["_apiserver_up_between_tests", "control_plane"]
+
+MERGE = "application/merge-patch+json"
+GATE = "topolet.io/placement"
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases"
+NRT_PATH = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
+RETRY_429_S = 30.0
+
+Grant = tuple[str, str, str, str, str]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The controller's pod-bound token, a token of a service account with no roles, and the objects."""
+
+    plane: ControlPlane
+    token: str
+    baseline: str
+    node: str
+    team: str  # a user namespace
+    job: str  # a suspended Job in it, labelled topolet.io/queue
+    pod: str  # a pod in it, held by the scheduling gate
+
+
+def created(plane: ControlPlane, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST `body` as the admin; the stored object."""
+    status, stored = api_request(plane, "POST", path, body=body)
+    assert status == 201, stored
+    return stored
+
+
+def suspended_job(name: str) -> dict[str, Any]:
+    """A Job as a user queues it for topolet: suspended, labelled with its queue."""
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "labels": {"topolet.io/queue": "research"}},
+        "spec": {"suspend": True, "parallelism": 2, "completions": 2, "completionMode": "Indexed",
+                 "template": {"spec": {"restartPolicy": "Never", "containers": [
+                     {"name": "main", "image": "busybox",
+                      "resources": {"requests": {"cpu": "2", "memory": "1Gi"},
+                                    "limits": {"cpu": "2", "memory": "1Gi"}}}]}}},
+    }
+
+
+def gated_pod(name: str) -> dict[str, Any]:
+    """A pod as the Job controller creates it from an admitted Job's template: held by our gate."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"schedulingGates": [{"name": GATE}],
+                     "containers": [{"name": "main", "image": "busybox"}]}}
+
+
+@pytest.fixture(scope="module")
+def setup(control_plane: ControlPlane, applied_base: Any) -> Iterator[Setup]:  # noqa: F811 - fixture
+    suffix = uuid.uuid4().hex[:6]
+    node = f"node-c-{suffix}"
+    created(control_plane, "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": node, "labels": {"kubernetes.io/hostname": node}}})
+    pod = created(control_plane, f"/api/v1/namespaces/{NAMESPACE}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{CONTROLLER}-{suffix}"},
+        "spec": {"serviceAccountName": CONTROLLER, "nodeName": node,
+                 "containers": [{"name": "controller", "image": "topolet:0.1.0"}]}})
+    token = control_plane.mint_token(NAMESPACE, CONTROLLER,
+                                     bound_pod=(pod["metadata"]["name"], pod["metadata"]["uid"]))
+    team = f"team-{suffix}"
+    created(control_plane, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                  "metadata": {"name": team}})
+    # Pods need their service account to exist; without a controller-manager nobody makes "default".
+    for account in ("default", "baseline"):
+        status, body = api_request(control_plane, "POST", f"/api/v1/namespaces/{team}/serviceaccounts",
+                                   body={"apiVersion": "v1", "kind": "ServiceAccount",
+                                         "metadata": {"name": account}})
+        assert status in (201, 409), body
+    baseline = control_plane.mint_token(team, "baseline")
+    job = created(control_plane, f"/apis/batch/v1/namespaces/{team}/jobs", suspended_job("gang"))
+    gated = created(control_plane, f"/api/v1/namespaces/{team}/pods", gated_pod("gang-0"))
+    yield Setup(control_plane, token, baseline, node, team, job["metadata"]["name"],
+                gated["metadata"]["name"])
+
+
+def as_controller(setup: Setup, method: str, path: str, body: Any = None,
+                  content_type: str = MERGE) -> tuple[int, dict[str, Any]]:
+    """One request with the controller's token. A 429 is retried: the API server answers it while
+    the watch cache of a resource is still initialising (a CRD just established, a restart)."""
+    deadline = time.monotonic() + RETRY_429_S
+    while True:
+        status, answer = api_request(setup.plane, method, path, setup.token, body, content_type)
+        if status != 429 or time.monotonic() > deadline:
+            return status, answer
+        time.sleep(0.5)
+
+
+def refused_by_rbac(status: int, body: dict[str, Any]) -> bool:
+    """Whether RBAC (not admission, not validation) refused the request."""
+    message = str(body.get("message", ""))
+    return status == 403 and "cannot" in message and "forbidden" in message
+
+
+def now_micro() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# ---- the API server's own listing of the token's rules --------------------------------------------
+
+
+def rules_in(setup: Setup, token: str, namespace: str) -> set[tuple[str, str, str, str]]:
+    """SelfSubjectRulesReview in `namespace`, flattened to (group, resource, verb, resource name)."""
+    status, review = api_request(setup.plane, "POST",
+                                 "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", token,
+                                 {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview",
+                                  "spec": {"namespace": namespace}})
+    assert status == 201, review
+    assert review["status"].get("incomplete") is not True, review["status"]
+    return {(group, resource, verb, name)
+            for rule in review["status"]["resourceRules"]
+            for group in rule.get("apiGroups", [])
+            for resource in rule.get("resources", [])
+            for verb in rule["verbs"]
+            for name in rule.get("resourceNames") or [""]}
+
+
+@pytest.mark.parametrize("where", ["own", "team"])
+def test_the_api_server_lists_exactly_the_issues_grants(setup: Setup, where: str) -> None:
+    namespace = NAMESPACE if where == "own" else setup.team
+    # What every authenticated service account has (self-reviews, discovery) is not the controller's.
+    extra = rules_in(setup, setup.token, namespace) - rules_in(setup, setup.baseline, namespace)
+    expected = {(g, r, v, n) for scope, g, r, v, n in CONTROLLER_GRANTS if scope in ("*", namespace)}
+    assert extra == expected, {"extra": extra - expected, "missing": expected - extra}
+
+
+# ---- SelfSubjectAccessReview over a grid ----------------------------------------------------------
+
+# (API group, resource[/subresource], namespaced). What the controller touches, what lies next to it,
+# and what an attacker holding its token would want.
+GRID_RESOURCES: list[tuple[str, str, bool]] = [
+    ("batch", "jobs", True), ("batch", "jobs/status", True), ("batch", "cronjobs", True),
+    ("", "pods", True), ("", "pods/status", True), ("", "pods/binding", True), ("", "pods/eviction", True),
+    ("", "pods/exec", True), ("", "pods/log", True), ("", "pods/ephemeralcontainers", True),
+    ("", "nodes", False), ("", "nodes/status", False), ("", "nodes/proxy", False),
+    ("topology.node.k8s.io", "noderesourcetopologies", False),
+    ("scheduling.k8s.io", "priorityclasses", False),
+    ("", "events", True), ("events.k8s.io", "events", True),
+    ("coordination.k8s.io", "leases", True),
+    ("", "secrets", True), ("", "configmaps", True), ("", "serviceaccounts", True),
+    ("", "serviceaccounts/token", True), ("", "namespaces", False), ("", "persistentvolumeclaims", True),
+    ("apps", "deployments", True), ("apps", "deployments/scale", True), ("apps", "daemonsets", True),
+    ("apps", "replicasets", True), ("policy", "poddisruptionbudgets", True),
+    ("rbac.authorization.k8s.io", "roles", True), ("rbac.authorization.k8s.io", "rolebindings", True),
+    ("rbac.authorization.k8s.io", "clusterroles", False),
+    ("rbac.authorization.k8s.io", "clusterrolebindings", False),
+    ("nfd.k8s-sigs.io", "nodefeatures", True),
+    ("apiextensions.k8s.io", "customresourcedefinitions", False),
+    ("admissionregistration.k8s.io", "validatingadmissionpolicies", False),
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", False),
+    ("certificates.k8s.io", "certificatesigningrequests", False),
+    ("kueue.x-k8s.io", "workloads", True),
+]
+GRID_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+# Verbs that reach past RBAC's own checks: granting roles one does not hold, acting as someone else.
+POWER = [("rbac.authorization.k8s.io", "clusterroles", "escalate"),
+         ("rbac.authorization.k8s.io", "clusterroles", "bind"),
+         ("rbac.authorization.k8s.io", "roles", "escalate"),
+         ("rbac.authorization.k8s.io", "roles", "bind"),
+         ("", "serviceaccounts", "impersonate"), ("", "users", "impersonate"), ("", "groups", "impersonate"),
+         ("authentication.k8s.io", "userextras/scopes", "impersonate"),
+         ("certificates.k8s.io", "signers", "sign"), ("certificates.k8s.io", "signers", "approve")]
+
+
+def granted(namespace: str, group: str, resource: str, verb: str, name: str) -> bool:
+    """Whether CONTROLLER_GRANTS allows the request (namespace "" = cluster scope or all namespaces)."""
+    return any(scope in ("*", namespace) and (g, r, v) == (group, resource, verb) and n in ("", name)
+               for scope, g, r, v, n in CONTROLLER_GRANTS)
+
+
+def access_allowed(setup: Setup, namespace: str, group: str, resource: str, verb: str, name: str) -> bool:
+    plural, _, subresource = resource.partition("/")
+    attributes = {"namespace": namespace, "group": group, "resource": plural, "subresource": subresource,
+                  "verb": verb, "name": name}
+    status, review = api_request(setup.plane, "POST",
+                                 "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", setup.token,
+                                 {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                                  "spec": {"resourceAttributes": attributes}})
+    assert status == 201, review
+    return bool(review["status"]["allowed"])
+
+
+def test_access_reviews_allow_exactly_the_issues_grants(setup: Setup) -> None:
+    wrong = []
+    checked = 0
+    for group, resource, namespaced in GRID_RESOURCES:
+        for namespace in ((NAMESPACE, setup.team, "") if namespaced else ("",)):
+            names = ("", CONTROLLER, "other") if resource == "leases" else ("",)
+            for name in names:
+                for verb in GRID_VERBS:
+                    expected = granted(namespace, group, resource, verb, name)
+                    checked += 1
+                    if access_allowed(setup, namespace, group, resource, verb, name) != expected:
+                        wrong.append((namespace, group, resource, verb, name, expected))
+    assert checked > 500
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize(("group", "resource", "verb"), POWER)
+def test_no_power_verbs(setup: Setup, group: str, resource: str, verb: str) -> None:
+    for namespace in ("", NAMESPACE):
+        assert not access_allowed(setup, namespace, group, resource, verb, "")
+
+
+# ---- real requests: what the controller does ------------------------------------------------------
+
+
+def test_lists_and_watches_what_it_decides_on(setup: Setup) -> None:
+    status, jobs = as_controller(setup, "GET", "/apis/batch/v1/jobs?labelSelector=topolet.io%2Fqueue")
+    assert status == 200, jobs
+    assert (setup.team, setup.job) in {(j["metadata"]["namespace"], j["metadata"]["name"])
+                                       for j in jobs["items"]}
+    for path in ("/api/v1/pods", "/api/v1/nodes", NRT_PATH, "/apis/scheduling.k8s.io/v1/priorityclasses"):
+        status, body = as_controller(setup, "GET", path)
+        assert status == 200, (path, body)
+        # A watch that ends after one second: the answer is the stream's status, 200.
+        status, body = as_controller(setup, "GET", f"{path}?watch=1&timeoutSeconds=1")
+        assert status == 200, (path, body)
+    status, node = as_controller(setup, "GET", f"/api/v1/nodes/{setup.node}")
+    assert status == 200, node
+    status, classes = as_controller(setup, "GET", "/apis/scheduling.k8s.io/v1/priorityclasses")
+    assert "system-cluster-critical" in {c["metadata"]["name"] for c in classes["items"]}
+
+
+def test_admits_a_job_by_gating_its_template_then_unsuspending_it(setup: Setup) -> None:
+    path = f"/apis/batch/v1/namespaces/{setup.team}/jobs/{setup.job}"
+    status, job = as_controller(setup, "PATCH", path, {
+        "metadata": {"annotations": {"topolet.io/admission": '{"result": "admitted"}'}},
+        "spec": {"template": {"spec": {"schedulingGates": [{"name": GATE}]}}}})
+    assert status == 200, job
+    assert job["spec"]["template"]["spec"]["schedulingGates"] == [{"name": GATE}]
+    status, job = as_controller(setup, "PATCH", path, {"spec": {"suspend": False}})
+    assert status == 200, job
+    assert job["spec"]["suspend"] is False
+    assert job["metadata"]["annotations"]["topolet.io/admission"] == '{"result": "admitted"}'
+
+
+def test_places_a_gated_pod_and_lifts_the_gate(setup: Setup) -> None:
+    path = f"/api/v1/namespaces/{setup.team}/pods/{setup.pod}"
+    # One patch, as the controller sends it: where to run, which zone, and the gate lifted.
+    status, pod = as_controller(setup, "PATCH", path, {
+        "metadata": {"annotations": {"topolet.io/numa-zone": "1"}},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": setup.node}, "schedulingGates": []}})
+    assert status == 200, pod
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": setup.node}
+    assert pod["metadata"]["annotations"]["topolet.io/numa-zone"] == "1"
+    assert not pod["spec"].get("schedulingGates")
+    # Binding is the kube-scheduler's (the "bind a pod" row below: the controller cannot).
+    assert not pod["spec"].get("nodeName")
+
+
+def test_holds_its_lease_in_its_own_namespace(setup: Setup) -> None:
+    # A controller elsewhere in the session may have left the Lease behind; the test starts without it.
+    status, body = api_request(setup.plane, "DELETE", f"{LEASES}/{CONTROLLER}")
+    assert status in (200, 404), body
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": CONTROLLER},
+             "spec": {"holderIdentity": "replica-a", "leaseDurationSeconds": 15,
+                      "acquireTime": now_micro(), "renewTime": now_micro()}}
+    status, stored = as_controller(setup, "POST", LEASES, lease, "application/json")
+    assert status == 201, stored
+    status, stored = as_controller(setup, "GET", f"{LEASES}/{CONTROLLER}")
+    assert status == 200, stored
+    stored["spec"]["holderIdentity"] = "replica-b"
+    stored["spec"]["renewTime"] = now_micro()
+    status, stored = as_controller(setup, "PUT", f"{LEASES}/{CONTROLLER}", stored, "application/json")
+    assert status == 200, stored
+    assert stored["spec"]["holderIdentity"] == "replica-b"
+    # Update, not patch or delete: the election needs the resourceVersion check of a PUT.
+    attempts: list[tuple[str, dict[str, Any] | None]] = [("PATCH", {"spec": {"holderIdentity": "x"}}),
+                                                          ("DELETE", None)]
+    for method, patch in attempts:
+        status, refused = as_controller(setup, method, f"{LEASES}/{CONTROLLER}", patch)
+        assert refused_by_rbac(status, refused), (method, status, refused)
+
+
+def test_posts_events_on_jobs(setup: Setup) -> None:
+    core = f"/api/v1/namespaces/{setup.team}/events"
+    name = f"{setup.job}.{uuid.uuid4().hex[:8]}"
+    status, body = as_controller(setup, "POST", core, event(setup, name), "application/json")
+    assert status == 201, body
+    assert body["involvedObject"]["name"] == setup.job
+
+
+def event(setup: Setup, name: str) -> dict[str, Any]:
+    """A core/v1 Event on the setup's Job, as agent/admission/controller.py posts it."""
+    return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
+            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "namespace": setup.team,
+                               "name": setup.job},
+            "reason": "Waiting", "message": "pod needs 16 CPUs in one zone; largest free zone has 12",
+            "type": "Normal", "source": {"component": "topolet.io/controller"}}
+
+
+# ---- real requests: what it must not do -----------------------------------------------------------
+
+Row = tuple[str, str, str, Any]
+# (id, method, path template, body). {team}, {job}, {pod}, {node}: the setup's objects.
+REFUSED: list[Row] = [
+    ("read a Secret in its namespace", "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/anything", None),
+    ("list Secrets everywhere", "GET", "/api/v1/secrets", None),
+    ("list ConfigMaps in a user namespace", "GET", "/api/v1/namespaces/{team}/configmaps", None),
+    ("read a ConfigMap in its namespace", "GET",
+     f"/api/v1/namespaces/{NAMESPACE}/configmaps/topolet-dashboards", None),
+    ("create a Job", "POST", "/apis/batch/v1/namespaces/{team}/jobs", lambda s: suspended_job("made-up")),
+    ("delete a Job", "DELETE", "/apis/batch/v1/namespaces/{team}/jobs/{job}", None),
+    ("delete every Job", "DELETE", "/apis/batch/v1/namespaces/{team}/jobs", None),
+    ("write a Job's status", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{job}/status",
+     lambda s: {"status": {"succeeded": 2}}),
+    ("create a pod", "POST", "/api/v1/namespaces/{team}/pods", lambda s: gated_pod("made-up")),
+    ("delete a pod", "DELETE", "/api/v1/namespaces/{team}/pods/{pod}", None),
+    ("delete every pod", "DELETE", "/api/v1/namespaces/{team}/pods", None),
+    ("write a pod's status", "PATCH", "/api/v1/namespaces/{team}/pods/{pod}/status",
+     lambda s: {"status": {"phase": "Failed"}}),
+    ("bind a pod", "POST", "/api/v1/namespaces/{team}/pods/{pod}/binding",
+     lambda s: {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": s.pod},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": s.node}}),
+    ("evict a pod", "POST", "/api/v1/namespaces/{team}/pods/{pod}/eviction",
+     lambda s: {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": s.pod}}),
+    ("exec into a pod", "POST", "/api/v1/namespaces/{team}/pods/{pod}/exec?command=sh", None),
+    ("read a pod's log", "GET", "/api/v1/namespaces/{team}/pods/{pod}/log", None),
+    ("label a Node", "PATCH", "/api/v1/nodes/{node}",
+     lambda s: {"metadata": {"labels": {"topolet.io/numa.nodes": "9"}}}),
+    ("cordon a Node", "PATCH", "/api/v1/nodes/{node}", lambda s: {"spec": {"unschedulable": True}}),
+    ("write a Node's status", "PATCH", "/api/v1/nodes/{node}/status",
+     lambda s: {"status": {"capacity": {"cpu": "1000"}}}),
+    ("delete a Node", "DELETE", "/api/v1/nodes/{node}", None),
+    ("create an NRT", "POST", NRT_PATH,
+     lambda s: {"apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
+                "metadata": {"name": s.node}, "zones": []}),
+    ("patch an NRT", "PATCH", NRT_PATH + "/{node}", lambda s: {"attributes": []}),
+    ("delete an NRT", "DELETE", NRT_PATH + "/{node}", None),
+    ("create a PriorityClass", "POST", "/apis/scheduling.k8s.io/v1/priorityclasses",
+     lambda s: {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "top"},
+                "value": 1000000000}),
+    ("delete an Event", "DELETE", "/api/v1/namespaces/{team}/events/anything", None),
+    ("rewrite an Event", "PATCH", "/api/v1/namespaces/{team}/events/anything",
+     lambda s: {"message": "all is well"}),
+    ("post an events.k8s.io Event", "POST", "/apis/events.k8s.io/v1/namespaces/{team}/events",
+     lambda s: {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "x"},
+                "regarding": {"kind": "Job", "namespace": s.team, "name": s.job}, "reason": "Admitted",
+                "action": "Admit", "type": "Normal", "eventTime": now_micro(),
+                "reportingController": "topolet.io/controller", "reportingInstance": "x"}),
+    ("create a Lease in a user namespace", "POST", "/apis/coordination.k8s.io/v1/namespaces/{team}/leases",
+     lambda s: {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": CONTROLLER}}),
+    ("read a Lease in kube-system", "GET", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/"
+     "kube-scheduler", None),
+    ("update a Lease in kube-system", "PUT", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/"
+     "kube-controller-manager",
+     lambda s: {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "kube-controller-manager"}, "spec": {"holderIdentity": "topolet"}}),
+    ("read another Lease in its namespace", "GET", f"{LEASES}/other", None),
+    ("update another Lease in its namespace", "PUT", f"{LEASES}/other",
+     lambda s: {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "other"},
+                "spec": {"holderIdentity": "topolet"}}),
+    ("list Leases in its namespace", "GET", LEASES, None),
+    ("scale itself up", "PATCH", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{CONTROLLER}/scale",
+     lambda s: {"spec": {"replicas": 5}}),
+    ("change its own Deployment", "PATCH", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{CONTROLLER}",
+     lambda s: {"spec": {"template": {"spec": {"serviceAccountName": "topolet-agent"}}}}),
+    ("mint a token for itself", "POST",
+     f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{CONTROLLER}/token",
+     lambda s: {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}),
+    ("widen its own ClusterRole", "PATCH", f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{CONTROLLER}",
+     lambda s: {"rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}),
+    ("grant itself cluster-admin", "POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+     lambda s: {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": "x"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "cluster-admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER, "namespace": NAMESPACE}]}),
+    ("create a Role in its namespace", "POST",
+     f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles",
+     lambda s: {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "x"},
+                "rules": []}),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "make_body"), [row[1:] for row in REFUSED],
+                         ids=[row[0] for row in REFUSED])
+def test_refused_by_rbac(setup: Setup, method: str, path: str, make_body: Any) -> None:
+    url = path.format(team=setup.team, job=setup.job, pod=setup.pod, node=setup.node)
+    status, body = as_controller(setup, method, url, make_body(setup) if make_body else None,
+                                 "application/json" if method in ("POST", "PUT") else MERGE)
+    assert refused_by_rbac(status, body), (status, body)
+
+
+def test_cannot_act_as_another_service_account(setup: Setup) -> None:
+    req = urllib.request.Request(setup.plane.url + f"/api/v1/namespaces/{NAMESPACE}/secrets")
+    req.add_header("Authorization", f"Bearer {setup.token}")
+    req.add_header("Impersonate-User", "system:serviceaccount:topolet-system:topolet-agent")
+    ctx = ssl.create_default_context(cafile=str(setup.plane.ca_file))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=30, context=ctx)
+    assert refused.value.code == 403
+    assert "cannot impersonate" in refused.value.read().decode()
+
+
+def test_refusals_left_the_objects_alone(setup: Setup) -> None:
+    """Run after the refused rows (file order): the objects they aimed at are as they were."""
+    status, node = api_request(setup.plane, "GET", f"/api/v1/nodes/{setup.node}")
+    assert status == 200, node
+    assert "topolet.io/numa.nodes" not in node["metadata"].get("labels", {})
+    assert not node["spec"].get("unschedulable")
+    status, pod = api_request(setup.plane, "GET", f"/api/v1/namespaces/{setup.team}/pods/{setup.pod}")
+    assert status == 200, pod
+    assert not pod["spec"].get("nodeName")
+    status, deployment = api_request(setup.plane, "GET",
+                                     f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{CONTROLLER}")
+    assert status == 200, deployment
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == CONTROLLER
+    status, role = api_request(setup.plane, "GET",
+                               f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{CONTROLLER}")
+    assert status == 200, role
+    assert not any("*" in rule["verbs"] for rule in role["rules"])
