@@ -26,7 +26,8 @@ affinity, it admits one more pod, and its node-level free resources hold the req
 Scoring (lower is better), so the cluster is left less fragmented than plain best fit:
 PreferNoSchedule taints first, then the GPU score (`fragmentation.gpu_choice` against
 `view.gpu_mix`, else best fit), then whether the pod breaks a whole zone, then the CPU left in the
-zone (best fit), then whether that remainder splits an L3 group (`Zone.l3_cpus`), then node order.
+zone (best fit), then whether that remainder splits an L3 group (`Zone.l3_cpus`), then the node's free CPU
+(the busier node first, so idle nodes stay idle), then node order.
 `Placement.score` sums, per pod, the GPU score plus the share of the zone left over plus one per
 whole zone broken.
 
@@ -463,7 +464,7 @@ class _Work:
         l3 = zone.l3_cpus * 1000
         l3_split = 1 if l3 and left % l3 else 0
         cost = gpu[0] + broken + (left / cap if cap else 0.0)
-        key = (soft, gpu[0], broken, left, l3_split, i, p)
+        key = (soft, gpu[0], broken, left, l3_split, s.cpu, i, p)
         return _Choice(key, i, (p,), (r.cpu_milli,), gpu[1], cost)
 
     def _restricted(self, ps: PodSet, i: int, s: _State, soft: int,

@@ -1,0 +1,304 @@
+"""The placement engine's behaviours, one row each, on small clusters whose answers can be reasoned out."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from agent.admission.engine import commit, place
+from agent.admission.model import (
+    ClusterView,
+    Gang,
+    Node,
+    NodeSelectorRequirement,
+    Placement,
+    PodSet,
+    Refusal,
+    Resources,
+    Taint,
+    Toleration,
+    Zone,
+)
+
+GI = 1 << 30
+
+
+def node(name: str, zones: Sequence[tuple[int, int]] = (), *, mem: int = 64,
+         labels: dict[str, str] | None = None, taints: tuple[Taint, ...] = (), unschedulable: bool = False,
+         free_pods: int = 110,
+         zone_gpus: Sequence[int] = (), gpu_free: tuple[int, ...] = (), cpus: int | None = None,
+         l3: int = 0) -> Node:
+    """A node whose zones are (free CPUs, capacity CPUs) with `mem` GiB each; totals add up."""
+    zs = tuple(Zone(numa=i, cpu_milli=f * 1000, cpu_capacity_milli=c * 1000, memory=mem * GI,
+                    gpus=zone_gpus[i] if i < len(zone_gpus) else 0, l3_cpus=l3)
+               for i, (f, c) in enumerate(zones))
+    gpus = sum(zone_gpus) if zone_gpus else sum(1 for g in gpu_free if g == 1000)
+    total = cpus if cpus is not None else sum(f for f, _ in zones)
+    free = Resources(cpu_milli=total * 1000, memory=mem * GI * max(1, len(zones)), gpus=gpus)
+    return Node(name=name, labels=labels or {}, taints=taints, unschedulable=unschedulable, free=free,
+                capacity=free, zones=zs, gpu_free_milli=gpu_free, free_pods=free_pods)
+
+
+def pods(name: str, count: int, cpus: float = 0, *, mem: int = 1, policy: str = "single-numa-node",
+         **kw: object) -> PodSet:
+    extra = {k: v for k, v in kw.items() if k in ("gpus", "gpu_milli", "hugepages", "mig")}
+    rest = {k: v for k, v in kw.items() if k not in extra}
+    return PodSet(name=name, count=count, requests=Resources(cpu_milli=int(cpus * 1000), memory=mem * GI,
+                                                             **extra),  # type: ignore[arg-type]
+                  numa_policy=policy, **rest)  # type: ignore[arg-type]
+
+
+def where(result: Placement | Refusal) -> list[tuple[str, str, int | None]]:
+    """(pod set, node, zone) of every pod, sorted: pods of one set are interchangeable."""
+    assert isinstance(result, Placement), result
+    return sorted((p.pod_set, p.node, p.zone) for p in result.pods)
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    nodes: tuple[Node, ...]
+    sets: tuple[PodSet, ...]
+    placed: list[tuple[str, int, str, int | None]] | None = None  # None: a refusal is expected
+    refusal: tuple[str, str] | None = None  # (kind, text the reason contains)
+    empty: tuple[Node, ...] = field(default=())
+
+
+ROWS = [
+    Row("tightest zone that holds the pod",
+        (node("a", [(16, 16), (10, 16)]), node("b", [(9, 16)])),
+        (pods("w", 1, 8),), placed=[("w", 0, "b", 0)]),
+    Row("a whole zone is kept whole when a part-used one holds the pod",
+        (node("a", [(16, 16), (12, 16)]),),
+        (pods("w", 1, 4),), placed=[("w", 0, "a", 1)]),
+    Row("three 8-CPU pods on zones 8+8 and 8: greedy does not strand",
+        (node("a", [(8, 8), (8, 8)]), node("b", [(8, 8)])),
+        (pods("w", 3, 8),), placed=[("w", 0, "a", 0), ("w", 1, "a", 1), ("w", 2, "b", 0)]),
+    Row("backtracking: the first choice would strand the memory-hungry pod",
+        (node("n1", [(8, 8)], mem=16), node("n2", [(8, 8)], mem=4)),
+        (pods("cpu", 1, 8, mem=1), pods("mem", 1, 4, mem=8)),
+        placed=[("cpu", 0, "n2", 0), ("mem", 0, "n1", 0)]),
+    Row("each placed pod reduces what the next one sees",
+        (node("a", [(12, 16)]), node("b", [(16, 16)])),
+        (pods("w", 2, 8),), placed=[("w", 0, "a", 0), ("w", 1, "b", 0)]),
+    Row("not now: the binding constraint names the largest free zone",
+        (node("n1", [(8, 16), (8, 16)]), node("n3", [(12, 16), (4, 16)])),
+        (pods("workers", 1, 16),),
+        refusal=("not-now", 'pod set "workers": pod needs 16 CPUs in one NUMA zone; largest free zone has 12 '
+                            "CPUs (node n3)")),
+    Row("never: no zone of the empty cluster is that large",
+        (node("a", [(16, 16), (16, 16)]),), (pods("w", 1, 32),),
+        refusal=("never", "largest free zone has 16 CPUs (node a)")),
+    Row("all or nothing: two of three pods fit, none is placed",
+        (node("a", [(8, 8)]), node("b", [(8, 8)])), (pods("w", 3, 8),),
+        refusal=("not-now", '"w" (pod 3 of 3)'), empty=(node("a", [(16, 16)]), node("b", [(16, 16)]))),
+    Row("NoSchedule taint not tolerated: the node is skipped",
+        (node("a", [(8, 8)], taints=(Taint("gpu", "yes", "NoSchedule"),)), node("b", [(16, 16)])),
+        (pods("w", 1, 8),), placed=[("w", 0, "b", 0)]),
+    Row("NoSchedule taint tolerated by Exists",
+        (node("a", [(8, 8)], taints=(Taint("gpu", "yes", "NoSchedule"),)), node("b", [(16, 16)])),
+        (pods("w", 1, 8, tolerations=(Toleration(key="gpu", operator="Exists"),)),),
+        placed=[("w", 0, "a", 0)]),
+    Row("NoExecute taint tolerated by value and effect",
+        (node("a", [(8, 8)], taints=(Taint("k", "v", "NoExecute"),)), node("b", [(16, 16)])),
+        (pods("w", 1, 8, tolerations=(Toleration(key="k", value="v", effect="NoExecute"),)),),
+        placed=[("w", 0, "a", 0)]),
+    Row("PreferNoSchedule only ranks the node lower",
+        (node("a", [(8, 8)], taints=(Taint("soft", "", "PreferNoSchedule"),)), node("b", [(16, 16)])),
+        (pods("w", 1, 8),), placed=[("w", 0, "b", 0)]),
+    Row("PreferNoSchedule node still used when nothing else fits",
+        (node("a", [(8, 8)], taints=(Taint("soft", "", "PreferNoSchedule"),)), node("b", [(4, 4)])),
+        (pods("w", 1, 8),), placed=[("w", 0, "a", 0)]),
+    Row("every taint left untolerated: refusal counts why",
+        (node("a", [(8, 8)], taints=(Taint("x"),)), node("b", [(8, 8)], unschedulable=True)),
+        (pods("w", 1, 8),), refusal=("not-now", "unschedulable: 1, untolerated taint: 1")),
+    Row("nodeSelector",
+        (node("a", [(8, 8)], labels={"pool": "cpu"}), node("b", [(16, 16)], labels={"pool": "gpu"})),
+        (pods("w", 1, 8, node_selector={"pool": "gpu"}),), placed=[("w", 0, "b", 0)]),
+    Row("required affinity: OR of terms, AND inside a term",
+        (node("a", [(8, 8)], labels={"zone": "x", "gen": "3"}),
+         node("b", [(8, 8)], labels={"zone": "y", "gen": "5"}),
+         node("c", [(8, 8)], labels={"zone": "z"})),
+        (pods("w", 2, 8, required_affinity=(
+            (NodeSelectorRequirement("zone", "In", ("x", "q")), NodeSelectorRequirement("gen", "Lt", ("4",))),
+            (NodeSelectorRequirement("gen", "Gt", ("4",)), NodeSelectorRequirement("zone", "NotIn", ("x",))),
+        )),), placed=[("w", 0, "a", 0), ("w", 1, "b", 0)]),
+    Row("required affinity Exists / DoesNotExist",
+        (node("a", [(8, 8)], labels={"gen": "3"}), node("b", [(8, 8)])),
+        (pods("x", 1, 8, required_affinity=((NodeSelectorRequirement("gen", "DoesNotExist"),),)),
+         pods("y", 1, 8, required_affinity=((NodeSelectorRequirement("gen", "Exists"),),))),
+        placed=[("x", 0, "b", 0), ("y", 0, "a", 0)]),
+    Row("no free pod slot on the tightest node",
+        (node("a", [(8, 8)], free_pods=0), node("b", [(16, 16)])),
+        (pods("w", 1, 8),), placed=[("w", 0, "b", 0)]),
+    Row("a node without zones takes best-effort pods only",
+        (node("plain", cpus=32),), (pods("be", 1, 8, policy="best-effort"),),
+        placed=[("be", 0, "plain", None)]),
+    Row("a node without zones refuses single-numa-node",
+        (node("plain", cpus=32),), (pods("w", 1, 8),),
+        refusal=("never", "no NUMA zones (no NodeResourceTopology): 1")),
+    Row("none policy: node totals, even across zones",
+        (node("a", [(4, 8), (4, 8)]),), (pods("n", 1, 8, policy="none"),), placed=[("n", 0, "a", None)]),
+    Row("restricted fitting one zone pins like single-numa-node",
+        (node("a", [(6, 8), (4, 8)]),), (pods("r", 1, 4, policy="restricted"),), placed=[("r", 0, "a", 1)]),
+    Row("restricted needing two zones on an empty node: zone None",
+        (node("a", [(8, 8), (8, 8)]),), (pods("r", 1, 12, policy="restricted"),),
+        placed=[("r", 0, "a", None)]),
+    Row("restricted refused when free CPUs are split over more zones than an empty node needs",
+        (node("a", [(4, 8), (4, 8)]),), (pods("r", 1, 6, policy="restricted"),),
+        refusal=("not-now", "fewest NUMA zones an empty node needs")),
+    Row("whole GPUs come from the pod's zone",
+        (node("g", [(8, 8), (8, 8)], zone_gpus=[0, 2]),), (pods("t", 1, 4, gpus=2),),
+        placed=[("t", 0, "g", 1)]),
+    Row("zone memory bounds single-numa-node",
+        (node("a", [(8, 8)], mem=4), node("b", [(16, 16)], mem=32)), (pods("w", 1, 8, mem=16),),
+        placed=[("w", 0, "b", 0)]),
+    Row("colocation: both pods in the one rack that holds them",
+        (node("r1a", [(8, 8)], labels={"rack": "r1"}), node("r1b", [(4, 4)], labels={"rack": "r1"}),
+         node("r2a", [(8, 8)], labels={"rack": "r2"}), node("r2b", [(8, 8)], labels={"rack": "r2"})),
+        (pods("w", 2, 8, colocate_label="rack"),), placed=[("w", 0, "r2a", 0), ("w", 1, "r2b", 0)]),
+    Row("colocation refused when no rack holds the gang",
+        (node("r1a", [(8, 8)], labels={"rack": "r1"}), node("r2a", [(8, 8)], labels={"rack": "r2"})),
+        (pods("w", 2, 8, colocate_label="rack"),), refusal=("never", "no rack domain holds the whole gang")),
+    Row("node totals bound a pod whose zone has room",
+        (node("a", [(8, 8), (8, 8)], cpus=4),), (pods("w", 1, 8),),
+        refusal=("never", "pod needs 8 CPUs on one node; most free on a node is 4 CPUs (node a)")),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_place(row: Row) -> None:
+    empty = row.empty or tuple(_emptied(n) for n in row.nodes)
+    result = place(ClusterView(nodes=row.nodes, empty=empty), Gang("ns/g", row.sets))
+    if row.placed is not None:
+        assert where(result) == sorted((s, n, z) for s, _, n, z in row.placed)
+    else:
+        assert isinstance(result, Refusal), result
+        assert row.refusal is not None
+        kind, text = row.refusal
+        assert result.kind == kind, result
+        assert text in result.reason, result.reason
+
+
+def _emptied(n: Node) -> Node:
+    zones = tuple(Zone(numa=z.numa, cpu_milli=z.cpu_capacity_milli, cpu_capacity_milli=z.cpu_capacity_milli,
+                       memory=z.memory, gpus=z.gpus, l3_cpus=z.l3_cpus) for z in n.zones)
+    return Node(name=n.name, labels=n.labels, taints=n.taints, free=n.capacity, capacity=n.capacity,
+                zones=zones, gpu_free_milli=tuple(1000 for _ in n.gpu_free_milli), free_pods=110)
+
+
+def test_without_empty_view_a_refusal_is_never_never() -> None:
+    result = place(ClusterView(nodes=(node("a", [(16, 16)]),)), Gang("g", (pods("w", 1, 32),)))
+    assert isinstance(result, Refusal) and result.kind == "not-now"
+
+
+def test_shared_gpu_best_fit_without_a_mix() -> None:
+    view = ClusterView(nodes=(node("g", [(8, 8)], gpu_free=(1000, 300, 600)),))
+    result = place(view, Gang("g", (pods("s", 1, 1, gpu_milli=500),)))
+    assert isinstance(result, Placement) and result.pods[0].gpu_index == 2
+
+
+def test_shared_gpu_with_a_mix_follows_the_fragmentation_score() -> None:
+    fragmentation = pytest.importorskip("agent.admission.fragmentation")
+    mix = ((Resources(cpu_milli=1000, gpu_milli=500), 0.5), (Resources(cpu_milli=1000, gpus=1), 0.5))
+    nodes = (node("g1", [(8, 8)], gpu_free=(1000, 500)), node("g2", [(8, 8)], gpu_free=(1000, 1000)))
+    req = Resources(cpu_milli=1000, memory=GI, gpu_milli=500)
+    result = place(ClusterView(nodes=nodes, gpu_mix=mix), Gang("g", (pods("s", 1, 1, gpu_milli=500),)))
+    assert isinstance(result, Placement)
+    scores = {n.name: fragmentation.gpu_choice(n, req, mix) for n in nodes}
+    best = min(scores, key=lambda k: (scores[k][0], k))
+    assert (result.pods[0].node, result.pods[0].gpu_index) == (best, scores[best][1])
+
+
+def test_place_is_deterministic_and_commit_counts_the_pods() -> None:
+    view = ClusterView(nodes=(node("a", [(8, 16), (16, 16)]), node("b", [(12, 16)])))
+    gang = Gang("g", (pods("w", 2, 8),))
+    first = place(view, gang)
+    assert first == place(view, gang)
+    after = commit(view, gang, first)  # type: ignore[arg-type]
+    zone_cpus = sum(z.cpu_milli for n in view.nodes for z in n.zones)
+    assert sum(z.cpu_milli for n in after.nodes for z in n.zones) == zone_cpus - 16_000
+    assert sum(n.free.cpu_milli for n in after.nodes) == sum(n.free.cpu_milli for n in view.nodes) - 16_000
+    assert place(view, gang) == first  # the old view still answers the same
+    assert where(place(after, gang)) != where(first)
+
+
+def test_invalid_gang_is_never() -> None:
+    result = place(ClusterView(nodes=(node("a", [(8, 8)]),)), Gang("g", (pods("w", 0, 1),)))
+    assert isinstance(result, Refusal) and result.kind == "never"
+
+
+# ---- less fragmented than best fit ----------------------------------------------------------------
+
+def best_fit(view: ClusterView, gang: Gang) -> list[tuple[int, int]] | None:
+    """The reference: each pod on the tightest node (by node totals) with a zone that holds it."""
+    free = {i: [z.cpu_milli for z in n.zones] for i, n in enumerate(view.nodes)}
+    out = []
+    for ps in gang.pod_sets:
+        for _ in range(ps.count):
+            want = ps.requests.cpu_milli
+            fits = [(sum(zs), i) for i, zs in free.items() if any(z >= want for z in zs)]
+            if not fits:
+                return None
+            _, i = min(fits)
+            p = next(k for k, z in enumerate(free[i]) if z >= want)
+            free[i][p] -= want
+            out.append((i, p))
+    return out
+
+
+def apply_best_fit(view: ClusterView, where: list[tuple[int, int]], want: int) -> ClusterView:
+    nodes = list(view.nodes)
+    for i, p in where:
+        n = nodes[i]
+        zones = tuple(Zone(z.numa, z.cpu_milli - want if k == p else z.cpu_milli, z.cpu_capacity_milli,
+                           z.memory) for k, z in enumerate(n.zones))
+        nodes[i] = Node(n.name, free=Resources(cpu_milli=n.free.cpu_milli - want, memory=n.free.memory),
+                        capacity=n.capacity, zones=zones)
+    return ClusterView(nodes=tuple(nodes))
+
+
+def whole_zones(view: ClusterView) -> int:
+    return sum(1 for n in view.nodes for z in n.zones if z.cpu_milli == z.cpu_capacity_milli)
+
+
+def stream(seed: int) -> tuple[list[Node], list[Gang]]:
+    """24 partly used nodes of 6-16-CPU zones, and gangs asking 80% of their free CPUs in all."""
+    rng = random.Random(seed)
+    nodes = []
+    for i in range(24):
+        zones, cap = rng.choice([(2, 8), (4, 8), (2, 16), (4, 6)])
+        nodes.append(node(f"n{i:02d}", [(rng.choice([cap, cap, cap // 2, cap - 1, cap - 3]), cap)
+                                        for _ in range(zones)], mem=256))
+    total = sum(z.cpu_milli for n in nodes for z in n.zones) // 1000
+    gangs: list[Gang] = []
+    asked = 0
+    while asked < 0.8 * total:
+        count, cpus = rng.choice([(2, 1), (2, 1), (4, 2), (8, 3), (2, 4), (1, 6), (2, 8)])
+        asked += count * cpus
+        gangs.append(Gang(f"g{len(gangs)}", (pods("w", count, cpus),)))
+    return nodes, gangs
+
+
+def test_cpu_scoring_admits_as_many_and_keeps_more_whole_zones_than_best_fit() -> None:
+    whole = [0, 0]
+    for seed in range(1, 13):
+        nodes, gangs = stream(seed)
+        ours = ref = ClusterView(nodes=tuple(nodes))
+        admitted = [0, 0]
+        for gang in gangs:
+            result = place(ours, gang)
+            if isinstance(result, Placement):
+                ours = commit(ours, gang, result)
+                admitted[0] += 1
+            found = best_fit(ref, gang)
+            if found is not None:
+                ref = apply_best_fit(ref, found, gang.pod_sets[0].requests.cpu_milli)
+                admitted[1] += 1
+        assert admitted[0] >= admitted[1], (seed, admitted)
+        whole[0] += whole_zones(ours)
+        whole[1] += whole_zones(ref)
+    assert whole[0] > whole[1], whole
