@@ -1,0 +1,103 @@
+"""The ledger's clearing rules, one row each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from agent.admission.ledger import Entry, Ledger, job_slot, pinned_eligible
+from agent.admission.model import Placement, PodPlacement, Resources
+from agent.kube.nrt import pod_set_fingerprint
+
+REQ = Resources(cpu_milli=2000, memory=1 << 30)
+
+
+def pod(name: str, node: str | None, *, index: str = "0", job: str = "j", phase: str = "Running",
+        cpu: str = "2", running: bool = True) -> dict[str, Any]:
+    res = {"cpu": cpu, "memory": "1Gi"}
+    status: dict[str, Any] = {"phase": phase}
+    if running:
+        status["containerStatuses"] = [{"name": "main", "containerID": f"containerd://{name}",
+                                        "state": {"running": {}}}]
+    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"requests": res, "limits": res}}]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                         "labels": {"batch.kubernetes.io/job-name": job},
+                         "annotations": {"batch.kubernetes.io/job-completion-index": index}},
+            "spec": spec,
+            "status": status}
+
+
+def nrt(node: str, fingerprint: str | None) -> dict[str, Any]:
+    attrs = [] if fingerprint is None else [{"name": "nodeTopologyPodsFingerprint", "value": fingerprint}]
+    return {"metadata": {"name": node}, "attributes": attrs}
+
+
+def entry(slot: str = "0", node: str = "n1", zone: int | None = 0, added_at: float = 100.0,
+          gang: str = "ns/j") -> Entry:
+    return Entry(gang, slot, node, zone, REQ, added_at)
+
+
+OTHER = pod("other", "n1", job="x")
+MINE = pod("j-0", "n1")
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    entry: Entry
+    pods: tuple[dict[str, Any], ...]
+    nrts: tuple[dict[str, Any], ...]
+    kept: bool
+    now: float = 110.0
+    live: frozenset[str] | None = None
+
+
+ROWS = [
+    Row("pod not created yet: kept", entry(), (), (nrt("n1", pod_set_fingerprint([])),), kept=True),
+    Row("timed out", entry(added_at=0.0), (), (), kept=False, now=120.0),
+    Row("gang gone", entry(), (), (), kept=False, live=frozenset({"ns/other"})),
+    Row("gang live", entry(), (), (), kept=True, live=frozenset({"ns/j"})),
+    Row("pod bound elsewhere", entry(), (pod("j-0", "n2"),), (), kept=False),
+    Row("pod finished", entry(), (pod("j-0", "n1", phase="Succeeded"),), (), kept=False),
+    Row("pod pending (not bound yet)", entry(), (pod("j-0", None),), (), kept=True),
+    Row("bound, no zone counted: the pods list counts it", entry(zone=None), (MINE,), (), kept=False),
+    Row("bound and the NRT fingerprint covers every pinned pod", entry(), (MINE, OTHER),
+        (nrt("n1", pod_set_fingerprint([("ns", "j-0"), ("ns", "other")])),), kept=False),
+    Row("bound but the NRT fingerprint predates the pod", entry(), (MINE, OTHER),
+        (nrt("n1", pod_set_fingerprint([("ns", "other")])),), kept=True),
+    Row("bound, not running yet: not pinned, kept", entry(), (pod("j-0", "n1", running=False),),
+        (nrt("n1", pod_set_fingerprint([])),), kept=True),
+    Row("bound but no NRT", entry(), (MINE,), (), kept=True),
+    Row("bound, NRT of another node matches: kept", entry(), (MINE,),
+        (nrt("n2", pod_set_fingerprint([("ns", "j-0")])),), kept=True),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_settle(row: Row) -> None:
+    ledger = Ledger((row.entry,), timeout=20.0)
+    after = ledger.settle(row.nrts, row.pods, row.now, live_gangs=row.live)
+    assert (after.entries == (row.entry,)) is row.kept
+
+
+def test_from_records_record_and_lookups() -> None:
+    ledger = Ledger.from_records([("ns/a", "0", "n1", 0, REQ), ("ns/b", "1", "n2", None, REQ)], now=5.0)
+    assert [e.added_at for e in ledger.entries] == [5.0, 5.0] and len(ledger) == 2
+    placement = Placement("ns/c", (PodPlacement("w", 0, "n1", 1), PodPlacement("w", 1, "n2", None)))
+    grown = ledger.record(placement, {"w": REQ}, now=6.0)
+    assert [(e.gang, e.slot, e.node, e.zone) for e in grown.on_node("n1")] == [("ns/a", "0", "n1", 0),
+                                                                               ("ns/c", "w#0", "n1", 1)]
+    assert [e.gang for e in grown.without_gang("ns/a").entries] == ["ns/b", "ns/c", "ns/c"]
+    assert ledger.settle([], [], 6.0) is ledger  # nothing cleared: the same ledger
+
+
+def test_job_slot_and_pinned_eligible() -> None:
+    assert job_slot(MINE) == ("ns/j", "0")
+    assert job_slot({"metadata": {"name": "p", "namespace": "ns"}}) is None
+    shared = pod("shared", "n1", job="s", cpu="500m")
+    assert pinned_eligible([MINE, OTHER, shared, pod("j-1", "n2", index="1")], "n1") == (("ns", "j-0"),
+                                                                                           ("ns", "other"))
