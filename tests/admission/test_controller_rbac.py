@@ -20,22 +20,28 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.admission.test_controller import DUMP, all_bound_as_recorded, events, gang_job, record, wait_for
+from tests.conftest import REPO, topolet_bin
+from tests.controlplane.cluster import Cluster
 from tests.controlplane.fixtures import IN_CI, _apiserver_up_between_tests, control_plane
-from tests.controlplane.harness import ControlPlane
-from tests.controlplane.kubectl import api_request
+from tests.controlplane.fixtures import cluster as cluster  # noqa: F401 - fixture
+from tests.controlplane.fixtures import cluster_session as cluster_session  # noqa: F401 - fixture
+from tests.controlplane.harness import ControlPlane, _Process
+from tests.controlplane.kubectl import BASE, Kubectl, api_request, build_kubectl
 from tests.controlplane.kubectl import applied_base as applied_base  # noqa: F401 - fixture
 from tests.controlplane.kubectl import kubectl as kubectl  # noqa: F401 - fixture
 from tests.kube.test_manifests import CONTROLLER, CONTROLLER_GRANTS, NAMESPACE
 
 try:
-    import kubernetes  # noqa: F401
+    from agent.kube.client import KubeClient
 except ImportError:
     if IN_CI:
         raise
@@ -458,3 +464,59 @@ def test_refusals_left_the_objects_alone(setup: Setup) -> None:
                                f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{CONTROLLER}")
     assert status == 200, role
     assert not any("*" in rule["verbs"] for rule in role["rules"])
+
+
+# ---- the real controller, with nothing but these grants -------------------------------------------
+
+
+def test_the_controller_admits_a_gang_with_only_its_own_grants(
+        cluster: Cluster,  # noqa: F811 - fixture
+        dump_root: Callable[[str], Path], tmp_path: Path) -> None:
+    """`topolet controller --leader-elect` with the service account's token, on the test cluster (Job
+    controller, kube-scheduler, a node whose NRT a real agent publishes): it takes its Lease, admits a
+    gang end to end and rejects one that never fits, and the API server refuses it nothing."""
+    plane = cluster.plane
+    # The controller's part alone, as the README says it may be applied: on the namespace it expects.
+    status, body = api_request(plane, "POST", "/api/v1/namespaces", body={
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    assert status in (201, 409), body
+    Kubectl(build_kubectl(), plane.kubeconfig).run("apply", "-k", str(BASE / "controller"))
+    token = plane.mint_token(NAMESPACE, CONTROLLER)
+
+    tag = uuid.uuid4().hex[:8]
+    label = f"test.topolet.io/{tag}"
+    node = cluster.add_node(f"sim-{tag}", dump_root(DUMP), labels={label: "true"}).name
+    wait_for(lambda: cluster.nrt(node), f"the NRT of {node}")
+    team = f"t-{tag}"
+    status, body = api_request(plane, "POST", "/api/v1/namespaces", body={
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": team}})
+    assert status == 201, body
+
+    kubeconfig = plane.write_kubeconfig(tmp_path / "controller.kubeconfig", token, user=CONTROLLER)
+    replica = f"{CONTROLLER}-{tag}"
+    proc = _Process(replica, [topolet_bin(), "controller", "--kubeconfig", str(kubeconfig),
+                              "--namespace", NAMESPACE, "--leader-elect", "--listen", "127.0.0.1:0",
+                              "--resync-seconds", "2"],
+                    tmp_path / "controller.log",
+                    env={"POD_NAME": replica, "POD_NAMESPACE": NAMESPACE, "PYTHONPATH": str(REPO)})
+    try:
+        with plane.client() as admin_client:
+            api = KubeClient(admin_client)
+
+            def holder() -> str:
+                status, lease = api_request(plane, "GET", f"{LEASES}/{CONTROLLER}")
+                return str(lease["spec"].get("holderIdentity")) if status == 200 else ""
+
+            wait_for(lambda: holder() == replica, "the controller to take its Lease")
+            jobs = f"/apis/batch/v1/namespaces/{team}/jobs"
+            api.create(jobs, gang_job("fits", 2, label))
+            api.create(jobs, gang_job("never", 1, label, cpu=1000))
+            wait_for(lambda: all_bound_as_recorded(api, team, "fits", 2), "gang fits admitted and bound")
+            wait_for(lambda: (record(api, team, "never") or {}).get("result") == "rejected", "never rejected")
+            wait_for(lambda: "Admitted" in events(api, team, "fits"), "the Admitted Event")
+            wait_for(lambda: "Rejected" in events(api, team, "never"), "the Rejected Event")
+            assert proc.running(), proc.log_tail()
+    finally:
+        proc.stop()
+    log = (tmp_path / "controller.log").read_text()
+    assert "403" not in log and "forbidden" not in log.lower(), log[-4000:]
