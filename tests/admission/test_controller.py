@@ -1,0 +1,236 @@
+"""`topolet controller` on the test cluster: real kube-apiserver, kube-controller-manager (Job controller,
+garbage collector), kube-scheduler, and simulated nodes whose NRTs come from real agents on hwloc dumps.
+
+Each node of DUMP has 4 NUMA zones of 16 CPUs; the tests' gangs ask for single-numa-node pods of 12
+CPUs, so a node holds 4 of them and one pod can never have 20."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.controlplane.cluster import Cluster
+from tests.controlplane.fixtures import IN_CI, cluster, cluster_session
+
+try:
+    from agent.errors import KubeAPIError
+    from agent.kube.client import KubeClient
+except ImportError:
+    if IN_CI:
+        raise
+    pytest.skip("the `kubernetes` Python client is not installed", allow_module_level=True)
+
+__all__ = ["cluster", "cluster_session"]
+
+DUMP = "64fake-4n2s2ca2c2t"
+QUEUE = "topolet.io/queue"
+ADMISSION = "topolet.io/admission"
+GATE = "topolet.io/placement"
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
+    """Poll `check` until truthy; AssertionError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def api(cluster: Cluster) -> Iterator[KubeClient]:
+    client = KubeClient(cluster.plane.client())
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def namespace(api: KubeClient) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    api.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    yield name
+    api.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+def nodes(cluster: Cluster, dump_root: Callable[[str], Path]) -> tuple[str, list[str]]:
+    """Two simulated nodes with a label only this test's Jobs select, once their NRTs are published."""
+    tag = uuid.uuid4().hex[:8]
+    label = f"test.topolet.io/{tag}"
+    names = [cluster.add_node(f"sim-{tag}-{i}", dump_root(DUMP), labels={label: "true"}).name
+             for i in range(2)]
+    for name in names:
+        wait_for(lambda n=name: cluster.nrt(n), f"the NRT of {name}")
+    return label, names
+
+
+def gang_job(name: str, count: int, label: str, cpu: int = 12, *, indexed: bool = True,
+             policy: str = "single-numa-node", queue: str = "q") -> dict[str, Any]:
+    res = {"cpu": str(cpu), "memory": "64Mi"}
+    spec: dict[str, Any] = {
+        "suspend": True, "parallelism": count,
+        "template": {"metadata": {"annotations": {"topolet.io/numa-policy": policy}}, "spec": {
+            "restartPolicy": "Never", "automountServiceAccountToken": False,
+            "nodeSelector": {label: "true"},
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"requests": res, "limits": res}}]}}}
+    if indexed:
+        spec.update(completionMode="Indexed", completions=count)
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": {QUEUE: queue}},
+            "spec": spec}
+
+
+def get_job(api: KubeClient, ns: str, name: str) -> dict[str, Any]:
+    return api.get(f"/apis/batch/v1/namespaces/{ns}/jobs/{name}")
+
+
+def record(api: KubeClient, ns: str, name: str) -> dict[str, Any] | None:
+    text = (get_job(api, ns, name)["metadata"].get("annotations") or {}).get(ADMISSION)
+    return json.loads(text) if text else None
+
+
+def job_pods(api: KubeClient, ns: str, job: str) -> list[dict[str, Any]]:
+    out = api.list(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": f"batch.kubernetes.io/job-name={job}"})
+    return [p for p in out.get("items") or [] if not p["metadata"].get("deletionTimestamp")]
+
+
+def events(api: KubeClient, ns: str, job: str) -> list[str]:
+    out = api.list(f"/api/v1/namespaces/{ns}/events",
+                   {"fieldSelector": f"involvedObject.kind=Job,involvedObject.name={job}"})
+    return [e["reason"] for e in out.get("items") or []
+            if e.get("reportingComponent") == "topolet.io/controller"]
+
+
+def delete_job(api: KubeClient, ns: str, name: str) -> None:
+    api.request("DELETE", f"/apis/batch/v1/namespaces/{ns}/jobs/{name}",
+                body={"propagationPolicy": "Background"}, content_type="application/json")
+
+
+def all_bound_as_recorded(api: KubeClient, ns: str, name: str, count: int) -> bool:
+    """Every pod of the Job is bound, ungated, on the node its slot names, with the slot's zone."""
+    rec = record(api, ns, name)
+    pods = job_pods(api, ns, name)
+    if rec is None or rec["result"] != "admitted" or len(pods) != count:
+        return False
+    slots = set()
+    for pod in pods:
+        ann = pod["metadata"].get("annotations") or {}
+        slot = ann.get("topolet.io/slot")
+        if slot is None or not pod["spec"].get("nodeName"):
+            return False
+        want = rec["placement"][slot]
+        assert pod["spec"]["nodeName"] == want["node"]
+        assert ann.get("topolet.io/numa-zone") == str(want["zone"])
+        assert not any(g["name"] == GATE for g in pod["spec"].get("schedulingGates") or [])
+        slots.add(slot)
+    assert len(slots) == count  # no slot given twice
+    return True
+
+
+def test_admits_whole_gangs_rejects_never_waits_and_flags_bad_jobs(
+        cluster: Cluster, api: KubeClient, namespace: str, nodes: tuple[str, list[str]]) -> None:
+    label, names = nodes
+    cluster.start_controller("--listen", "127.0.0.1:0", "--resync-seconds", "2")
+
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("a", 4, label))
+    wait_for(lambda: all_bound_as_recorded(api, namespace, "a", 4), "gang a admitted and bound")
+    rec = record(api, namespace, "a")
+    assert rec is not None
+    assert {p["node"] for p in rec["placement"].values()} <= set(names)
+    # Every pod lands in a zone of its own node: (node, zone) pairs are distinct, 12 of 16 CPUs each.
+    assert len({(p["node"], p["zone"]) for p in rec["placement"].values()}) == 4
+    assert "Admitted" in events(api, namespace, "a")
+
+    # 20 CPUs in one zone of 16: never.
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("huge", 1, label, cpu=20))
+    wait_for(lambda: (record(api, namespace, "huge") or {}).get("result") == "rejected", "huge rejected")
+    assert get_job(api, namespace, "huge")["spec"]["suspend"] is True
+    wait_for(lambda: "Rejected" in events(api, namespace, "huge"), "the Rejected event")
+
+    # A malformed Job: an Event, and the Job is left as it is.
+    bad = gang_job("bad", 1, label, policy="tight")
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", bad)
+    wait_for(lambda: "InvalidJob" in events(api, namespace, "bad"), "the InvalidJob event")
+    got = get_job(api, namespace, "bad")
+    assert got["spec"]["suspend"] is True and ADMISSION not in (got["metadata"].get("annotations") or {})
+    assert not got["spec"]["template"]["spec"].get("schedulingGates")
+
+    # 8 pods of 12 CPUs need all 8 zones; a holds 4: not now, and no pod is created meanwhile.
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("wide", 8, label))
+    wait_for(lambda: "Waiting" in events(api, namespace, "wide"), "the Waiting event")
+    time.sleep(3)  # a few more passes: the reason does not change, so no second Waiting event
+    assert events(api, namespace, "wide").count("Waiting") == 1
+    assert record(api, namespace, "wide") is None and not job_pods(api, namespace, "wide")
+
+    # a finishes (deleted): its capacity frees and wide goes in, whole.
+    delete_job(api, namespace, "a")
+    wait_for(lambda: all_bound_as_recorded(api, namespace, "wide", 8), "gang wide admitted and bound",
+             timeout=150)
+
+
+def _admitted_once(api: KubeClient, ns: str, name: str, decision: str | None) -> str:
+    rec = record(api, ns, name)
+    assert rec is not None and rec["result"] == "admitted"
+    if decision is not None:
+        assert rec["decision"] == decision, "the gang was decided twice"
+    return str(rec["decision"])
+
+
+@pytest.mark.parametrize("step", ["after-decision", "after-unsuspend", "after-pod-patch"])
+def test_kill_9_at_a_step_then_restart(
+        cluster: Cluster, api: KubeClient, namespace: str, nodes: tuple[str, list[str]], step: str) -> None:
+    label, _ = nodes
+    crashing = cluster.start_controller("--listen", "127.0.0.1:0", "--resync-seconds", "2",
+                                        "--crash-at", step)
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("g", 4, label, indexed=False))
+    wait_for(lambda: crashing.popen.poll() is not None, f"the controller to kill itself {step}")
+    assert crashing.popen.returncode == -signal.SIGKILL
+    decision = _admitted_once(api, namespace, "g", None)
+
+    cluster.start_controller("--listen", "127.0.0.1:0", "--resync-seconds", "2")
+    wait_for(lambda: all_bound_as_recorded(api, namespace, "g", 4), "the restarted controller to finish g")
+    _admitted_once(api, namespace, "g", decision)
+
+    # No capacity leaked: with g gone, a gang needing all 8 zones of both nodes goes in.
+    delete_job(api, namespace, "g")
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("all", 8, label))
+    wait_for(lambda: all_bound_as_recorded(api, namespace, "all", 8), "gang all admitted", timeout=150)
+
+
+def test_failover_to_the_other_replica(
+        cluster: Cluster, api: KubeClient, namespace: str, nodes: tuple[str, list[str]]) -> None:
+    label, _ = nodes
+    flags = ("--listen", "127.0.0.1:0", "--resync-seconds", "2", "--leader-elect",
+             "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5")
+    replicas = {name: cluster.start_controller(*flags, "--identity", name) for name in ("r0", "r1")}
+
+    def holder() -> str | None:
+        try:
+            lease = api.get("/apis/coordination.k8s.io/v1/namespaces/default/leases/topolet-controller")
+        except KubeAPIError:
+            return None
+        held = lease["spec"].get("holderIdentity")
+        return held if held in replicas else None
+
+    first = wait_for(holder, "a leader")
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("before", 2, label))
+    wait_for(lambda: all_bound_as_recorded(api, namespace, "before", 2), "the leader to admit a gang")
+
+    os.killpg(replicas[first].popen.pid, signal.SIGKILL)
+    replicas[first].popen.wait(10)
+    other = "r1" if first == "r0" else "r0"
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("after", 2, label))
+    wait_for(lambda: holder() == other, "the other replica to take the Lease", timeout=60)
+    wait_for(lambda: all_bound_as_recorded(api, namespace, "after", 2), "the new leader to admit a gang")
+    _admitted_once(api, namespace, "before", str(record(api, namespace, "before")["decision"]))  # type: ignore[index]
