@@ -54,6 +54,7 @@ CONTROLLERS = (
     "serviceaccount-controller",
     "serviceaccount-token-controller",
     "namespace-controller",
+    "pod-garbage-collector-controller",  # deletes the pods of a removed simulated node
     "root-ca-certificate-publisher-controller",
 )
 NRT_GROUP, NRT_VERSION, NRT_PLURAL = "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies"
@@ -400,7 +401,8 @@ class Cluster:
         n = len(self.controllers)
         kc = self.plane.write_kubeconfig(self.workdir / "topolet-controller.kubeconfig",
                                          self.plane.admin_token)
-        argv = [topolet_bin(), "controller", "--kubeconfig", str(kc), *extra]
+        # Metrics on a free port (later flags win): replicas and parallel sessions share this host.
+        argv = [topolet_bin(), "controller", "--kubeconfig", str(kc), "--listen", "127.0.0.1:0", *extra]
         proc = _Process(f"topolet-controller-{n}", argv, self.workdir / f"topolet-controller-{n}.log",
                         env={"POD_NAMESPACE": "default", "PYTHONPATH": str(REPO)})
         self.controllers.append(proc)
