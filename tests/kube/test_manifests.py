@@ -480,8 +480,25 @@ def test_admission_dashboard_queries_every_controller_series_and_nothing_else() 
     wanted = {"topolet_admission_decisions_total", "topolet_admission_decision_duration_seconds_bucket",
               "topolet_admission_queue_depth", "topolet_admission_cluster_free",
               "topolet_admission_largest_free_zone", "topolet_admission_fragmentation_ratio",
-              "topolet_admission_nodes", "topolet_admission_ledger_entries", "topolet_admission_leader"}
+              "topolet_admission_nodes", "topolet_admission_ledger_entries", "topolet_admission_leader",
+              "topolet_admission_last_pass_timestamp_seconds"}
     assert used == wanted, {"extra": used - wanted, "missing": wanted - used}
+
+
+def test_admission_dashboard_label_values_are_the_controllers() -> None:
+    """The label values the panels select or colour by are the ones the controller sets."""
+    from agent.admission.metrics import DECISION_RESULTS, FREE_RESOURCES, NODE_STATES
+
+    panels = panels_of(admission_dashboard())
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    free = re.compile(r'topolet_admission_cluster_free\{[^}]*resource="([^"]+)"')
+    resources = {r for e in exprs for r in free.findall(e)}
+    assert resources == set(FREE_RESOURCES)
+    coloured = {p["title"]: {o["matcher"]["options"] for o in p["fieldConfig"]["overrides"]} for p in panels}
+    (decisions,) = find_panel(admission_dashboard(), "topolet_admission_decisions_total")
+    assert coloured[decisions["title"]] == set(DECISION_RESULTS)
+    (nodes,) = find_panel(admission_dashboard(), "topolet_admission_nodes")
+    assert coloured[nodes["title"]] == set(NODE_STATES)
 
 
 def test_admission_dashboard_has_a_unit_and_a_description_on_every_panel() -> None:
@@ -545,7 +562,8 @@ def test_admission_dashboard_gauges_count_the_leader_only() -> None:
     """Both replicas may export the cluster gauges; summing them would count the cluster twice."""
     leader_only = ("topolet_admission_queue_depth", "topolet_admission_cluster_free",
                    "topolet_admission_largest_free_zone", "topolet_admission_fragmentation_ratio",
-                   "topolet_admission_nodes", "topolet_admission_ledger_entries")
+                   "topolet_admission_nodes", "topolet_admission_ledger_entries",
+                   "topolet_admission_last_pass_timestamp_seconds")
     for panel in panels_of(admission_dashboard()):
         for target in panel["targets"]:
             if any(metric in target["expr"] for metric in leader_only):
