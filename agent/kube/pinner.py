@@ -2,7 +2,9 @@
 
 `PodPinner` turns pod plans (`agent.kube.pods`) into engine calls: exclusive CPUs for containers
 that ask for them, the shared pool for the rest, state first and cgroups after.  It never calls the
-API: warnings go out through a callback the publisher drains.
+API: warnings go out through a callback the publisher drains.  With `enforce=False` (`topolet agent
+--enforcement off`, over an `agent.kube.recording.RecordingEngine`) it looks for no cgroup: a
+container the pod status lists running with an ID is taken as started.
 """
 
 from __future__ import annotations
@@ -67,13 +69,6 @@ class PodPinner:
         Without enforcement it is the cgroupfs driver's path, existing or not: a container counts
         as started once the pod status gives it an ID, and that path is only its name in the state.
         """
-        if not self.enforce:
-            try:
-                return container_cgroup_path(plan.uid, plan.qos, c.container_id, None,
-                                             self.driver or CgroupDriver.CGROUPFS)
-            except EnforcementError as exc:
-                self._warn_once(plan, PodWarning("UnsupportedContainer", f"container {c.name}: {exc}"))
-                return None
         drivers = [self.driver] if self.driver else [CgroupDriver.CGROUPFS, CgroupDriver.SYSTEMD]
         for driver in drivers:
             try:
@@ -81,6 +76,8 @@ class PodPinner:
             except EnforcementError as exc:
                 self._warn_once(plan, PodWarning("UnsupportedContainer", f"container {c.name}: {exc}"))
                 return None
+            if not self.enforce:  # nothing exists to look for: the first candidate names it
+                return rel
             if exists(self.engine.layout, rel):
                 self.driver = driver
                 return rel
