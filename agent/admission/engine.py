@@ -258,7 +258,7 @@ def _filter_reason(node: Node, ps: PodSet) -> str | None:
 class _Index:
     """A view's nodes with their free figures, and its zones sorted by free CPU."""
 
-    __slots__ = ("nodes", "states", "zkeys", "nkeys", "gpu_nodes", "kmin", "by_name")
+    __slots__ = ("nodes", "states", "zkeys", "nkeys", "gpu_nodes", "kmin", "by_name", "dead")
 
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.nodes = list(nodes)
@@ -270,6 +270,8 @@ class _Index:
                           or n.gpu_free_milli]
         self.kmin: dict[tuple[int, int], int] = {}
         self.by_name = {n.name: i for i, n in enumerate(nodes)}
+        # request signature -> nodes whose totals cannot hold it (only grows: states only shrink)
+        self.dead: dict[tuple[Any, ...], set[int]] = {}
 
     def update(self, i: int, node: Node) -> None:
         """Replace node `i` (its sorted keys move)."""
@@ -335,18 +337,30 @@ class _Work:
         hit = self.eligible.get(k)
         if hit is None:
             node = self.ix.nodes[i]
+            if not (node.taints or node.unschedulable or ps.node_selector or ps.required_affinity):
+                # the common case, without building a reason
+                return bool(node.zones) or ps.numa_policy not in ("single-numa-node", "restricted"), 0
             hit = (_filter_reason(node, ps) is None,
                    _untolerated(node, ps.tolerations)[1] if node.taints else 0)
             self.eligible[k] = hit
         return hit
 
-    def base_fit(self, ps: PodSet, i: int) -> tuple[bool, int]:
-        """`filter`, and whether untouched node `i`'s totals hold a pod of `ps` (cached)."""
+    def base_fit(self, ps: PodSet, i: int, dead: set[int]) -> tuple[bool, int]:
+        """`filter`, and whether untouched node `i`'s totals hold a pod of `ps` (cached).
+
+        `dead` is the index's set of nodes whose totals cannot hold this request: states only
+        shrink while an index lives (`commit`), so a node that cannot hold it never will.
+        """
+        if i in dead:
+            return False, 0
         k = (ps.name, i)
         hit = self.base.get(k)
         if hit is None:
             ok, soft = self.filter(ps, i)
-            hit = (ok and _node_holds(self.ix.states[i], ps.requests), soft)
+            if ok and not _node_holds(self.ix.states[i], ps.requests):
+                dead.add(i)
+                ok = False
+            hit = (ok, soft)
             self.base[k] = hit
         return hit
 
@@ -377,11 +391,12 @@ class _Work:
         seen = 0
         for i in self.touched:  # their index keys are stale: look at them directly
             found.extend(self._options(ps, i))
+        dead = self.ix.dead.setdefault(_signature(r), set())
         for pos in range(bisect.bisect_left(zkeys, (r.cpu_milli, -1, -1)), len(zkeys)):
             _, i, p = zkeys[pos]
             if i in self.touched:
                 continue
-            ok, soft = self.base_fit(ps, i)
+            ok, soft = self.base_fit(ps, i, dead)
             if not ok:
                 continue
             s = self.ix.states[i]
@@ -557,6 +572,11 @@ class _Work:
                     s.zgpus[p] -= g
                     mem, gpus = mem - m, gpus - g
         self.touched[c.node] = s
+
+
+def _signature(r: Resources) -> tuple[Any, ...]:
+    return (r.cpu_milli, r.memory, r.gpus, r.gpu_milli, tuple(sorted(r.hugepages.items())),
+            tuple(sorted(r.mig.items())))
 
 
 def _pod_zone(ps: PodSet, c: _Choice) -> int | None:
