@@ -447,11 +447,15 @@ class Cluster:
 
     def create_node_object(self, name: str, capacity: Mapping[str, str], allocatable: Mapping[str, str],
                            *, labels: Mapping[str, str] | None = None,
-                           taints: Sequence[Mapping[str, str]] = ()) -> None:
-        """Create a Ready Node with these resources (what a kubelet registers and reports)."""
-        api = _api(self.plane)
+                           taints: Sequence[Mapping[str, str]] = (), api: Any = None) -> str:
+        """Create a Ready Node with these resources (what a kubelet registers and reports); its uid.
+
+        `api`: a KubeClient to use (a bench creating many nodes reuses one); else one of its own.
+        """
+        own = api is None
+        api = _api(self.plane) if own else api
         try:
-            api.create("/api/v1/nodes", {
+            made = api.create("/api/v1/nodes", {
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": name, "labels": {HOSTNAME_LABEL: name, "kubernetes.io/os": "linux",
                                                       "kubernetes.io/arch": "amd64", **(labels or {})}},
@@ -468,8 +472,10 @@ class Cluster:
             # lifecycle controller (not run here) lifts it once the Node is Ready. Do its part.
             api.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": [dict(t) for t in taints] or None}},
                       "application/merge-patch+json")
+            return str(made["metadata"]["uid"])
         finally:
-            api.close()
+            if own:
+                api.close()
 
     @staticmethod
     def _condition(kind: str, status: str, reason: str) -> dict[str, str]:

@@ -1,0 +1,302 @@
+"""Admission through the real API server: `topolet controller` against the plain kube-scheduler, same pods.
+
+`through_api(nodes, gangs, seed)` runs twice, each time on a fresh test cluster
+(tests/controlplane/cluster.py: etcd, kube-apiserver, kube-controller-manager, kube-scheduler) holding
+the same objects from `bench/admission_workload.py`: `nodes` Node objects and their NRTs (created
+directly, no agent processes at this scale), the bound filler pods that hold the NRTs' allocations,
+and `gangs` Indexed Jobs of single-numa-node pods:
+
+- scheduler only: the Jobs are created unsuspended; the Job controller makes the pods and the
+  scheduler binds them on node totals;
+- with topolet: the Jobs are created suspended with `topolet.io/queue`; `topolet controller` admits
+  them, the Job controller makes the gated pods, the controller pins each to its node and zone, and
+  the scheduler binds them.
+
+Wall time: from the first Job's creation until every pod is bound (or until binding stalls for
+`STALL_S`, when some gangs wait: their pods are reported apart).  Alignment: the pods bound to each
+node are replayed, in creation order and after that node's fillers, through `agent.alloc.allocate`
+with single-numa-node on the node's topology (inside the zone the controller named, as the agent
+does); the share that gets CPUs in one zone is "aligned".  NRTs are static here, so the controller runs
+with a ledger timeout longer than the run (placements never show up in an NRT without agents).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import admission_workload as workload  # noqa: E402
+
+from agent.admission.model import Gang  # noqa: E402
+from agent.alloc.exclusive import allocate  # noqa: E402
+from agent.alloc.request import Request  # noqa: E402
+from agent.errors import AllocationError, KubeAPIError  # noqa: E402
+from agent.kube.client import KubeClient, resource_path  # noqa: E402
+from agent.topology.cpuset import CPUSet  # noqa: E402
+from agent.topology.model import Topology  # noqa: E402
+from tests.controlplane.cluster import (  # noqa: E402
+    NRT_GROUP,
+    NRT_PLURAL,
+    NRT_VERSION,
+    Cluster,
+    start_cluster,
+)
+
+NAMESPACE = "bench"
+FILLER_NAMESPACE = "filler"  # bench/admission_workload.py's filler pods live there
+QUEUE = "bench"
+STALL_S = 30.0  # no bind for this long after every Job exists: the rest wait (not admitted / unschedulable)
+WORKERS = 8  # parallel object writers while setting up and creating Jobs
+LEDGER_TIMEOUT_S = 24 * 3600  # longer than any run: static NRTs never show the controller's placements
+
+
+@dataclass(frozen=True)
+class ApiRun:
+    """One placer's run through the API."""
+
+    name: str
+    pods: int  # gang pods asked for
+    bound: int
+    wall_s: float  # first Job created → last pod bound
+    aligned: int  # bound pods their node can pin in one zone
+
+    @property
+    def aligned_share(self) -> float:
+        return self.aligned / self.bound if self.bound else 1.0
+
+
+def _parallel(items: list[Any], work: Any) -> None:
+    with ThreadPoolExecutor(WORKERS) as pool:
+        for _ in pool.map(work, items):
+            pass
+
+
+def _job(gang: Gang, index: int, *, queued: bool) -> dict[str, Any]:
+    (ps,) = gang.pod_sets
+    res = {"cpu": str(ps.requests.cpu_milli // 1000), "memory": str(ps.requests.memory)}
+    meta: dict[str, Any] = {"name": f"gang-{index:05d}"}
+    if queued:
+        meta["labels"] = {"topolet.io/queue": QUEUE}
+    return {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
+        "spec": {"completionMode": "Indexed", "completions": ps.count, "parallelism": ps.count,
+                 "suspend": queued, "backoffLimit": 0,
+                 "template": {"metadata": {"annotations": {"topolet.io/numa-policy": ps.numa_policy}},
+                              "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                                       "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                                       "resources": {"requests": res, "limits": res}}]}}},
+    }
+
+
+def _populate(cluster: Cluster, objects: workload.Cluster) -> None:
+    """Nodes (Ready, untainted), their NRTs owned by them, the filler pods bound to them."""
+    local = threading.local()
+
+    def api() -> KubeClient:
+        if not hasattr(local, "api"):
+            local.api = KubeClient(cluster.plane.client())
+        return local.api  # type: ignore[no-any-return]
+
+    def node(pair: tuple[dict[str, Any], dict[str, Any]]) -> None:
+        obj, nrt = pair
+        status = obj["status"]
+        uid = cluster.create_node_object(obj["metadata"]["name"], status["capacity"], status["allocatable"],
+                                         labels=obj["metadata"]["labels"], api=api())
+        body = copy.deepcopy(nrt)
+        for ref in body["metadata"].get("ownerReferences") or []:
+            ref["uid"] = uid  # the generated uid is not the API's
+        api().create(resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL), body)
+
+    def filler(pod: dict[str, Any]) -> None:
+        body = {k: v for k, v in pod.items() if k != "status"}
+        body["metadata"] = {"name": pod["metadata"]["name"]}
+        body["spec"] = dict(pod["spec"], automountServiceAccountToken=False,
+                            containers=[dict(c, image="registry.k8s.io/pause:3.10")
+                                        for c in pod["spec"]["containers"]])
+        api().create(f"/api/v1/namespaces/{FILLER_NAMESPACE}/pods", body)
+
+    setup = KubeClient(cluster.plane.client())
+    try:
+        for ns in (NAMESPACE, FILLER_NAMESPACE):
+            setup.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+        _parallel(list(zip(objects.nodes, objects.nrts, strict=True)), node)
+        _parallel(objects.pods, filler)
+        # The Job controller needs the namespace's default service account before it makes pods.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                setup.get(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")
+                break
+            except KubeAPIError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        setup.close()
+
+
+class BindWatch:
+    """Counts the pods of NAMESPACE bound to a node, from a watch; notes when the last one was."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.api = KubeClient(cluster.plane.client())
+        self.bound: set[str] = set()
+        self.last_bind = time.monotonic()
+        self._stop = threading.Event()
+        self._stream: Any = None
+        listed = self.api.list(f"/api/v1/namespaces/{NAMESPACE}/pods")
+        self._rv = listed["metadata"]["resourceVersion"]
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self.api.watch(f"/api/v1/namespaces/{NAMESPACE}/pods",
+                                    {"resourceVersion": self._rv, "allowWatchBookmarks": True,
+                                     "timeoutSeconds": 60}, timeout=(5.0, 90.0)) as stream:
+                    self._stream = stream
+                    for event in stream:
+                        obj = (event or {}).get("object") or {}
+                        self._rv = (obj.get("metadata") or {}).get("resourceVersion", self._rv)
+                        if (obj.get("spec") or {}).get("nodeName"):
+                            uid = obj["metadata"]["uid"]
+                            if uid not in self.bound:
+                                self.bound.add(uid)
+                                self.last_bind = time.monotonic()
+            except KubeAPIError:
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._stream is not None:
+            self._stream.shutdown()
+        self._thread.join(timeout=10)
+        self.api.close()
+
+
+def _replay(cluster: Cluster, objects: workload.Cluster, topos: list[tuple[str, Topology]]) -> int:
+    """How many bound gang pods their node's allocator pins in one zone (see the module docstring)."""
+    api = KubeClient(cluster.plane.client())
+    try:
+        pods = api.list(f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
+    finally:
+        api.close()
+    fillers: dict[str, list[int]] = defaultdict(list)
+    for p in objects.pods:
+        fillers[p["spec"]["nodeName"]].append(int(p["spec"]["containers"][0]["resources"]["requests"]["cpu"]))
+    by_node: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in pods:
+        if p["spec"].get("nodeName"):
+            by_node[p["spec"]["nodeName"]].append(p)
+    aligned = 0
+    for name, bound in by_node.items():
+        topo = topos[int(name.split("-")[1]) % len(topos)][1]
+        free = topo.cpus
+        for n in fillers[name]:  # the same allocations, in the same order, as the workload's fill
+            free = free - allocate(topo, free, Request(cpus=n, numa_policy="single-numa-node"))
+        bound.sort(key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]))
+        for p in bound:
+            cpus = int(p["spec"]["containers"][0]["resources"]["requests"]["cpu"])
+            zone = (p["metadata"].get("annotations") or {}).get("topolet.io/numa-zone")
+            near = frozenset((int(zone),)) if zone is not None else None
+            try:
+                got: CPUSet = allocate(topo, free, Request(cpus=cpus, numa_policy="single-numa-node",
+                                                           preferred_numa=near))
+            except AllocationError:
+                continue
+            free = free - got
+            aligned += 1
+    return aligned
+
+
+def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[str, Topology]],
+         stream: list[Gang], *, controller: bool) -> ApiRun:
+    cluster = start_cluster(workdir)
+    try:
+        _populate(cluster, objects)
+        if controller:
+            cluster.start_controller("--ledger-timeout-seconds", str(LEDGER_TIMEOUT_S))
+        want = sum(ps.count for g in stream for ps in g.pod_sets)
+        watch = BindWatch(cluster)
+        local = threading.local()
+
+        def create(item: tuple[int, Gang]) -> None:
+            if not hasattr(local, "api"):
+                local.api = KubeClient(cluster.plane.client())
+            local.api.create(f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs",
+                             _job(item[1], item[0], queued=controller))
+
+        try:
+            start = time.monotonic()
+            _parallel(list(enumerate(stream)), create)
+            created = time.monotonic()
+            while len(watch.bound) < want:
+                if time.monotonic() - max(watch.last_bind, created) > STALL_S:
+                    break
+                if not cluster.running():
+                    raise SystemExit(f"a cluster component died:\n{cluster.logs()}")
+                time.sleep(0.1)
+            bound = len(watch.bound)
+            wall = (watch.last_bind if bound else time.monotonic()) - start
+        finally:
+            watch.close()
+        aligned = _replay(cluster, objects, topos)
+        return ApiRun(name, want, bound, wall, aligned)
+    except BaseException:
+        print(cluster.logs(2000))
+        raise
+    finally:
+        cluster.stop()
+
+
+def through_api(nodes: int = 1000, gangs: int = 3000, seed: int = 42,
+                dumps: Path | None = None) -> tuple[ApiRun, ApiRun]:
+    """Both runs on fresh clusters with the same objects; prints them side by side; (topolet, plain)."""
+    with tempfile.TemporaryDirectory(prefix="topolet-admission-api-") as tmp:
+        topos = workload.topologies(dumps or Path(tmp) / "dumps")
+        objects = workload.cluster(nodes, topos, seed)
+        stream = workload.gangs(gangs, seed + 1)
+        print(f"# through the API: {nodes} nodes, {len(objects.pods)} filler pods, {gangs} gangs "
+              f"({sum(ps.count for g in stream for ps in g.pod_sets)} pods)", flush=True)
+        plain = _run("kube-scheduler only", Path(tmp) / "plain", objects, topos, stream, controller=False)
+        ours = _run("topolet controller", Path(tmp) / "topolet", objects, topos, stream, controller=True)
+    print(f"{'placer':<24} {'pods':>7} {'bound':>7} {'wall s':>8} {'aligned':>8}")
+    for r in (ours, plain):
+        print(f"{r.name:<24} {r.pods:>7} {r.bound:>7} {r.wall_s:>8.1f} {r.aligned_share * 100:>7.1f}%")
+    return ours, plain
+
+
+def last_line(ours: ApiRun, plain: ApiRun) -> str:
+    """The bench's required last line."""
+    ratio = ours.wall_s / plain.wall_s if plain.wall_s else float("nan")
+    return (f"admission: {ours.bound} pods aligned {ours.aligned_share * 100:.1f}% vs scheduler-only "
+            f"{plain.aligned_share * 100:.1f}%; wall with controller / scheduler-only = {ratio:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gangs", type=int, default=3000)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--dumps", type=Path, default=None)
+    args = parser.parse_args(argv)
+    print(last_line(*through_api(args.nodes, args.gangs, args.seed, args.dumps)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
