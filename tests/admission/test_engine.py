@@ -302,3 +302,55 @@ def test_cpu_scoring_admits_as_many_and_keeps_more_whole_zones_than_best_fit() -
         whole[0] += whole_zones(ours)
         whole[1] += whole_zones(ref)
     assert whole[0] > whole[1], whole
+
+
+# ---- properties over random clusters --------------------------------------------------------------
+
+def random_case(rng: random.Random) -> tuple[ClusterView, Gang]:
+    nodes = []
+    for i in range(rng.randint(1, 6)):
+        zones = [(rng.randint(0, c), c) for c in [rng.choice([4, 8, 16])] * rng.randint(1, 4)]
+        nodes.append(node(f"n{i}", zones, mem=rng.choice([2, 8, 64]), free_pods=rng.randint(0, 6),
+                          labels={"rack": rng.choice(["a", "b"])}))
+    sets = tuple(pods(f"s{k}", rng.randint(1, 4), rng.randint(1, 8), mem=rng.choice([1, 4]),
+                      policy=rng.choice(["single-numa-node", "single-numa-node", "restricted", "none"]),
+                      colocate_label=rng.choice([None, None, "rack"]))
+                 for k in range(rng.randint(1, 3)))
+    return ClusterView(nodes=tuple(nodes)), Gang("g", sets)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_placements_never_overcommit_and_are_deterministic(seed: int) -> None:
+    view, gang = random_case(random.Random(seed))
+    result = place(view, gang)
+    assert result == place(view, gang)
+    if isinstance(result, Refusal):
+        assert result.kind == "not-now" and result.reason
+        return
+    sets = {ps.name: ps for ps in gang.pod_sets}
+    assert sorted((p.pod_set, p.index) for p in result.pods) == sorted(
+        (ps.name, k) for ps in gang.pod_sets for k in range(ps.count))
+    by_node = {n.name: n for n in view.nodes}
+    cpu: dict[str, int] = {}
+    count: dict[str, int] = {}
+    zone_cpu: dict[tuple[str, int], int] = {}
+    racks: dict[str, set[str]] = {}
+    for p in result.pods:
+        ps = sets[p.pod_set]
+        cpu[p.node] = cpu.get(p.node, 0) + ps.requests.cpu_milli
+        count[p.node] = count.get(p.node, 0) + 1
+        if ps.numa_policy == "single-numa-node":
+            assert p.zone is not None
+        if p.zone is not None:
+            zone_cpu[(p.node, p.zone)] = zone_cpu.get((p.node, p.zone), 0) + ps.requests.cpu_milli
+        if ps.colocate_label:
+            racks.setdefault(ps.colocate_label, set()).add(by_node[p.node].labels["rack"])
+    for name, used in cpu.items():
+        assert used <= by_node[name].free.cpu_milli
+        assert count[name] <= by_node[name].free_pods
+    for (name, numa), used in zone_cpu.items():
+        assert used <= next(z.cpu_milli for z in by_node[name].zones if z.numa == numa)
+    assert all(len(values) == 1 for values in racks.values())
+    after = commit(view, gang, result)
+    assert all(z.cpu_milli >= 0 for n in after.nodes for z in n.zones)
+    assert all(n.free.cpu_milli >= 0 and n.free_pods >= 0 for n in after.nodes)
