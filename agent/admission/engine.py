@@ -35,7 +35,10 @@ Search: pod sets largest request first, greedy on the score; if that strands a p
 depth-first search over each pod's few best candidates.  Candidates come from an index of zones
 sorted by free CPU (bisected at the request), cached per view object and carried over by `commit`,
 so a decision costs a few dozen node checks however large the cluster.  A pod set with
-`colocate_label` is placed in each value (domain) of that label in turn; the best-scored wins.
+`colocate_label` is placed within one value (domain) of that label: domains whose totals cannot hold
+the gang are skipped, the rest are tried least free first (best fit at the domain level) until four
+placed it or 64 were tried, and the best-scored placement wins.  The index cache is per process and
+not shared between threads: call `place`/`commit` from one thread.
 
 A refusal is "never" when the gang does not fit `view.empty` either (the same nodes, nothing
 running), else "not-now"; with no `view.empty` it is always "not-now".
@@ -72,8 +75,10 @@ _WINDOW = 16
 # Bounded backtracking: each pod tries this many of its best candidates, within this many steps.
 _BRANCH = 3
 _STEPS_PER_POD = 48
-# Colocation: at most this many combinations of domains are tried (labels × values).
-_MAX_DOMAIN_COMBOS = 512
+# Colocation: domains (label values) are tried least free first, until this many placed the gang
+# (the best-scored of them wins) or this many combinations were tried.
+_DOMAIN_PLACEMENTS = 4
+_MAX_DOMAIN_COMBOS = 64
 # Views whose index is kept (strong references, so an id is never reused while cached).
 _CACHED_VIEWS = 4
 
@@ -366,16 +371,16 @@ class _Work:
 
     # -- candidates --
 
-    def candidates(self, ps: PodSet, allowed: frozenset[int] | None, limit: int) -> list[_Choice]:
+    def candidates(self, ps: PodSet, allowed: tuple[int, ...] | None, limit: int) -> list[_Choice]:
         """The best `limit` places for one pod of `ps`, best first."""
         r = ps.requests
         found: list[_Choice] = []
         if r.gpus or r.gpu_milli:
-            pool: Iterable[int] = self.ix.gpu_nodes if allowed is None else sorted(allowed)
+            pool: Iterable[int] = self.ix.gpu_nodes if allowed is None else allowed
             for i in pool:
                 found.extend(self._options(ps, i))
         elif allowed is not None:
-            for i in sorted(allowed):
+            for i in allowed:
                 found.extend(self._options(ps, i))
         elif ps.numa_policy == "single-numa-node":
             found = self._scan_zones(ps)
@@ -620,10 +625,10 @@ def _zone_map(key: str, attr: str) -> Callable[[_State, int], int]:
     return get
 
 
-def _explain(work: _Work, ps: PodSet, allowed: frozenset[int] | None) -> str:
+def _explain(work: _Work, ps: PodSet, allowed: tuple[int, ...] | None) -> str:
     """The constraint that stops one more pod of `ps`, in one line (the slow path of a refusal)."""
     r = ps.requests
-    pool = range(len(work.ix.nodes)) if allowed is None else sorted(allowed)
+    pool = range(len(work.ix.nodes)) if allowed is None else allowed
     names = work.ix.nodes
     excluded: dict[str, int] = {}
     live: list[int] = []
@@ -687,7 +692,7 @@ def _explain(work: _Work, ps: PodSet, allowed: frozenset[int] | None) -> str:
 
 # ---- the search ------------------------------------------------------------------------------------
 
-_Slot = tuple[PodSet, int, frozenset[int] | None]  # pod set, index, allowed nodes (None: all)
+_Slot = tuple[PodSet, int, tuple[int, ...] | None]  # pod set, index, allowed nodes (None: all)
 
 
 def _search(work: _Work, slots: Sequence[_Slot]) -> tuple[list[_Choice] | None, str]:
@@ -739,7 +744,7 @@ def _prefix(ps: PodSet, index: int) -> str:
     return f'pod set "{ps.name}": '
 
 
-def _slots(gang: Gang, domains: Mapping[str, frozenset[int]]) -> list[_Slot]:
+def _slots(gang: Gang, domains: Mapping[str, tuple[int, ...]]) -> list[_Slot]:
     slots: list[_Slot] = []
     for ps in sorted(gang.pod_sets, key=_size, reverse=True):
         allowed = domains.get(ps.colocate_label) if ps.colocate_label else None
@@ -747,25 +752,52 @@ def _slots(gang: Gang, domains: Mapping[str, frozenset[int]]) -> list[_Slot]:
     return slots
 
 
-_Domains = list[tuple[str, frozenset[int]]]  # (label value, its nodes)
+_Domains = list[tuple[str, tuple[int, ...]]]  # (label value, its nodes in order)
 
 
-def _domain_choices(nodes: Sequence[Node], gang: Gang) -> tuple[list[str], list[_Domains]]:
+def _domain_choices(ix: _Index, gang: Gang) -> tuple[list[str], list[_Domains], str]:
+    """Per colocation label, the values whose nodes could hold that label's pods, most promising
+    (least free, best fit) first; and why none could when a label has no such value."""
     labels = sorted({ps.colocate_label for ps in gang.pod_sets if ps.colocate_label})
     per_label: list[_Domains] = []
     for label in labels:
-        groups: dict[str, set[int]] = {}
-        for i, n in enumerate(nodes):
+        sets = [ps for ps in gang.pod_sets if ps.colocate_label == label]
+        need_cpu = sum(ps.count * ps.requests.cpu_milli for ps in sets)
+        need_pods = sum(ps.count for ps in sets)
+        zoned = [ps.requests.cpu_milli for ps in sets if ps.numa_policy == "single-numa-node"]
+        biggest = max(zoned, default=0)
+        groups: dict[str, list[int]] = {}
+        for i, n in enumerate(ix.nodes):
             value = n.labels.get(label)
             if value is not None:
-                groups.setdefault(value, set()).add(i)
-        per_label.append([(v, frozenset(groups[v])) for v in sorted(groups)])
-    return labels, per_label
+                groups.setdefault(value, []).append(i)
+        if not groups:
+            return labels, [], f"no node has the colocation label {label}"
+        ranked: list[tuple[int, str, tuple[int, ...]]] = []
+        most: tuple[int, str] = (-1, "")
+        for value, members in groups.items():
+            cpu = pods = zone = 0
+            for i in members:
+                st = ix.states[i]
+                cpu += st.cpu
+                pods += st.pods
+                zone = max(zone, max(st.zcpu, default=0))
+            most = max(most, (cpu, value))
+            if cpu >= need_cpu and pods >= need_pods and zone >= biggest:
+                ranked.append((cpu, value, tuple(members)))
+        if not ranked:
+            return labels, [], (f"no {label} domain holds the whole gang: it needs {_cpus(need_cpu)} and "
+                                f"{need_pods} pods; the most free is {label}={most[1]} with {_cpus(most[0])}")
+        ranked.sort()
+        per_label.append([(value, members) for _, value, members in ranked])
+    return labels, per_label, ""
 
 
 def _attempt(ix: _Index, mix: tuple[tuple[Resources, float], ...],
              gang: Gang) -> tuple[list[tuple[PodSet, int, _Choice]] | None, str]:
-    labels, per_label = _domain_choices(ix.nodes, gang)
+    labels, per_label, why_none = _domain_choices(ix, gang)
+    if why_none:
+        return None, why_none
     if not labels:
         work = _Work(ix, mix)
         slots = _slots(gang, {})
@@ -773,16 +805,13 @@ def _attempt(ix: _Index, mix: tuple[tuple[Resources, float], ...],
         if found is None:
             return None, why
         return [(s[0], s[1], c) for s, c in zip(slots, found, strict=True)], ""
-    if any(not values for values in per_label):
-        missing = [lab for lab, values in zip(labels, per_label, strict=True) if not values]
-        return None, f"no node has the colocation label {missing[0]}"
     best: tuple[float, list[tuple[PodSet, int, _Choice]]] | None = None
     first_why = ""
-    tried = 0
+    tried = placed = 0
     for combo in itertools.product(*per_label):
-        tried += 1
-        if tried > _MAX_DOMAIN_COMBOS:
+        if tried >= _MAX_DOMAIN_COMBOS or placed >= _DOMAIN_PLACEMENTS:
             break
+        tried += 1
         domains = {lab: nodes for lab, (_, nodes) in zip(labels, combo, strict=True)}
         work = _Work(ix, mix)
         slots = _slots(gang, domains)
@@ -792,12 +821,12 @@ def _attempt(ix: _Index, mix: tuple[tuple[Resources, float], ...],
                 where = ", ".join(f"{lab}={value}" for lab, (value, _) in zip(labels, combo, strict=True))
                 first_why = f"{why} (in {where})"
             continue
+        placed += 1
         cost = sum(c.cost for c in found)
         if best is None or cost < best[0]:
             best = (cost, [(s[0], s[1], c) for s, c in zip(slots, found, strict=True)])
     if best is None:
-        count = min(tried, _MAX_DOMAIN_COMBOS)
-        return None, f"no {'/'.join(labels)} domain holds the whole gang ({count} tried); {first_why}"
+        return None, f"no {'/'.join(labels)} domain holds the whole gang ({tried} tried); {first_why}"
     return best[1], ""
 
 
