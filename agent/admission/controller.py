@@ -14,9 +14,9 @@ killed at any point finishes the work on restart and never decides a Job twice):
 
 1. Admitted Jobs (annotation `topolet.io/admission` result admitted) that are still suspended are
    unsuspended; their gated pods each get `nodeSelector kubernetes.io/hostname`, the
-   `topolet.io/numa-zone` and `topolet.io/slot` annotations and lose the gate, in one patch.
-   A slot is held by a live pod carrying `topolet.io/slot`; a new pod takes its completion index's
-   slot when that is free (Indexed Jobs), else the lowest free one, in pod creation order.
+   `topolet.io/numa-zone` annotation and lose the gate, in one patch.  A slot is held by a live pod
+   already pinned to its (node, zone); a new pod takes its completion index's slot when that is free
+   (Indexed Jobs), else the lowest free one, in pod creation order (`jobs.assign_slots`).
 2. The view: Nodes, NRTs and pods, with the ledger of admitted Jobs' slots the NRTs do not show yet.
 3. Pending Jobs (suspended, queue label, no record) in queue order through the engine: admitted ones
    get the gate and the record in one patch, then unsuspend; "never" refusals get a rejected record;
@@ -303,6 +303,7 @@ class Controller:
         # admitted Job there is, which is the rebuild) and entries leave by the ledger's own rule.
         self.ledger = Ledger(timeout=config.ledger_timeout_seconds)
         self._ledgered: set[tuple[str, str]] = set()  # (Job key, decision id) already in the ledger
+        self._pod_slots: dict[str, tuple[str, str]] = {}  # pod uid -> (Job key, slot), this pass
         self._left_out: dict[str, str] = {}  # node -> why the view leaves it out (logged on change)
         self.passes = 0
 
@@ -408,8 +409,10 @@ class Controller:
             pending.append(Pending(gang, queue, str(_meta(job).get("creationTimestamp") or ""),
                                    str(_meta(job).get("name"))))
 
+        self._pod_slots = {}
         for job, record in admitted:
-            self._finish_admitted(job, record, by_owner.get(str(_meta(job).get("uid")), []))
+            held = self._finish_admitted(job, record, by_owner.get(str(_meta(job).get("uid")), []))
+            self._pod_slots.update({uid: (jobs.job_key(job), str(slot)) for uid, slot in held.items()})
 
         depths: dict[str, int] = {}
         for p in pending:
@@ -525,32 +528,31 @@ class Controller:
         self.events.record(job, "Normal", "Waiting", reason)
 
     def _finish_admitted(self, job: dict[str, Any], record: AdmissionRecord,
-                         pods: list[dict[str, Any]]) -> None:
-        """Unsuspend an admitted Job still suspended; give its gated pods their slots."""
+                         pods: list[dict[str, Any]]) -> dict[str, int]:
+        """Unsuspend an admitted Job still suspended; give its gated pods their slots.  Returns the
+        slot each of its live pods holds (pod uid -> slot)."""
         if jobs.job_suspended(job):
             self._unsuspend(job)
-        live = [p for p in pods if jobs.pod_live(p)]
-        held = {s for p in live if (s := jobs.pod_slot(p, False)) is not None and not jobs.pod_gated(p)}
-        free = sorted(set(record.slots) - held)
-        gated = sorted((p for p in live if jobs.pod_gated(p)),
-                       key=lambda p: (str(_meta(p).get("creationTimestamp")), str(_meta(p).get("name"))))
-        indexed = jobs.job_indexed(job)
-        for pod in gated:
-            if not free:
-                break  # more live pods than slots (an old one still terminating): wait for it to go
-            want = jobs.pod_slot(pod, True) if indexed else None
-            slot = want if want in free else free[0]
+        assignment = jobs.assign_slots(record.slots, pods, jobs.job_indexed(job))
+        held = dict(assignment.held)
+        for pod, slot in assignment.place:
             place = record.slots[slot]
             meta = _meta(pod)
             out = self._patch(self.pods, resource_path("", "v1", "pods", str(meta.get("name")),
                                                        namespace=str(meta.get("namespace"))),
-                              jobs.pod_patch(pod, slot, place.node, place.zone),
+                              jobs.pod_patch(pod, place.node, place.zone),
                               f"place pod {_key(pod)} (slot {slot}) on {place.node}")
-            if out is not None:
-                free.remove(slot)
+            if out is None:
+                held.pop(str(meta.get("uid")), None)
+            else:
                 _crash_point("after-pod-patch")
+        return held
 
     # -- the view -----------------------------------------------------------------------------------
+
+    def _slot_of(self, pod: Mapping[str, Any]) -> tuple[str, str] | None:
+        """A pod's ledger entry: (Job key, the slot it holds this pass); None when it holds none."""
+        return self._pod_slots.get(str(_meta(pod).get("uid")))
 
     def _view(self, admitted: list[tuple[dict[str, Any], AdmissionRecord]],
               pods: list[dict[str, Any]]) -> ClusterView:
@@ -574,11 +576,12 @@ class Controller:
         if added:
             self.ledger = replace(self.ledger, entries=self.ledger.entries + tuple(added))
         self.ledger = self.ledger.settle(self.nrts.snapshot(), pods, now, live_gangs=live,
-                                         slot_of=_slot_of)
+                                         slot_of=self._slot_of)
         self._ledgered = {k for k in self._ledgered if k[0] in live}
         self.metrics.ledger_entries.set(len(self.ledger))
         nodes = self.nodes.snapshot()
-        view, left_out = build_view(nodes, self.nrts.snapshot(), pods, self.ledger, now, slot_of=_slot_of)
+        view, left_out = build_view(nodes, self.nrts.snapshot(), pods, self.ledger, now,
+                                    slot_of=self._slot_of)
         counts = {"usable": len(view.nodes), "stale": 0, "not_ready": 0}
         for node in nodes:
             if str(_meta(node).get("name")) in left_out:
@@ -590,16 +593,6 @@ class Controller:
             self._left_out = left_out
         self.metrics.set_nodes(counts)
         return view
-
-
-def _slot_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """A pod's ledger entry: (Job key, the slot we gave it); None before we placed it."""
-    meta = _meta(pod)
-    job = _dict(meta.get("labels")).get("batch.kubernetes.io/job-name")
-    slot = jobs.pod_slot(pod, False)
-    if not isinstance(job, str) or slot is None:
-        return None
-    return f"{meta.get('namespace')}/{job}", str(slot)
 
 
 def _node_ready(node: Mapping[str, Any]) -> bool:

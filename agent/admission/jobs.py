@@ -7,7 +7,7 @@ Public API:
 
 - Names: `QUEUE_LABEL` (`topolet.io/queue`), `GATE` (`topolet.io/placement`), `ADMISSION_ANNOTATION`
   (`topolet.io/admission`), `NUMA_POLICY_ANNOTATION`, `COLOCATE_ANNOTATION`, `NUMA_ZONE_ANNOTATION`,
-  `SLOT_ANNOTATION`, `COMPLETION_INDEX_ANNOTATION`, `HOSTNAME_LABEL`.
+  `COMPLETION_INDEX_ANNOTATION`, `HOSTNAME_LABEL`.
 - `job_key(job) -> "namespace/name"`; `job_queue(job) -> str | None`.
 - `gang_from_job(job, priorities, guaranteed_policy="none") -> Gang`: one pod set per Job (see
   `gang_from_job`); raises `JobSpecError` naming what is wrong.
@@ -16,9 +16,10 @@ Public API:
 - Patch bodies (JSON merge patches, each carrying the resourceVersion it was computed from so a
   concurrent writer makes it fail instead of being overwritten): `decision_patch(job, record)` adds the
   gate to the still-suspended Job's template and records the decision; `unsuspend_patch()`;
-  `reject_patch(job, record)`; `pod_patch(pod, slot, node, zone)` pins a gated pod to its node and
+  `reject_patch(job, record)`; `pod_patch(pod, node, zone)` pins a gated pod to its node and
   zone and removes the gate in one write.
-- `pod_slot(pod, indexed)`: the slot a pod holds (completion index, or our slot annotation), or None.
+- `assign_slots(slots, pods, indexed) -> SlotAssignment`: which live pod holds which slot, and which
+  gated pod gets which free slot (see `assign_slots`).
 - `gang_requests(job)`: one pod's requests (Resources) from the template.
 - `job_finished(job)`, `job_indexed(job)`, `job_suspended(job)`, `pod_gated(pod)`, `pod_live(pod)`.
 """
@@ -28,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -52,7 +53,6 @@ ADMISSION_ANNOTATION = "topolet.io/admission"
 NUMA_POLICY_ANNOTATION = "topolet.io/numa-policy"
 COLOCATE_ANNOTATION = "topolet.io/colocate"
 NUMA_ZONE_ANNOTATION = "topolet.io/numa-zone"
-SLOT_ANNOTATION = "topolet.io/slot"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 MERGE_PATCH = "application/merge-patch+json"
@@ -440,24 +440,91 @@ def pod_gated(pod: Mapping[str, Any]) -> bool:
     return any(g.get("name") == GATE for g in _gates(_dict(pod.get("spec"))))
 
 
-def pod_patch(pod: Mapping[str, Any], slot: int, node: str, zone: int | None) -> dict[str, Any]:
-    """Pin a gated pod to `node` (and NUMA `zone`), record its slot and remove our gate, in one write."""
+def pod_patch(pod: Mapping[str, Any], node: str, zone: int | None) -> dict[str, Any]:
+    """Pin a gated pod to `node` (and NUMA `zone`) and remove our gate, in one write.
+
+    Only what the node and the scheduler read: no annotation of our own (the node's agent refuses a
+    pod with a `topolet.io/` annotation it does not know, and the controller's admission policy lets
+    it write annotations nowhere else), so a pod's slot is found again by `assign_slots`."""
     spec = _dict(pod.get("spec"))
     gates = [g for g in _gates(spec) if g.get("name") != GATE]
-    annotations = {SLOT_ANNOTATION: str(slot)}
+    body: dict[str, Any] = {
+        "metadata": {"resourceVersion": _meta(pod).get("resourceVersion")},
+        "spec": {"nodeSelector": {HOSTNAME_LABEL: node}, "schedulingGates": gates or None}}
     if zone is not None:
-        annotations[NUMA_ZONE_ANNOTATION] = str(zone)
-    return {"metadata": {"resourceVersion": _meta(pod).get("resourceVersion"), "annotations": annotations},
-            "spec": {"nodeSelector": {HOSTNAME_LABEL: node}, "schedulingGates": gates or None}}
+        body["metadata"]["annotations"] = {NUMA_ZONE_ANNOTATION: str(zone)}
+    return body
 
 
-def pod_slot(pod: Mapping[str, Any], indexed: bool) -> int | None:
-    """The slot a pod holds: its completion index (Indexed Jobs), else the slot we gave it, else None."""
-    annotations = _dict(_meta(pod).get("annotations"))
-    text = annotations.get(COMPLETION_INDEX_ANNOTATION if indexed else SLOT_ANNOTATION)
-    if isinstance(text, str) and text.isdigit():
-        return int(text)
-    return None
+def completion_index(pod: Mapping[str, Any]) -> int | None:
+    """The pod's completion index (Indexed Jobs), None when it has none."""
+    text = _dict(_meta(pod).get("annotations")).get(COMPLETION_INDEX_ANNOTATION)
+    return int(text) if isinstance(text, str) and text.isdigit() else None
+
+
+def pod_target(pod: Mapping[str, Any]) -> SlotPlacement | None:
+    """The (node, zone) we pinned the pod to (our nodeSelector and zone annotation), None if unpinned."""
+    node = _dict(_dict(pod.get("spec")).get("nodeSelector")).get(HOSTNAME_LABEL)
+    if not isinstance(node, str) or not node or pod_gated(pod):
+        return None
+    zone = _dict(_meta(pod).get("annotations")).get(NUMA_ZONE_ANNOTATION)
+    return SlotPlacement(node, int(zone) if isinstance(zone, str) and zone.isdigit() else None)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotAssignment:
+    """held: pod uid -> the slot it holds; place: (gated pod, slot) pairs to patch, in order."""
+
+    held: Mapping[str, int]
+    place: tuple[tuple[Mapping[str, Any], int], ...]
+
+
+def _creation(pod: Mapping[str, Any]) -> tuple[str, str]:
+    meta = _meta(pod)
+    return (str(meta.get("creationTimestamp") or ""), str(meta.get("name") or ""))
+
+
+def assign_slots(slots: Mapping[int, SlotPlacement], pods: Sequence[Mapping[str, Any]],
+                 indexed: bool) -> SlotAssignment:
+    """Which slot each live pod of an admitted Job holds, and which free slot each gated one gets.
+
+    A live pod we pinned holds a slot with its (node, zone): its completion index's slot when that
+    matches, else the lowest free slot that does.  A gated pod gets its completion index's slot when
+    that is free, else the lowest free slot, oldest pod first; more gated pods than free slots (an old
+    pod still terminating) wait.  A replacement pod therefore gets the slot of the pod it replaces.
+    """
+    live = sorted((p for p in pods if pod_live(p)), key=_creation)
+    free = dict(sorted(slots.items()))
+    held: dict[str, int] = {}
+    for pod in live:
+        target = pod_target(pod)
+        if target is None:
+            continue
+        index = completion_index(pod) if indexed else None
+        slot = index if index in free and free[index] == target else next(
+            (i for i, p in free.items() if p == target), None)
+        if slot is not None:
+            held[str(_meta(pod).get("uid"))] = slot
+            del free[slot]
+    gated = [p for p in live if pod_gated(p)]
+    chosen: dict[str, int] = {}
+    if indexed:  # own index first, so a pod beyond the slots does not take another pod's index
+        for pod in gated:
+            index = completion_index(pod)
+            if index is not None and index in free:
+                chosen[str(_meta(pod).get("uid"))] = index
+                del free[index]
+    place = []
+    for pod in gated:
+        uid = str(_meta(pod).get("uid"))
+        if uid not in chosen:
+            if not free:
+                continue
+            chosen[uid] = next(iter(free))
+            del free[chosen[uid]]
+        place.append((pod, chosen[uid]))
+        held[uid] = chosen[uid]
+    return SlotAssignment(held, tuple(place))
 
 
 def pod_live(pod: Mapping[str, Any]) -> bool:

@@ -17,8 +17,11 @@ from typing import Any
 
 import pytest
 
+from agent.admission.metrics import capacity_figures
+from agent.admission.model import ClusterView, Node, Resources, Zone
 from tests.controlplane.cluster import Cluster
 from tests.controlplane.fixtures import IN_CI, cluster, cluster_session
+from tests.controlplane.harness import free_port
 
 try:
     from agent.errors import KubeAPIError
@@ -123,25 +126,67 @@ def all_bound_as_recorded(api: KubeClient, ns: str, name: str, count: int) -> bo
     pods = job_pods(api, ns, name)
     if rec is None or rec["result"] != "admitted" or len(pods) != count:
         return False
-    slots = set()
+    placed = []
     for pod in pods:
         ann = pod["metadata"].get("annotations") or {}
-        slot = ann.get("topolet.io/slot")
-        if slot is None or not pod["spec"].get("nodeName"):
+        if not pod["spec"].get("nodeName"):
             return False
-        want = rec["placement"][slot]
-        assert pod["spec"]["nodeName"] == want["node"]
-        assert ann.get("topolet.io/numa-zone") == str(want["zone"])
         assert not any(g["name"] == GATE for g in pod["spec"].get("schedulingGates") or [])
-        slots.add(slot)
-    assert len(slots) == count  # no slot given twice
+        assert pod["spec"]["nodeSelector"]["kubernetes.io/hostname"] == pod["spec"]["nodeName"]
+        placed.append((pod["spec"]["nodeName"], int(ann["topolet.io/numa-zone"])))
+        index = ann.get("batch.kubernetes.io/job-completion-index")
+        if index is not None:  # Indexed: the slot is the completion index
+            assert placed[-1] == (rec["placement"][index]["node"], rec["placement"][index]["zone"])
+    # Every slot taken once: the pods' (node, zone) are the record's, as a multiset.
+    assert sorted(placed) == sorted((p["node"], p["zone"]) for p in rec["placement"].values())
     return True
+
+
+def _zones(*pairs: tuple[int, int]) -> tuple[Zone, ...]:
+    return tuple(Zone(numa=i, cpu_milli=free * 1000, cpu_capacity_milli=cap * 1000)
+                 for i, (free, cap) in enumerate(pairs))
+
+
+@pytest.mark.parametrize(("zones", "largest", "ratio"), [
+    ((), 0.0, 0.0),
+    (_zones((16, 16), (16, 16)), 16.0, 0.0),  # every free CPU in an empty zone
+    (_zones((16, 16), (4, 16)), 16.0, 0.2),  # 4 of 20 free CPUs in a used zone
+    (_zones((8, 16), (4, 16)), 8.0, 1.0),
+    (_zones((0, 16), (0, 16)), 0.0, 0.0),  # full: nothing free, nothing fragmented
+])
+def test_capacity_figures(zones: tuple[Zone, ...], largest: float, ratio: float) -> None:
+    node = Node("n", free=Resources(cpu_milli=30_500, memory=1 << 30, gpus=2), zones=zones)
+    figures = capacity_figures(ClusterView(nodes=(node, node)))
+    assert figures.free == {"cpu": 61.0, "memory": float(2 << 30), "nvidia.com/gpu": 4.0}
+    assert figures.largest_free_zone_cpus == largest
+    assert figures.fragmentation_ratio == pytest.approx(ratio)
+
+
+def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except OSError:
+        return 0, ""
+
+
+def metric(text: str, series: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return float("nan")
 
 
 def test_admits_whole_gangs_rejects_never_waits_and_flags_bad_jobs(
         cluster: Cluster, api: KubeClient, namespace: str, nodes: tuple[str, list[str]]) -> None:
     label, names = nodes
-    cluster.start_controller("--listen", "127.0.0.1:0", "--resync-seconds", "2")
+    port = free_port()
+    cluster.start_controller("--listen", f"127.0.0.1:{port}", "--resync-seconds", "2")
 
     api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("a", 4, label))
     wait_for(lambda: all_bound_as_recorded(api, namespace, "a", 4), "gang a admitted and bound")
@@ -151,6 +196,14 @@ def test_admits_whole_gangs_rejects_never_waits_and_flags_bad_jobs(
     # Every pod lands in a zone of its own node: (node, zone) pairs are distinct, 12 of 16 CPUs each.
     assert len({(p["node"], p["zone"]) for p in rec["placement"].values()}) == 4
     assert "Admitted" in events(api, namespace, "a")
+    # The node's agent pins each pod in the zone the controller counted on.
+    for pod in job_pods(api, namespace, "a"):
+        node = cluster.nodes[pod["spec"]["nodeName"]]
+        zone = int(pod["metadata"]["annotations"]["topolet.io/numa-zone"])
+        allocs = wait_for(lambda p=pod, n=node: [a for a in n.state().allocations
+                                                 if a.owner.pod_uid == p["metadata"]["uid"]],
+                          "the agent's allocation")
+        assert {node.topology.numa_of(c) for c in allocs[0].cpus} == {zone}
 
     # 20 CPUs in one zone of 16: never.
     api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("huge", 1, label, cpu=20))
@@ -172,6 +225,17 @@ def test_admits_whole_gangs_rejects_never_waits_and_flags_bad_jobs(
     time.sleep(3)  # a few more passes: the reason does not change, so no second Waiting event
     assert events(api, namespace, "wide").count("Waiting") == 1
     assert record(api, namespace, "wide") is None and not job_pods(api, namespace, "wide")
+
+    status, text = scrape(port)
+    assert status == 200
+    assert metric(text, 'topolet_admission_decisions_total{result="admitted"}') >= 1
+    assert metric(text, 'topolet_admission_decisions_total{result="rejected"}') >= 1
+    assert metric(text, 'topolet_admission_decisions_total{result="error"}') >= 1
+    assert metric(text, 'topolet_admission_decisions_total{result="waiting"}') >= 1
+    assert metric(text, 'topolet_admission_queue_depth{queue="q"}') == 1  # wide
+    assert metric(text, 'topolet_admission_nodes{state="usable"}') >= 2
+    assert metric(text, "topolet_admission_leader") == 1
+    assert scrape(port, "/healthz")[0] == 200
 
     # a finishes (deleted): its capacity frees and wide goes in, whole.
     delete_job(api, namespace, "a")

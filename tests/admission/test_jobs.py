@@ -15,11 +15,11 @@ from agent.admission.jobs import (
     AdmissionRecord,
     JobSpecError,
     SlotPlacement,
+    assign_slots,
     decision_patch,
     decode_record,
     gang_from_job,
     pod_patch,
-    pod_slot,
     record_of,
 )
 from agent.admission.model import NodeSelectorRequirement, Resources, Toleration
@@ -163,20 +163,50 @@ def test_malformed_record(text: str) -> None:
 def test_pod_patch_pins_and_ungates() -> None:
     pod = {"metadata": {"resourceVersion": "3", "annotations": {}},
            "spec": {"schedulingGates": [{"name": GATE}], "nodeSelector": {"pool": "a"}}}
-    patch = pod_patch(pod, 2, "n1", 1)
+    patch = pod_patch(pod, "n1", 1)
     assert patch["spec"] == {"nodeSelector": {HOSTNAME_LABEL: "n1"}, "schedulingGates": None}
-    assert patch["metadata"]["annotations"] == {NUMA_ZONE_ANNOTATION: "1", "topolet.io/slot": "2"}
+    assert patch["metadata"] == {"resourceVersion": "3", "annotations": {NUMA_ZONE_ANNOTATION: "1"}}
     pod["spec"]["schedulingGates"].append({"name": "keep"})
-    assert pod_patch(pod, 0, "n1", None)["spec"]["schedulingGates"] == [{"name": "keep"}]
-    assert NUMA_ZONE_ANNOTATION not in pod_patch(pod, 0, "n1", None)["metadata"]["annotations"]
+    assert pod_patch(pod, "n1", None)["spec"]["schedulingGates"] == [{"name": "keep"}]
+    assert "annotations" not in pod_patch(pod, "n1", None)["metadata"]
 
 
-@pytest.mark.parametrize(("annotations", "indexed", "slot"), [
-    ({"batch.kubernetes.io/job-completion-index": "3"}, True, 3),
-    ({"batch.kubernetes.io/job-completion-index": "3"}, False, None),
-    ({"topolet.io/slot": "1"}, False, 1),
-    ({"topolet.io/slot": "x"}, False, None),
-    ({}, True, None),
-])
-def test_pod_slot(annotations: dict[str, str], indexed: bool, slot: int | None) -> None:
-    assert pod_slot({"metadata": {"annotations": annotations}}, indexed) == slot
+def _pod(name: str, *, index: int | None = None, pinned: tuple[str, int] | None = None,
+         phase: str = "Pending", created: int = 0) -> dict[str, Any]:
+    ann = {} if index is None else {"batch.kubernetes.io/job-completion-index": str(index)}
+    spec: dict[str, Any] = {"schedulingGates": [{"name": GATE}]}
+    if pinned is not None:
+        ann[NUMA_ZONE_ANNOTATION] = str(pinned[1])
+        spec = {"nodeSelector": {HOSTNAME_LABEL: pinned[0]}}
+    return {"metadata": {"name": name, "uid": name, "annotations": ann,
+                         "creationTimestamp": f"2026-01-01T00:00:{created:02d}Z"},
+            "spec": spec, "status": {"phase": phase}}
+
+
+SLOTS = {0: SlotPlacement("n1", 0), 1: SlotPlacement("n1", 1), 2: SlotPlacement("n2", 0)}
+ASSIGN = [
+    # (what, pods, indexed, expected held {uid: slot}, expected place [(name, slot)])
+    ("indexed: by completion index", [_pod("b", index=2, created=1), _pod("a", index=0, created=2)], True,
+     {"a": 0, "b": 2}, [("b", 2), ("a", 0)]),
+    ("non-indexed: oldest pod first, lowest slot", [_pod("y", created=2), _pod("x", created=1)], False,
+     {"x": 0, "y": 1}, [("x", 0), ("y", 1)]),
+    ("a pinned pod keeps its slot, by (node, zone)",
+     [_pod("p", pinned=("n1", 1)), _pod("q", created=1)], False, {"p": 1, "q": 0}, [("q", 0)]),
+    ("a replacement takes the failed pod's slot",
+     [_pod("old", pinned=("n2", 0), phase="Failed"), _pod("p0", pinned=("n1", 0)),
+      _pod("p1", pinned=("n1", 1)), _pod("new", created=5)], False,
+     {"p0": 0, "p1": 1, "new": 2}, [("new", 2)]),
+    ("more gated pods than free slots: the rest wait",
+     [_pod("a", created=1), _pod("b", created=2), _pod("c", created=3), _pod("d", created=4)], False,
+     {"a": 0, "b": 1, "c": 2}, [("a", 0), ("b", 1), ("c", 2)]),
+    ("indexed: an index beyond the slots takes a free one, after the pods with their own",
+     [_pod("i5", index=5), _pod("i0", index=0, created=1)], True, {"i5": 1, "i0": 0}, [("i5", 1), ("i0", 0)]),
+]
+
+
+@pytest.mark.parametrize(("what", "pods", "indexed", "held", "place"), ASSIGN, ids=[a[0] for a in ASSIGN])
+def test_assign_slots(what: str, pods: list[dict[str, Any]], indexed: bool, held: dict[str, int],
+                      place: list[tuple[str, int]]) -> None:
+    got = assign_slots(SLOTS, pods, indexed)
+    assert dict(got.held) == held
+    assert [(p["metadata"]["name"], slot) for p, slot in got.place] == place
