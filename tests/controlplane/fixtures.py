@@ -89,9 +89,12 @@ def cluster_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
     if _cluster is None:
         _unavailable(_cluster_failure or "unknown")
     assert _cluster is not None
-    yield _cluster
-    _cluster.stop()
-    _cluster = None
+    mine = _cluster
+    yield mine
+    # Several modules import this fixture: each is its own session fixture over the one cluster.
+    if _cluster is mine:
+        mine.stop()
+        _cluster = None
 
 
 @pytest.fixture
