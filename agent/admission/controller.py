@@ -452,6 +452,10 @@ class Controller:
             if outcome.pending.gang.key in started:
                 self.metrics.decision_seconds.observe(time.perf_counter() - started[outcome.pending.gang.key])
         self.metrics.set_queue_depths(depths)
+        # Forget what was said about Jobs that are gone, so the memory stays bounded by the queue.
+        uids = {str(_meta(job).get("uid")) for job in all_jobs}
+        self._waiting = {uid: why for uid, why in self._waiting.items() if uid in uids}
+        self._invalid = {key for key in self._invalid if key[0] in uids}
         self.metrics.last_pass.set(self.clock())
 
     def _guaranteed_policy(self) -> str:

@@ -186,7 +186,7 @@ def test_admits_whole_gangs_rejects_never_waits_and_flags_bad_jobs(
         cluster: Cluster, api: KubeClient, namespace: str, nodes: tuple[str, list[str]]) -> None:
     label, names = nodes
     port = free_port()
-    cluster.start_controller("--listen", f"127.0.0.1:{port}", "--resync-seconds", "2")
+    proc = cluster.start_controller("--listen", f"127.0.0.1:{port}", "--resync-seconds", "2")
 
     api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("a", 4, label))
     wait_for(lambda: all_bound_as_recorded(api, namespace, "a", 4), "gang a admitted and bound")
@@ -241,6 +241,10 @@ def test_admits_whole_gangs_rejects_never_waits_and_flags_bad_jobs(
     delete_job(api, namespace, "a")
     wait_for(lambda: all_bound_as_recorded(api, namespace, "wide", 8), "gang wide admitted and bound",
              timeout=150)
+
+    # SIGTERM: a clean exit.
+    proc.stop()
+    assert proc.popen.returncode == 0, proc.log_tail()
 
 
 def _admitted_once(api: KubeClient, ns: str, name: str, decision: str | None) -> str:
