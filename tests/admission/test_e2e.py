@@ -42,7 +42,7 @@ __all__ = ["cluster", "cluster_session"]
 DUMP = "64fake-4n2s2ca2c2t"  # 64 CPUs, 4 NUMA nodes of 16
 QUEUE_LABEL = "topolet.io/queue"
 ADMISSION_ANNOTATION = "topolet.io/admission"
-SLOT_ANNOTATION = "topolet.io/slot"
+NUMA_ZONE_ANNOTATION = "topolet.io/numa-zone"  # the zone the controller counted the pod against
 NUMA_POLICY = "topolet.io/numa-policy"
 GANG_PODS, GANG_CPUS = 4, 8
 FILLER_CPUS = 10  # leaves 6 CPUs in a 16-CPU zone: no 8-CPU pod fits there
@@ -239,12 +239,14 @@ def test_the_controller_admits_the_gang_only_when_every_pod_fits(
             p.get("status", {}).get("phase") == "Running" for p in pods) else None
 
     pods = wait_for(bound, "every gang pod bound and running")
+    # Each pod is on the node, and names the zone, of one slot of the record: all slots used, once.
+    where = sorted((p["spec"]["nodeName"], int(p["metadata"]["annotations"][NUMA_ZONE_ANNOTATION]))
+                   for p in pods)
+    assert where == sorted((s.node, s.zone) for s in record.slots.values()), (where, record)
     for p in pods:
-        slot = int(p["metadata"]["annotations"][SLOT_ANNOTATION])
-        assert p["spec"]["nodeName"] == record.slots[slot].node, (slot, p["spec"]["nodeName"], record)
         assert not p["spec"].get("schedulingGates")
-        node = nodes[p["spec"]["nodeName"]]
-        uid = p["metadata"]["uid"]
+        node, uid = nodes[p["spec"]["nodeName"]], p["metadata"]["uid"]
+        zone = int(p["metadata"]["annotations"][NUMA_ZONE_ANNOTATION])
 
         def pinned(node: SimNode = node, uid: str = uid) -> Any:
             # An agent that rejects what the controller wrote on the pod says so at once: fail with it.
@@ -252,8 +254,9 @@ def test_the_controller_admits_the_gang_only_when_every_pod_fits(
             assert not bad, f"{node.name}'s agent rejects the admitted pod: {bad[0]['message']}"
             return allocation(node, uid)
 
-        alloc = wait_for(pinned, f"{node.name}'s agent to pin the pod of slot {slot}")
-        assert len(alloc.cpus) == GANG_CPUS and one_zone(node, alloc.cpus)
-        assert not pod_events(api, namespace, p["metadata"]["uid"], "AllocationFailed")
+        alloc = wait_for(pinned, f"{node.name}'s agent to pin pod {p['metadata']['name']}")
+        # Pinned in one zone, the one the controller counted the pod against.
+        assert len(alloc.cpus) == GANG_CPUS and {node.topology.numa_of(c) for c in alloc.cpus} == {zone}
+        assert not pod_events(api, namespace, uid, "AllocationFailed")
     assert job_events("Admitted")
 
