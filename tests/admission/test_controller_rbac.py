@@ -51,6 +51,11 @@ __all__ = ["_apiserver_up_between_tests", "control_plane"]
 
 MERGE = "application/merge-patch+json"
 GATE = "topolet.io/placement"
+OTHER_GATE = "example.com/quota"
+POLICY = "topolet-controller-writes"
+POLICY_TIMEOUT_S = 60.0
+APPLY = "application/apply-patch+yaml"
+STRATEGIC = "application/strategic-merge-patch+json"
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases"
 NRT_PATH = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
 RETRY_429_S = 30.0
@@ -67,8 +72,14 @@ class Setup:
     baseline: str
     node: str
     team: str  # a user namespace
-    job: str  # a suspended Job in it, labelled topolet.io/queue
-    pod: str  # a pod in it, held by the scheduling gate
+    job: str  # a suspended Job in it, labelled topolet.io/queue: the tests admit it
+    pod: str  # a pod in it, held by the scheduling gate: the tests place it
+    # Objects the refused rows aim at, which nothing changes:
+    waiting: str  # a queued, suspended Job
+    running: str  # a queued Job already unsuspended
+    plain: str  # a suspended Job in no queue
+    held: str  # a pod held by our gate and another one
+    free: str  # a pod with no gate
 
 
 def created(plane: ControlPlane, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -91,10 +102,10 @@ def suspended_job(name: str) -> dict[str, Any]:
     }
 
 
-def gated_pod(name: str) -> dict[str, Any]:
+def gated_pod(name: str, gates: tuple[str, ...] = (GATE,)) -> dict[str, Any]:
     """A pod as the Job controller creates it from an admitted Job's template: held by our gate."""
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"schedulingGates": [{"name": GATE}],
+            "spec": {"schedulingGates": [{"name": g} for g in gates],
                      "containers": [{"name": "main", "image": "busybox"}]}}
 
 
@@ -120,10 +131,32 @@ def setup(control_plane: ControlPlane, applied_base: Any) -> Iterator[Setup]:  #
                                          "metadata": {"name": account}})
         assert status in (201, 409), body
     baseline = control_plane.mint_token(team, "baseline")
-    job = created(control_plane, f"/apis/batch/v1/namespaces/{team}/jobs", suspended_job("gang"))
-    gated = created(control_plane, f"/api/v1/namespaces/{team}/pods", gated_pod("gang-0"))
-    yield Setup(control_plane, token, baseline, node, team, job["metadata"]["name"],
-                gated["metadata"]["name"])
+    jobs, pods = f"/apis/batch/v1/namespaces/{team}/jobs", f"/api/v1/namespaces/{team}/pods"
+    for job in (suspended_job("gang"), suspended_job("waiting"),
+                {**suspended_job("running"), "spec": {**suspended_job("running")["spec"], "suspend": False}},
+                {**suspended_job("plain"), "metadata": {"name": "plain"}}):
+        created(control_plane, jobs, job)
+    for pod in (gated_pod("gang-0"), gated_pod("held", (GATE, OTHER_GATE)), gated_pod("free", ())):
+        created(control_plane, pods, pod)
+    wait_for_policy(control_plane, token)
+    yield Setup(control_plane, token, baseline, node, team, job="gang", pod="gang-0", waiting="waiting",
+                running="running", plain="plain", held="held", free="free")
+
+
+def wait_for_policy(plane: ControlPlane, token: str) -> None:
+    """Until the API server enforces the controller's policy: a dry-run create of a Lease of another
+    name (RBAC allows it) is refused by the policy."""
+    deadline = time.monotonic() + POLICY_TIMEOUT_S
+    while True:
+        status, body = api_request(plane, "POST", f"{LEASES}?dryRun=All", token, {
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": f"canary-{uuid.uuid4().hex[:6]}"}})
+        if refused_by(status, body) == "policy":
+            return
+        assert status in (201, 429), body
+        if time.monotonic() > deadline:
+            pytest.fail(f"admission policy {POLICY} not enforced after {POLICY_TIMEOUT_S:.0f} s: {body}")
+        time.sleep(0.5)
 
 
 def as_controller(setup: Setup, method: str, path: str, body: Any = None,
@@ -138,10 +171,22 @@ def as_controller(setup: Setup, method: str, path: str, body: Any = None,
         time.sleep(0.5)
 
 
+def refused_by(status: int, body: dict[str, Any]) -> str:
+    """Which layer refused a request: "policy" (the controller's admission policy), "rbac", or "" when
+    it was not refused."""
+    if status != 403:
+        return ""
+    message = str(body.get("message", ""))
+    if f"ValidatingAdmissionPolicy '{POLICY}'" in message:
+        return "policy"
+    if "cannot" in message and "forbidden" in message:
+        return "rbac"
+    return f"other: {message}"
+
+
 def refused_by_rbac(status: int, body: dict[str, Any]) -> bool:
     """Whether RBAC (not admission, not validation) refused the request."""
-    message = str(body.get("message", ""))
-    return status == 403 and "cannot" in message and "forbidden" in message
+    return refused_by(status, body) == "rbac"
 
 
 def now_micro() -> str:
@@ -435,6 +480,89 @@ def test_refused_by_rbac(setup: Setup, method: str, path: str, make_body: Any) -
     assert refused_by_rbac(status, body), (status, body)
 
 
+def with_toleration(setup: Setup) -> dict[str, Any]:
+    """A merge patch giving the held pod one more toleration (the list is replaced whole)."""
+    status, pod = api_request(setup.plane, "GET", f"/api/v1/namespaces/{setup.team}/pods/{setup.held}")
+    assert status == 200, pod
+    extra = {"key": "example.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    return {"spec": {"tolerations": [*(pod["spec"].get("tolerations") or []), extra]}}
+
+
+def applied(kind: str, api_version: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name}, "spec": spec}
+
+
+PolicyRow = tuple[str, str, str, Any, str]
+# What RBAC lets through and the controller's admission policy refuses: (id, method, path template,
+# body builder, content type). {team}, {held}, {free}, {waiting}, {running}, {plain}: the setup's.
+POLICY_REFUSED: list[PolicyRow] = [
+    ("change a held pod's image", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
+     lambda s: {"spec": {"containers": [{"name": "main", "image": "registry.example.com/evil"}]}}, STRATEGIC),
+    ("label a held pod", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
+     lambda s: {"metadata": {"labels": {"app": "other"}}}, MERGE),
+    ("annotate a held pod outside topolet.io/", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
+     lambda s: {"metadata": {"annotations": {"example.com/owner": "x"}}}, MERGE),
+    ("give a held pod another node selector", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
+     lambda s: {"spec": {"nodeSelector": {"example.com/pool": "gpu"}}}, MERGE),
+    ("give a held pod a toleration", "PATCH", "/api/v1/namespaces/{team}/pods/{held}", with_toleration,
+     MERGE),
+    ("give a held pod a deadline", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
+     lambda s: {"spec": {"activeDeadlineSeconds": 1}}, MERGE),
+    ("lift another scheduling gate", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
+     lambda s: {"spec": {"schedulingGates": [{"name": GATE}]}}, MERGE),
+    ("place a pod not held by our gate", "PATCH", "/api/v1/namespaces/{team}/pods/{free}",
+     lambda s: {"metadata": {"annotations": {"topolet.io/numa-zone": "0"}}}, MERGE),
+    ("annotate a Job in no queue", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{plain}",
+     lambda s: {"metadata": {"annotations": {"topolet.io/admission": "{}"}}}, MERGE),
+    ("unsuspend a Job in no queue", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{plain}",
+     lambda s: {"spec": {"suspend": False}}, MERGE),
+    ("suspend a running Job", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{running}",
+     lambda s: {"spec": {"suspend": True}}, MERGE),
+    ("grow a queued Job", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
+     lambda s: {"spec": {"parallelism": 100}}, MERGE),
+    ("take a Job out of its queue", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
+     lambda s: {"metadata": {"labels": {"topolet.io/queue": None}}}, MERGE),
+    ("add another gate to a Job's template", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
+     lambda s: {"spec": {"template": {"spec": {"schedulingGates": [{"name": GATE}, {"name": OTHER_GATE}]}}}},
+     MERGE),
+    ("change a queued Job's node selector", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
+     lambda s: {"spec": {"template": {"spec": {"nodeSelector": {"example.com/pool": "gpu"}}}}}, MERGE),
+    ("label a queued Job's pods", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
+     lambda s: {"spec": {"template": {"metadata": {"labels": {"app": "other"}}}}}, MERGE),
+    ("create another Lease in its namespace", "POST", LEASES,
+     lambda s: {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "other"}},
+     "application/json"),
+    ("post an Event about a pod", "POST", "/api/v1/namespaces/{team}/events",
+     lambda s: {**event(s, f"x.{uuid.uuid4().hex[:8]}"),
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": s.team, "name": s.held}},
+     "application/json"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "make_body", "content_type"), [row[1:] for row in POLICY_REFUSED],
+                         ids=[row[0] for row in POLICY_REFUSED])
+def test_refused_by_its_admission_policy(setup: Setup, method: str, path: str, make_body: Any,
+                                         content_type: str) -> None:
+    url = path.format(team=setup.team, held=setup.held, free=setup.free, waiting=setup.waiting,
+                      running=setup.running, plain=setup.plain)
+    status, body = as_controller(setup, method, url, make_body(setup), content_type)
+    assert refused_by(status, body) == "policy", (status, body)
+
+
+@pytest.mark.parametrize("kind", ["Pod", "Job"])
+def test_cannot_create_by_server_side_apply(setup: Setup, kind: str) -> None:
+    """A server-side apply patch of an object that does not exist creates it: the API server asks RBAC
+    for `create` as well as `patch` then."""
+    if kind == "Pod":
+        path, obj = f"/api/v1/namespaces/{setup.team}/pods", applied("Pod", "v1", "applied",
+                                                                     gated_pod("applied")["spec"])
+    else:
+        path, obj = f"/apis/batch/v1/namespaces/{setup.team}/jobs", applied("Job", "batch/v1", "applied",
+                                                                           suspended_job("applied")["spec"])
+    status, body = as_controller(setup, "PATCH", f"{path}/applied?fieldManager=topolet", obj, APPLY)
+    assert refused_by(status, body) == "rbac", (status, body)
+
+
 def test_cannot_act_as_another_service_account(setup: Setup) -> None:
     req = urllib.request.Request(setup.plane.url + f"/api/v1/namespaces/{NAMESPACE}/secrets")
     req.add_header("Authorization", f"Bearer {setup.token}")
@@ -464,6 +592,26 @@ def test_refusals_left_the_objects_alone(setup: Setup) -> None:
                                f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{CONTROLLER}")
     assert status == 200, role
     assert not any("*" in rule["verbs"] for rule in role["rules"])
+    status, held = api_request(setup.plane, "GET", f"/api/v1/namespaces/{setup.team}/pods/{setup.held}")
+    assert status == 200, held
+    assert held["spec"]["schedulingGates"] == [{"name": GATE}, {"name": OTHER_GATE}]
+    assert [c["image"] for c in held["spec"]["containers"]] == ["busybox"]
+    assert not held["spec"].get("nodeSelector") and not held["spec"].get("activeDeadlineSeconds")
+    assert not held["metadata"].get("labels")
+    status, free = api_request(setup.plane, "GET", f"/api/v1/namespaces/{setup.team}/pods/{setup.free}")
+    assert status == 200, free
+    assert "topolet.io/numa-zone" not in (free["metadata"].get("annotations") or {})
+    jobs = f"/apis/batch/v1/namespaces/{setup.team}/jobs"
+    for name, suspended in ((setup.waiting, True), (setup.running, False), (setup.plain, True)):
+        status, job = api_request(setup.plane, "GET", f"{jobs}/{name}")
+        assert status == 200, job
+        assert job["spec"]["suspend"] is suspended
+        assert job["spec"]["parallelism"] == 2
+        assert "topolet.io/admission" not in (job["metadata"].get("annotations") or {})
+        assert not job["spec"]["template"]["spec"].get("schedulingGates")
+    for name in ("applied",):
+        assert api_request(setup.plane, "GET", f"{jobs}/{name}")[0] == 404
+        assert api_request(setup.plane, "GET", f"/api/v1/namespaces/{setup.team}/pods/{name}")[0] == 404
 
 
 # ---- the real controller, with nothing but these grants -------------------------------------------
@@ -482,6 +630,8 @@ def test_the_controller_admits_a_gang_with_only_its_own_grants(
     assert status in (201, 409), body
     Kubectl(build_kubectl(), plane.kubeconfig).run("apply", "-k", str(BASE / "controller"))
     token = plane.mint_token(NAMESPACE, CONTROLLER)
+    # Every write below passes through the controller's admission policy, not just RBAC.
+    wait_for_policy(plane, token)
 
     tag = uuid.uuid4().hex[:8]
     label = f"test.topolet.io/{tag}"
@@ -516,6 +666,8 @@ def test_the_controller_admits_a_gang_with_only_its_own_grants(
             wait_for(lambda: "Admitted" in events(api, team, "fits"), "the Admitted Event")
             wait_for(lambda: "Rejected" in events(api, team, "never"), "the Rejected Event")
             assert proc.running(), proc.log_tail()
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- the controller's log:\n{proc.log_tail()}") from exc
     finally:
         proc.stop()
     log = (tmp_path / "controller.log").read_text()

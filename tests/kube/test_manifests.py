@@ -33,6 +33,11 @@ NAMESPACE = "topolet-system"
 AGENT_SA = "topolet-agent"
 CONTROLLER = "topolet-controller"  # the Deployment, its service account, roles and Lease share the name
 CONTROLLER_PORT = 9471
+CONTROLLER_POLICY = "topolet-controller-writes"
+# Each workload's service account, the admission policy that narrows its writes, and the writes RBAC
+# grants it that the policy leaves alone (an Event names the object it is about but changes none).
+CONFINED = [(AGENT_SA, "topolet-agent-own-node", {("", "events")}),
+            (CONTROLLER, CONTROLLER_POLICY, set())]
 # What issue 8 lists for the controller, and nothing else: (namespace, or "*" for every namespace and
 # cluster-scoped objects; API group; resource; verb; resource name, "" for any).
 _READ = ("get", "list", "watch")
@@ -54,8 +59,6 @@ POWER_VERBS = {"escalate", "bind", "impersonate", "approve", "sign", "*"}
 # Objects a compromised agent must never reach: credentials, other workloads' shells and tokens.
 FORBIDDEN_RESOURCES = {"secrets", "serviceaccounts/token", "pods/exec", "pods/attach", "pods/portforward",
                        "nodes/proxy", "certificatesigningrequests", "tokenreviews", "subjectaccessreviews"}
-# The one write the admission policy leaves alone: an Event names the object it is about but changes none.
-UNCONFINED_WRITES = {("", "events")}
 
 
 # ---- the rendered base ---------------------------------------------------------------------------
@@ -121,6 +124,8 @@ def containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ("PodDisruptionBudget", CONTROLLER),
     ("ValidatingAdmissionPolicy", "topolet-agent-own-node"),
     ("ValidatingAdmissionPolicyBinding", "topolet-agent-own-node"),
+    ("ValidatingAdmissionPolicy", CONTROLLER_POLICY),
+    ("ValidatingAdmissionPolicyBinding", CONTROLLER_POLICY),
     ("ConfigMap", "topolet-dashboards"),
     *(("CustomResourceDefinition", crd) for crd in CRDS),
 ])
@@ -374,9 +379,11 @@ def test_controller_rbac_is_exactly_what_the_issue_lists(docs: list[dict[str, An
                                           "missing": CONTROLLER_GRANTS - granted}
 
 
-def test_every_agent_write_is_confined_by_the_admission_policy(docs: list[dict[str, Any]]) -> None:
-    """RBAC cannot say "my node"; each write it grants must fall under the policy that can."""
-    policy = one(docs, "ValidatingAdmissionPolicy", "topolet-agent-own-node")["spec"]
+@pytest.mark.parametrize(("account", "policy_name", "unconfined"), CONFINED)
+def test_every_granted_write_is_confined_by_an_admission_policy(
+        docs: list[dict[str, Any]], account: str, policy_name: str, unconfined: set[tuple[str, str]]) -> None:
+    """RBAC cannot say "my node" or "this field"; each write it grants must fall under the policy that can."""
+    policy = one(docs, "ValidatingAdmissionPolicy", policy_name)["spec"]
     covered: set[tuple[str, str, str]] = set()
     for rule in policy["matchConstraints"]["resourceRules"]:
         for group in rule["apiGroups"]:
@@ -384,30 +391,35 @@ def test_every_agent_write_is_confined_by_the_admission_policy(docs: list[dict[s
                 for op in rule["operations"]:
                     covered.add((group, resource, op))
     verb_to_op = {"create": "CREATE", "update": "UPDATE", "patch": "UPDATE", "delete": "DELETE"}
-    agent_roles = {f"{kind}/{AGENT_SA}" for kind in ("ClusterRole", "Role")}
+    roles = {f"{kind}/{account}" for kind in ("ClusterRole", "Role")}
+    writes = 0
     for where, rule in rbac_rules(docs):
-        if where not in agent_roles:
+        if where not in roles:
             continue
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
-                if (group, resource) in UNCONFINED_WRITES:
+                if (group, resource) in unconfined:
                     continue
                 for verb in set(rule["verbs"]) & WRITE_VERBS:
                     # Server-side apply reaches admission as CREATE when the object is new.
                     ops = {verb_to_op[verb], "CREATE"} if verb == "patch" else {verb_to_op[verb]}
                     for op in ops:
+                        writes += 1
                         assert (group, resource, op) in covered, f"{where}: {verb} {group}/{resource}"
+    assert writes
     assert policy["failurePolicy"] == "Fail"
-    binding = one(docs, "ValidatingAdmissionPolicyBinding", "topolet-agent-own-node")["spec"]
-    assert binding["policyName"] == "topolet-agent-own-node"
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", policy_name)["spec"]
+    assert binding["policyName"] == policy_name
     assert binding["validationActions"] == ["Deny"]
 
 
-def test_admission_policy_names_the_agents_user(docs: list[dict[str, Any]]) -> None:
-    """The policy matches by user name, which kustomize's namespace does not rewrite: keep them in step."""
-    sa = one(docs, "ServiceAccount", AGENT_SA)
+@pytest.mark.parametrize(("account", "policy_name", "unconfined"), CONFINED)
+def test_admission_policy_names_its_service_accounts_user(
+        docs: list[dict[str, Any]], account: str, policy_name: str, unconfined: set[tuple[str, str]]) -> None:
+    """A policy matches by user name, which kustomize's namespace does not rewrite: keep them in step."""
+    sa = one(docs, "ServiceAccount", account)
     user = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
-    conditions = one(docs, "ValidatingAdmissionPolicy")["spec"]["matchConditions"]
+    conditions = one(docs, "ValidatingAdmissionPolicy", policy_name)["spec"]["matchConditions"]
     assert [c["expression"] for c in conditions] == [f"request.userInfo.username == '{user}'"]
 
 
