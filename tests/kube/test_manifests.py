@@ -570,6 +570,23 @@ def test_admission_dashboard_panels_say_what_the_issue_asks() -> None:
                for t in p["targets"])
 
 
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_dashboard_queries_are_well_formed(name: str) -> None:
+    """What can be checked without a Prometheus: brackets pair up, rates use Grafana's rate interval."""
+    dashboard = json.loads((BASE / "dashboards" / name).read_text())
+    pairs = {")": "(", "]": "[", "}": "{"}
+    for expr in dashboard_exprs(dashboard):
+        stack: list[str] = []
+        for ch in re.sub(r'"[^"]*"', '""', expr):  # brackets inside label values do not count
+            if ch in "([{":
+                stack.append(ch)
+            elif ch in pairs:
+                assert stack and stack.pop() == pairs[ch], expr
+        assert not stack, expr
+        for window in re.findall(r"\b(?:rate|increase)\([^\[]*\[([^\]]+)\]", expr):
+            assert window in ("$__rate_interval", "$__range"), expr
+
+
 def test_admission_dashboard_gauges_count_the_leader_only() -> None:
     """Both replicas may export the cluster gauges; summing them would count the cluster twice."""
     leader_only = ("topolet_admission_queue_depth", "topolet_admission_cluster_free",
