@@ -105,7 +105,10 @@ def fragmented_nodes(cluster: Cluster, api: KubeClient, namespace: str, dump: Pa
     a = cluster.add_node(f"a-{tag}", dump, labels={label: "true"})
     b = cluster.add_node(f"b-{tag}", dump, labels={label: "true"})
     for node in (a, b):
-        wait_for(lambda node=node: zone_free(cluster, node) == [16] * 4, f"the NRT of {node.name}")
+        def empty(node: SimNode = node) -> bool:
+            return zone_free(cluster, node) == [16] * 4
+
+        wait_for(empty, f"the NRT of {node.name}")
     on_b = []
     for i in range(4):
         if i:  # A keeps one zone free
