@@ -1,0 +1,124 @@
+"""Shared-GPU fragmentation and `gpu_choice`, one row each, on tiny nodes whose figures are worked by hand.
+
+MIX is the target workload of most rows: half the pods ask for half a GPU (500), half for one whole
+GPU, each with one CPU.  Its FGD fragment of a node is 0.5 * (free on GPUs with < 500 free, or all free
+if no GPU has 500) + 0.5 * (free on partly used GPUs, or all free if no GPU is whole).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from agent.admission.fragmentation import GpuMix, fits, fragmentation, gpu_choice
+from agent.admission.model import Node, Resources
+
+GIB = 1 << 30
+HALF = Resources(cpu_milli=1000, memory=GIB, gpu_milli=500)
+ONE = Resources(cpu_milli=1000, memory=GIB, gpus=1)
+CPU_ONLY = Resources(cpu_milli=1000, memory=GIB)
+MIX = ((HALF, 0.5), (ONE, 0.5))
+FGD = GpuMix(MIX, stranding=0.0)  # the paper's measure, no stranded-GPU term
+
+
+@dataclass(frozen=True)
+class FragRow:
+    name: str
+    cpu_milli: int
+    gpus: tuple[int, ...]
+    mix: tuple[tuple[Resources, float], ...]
+    want: float
+    memory: int = 8 * GIB
+
+
+FRAG_ROWS = [
+    # half: usable 1000+600, fragment 300; whole: usable 1000, fragment 900 -> 0.5*300 + 0.5*900
+    FragRow("mixed GPUs", 4000, (1000, 300, 600), MIX, 600.0),
+    # no type fits the CPU left: every free thousandth is a fragment for both
+    FragRow("CPU exhausted", 500, (1000, 300, 600), MIX, 1900.0),
+    FragRow("memory exhausted", 4000, (1000, 300, 600), MIX, 1900.0, memory=GIB // 2),
+    FragRow("empty node", 4000, (1000, 1000), MIX, 0.0),
+    # half fits no GPU (400 < 500), whole fits none: 0.5*800 + 0.5*800
+    FragRow("only slivers", 4000, (400, 400), MIX, 800.0),
+    FragRow("nothing free", 4000, (0, 0), MIX, 0.0),
+    # a pod that asks for no GPU can use none of it: 0.5*1000 + 0.5*0
+    FragRow("CPU-only type", 4000, (1000,), ((CPU_ONLY, 0.5), (HALF, 0.5)), 500.0),
+    # the GPU order does not matter
+    FragRow("order", 4000, (600, 1000, 300), MIX, 600.0),
+]
+
+
+@pytest.mark.parametrize("row", FRAG_ROWS, ids=lambda r: r.name)
+def test_fragmentation(row: FragRow) -> None:
+    assert fragmentation(row.cpu_milli, row.memory, row.gpus, GpuMix(row.mix, stranding=0.0)) == row.want
+
+
+def test_stranding_counts_gpus_the_free_cpu_cannot_feed() -> None:
+    # one type, a whole GPU with 4 CPUs: 4 CPU-millicores per GPU thousandth
+    mix = ((Resources(cpu_milli=4000, gpus=1), 1.0),)
+    # the type still fits (FGD fragment 0) but 4 CPUs feed one of the two free GPUs
+    assert GpuMix(mix, stranding=0.0).fragmentation(4000, 0, (1000, 1000)) == 0.0
+    assert GpuMix(mix, stranding=1.0).fragmentation(4000, 0, (1000, 1000)) == 1000.0
+    assert GpuMix(mix, stranding=1.0).fragmentation(8000, 0, (1000, 1000)) == 0.0
+
+
+def node(gpus: tuple[int, ...], cpu_milli: int = 4000, memory: int = 8 * GIB, whole: int = 0) -> Node:
+    return Node("n", free=Resources(cpu_milli=cpu_milli, memory=memory, gpus=whole), gpu_free_milli=gpus)
+
+
+@dataclass(frozen=True)
+class ChoiceRow:
+    name: str
+    node: Node
+    request: Resources
+    want: tuple[float, int | None] | None
+    mix: tuple[tuple[Resources, float], ...] | GpuMix = FGD
+
+
+CHOICE_ROWS = [
+    # 200 on GPU 0 -> fragment 1000, on GPU 1 -> 400, on GPU 2 -> 700; before 600
+    ChoiceRow("share takes the GPU that fragments least", node((1000, 300, 600)),
+              Resources(gpu_milli=200), (-200.0, 1)),
+    # whole GPU: (0, 300, 600) has fragment 0.5*300 + 0.5*900 = 600, as before
+    ChoiceRow("whole GPU", node((1000, 300, 600)), Resources(gpus=1), (0.0, None)),
+    # two whole free GPUs -> fragment 0; after one goes: half 0, whole 0 -> 0
+    ChoiceRow("whole GPU on an empty node", node((1000, 1000)), Resources(gpus=1), (0.0, None)),
+    # before: 0.5*0 + 0.5*1000; after (300, 500): 0.5*300 + 0.5*800
+    ChoiceRow("equal GPUs: the first", node((500, 500)), Resources(gpu_milli=200), (50.0, 0)),
+    ChoiceRow("share too large", node((600, 300)), Resources(gpu_milli=700), None),
+    ChoiceRow("too few whole GPUs", node((1000, 300)), Resources(gpus=2), None),
+    ChoiceRow("too much CPU", node((1000,)), Resources(cpu_milli=5000, gpus=1), None),
+    ChoiceRow("too much memory", node((1000,)), Resources(memory=9 * GIB, gpu_milli=100), None),
+    # no sharing state reported: the node's free devices are whole
+    ChoiceRow("whole devices without sharing state", node((), whole=2), Resources(gpus=2), (0.0, None)),
+    # empty mix: best fit, the tightest GPU that holds the share; score = free GPU left
+    ChoiceRow("best fit without a mix", node((1000, 300, 600)), Resources(gpu_milli=200),
+              (1700.0, 1), mix=()),
+    ChoiceRow("raw mix is compiled", node((1000, 300, 600)), Resources(gpu_milli=200), (-200.0, 1),
+              mix=MIX),
+]
+
+
+@pytest.mark.parametrize("row", CHOICE_ROWS, ids=lambda r: r.name)
+def test_gpu_choice(row: ChoiceRow) -> None:
+    assert gpu_choice(row.node, row.request, row.mix) == row.want
+    assert fits(row.node, row.request) == (row.want is not None)
+
+
+def test_cpu_only_pod_avoids_stranding_gpus() -> None:
+    # whole-GPU pods need 1 CPU per GPU: on the small node 3 CPUs would leave 1 CPU for 2 free GPUs
+    mix = ((Resources(cpu_milli=1000, gpus=1), 1.0),)
+    small, big = node((1000, 1000), cpu_milli=4000), node((1000, 1000), cpu_milli=64000)
+    pod = Resources(cpu_milli=3000)
+    fgd = GpuMix(mix, stranding=0.0)
+    assert gpu_choice(small, pod, fgd) == gpu_choice(big, pod, fgd) == (0.0, None)
+    topolet = GpuMix(mix, stranding=1.0)
+    assert gpu_choice(small, pod, topolet) == (1000.0, None)
+    assert gpu_choice(big, pod, topolet) == (0.0, None)
+
+
+def test_share_prefers_a_used_gpu_over_a_whole_one() -> None:
+    # a share on a whole GPU would cost the whole-GPU type its only GPU
+    choice = gpu_choice(node((1000, 600)), Resources(gpu_milli=500), FGD)
+    assert choice is not None and choice[1] == 1
