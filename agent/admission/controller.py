@@ -19,8 +19,9 @@ killed at any point finishes the work on restart and never decides a Job twice):
    (Indexed Jobs), else the lowest free one, in pod creation order (`jobs.assign_slots`).
 2. The view: Nodes, NRTs and pods, with the ledger of admitted Jobs' slots the NRTs do not show yet.
 3. Pending Jobs (suspended, queue label, no record) in queue order through the engine: admitted ones
-   get the gate and the record in one patch, then unsuspend; "never" refusals get a rejected record;
-   "not now" ones an Event when their reason changes.  A malformed Job gets an Event and is left as
+   get the gate and the record in one patch, then unsuspend; "never" refusals get a rejected record
+   (only while no node is left out of the view: else they wait, as the node may come back); "not
+   now" ones an Event when their reason changes.  A malformed Job gets an Event and is left as
    it is.
 
 Writes carry the resourceVersion they were computed from, so a stale store makes a write fail (and
@@ -442,6 +443,10 @@ class Controller:
             if isinstance(result, Placement):
                 if self._admit(job, result):
                     depths[outcome.pending.queue] -= 1
+            elif isinstance(result, Refusal) and result.kind == "never" and self._left_out:
+                # "Never" counts only the usable nodes: with some left out (NotReady, stale NRT) the
+                # gang may fit once they are back, so it waits instead of being rejected for good.
+                self._wait(job, f"{result.reason}; {len(self._left_out)} nodes are left out now")
             elif isinstance(result, Refusal) and result.kind == "never":
                 if self._reject(job, result.reason):
                     depths[outcome.pending.queue] -= 1

@@ -302,3 +302,19 @@ def test_failover_to_the_other_replica(
     wait_for(lambda: holder() == other, "the other replica to take the Lease", timeout=60)
     wait_for(lambda: all_bound_as_recorded(api, namespace, "after", 2), "the new leader to admit a gang")
     _admitted_once(api, namespace, "before", str(record(api, namespace, "before")["decision"]))  # type: ignore[index]
+
+
+def test_not_ready_node_is_left_out(
+        cluster: Cluster, api: KubeClient, namespace: str, nodes: tuple[str, list[str]]) -> None:
+    label, names = nodes
+    cluster.set_ready(names[0], False)
+    port = free_port()
+    cluster.start_controller("--listen", f"127.0.0.1:{port}", "--resync-seconds", "2")
+    # 5 pods of 12 CPUs need 5 zones: only the 4 of the ready node are usable, so not now.
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("five", 5, label))
+    wait_for(lambda: "Waiting" in events(api, namespace, "five"), "five to wait")
+    assert metric(scrape(port)[1], 'topolet_admission_nodes{state="not_ready"}') >= 1
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("four", 4, label))
+    wait_for(lambda: all_bound_as_recorded(api, namespace, "four", 4), "four admitted and bound")
+    assert {p["node"] for p in (record(api, namespace, "four") or {})["placement"].values()} == {names[1]}
+    assert record(api, namespace, "five") is None
