@@ -178,7 +178,9 @@ def refused_by(status: int, body: dict[str, Any]) -> str:
         return ""
     message = str(body.get("message", ""))
     if f"ValidatingAdmissionPolicy '{POLICY}'" in message:
-        return "policy"
+        # A validation that fails to evaluate also denies (failurePolicy: Fail): not a refusal by rule.
+        _, _, reason = message.partition("denied request: ")
+        return "policy" if reason.startswith("topolet-controller ") else f"policy error: {message}"
     if "cannot" in message and "forbidden" in message:
         return "rbac"
     return f"other: {message}"
