@@ -708,9 +708,10 @@ def _search(work: _Work, slots: Sequence[_Slot]) -> tuple[list[_Choice] | None, 
         chosen.append(options[0])
     else:
         return chosen, ""
-    if len(slots) == 1:
-        return None, failure
     work.touched.clear()
+    if len(slots) == 1 or not work.candidates(ps, allowed, 1):
+        # the pod does not fit even with nothing of the gang placed: no other order can help
+        return None, failure
     budget = [_STEPS_PER_POD * len(slots)]
     path: list[_Choice] = []
 
