@@ -402,11 +402,6 @@ def record_of(job: Mapping[str, Any]) -> AdmissionRecord | None:
     return decode_record(text)
 
 
-def slots_of(placement_pods: list[tuple[str, int | None]]) -> dict[int, SlotPlacement]:
-    """(node, zone) per pod of the one pod set, in the engine's index order, as numbered slots."""
-    return {i: SlotPlacement(node, zone) for i, (node, zone) in enumerate(placement_pods)}
-
-
 # -- patch bodies -----------------------------------------------------------------------------------
 
 def _gates(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
