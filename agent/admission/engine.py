@@ -17,7 +17,9 @@ affinity, it admits one more pod, and its node-level free resources hold the req
 - `restricted`: the zones the node would use must be as few as an empty node would need (the fewest
   zones whose `cpu_capacity_milli` hold the CPU request, kubelet's "preferred" hint).  The pod's
   zone is recorded only when that is one zone (then it pins exactly like single-numa-node); a
-  multi-zone pod gets zone None, and the view takes its CPUs from the chosen zones tightest first.
+  multi-zone pod gets zone None, and the view takes its CPUs from the chosen zones tightest first
+  (`commit` chooses those zones again on the state it counts: the same number of zones, possibly
+  other ones than `place` counted, which only the NRT settles).
 - `best-effort` / `none`: node totals only, zone None.  Nodes without zones take only these.
 - GPUs: a shared-GPU pod (`gpu_milli`) takes one physical GPU of `Node.gpu_free_milli` (its
   `gpu_index`); whole GPUs come from the zone for single-numa-node, else from the node's whole free
@@ -34,7 +36,8 @@ whole zone broken.
 Search: pod sets largest request first, greedy on the score; if that strands a pod, a bounded
 depth-first search over each pod's few best candidates.  Candidates come from an index of zones
 sorted by free CPU (bisected at the request), cached per view object and carried over by `commit`,
-so a decision costs a few dozen node checks however large the cluster.  A pod set with
+so a decision compares the 16 tightest zones that hold a pod (plus the nodes the gang already
+uses) instead of every node: a few dozen checks however large the cluster.  A pod set with
 `colocate_label` is placed within one value (domain) of that label: domains whose totals cannot hold
 the gang are skipped, the rest are tried least free first (best fit at the domain level) until four
 placed it or 64 were tried, and the best-scored placement wins.  The index cache is per process and
