@@ -218,6 +218,13 @@ def test_admits_whole_gangs_rejects_never_waits_and_flags_bad_jobs(
     got = get_job(api, namespace, "bad")
     assert got["spec"]["suspend"] is True and ADMISSION not in (got["metadata"].get("annotations") or {})
     assert not got["spec"]["template"]["spec"].get("schedulingGates")
+    # A malformed topolet.io/admission annotation: the same.
+    garbled = gang_job("garbled", 1, label)
+    garbled["metadata"]["annotations"] = {ADMISSION: "{not json"}
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", garbled)
+    wait_for(lambda: "InvalidAdmissionRecord" in events(api, namespace, "garbled"), "its Event")
+    got = get_job(api, namespace, "garbled")
+    assert got["spec"]["suspend"] is True and got["metadata"]["annotations"][ADMISSION] == "{not json"
 
     # 8 pods of 12 CPUs need all 8 zones; a holds 4: not now, and no pod is created meanwhile.
     api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("wide", 8, label))
