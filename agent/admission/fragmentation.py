@@ -50,7 +50,7 @@ class GpuMix:
     the free GPU the node's free CPU cannot feed (0: FGD's measure as published).
     """
 
-    __slots__ = ("no_gpu", "demands", "total", "cpu_per_milli", "stranding", "_memo")
+    __slots__ = ("no_gpu", "demands", "total", "cpu_per_milli", "stranding", "_memo", "choices")
 
     def __init__(self, mix: Sequence[tuple[Resources, float]], stranding: float = STRANDING) -> None:
         groups: dict[tuple[int, int], list[tuple[int, int, float]]] = {}
@@ -74,6 +74,8 @@ class GpuMix:
             (gpus, milli, tuple(sorted(kinds))) for (gpus, milli), kinds in sorted(groups.items())
         )
         self._memo: dict[tuple[int, int, tuple[int, ...]], float] = {}
+        # gpu_choice answers by (free CPU, free memory, per-GPU free, request): `gpu_choice` fills it
+        self.choices: dict[tuple[int, ...], tuple[float, int | None]] = {}
 
     def fragmentation(self, cpu_milli: int, memory: int, gpu_free_milli: Sequence[int]) -> float:
         """The expected fragment, in GPU thousandths, of a node with this much free."""
@@ -182,15 +184,29 @@ def gpu_choice(
     if not fits(node, request):
         return None
     gpus = _free_gpus(node)
-    cpu = node.free.cpu_milli - request.cpu_milli
-    mem = node.free.memory - request.memory
     gm = compiled(mix)
     if not gm.total:
         if request.gpu_milli and not request.gpus:
             index = min((f, i) for i, f in enumerate(gpus) if f >= request.gpu_milli)[1]
             return float(sum(gpus) - request.gpu_milli), index
         return float(sum(gpus) - request.gpus * WHOLE), None
-    before = gm.fragmentation(node.free.cpu_milli, node.free.memory, gpus)
+    key = (node.free.cpu_milli, node.free.memory, request.cpu_milli, request.memory, request.gpus,
+           request.gpu_milli, *gpus)
+    found = gm.choices.get(key)
+    if found is None:
+        found = _choose(gm, node.free.cpu_milli, node.free.memory, gpus, request)
+        if len(gm.choices) >= _MEMO_LIMIT:
+            gm.choices.clear()
+        gm.choices[key] = found
+    return found
+
+
+def _choose(
+    gm: GpuMix, cpu_free: int, mem_free: int, gpus: tuple[int, ...], request: Resources
+) -> tuple[float, int | None]:
+    cpu = cpu_free - request.cpu_milli
+    mem = mem_free - request.memory
+    before = gm.fragmentation(cpu_free, mem_free, gpus)
     if request.gpus or not request.gpu_milli:
         return gm.fragmentation(cpu, mem, taken(gpus, request, None)) - before, None
     best: tuple[float, int, int] | None = None
