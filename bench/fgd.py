@@ -14,8 +14,11 @@ Policies, all run in this process on the same arrivals:
   the fullest GPU with room;
 - FGD: the paper's policy re-implemented: the node whose expected fragmentation w.r.t. the
   workload's pod-type mix rises least (`agent.admission.fragmentation`), ties at random;
-- topolet: the admission engine (`agent.admission.engine.place`) with each pod as a one-pod gang and
-  the workload's pod-type mix as the view's `gpu_mix`; `--direct` scores with `gpu_choice` instead.
+- gpu_choice: topolet's score (`agent.admission.fragmentation.gpu_choice`: FGD's measure plus the
+  stranded-GPU term) on every node that fits, ties to the first node, without the engine;
+- topolet: the admission engine (`agent.admission.engine.place`, then `commit`) with each pod as a
+  one-pod gang and the workload's pod-type mix as the view's `gpu_mix`; `--direct` scores this column
+  with `gpu_choice` as well (and so does a checkout without the engine).
 
 Beside them: the paper's own figures for the workload (`fgd-results/analysis_allo_discrete.csv`).
 Ends with `fgd trace unallocated GPU at 100% arrived: topolet X.XX% | FGD (same run) Y.YY% |
@@ -57,7 +60,7 @@ MODEL_LABEL = "topolet.io/gpu.model"
 MIB = 1 << 20
 OVERSUBSCRIBE = 1.3
 PAPER_POLICIES = {"Random": "01-Random", "BestFit": "05-BestFit", "FGD": "06-FGD"}
-POLICIES = ("Random", "BestFit", "FGD", "topolet")
+POLICIES = ("Random", "BestFit", "FGD", "gpu_choice", "topolet")
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,6 +455,8 @@ def main() -> None:
                 policy = BestFit(rng)
             elif name == "FGD":
                 policy = FGD(rng, paper_mix)
+            elif name == "gpu_choice":
+                policy = TopoletDirect(rng, GpuMix(mix))
             elif name == "topolet":
                 policy = TopoletDirect(rng, GpuMix(mix)) if direct else TopoletEngine(mix)
             else:
