@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from agent.errors import TopoletError
+from agent.errors import ConfigError, TopoletError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -36,6 +36,9 @@ def _agent(args: argparse.Namespace) -> int:
         from agent.kube.daemon import run_kube_agent
 
         return run_kube_agent(args)
+    if args.enforcement == "off":
+        # Standalone pinning is the agent's whole job there; a dry run of it is `topolet alloc`.
+        raise ConfigError("--enforcement off is for the Kubernetes mode only")
     from agent.standalone.daemon import run_agent
 
     return run_agent(args)
