@@ -192,3 +192,15 @@ def test_state_writes_metric_counts_every_commit_made_by_execs_and_the_agent(nod
     StandaloneAgent(_agent_args(node), metrics).reconcile()
     # Each commit bumps the generation by one, whoever made it: the metric must have seen them all.
     assert metrics.state_writes._value.get() == node.state().generation  # noqa: SLF001
+
+
+def test_enforcement_off_is_refused_in_standalone_mode(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.cli import main
+
+    state = tmp_path / "state"
+    rc = main(["agent", "--mode", "standalone", "--enforcement", "off", "--state-dir", str(state),
+               "--features-dir", str(tmp_path / "features.d"), "--once"])
+    assert rc == 2
+    assert "--enforcement off is for the Kubernetes mode only" in capsys.readouterr().err
+    assert not state.exists()
