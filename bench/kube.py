@@ -10,7 +10,7 @@ Figures, each beside a reference measured in the same run:
   imports the same modules.
 
 Needs root, a writable cpuset hierarchy and the control plane build (tests/controlplane/build.sh).
-Run: `PYTHONPATH=. .venv/bin/python bench/kube.py [--exclusive 200 --shared 500 --steady-seconds 60]`;
+Run: `.venv/bin/python bench/kube.py [--exclusive 200 --shared 500 --steady-seconds 60]`;
 a quick RSS probe (~30 s): `... bench/kube.py --exclusive 0 --shared 20 --steady-seconds 0`.
 """
 
@@ -24,12 +24,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from procstat import rss_mib
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
-from agent.enforce.cgroup import CgroupLayout, detect_layout, read_cpuset
-from agent.topology.cpuset import CPUSet
-from tests.controlplane.harness import ControlPlane, build_binaries
-from tests.kube.kubelet_standin import KubeNode, node_on, wait_for
+from procstat import rss_mib  # noqa: E402
+
+from agent.enforce.cgroup import CgroupLayout, detect_layout, read_cpuset  # noqa: E402
+from agent.topology.cpuset import CPUSet  # noqa: E402
+from tests.controlplane.harness import ControlPlane, build_binaries  # noqa: E402
+from tests.kube.kubelet_standin import KubeNode, node_on, wait_for  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
