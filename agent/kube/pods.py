@@ -13,7 +13,13 @@ The rules (DESIGN.md "Pods"; the node's kubelet runs `cpuManagerPolicy: none`, s
   `NotEligible` warning.  Memory need not match: memory is not what we pin.
 - `topolet.io/numa-policy` (single-numa-node|restricted|best-effort, default best-effort),
   `topolet.io/smt` (full-cores|any, default any), `topolet.io/memory-binding` (true|false, default
-  false) refine an exclusive allocation.
+  false) refine an exclusive allocation.  Memory is bound only in Guaranteed pods, where the kubelet's
+  Memory Manager would bind it (every container has a memory limit): elsewhere the annotation gets a
+  `NotEligible` warning and the pod's memory stays unbound (its CPUs are still pinned).
+- Sizes are what the kubelet granted, not what the spec asks: after an in-place resize the
+  container's status (`allocatedResources`, then `resources`) says how many CPUs it holds, so a
+  deferred resize from 2 to 6 CPUs keeps 2 exclusive CPUs until the kubelet allocates 6.  The spec
+  fills in only what the status does not carry (an older kubelet, an extended resource).
 - `topolet.io/numa-zone: "<N>"` (N a NUMA node id, written by the admission controller on the pods
   it places) pins the pod's exclusive CPUs inside node N with single-numa-node semantics, whatever
   `topolet.io/numa-policy` says: the controller counted the pod against that zone.  A node that
@@ -156,6 +162,26 @@ def _resources(container: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     return requests, limits
 
 
+def _granted(container: dict[str, Any], status: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The container's (requests, limits) as the kubelet granted them, the spec filling what its
+    status leaves out.
+
+    After an in-place resize the spec says what was asked, not what was given: a deferred or
+    infeasible resize leaves the kubelet's allocation as it was.  Requests come from
+    `allocatedResources` (what the kubelet counts against the node), then the status's `resources`
+    (what the runtime was given), then the spec; limits from the status's `resources`, then the spec.
+    """
+    requests, spec_limits = _resources(container)
+    limits = dict(spec_limits)  # a copy: the pod object is the watch's, never changed here
+    given = _dict(status.get("resources"))
+    limits.update(_dict(given.get("limits")))
+    requests.update(_dict(given.get("requests")))
+    requests.update(_dict(status.get("allocatedResources")))
+    for key, value in limits.items():
+        requests.setdefault(key, value)
+    return requests, limits
+
+
 def qos_of(pod: dict[str, Any]) -> QOSClass:
     """The pod's QoS class: `status.qosClass` when set (what kubelet used for its cgroup), else
     derived from the containers' requests and limits as the API server does."""
@@ -209,14 +235,14 @@ def _annotations(meta: dict[str, Any]) -> tuple[dict[str, str], list[PodWarning]
     return out, warnings
 
 
-def _running(status: dict[str, Any]) -> dict[str, str]:
-    """Container name → container ID of every container the status says is running."""
-    out: dict[str, str] = {}
+def _running(status: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Container name → (container ID, its status) of every container the status says is running."""
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
     for cs in _list(status.get("containerStatuses")):
         cs = _dict(cs)
         name, cid = cs.get("name"), cs.get("containerID")
         if isinstance(name, str) and isinstance(cid, str) and cid and "running" in _dict(cs.get("state")):
-            out[name] = cid
+            out[name] = (cid, cs)
     return out
 
 
@@ -283,6 +309,12 @@ def plan_pod(pod: object) -> PodPlan:
     smt = notes.get(SMT, DEFAULT_SMT)
     binding = notes.get(MEMORY_BINDING) == "true"
     pinning_allowed = not warnings  # a bad annotation: the whole pod stays on the shared pool
+    if binding and qos is not QOSClass.GUARANTEED:
+        # A pod without a memory limit bound to one node can fill it and starve every pod there.
+        warnings.append(PodWarning(REASON_NOT_ELIGIBLE,
+                                   f"{MEMORY_BINDING}=true: memory is bound only for Guaranteed pods "
+                                   "(as the kubelet's Memory Manager does); left unbound"))
+        binding = False
     plans: list[ContainerPlan] = []
     for c in _list(_dict(pod.get("spec")).get("containers")):
         c = _dict(c)
@@ -290,7 +322,8 @@ def plan_pod(pod: object) -> PodPlan:
         if not isinstance(cname, str) or cname not in running:
             continue
         cpus = 0
-        requests, limits = _resources(c)
+        cid, cstatus = running[cname]
+        requests, limits = _granted(c, cstatus)
         devices = any(_is_gpu_resource(k) for k in (*requests, *limits))
         if pinning_allowed and policy != "shared":
             whole = _whole_cpus(requests.get("cpu"))
@@ -306,7 +339,7 @@ def plan_pod(pod: object) -> PodPlan:
                 else:
                     warnings.append(PodWarning(REASON_NOT_ELIGIBLE, f"container {cname}: exclusive CPUs "
                                             "need a whole-number CPU request equal to its CPU limit"))
-        plans.append(ContainerPlan(cname, running[cname], cpus, numa, smt, binding and cpus > 0, devices,
+        plans.append(ContainerPlan(cname, cid, cpus, numa, smt, binding and cpus > 0, devices,
                                    zone if cpus > 0 else None, _memory_requests(requests, limits)))
     for cname, cid in sorted(others.items()):
         if cname not in running:

@@ -173,3 +173,98 @@ def test_containers_asking_for_gpus_are_marked_for_a_lookup(resource: str | None
     (plan,) = plan_pod(pod([spec])).containers
     assert plan.wants_devices is wants
     assert plan.cpus == 2  # an extended resource does not change the CPU decision
+
+
+def resized(obj: dict[str, Any], container: str = "c", *, allocated: dict[str, str] | None = None,
+            requests: dict[str, str] | None = None, limits: dict[str, str] | None = None) -> dict[str, Any]:
+    """`obj` with the kubelet's view of `container` in its status: `allocatedResources` and the
+    `resources` the runtime was given (each left out when None)."""
+    for cs in obj["status"]["containerStatuses"]:
+        if cs["name"] == container:
+            if allocated is not None:
+                cs["allocatedResources"] = allocated
+            if requests is not None or limits is not None:
+                given = (("requests", requests), ("limits", limits))
+                cs["resources"] = {k: v for k, v in given if v is not None}
+    return obj
+
+
+TWO = {"cpu": "2", "memory": "1Gi"}
+SIX = {"cpu": "6", "memory": "1Gi"}
+
+# (description, pod, {container: cpus}, warning reasons): the status says what the kubelet granted.
+RESIZE_CASES: list[tuple[str, dict[str, Any], dict[str, int], tuple[str, ...]]] = [
+    ("deferred resize 2 -> 6 keeps 2", resized(pod([g(cpu="6")], qos="Guaranteed"), allocated=TWO,
+                                               requests=TWO, limits=TWO), {"c": 2}, ()),
+    ("deferred resize, allocatedResources alone", resized(pod([g(cpu="6")], qos="Guaranteed"),
+                                                          allocated=TWO), {"c": 2}, ()),
+    ("deferred resize, status resources alone", resized(pod([g(cpu="6")], qos="Guaranteed"),
+                                                        requests=TWO, limits=TWO), {"c": 2}, ()),
+    ("accepted resize not yet actuated: the allocation counts",
+     resized(pod([g(cpu="6")], qos="Guaranteed"), allocated=SIX, requests=TWO, limits=TWO), {"c": 6}, ()),
+    ("shrink 6 -> 2 allocated", resized(pod([g(cpu="2")], qos="Guaranteed"), allocated=TWO,
+                                        requests=SIX, limits=SIX), {"c": 2}, ()),
+    ("resize to a fraction: shared", resized(pod([g(cpu="2")], qos="Guaranteed"),
+                                             allocated={"cpu": "1500m", "memory": "1Gi"}), {"c": 0}, ()),
+    ("status without cpu: the spec fills in", resized(pod([g(cpu="4")], qos="Guaranteed"),
+                                                      allocated={"memory": "1Gi"}), {"c": 4}, ()),
+    ("unreadable allocation: shared, never the spec's size",
+     resized(pod([g(cpu="6")], qos="Guaranteed"), allocated={"cpu": "lots"}), {"c": 0}, ()),
+    ("opt-in, deferred resize keeps the granted size",
+     resized(pod([c(cpu="4", mem="1Gi", limit_cpu="4")], qos="Burstable", annotations=EXCL),
+             allocated={"cpu": "2", "memory": "1Gi"}, requests={"cpu": "2"}, limits={"cpu": "2"}),
+     {"c": 2}, ()),
+    ("opt-in, granted request below the runtime's limit: not eligible",
+     resized(pod([c(cpu="4", mem="1Gi", limit_cpu="4")], qos="Burstable", annotations=EXCL),
+             allocated={"cpu": "2"}, limits={"cpu": "4"}), {"c": 0}, ("NotEligible",)),
+    ("only the resized container changes", resized(pod([g("a", cpu="6"), g("b", cpu="3")], qos="Guaranteed"),
+                                                   "a", allocated=TWO), {"a": 2, "b": 3}, ()),
+]
+
+
+@pytest.mark.parametrize(("pod_obj", "want", "reasons"), [c[1:] for c in RESIZE_CASES],
+                         ids=[c[0] for c in RESIZE_CASES])
+def test_resized_pods_are_planned_from_what_the_kubelet_granted(pod_obj: dict[str, Any], want: dict[str, int],
+                                                               reasons: tuple[str, ...]) -> None:
+    before = repr(pod_obj)
+    plan = plan_pod(pod_obj)
+    assert {x.name: x.cpus for x in plan.containers} == want
+    assert tuple(w.reason for w in plan.warnings) == reasons
+    assert repr(pod_obj) == before  # the watch's object is read, never changed
+
+
+def test_memory_held_is_the_granted_memory() -> None:
+    obj = resized(pod([g(cpu="2", mem="1Gi")], qos="Guaranteed"), allocated={"cpu": "2", "memory": "512Mi"})
+    (x,) = plan_pod(obj).containers
+    assert x.memory == (("memory", 512 * 2**20),)
+
+
+BIND = {"topolet.io/memory-binding": "true"}
+
+# (description, pod, cpus, bound, warning reasons): memory is bound only where the kubelet's Memory
+# Manager would bind it, in Guaranteed pods.
+BINDING_CASES: list[tuple[str, dict[str, Any], int, bool, tuple[str, ...]]] = [
+    ("guaranteed is bound", pod([g(cpu="2")], qos="Guaranteed", annotations=BIND), 2, True, ()),
+    ("guaranteed, qos derived", pod([g(cpu="2")], annotations=BIND), 2, True, ()),
+    ("burstable opt-in without memory limit: pinned, unbound",
+     pod([c(cpu="2", mem="1Gi", limit_cpu="2")], qos="Burstable", annotations={**EXCL, **BIND}),
+     2, False, ("NotEligible",)),
+    ("burstable opt-in with memory limit above request: unbound",
+     pod([c(cpu="2", mem="1Gi", limit_cpu="2", limit_mem="2Gi")], qos="Burstable",
+         annotations={**EXCL, **BIND}), 2, False, ("NotEligible",)),
+    ("burstable on the pool", pod([c(cpu="1", mem="1Gi")], qos="Burstable", annotations=BIND), 0, False,
+     ("NotEligible",)),
+    ("besteffort", pod([c()], qos="BestEffort", annotations=BIND), 0, False, ("NotEligible",)),
+    ("burstable, binding off", pod([c(cpu="2", mem="1Gi", limit_cpu="2")], qos="Burstable",
+                                   annotations={**EXCL, "topolet.io/memory-binding": "false"}), 2, False, ()),
+]
+
+
+@pytest.mark.parametrize(("pod_obj", "cpus", "bound", "reasons"), [c[1:] for c in BINDING_CASES],
+                         ids=[c[0] for c in BINDING_CASES])
+def test_memory_binding_only_for_guaranteed_pods(pod_obj: dict[str, Any], cpus: int, bound: bool,
+                                                 reasons: tuple[str, ...]) -> None:
+    plan = plan_pod(pod_obj)
+    (x,) = plan.containers
+    assert (x.cpus, x.memory_binding) == (cpus, bound)
+    assert tuple(w.reason for w in plan.warnings) == reasons
