@@ -61,6 +61,7 @@ QUEUE = "bench"
 # No bind for this long after every Job exists: the rest wait (not admitted, or unschedulable). Longer
 # than the controller's default resync (30 s), so a slow pass is not taken for a stall.
 STALL_S = 120.0
+PROGRESS_S = 15.0  # a progress line this often while pods are being bound
 WORKERS = 8  # parallel object writers while setting up and creating Jobs
 LEDGER_TIMEOUT_S = 24 * 3600  # longer than any run: static NRTs never show the controller's placements
 
@@ -246,11 +247,17 @@ def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[
             start = time.monotonic()
             _parallel(list(enumerate(stream)), create)
             created = time.monotonic()
+            progress = created
             while len(watch.bound) < want:
-                if time.monotonic() - max(watch.last_bind, created) > STALL_S:
+                now = time.monotonic()
+                if now - max(watch.last_bind, created) > STALL_S:
                     break
                 if not cluster.running():
                     raise SystemExit(f"a cluster component died:\n{cluster.logs()}")
+                if now - progress >= PROGRESS_S:
+                    progress = now
+                    print(f"# {name}: {len(watch.bound)}/{want} pods bound after {now - start:.0f} s",
+                          flush=True)
                 time.sleep(0.1)
             bound = len(watch.bound)
             wall = (watch.last_bind if bound else time.monotonic()) - start
