@@ -1,4 +1,9 @@
-"""`topolet alloc`: run the allocator over a file of JSON-lines requests, one JSON answer per line."""
+"""`topolet alloc`: run the allocator over a file of JSON-lines requests, one JSON answer per line.
+
+Every non-blank request line gets exactly one answer line, `{"cpus": cpulist}` or `{"error": why}`,
+and the stream goes on after a bad one: a line that is not UTF-8, not JSON, nests too deeply, or is
+longer than `MAX_LINE_BYTES` (its excess is skipped, never held) is an error answer like any other.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,20 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable, Iterator
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from agent.alloc.exclusive import allocate
 from agent.alloc.request import Request
-from agent.alloc.topology_file import load_topology
+from agent.alloc.topology_file import clip, excerpt, load_topology, open_input
 from agent.errors import AllocationError, CPUListError, TopoletError
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import Topology
+
+# A request holds a few cpulists.  The longest a kernel allows (every other CPU of an 8,192-CPU
+# machine, ranges no help) is about 20 KiB, so three of them fit with room to spare; a longer line
+# is answered as too long and never decoded.
+MAX_LINE_BYTES = 256 << 10
+_CHUNK = 1 << 16
 
 
 def parse_request(line: str) -> tuple[CPUSet, Request]:
@@ -22,11 +33,14 @@ def parse_request(line: str) -> tuple[CPUSet, Request]:
         data = json.loads(line)
     except ValueError as exc:
         raise AllocationError(f"request is not JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise AllocationError("request nests too deeply to be a request") from exc
     if not isinstance(data, dict):
         raise AllocationError("request must be a JSON object")
     unknown = set(data) - {"free", "cpus", "numa_policy", "smt", "reserved", "preferred_numa"}
     if unknown:
-        raise AllocationError(f"unknown request field(s): {', '.join(sorted(unknown))}")
+        names = ", ".join(clip(k, 40) for k in sorted(unknown)[:5])
+        raise AllocationError(f"unknown request field(s): {names}{', ...' if len(unknown) > 5 else ''}")
     free = _cpulist(data, "free", required=True)
     reserved = _cpulist(data, "reserved", required=False)
     preferred = data.get("preferred_numa")
@@ -39,8 +53,8 @@ def parse_request(line: str) -> tuple[CPUSet, Request]:
         if key in data and not isinstance(data[key], str):
             raise AllocationError(f"{key} must be a string")
     cpus = data.get("cpus")
-    if not isinstance(cpus, int) or isinstance(cpus, bool):
-        raise AllocationError(f"cpus must be a non-negative integer, got {cpus!r}")
+    if not isinstance(cpus, int) or isinstance(cpus, bool) or cpus < 0:
+        raise AllocationError(f"cpus must be a non-negative integer, got {excerpt(cpus)}")
     return free, Request(cpus=cpus, numa_policy=data.get("numa_policy", "best-effort"),
                          smt=data.get("smt", "any"), preferred_numa=preferred, reserved=reserved)
 
@@ -58,12 +72,18 @@ def _cpulist(data: dict[str, Any], key: str, required: bool) -> CPUSet:
 
 
 def answer(topology: Topology, line: str) -> dict[str, str]:
-    """The answer object for one request line: {"cpus": cpulist} or {"error": why}."""
+    """The answer object for one request line: {"cpus": cpulist} or {"error": why}.
+
+    A request for 0 CPUs is answered with the empty set, as kubelet's CPU manager answers it (its
+    replayed tables hold that case), but never silently: the answer carries a `warning`.
+    """
     try:
         free, request = parse_request(line)
+        if request.cpus == 0:
+            return {"cpus": "", "warning": "cpus is 0: nothing allocated"}
         return {"cpus": allocate(topology, free, request).cpulist()}
     except TopoletError as exc:
-        return {"error": str(exc)}
+        return {"error": clip(str(exc))}
 
 
 def answers(topology: Topology, lines: Iterable[str]) -> Iterator[dict[str, str]]:
@@ -73,22 +93,50 @@ def answers(topology: Topology, lines: Iterable[str]) -> Iterator[dict[str, str]
             yield answer(topology, line)
 
 
+def request_lines(f: IO[bytes]) -> Iterator[str | AllocationError]:
+    """Each line of a byte stream decoded, or the AllocationError that stands for it (not UTF-8, too long)."""
+    while True:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if len(raw) > MAX_LINE_BYTES:
+            # Skip the rest of the line a chunk at a time: its length is the sender's to choose.
+            skipped = len(raw)
+            while not raw.endswith(b"\n"):
+                raw = f.readline(_CHUNK)
+                if not raw:
+                    break
+                skipped += len(raw)
+            yield AllocationError(f"request line is longer than {MAX_LINE_BYTES} bytes ({skipped})")
+            continue
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield AllocationError(f"request is not UTF-8 (byte {exc.start} of the line)")
+
+
 def run_alloc(args: argparse.Namespace) -> int:
     """Entry point of `topolet alloc`."""
     topology = load_topology(args.topology, args.name)
     out: TextIO = sys.stdout
     if args.requests == "-":
-        return _stream(topology, sys.stdin, out)
+        return _stream(topology, sys.stdin.buffer, out)
     try:
-        f = open(args.requests, encoding="utf-8")  # noqa: SIM115 - closed below, after streaming
+        f = open_input(args.requests)
     except OSError as exc:
         raise TopoletError(f"cannot read requests: {exc.strerror}: {args.requests}") from exc
     with f:
         return _stream(topology, f, out)
 
 
-def _stream(topology: Topology, lines: Iterable[str], out: TextIO) -> int:
-    for a in answers(topology, lines):
+def _stream(topology: Topology, f: IO[bytes], out: TextIO) -> int:
+    for line in request_lines(f):
+        if isinstance(line, AllocationError):
+            a = {"error": str(line)}
+        elif line.strip():
+            a = answer(topology, line)
+        else:
+            continue
         out.write(json.dumps(a) + "\n")
         out.flush()
     return 0

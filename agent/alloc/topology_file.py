@@ -8,8 +8,10 @@ kubelet's CPU manager test fixtures written out as data.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 from agent.errors import TopologyError
 from agent.topology.cpuset import CPUSet
@@ -28,20 +30,59 @@ from agent.topology.model import (
 _NO_CPU_INFO = CPUInfo(vendor="", family=0, model=0, model_name="", flags=frozenset(), hypervisor=False,
                        arch="")
 
+# The discover JSON of a 1,024-thread machine is under 1 MiB, the whole kubelet table set 72 KiB; a
+# file past this is not a topology, and decoding it would take many times its size in memory.
+MAX_TOPOLOGY_BYTES = 16 << 20
+
+
+def clip(text: str, limit: int = 300) -> str:
+    """`text` cut to `limit` characters: an error names a bad value without echoing all of it."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+def excerpt(value: object, limit: int = 40) -> str:
+    """`repr(value)`, clipped to `limit` characters."""
+    return clip(repr(value), limit)
+
+
+def open_input(path: str) -> IO[bytes]:
+    """Open a file to read in binary mode; refuse devices (a tty aside) that would never end.
+
+    Regular files, pipes (`<(topolet discover --format json)`) and sockets stream; `/dev/zero` or a
+    disk would be read until memory or patience runs out.  Raises OSError.
+    """
+    f = open(path, "rb")  # noqa: SIM115 - handed to the caller, who closes it
+    try:
+        mode = os.fstat(f.fileno()).st_mode
+        if (stat.S_ISCHR(mode) and not f.isatty()) or stat.S_ISBLK(mode) or stat.S_ISDIR(mode):
+            raise OSError(0, "not a regular file, pipe or terminal")
+    except BaseException:
+        f.close()
+        raise
+    return f
+
 
 def load_topology(path: str, name: str | None = None) -> Topology:
     """Read a topology file of either form; `name` picks one topology from a multi-topology table."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        with open_input(path) as f:
+            raw = f.read(MAX_TOPOLOGY_BYTES + 1)
     except OSError as exc:
         raise TopologyError(f"cannot read topology file ({exc.strerror})", path) from exc
+    if len(raw) > MAX_TOPOLOGY_BYTES:
+        raise TopologyError(f"topology file is larger than {MAX_TOPOLOGY_BYTES >> 20} MiB", path)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise TopologyError(f"topology file is not UTF-8 (byte {exc.start})", path) from exc
     except ValueError as exc:
         raise TopologyError(f"topology file is not JSON ({exc})", path) from exc
+    except RecursionError as exc:
+        raise TopologyError("topology file nests too deeply to be a topology", path) from exc
     try:
         return topology_from_data(data, name)
     except TopologyError as exc:
-        raise TopologyError(str(exc), path) from exc
+        raise TopologyError(clip(str(exc)), path) from exc
 
 
 def topology_from_data(data: Any, name: str | None = None) -> Topology:
@@ -61,7 +102,7 @@ def topology_from_data(data: Any, name: str | None = None) -> Topology:
                                 f"({', '.join(sorted(tables))})")
         name = next(iter(tables))
     if name not in tables:
-        raise TopologyError(f"no topology named {name!r} (have: {', '.join(sorted(tables))})")
+        raise TopologyError(f"no topology named {excerpt(name)} (have: {', '.join(sorted(tables))})")
     return topology_from_kubelet_table(tables[name])
 
 
@@ -73,7 +114,7 @@ def _is_kubelet_table(data: Mapping[str, Any]) -> bool:
 def _int(entry: Mapping[str, Any], key: str, where: str) -> int:
     value = entry.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise TopologyError(f"{where}: {key!r} must be a non-negative integer, got {value!r}")
+        raise TopologyError(f"{where}: {key!r} must be a non-negative integer, got {excerpt(value)}")
     return value
 
 
@@ -121,7 +162,7 @@ def topology_from_kubelet_table(table: Mapping[str, Any]) -> Topology:
 def _cpus(entry: Mapping[str, Any], key: str, where: str, default: str | None = None) -> CPUSet:
     value = entry.get(key, default)
     if not isinstance(value, str):
-        raise TopologyError(f"{where}: {key!r} must be a cpulist string, got {value!r}")
+        raise TopologyError(f"{where}: {key!r} must be a cpulist string, got {excerpt(value)}")
     try:
         return CPUSet.parse(value)
     except ValueError as exc:

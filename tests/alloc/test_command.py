@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.alloc.command import MAX_LINE_BYTES
 from agent.alloc.exclusive import allocate
 from agent.alloc.request import Request
 from agent.alloc.synthetic import synthetic_topology
-from agent.alloc.topology_file import load_topology
+from agent.alloc.topology_file import MAX_TOPOLOGY_BYTES, load_topology
 from agent.cli import main
 from agent.errors import TopologyError
 from agent.topology.cpuset import CPUSet
@@ -47,6 +50,8 @@ BAD_LINES = [
     ('{"free": "0-x", "cpus": 1}', "free"),
     ('{"free": "0-3", "cpus": "2"}', "cpus must be a non-negative integer"),
     ('{"free": "0-3", "cpus": -2}', "cpus must be a non-negative integer"),
+    ("[" * 100_000, "nests too deeply"),
+    ('{"free": "0-3", "cpus": {"a": ' * 2_000 + "1" + "}" * 2_001, "nests too deeply"),
     ('{"free": "0-3", "cpus": 1, "numa_policy": "packed"}', "unknown numa_policy"),
     ('{"free": "0-3", "cpus": 1, "smt": 2}', "smt must be a string"),
     ('{"free": "0-3", "cpus": 1, "preferred_numa": "0"}', "preferred_numa must be a list"),
@@ -150,3 +155,104 @@ def test_missing_files_exit_2(capsys: pytest.CaptureFixture[str], dual_socket: P
     assert "cannot read topology file" in capsys.readouterr().err
     assert main(["alloc", "--topology", str(dual_socket), "--requests", str(tmp_path / "none")]) == 2
     assert "cannot read requests" in capsys.readouterr().err
+
+
+def run_bytes(capsys: pytest.CaptureFixture[str], topology: Path,
+              data: bytes) -> tuple[int, list[dict[str, Any]]]:
+    requests = topology.parent / "requests.jsonl"
+    requests.write_bytes(data)
+    rc = main(["alloc", "--topology", str(topology), "--requests", str(requests)])
+    out = capsys.readouterr().out
+    return rc, [json.loads(line) for line in out.splitlines()]
+
+
+GOOD = b'{"free": "0-11", "cpus": 2}\n'
+
+
+def test_zero_cpus_is_the_empty_set_kubelet_answers_and_says_so(
+        capsys: pytest.CaptureFixture[str], dual_socket: Path) -> None:
+    rc, answers = run(capsys, dual_socket, ['{"free": "0-11", "cpus": 0}', '{"free": "", "cpus": 0}'])
+    assert rc == 0
+    assert answers == [{"cpus": "", "warning": "cpus is 0: nothing allocated"}] * 2
+
+
+def test_a_line_that_is_not_utf8_is_answered_and_the_stream_goes_on(
+        capsys: pytest.CaptureFixture[str], dual_socket: Path) -> None:
+    rc, answers = run_bytes(capsys, dual_socket, b'{"free": "0-3", "cpus": 1, "smt": "\xff\xfe"}\n' + GOOD)
+    assert rc == 0
+    assert [list(a) for a in answers] == [["error"], ["cpus"]]
+    assert "not UTF-8" in answers[0]["error"]
+
+
+@pytest.mark.parametrize("size", [1_000_000, MAX_LINE_BYTES + 1, 3 * MAX_LINE_BYTES])
+def test_an_overlong_line_is_one_error_never_echoed_and_the_stream_goes_on(
+        capsys: pytest.CaptureFixture[str], dual_socket: Path, size: int) -> None:
+    field = b'{"free": "0-3", "cpus": "' + b"9" * size + b'"}\n'
+    rc, answers = run_bytes(capsys, dual_socket, field + GOOD + field.rstrip(b"\n"))
+    assert rc == 0
+    assert [list(a) for a in answers] == [["error"], ["cpus"], ["error"]]
+    assert "longer than" in answers[0]["error"]
+    assert len(answers[0]["error"]) < 200
+
+
+def test_a_long_bad_field_under_the_line_cap_is_named_not_echoed(
+        capsys: pytest.CaptureFixture[str], dual_socket: Path) -> None:
+    for line in ['{"free": "0-3", "cpus": "' + "9" * 100_000 + '"}',
+                 '{"free": "0-3", "cpus": 1, "' + "k" * 100_000 + '": 1}',
+                 '{"free": "0-' + "9" * 100_000 + '", "cpus": 1}']:
+        rc, answers = run(capsys, dual_socket, [line, GOOD.decode().strip()])
+        assert rc == 0
+        assert len(answers) == 2 and "cpus" in answers[1]
+        assert 0 < len(answers[0]["error"]) < 400
+
+
+def test_requests_from_stdin_are_read_as_bytes(capsys: pytest.CaptureFixture[str], dual_socket: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"\xff\n" + GOOD)))
+    assert main(["alloc", "--topology", str(dual_socket), "--requests", "-"]) == 0
+    answers = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [list(a) for a in answers] == [["error"], ["cpus"]]
+
+
+def test_a_device_is_refused_as_requests_or_topology(capsys: pytest.CaptureFixture[str],
+                                                      dual_socket: Path) -> None:
+    assert main(["alloc", "--topology", str(dual_socket), "--requests", "/dev/zero"]) == 2
+    assert "cannot read requests: not a regular file, pipe or terminal: /dev/zero" in capsys.readouterr().err
+    with pytest.raises(TopologyError, match="not a regular file"):
+        load_topology("/dev/zero")
+    assert main(["alloc", "--topology", "/dev/zero", "--requests", "/dev/zero"]) == 2
+    assert "cannot read topology file" in capsys.readouterr().err
+
+
+def test_a_huge_topology_file_is_refused_by_size(tmp_path: Path) -> None:
+    path = tmp_path / "huge.json"
+    with open(path, "wb") as f:
+        f.truncate(50 << 30)  # a sparse 50 GiB file: only the cap's worth is ever read
+    with pytest.raises(TopologyError, match=f"larger than {MAX_TOPOLOGY_BYTES >> 20} MiB"):
+        load_topology(str(path))
+
+
+def test_a_topology_through_a_pipe_is_read(capsys: pytest.CaptureFixture[str], dual_socket: Path) -> None:
+    # What `--topology <(topolet discover --format json)` hands over: a pipe, not a file.
+    r, w = os.pipe()
+    os.write(w, dual_socket.read_bytes())
+    os.close(w)
+    try:
+        topo = load_topology(f"/proc/self/fd/{r}")
+    finally:
+        os.close(r)
+    assert topo == load_topology(str(dual_socket))
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"[" * 100_000, "nests too deeply"),
+    (b'{"cpus": "\xff"}', "not UTF-8"),
+    (b'{"cpus": [{"cpu": "' + b"7" * 100_000 + b'", "core": 0, "socket": 0, "numa": 0}]}', "chars)"),
+])
+def test_a_hostile_topology_file_is_a_short_topology_error(tmp_path: Path, content: bytes,
+                                                           message: str) -> None:
+    path = tmp_path / "t.json"
+    path.write_bytes(content)
+    with pytest.raises(TopologyError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
+        load_topology(str(path))
+    assert len(str(info.value)) < 500
