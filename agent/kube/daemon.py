@@ -361,6 +361,7 @@ class KubeAgent:
             if result.drift_repaired:
                 self.metrics.drift.inc(result.drift_repaired)
             self.pinner.retry()
+            self.pinner.offer_held_warnings()  # a pod's current problem is told once the limit allows
             self.reconcile_mig()  # after the pins: a MIG change may take seconds
             self.refresh_mig_inventory()
             self.metrics.last_reconcile.set(time.time())
