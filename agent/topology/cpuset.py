@@ -1,10 +1,24 @@
-"""`CPUSet`: the one immutable set-of-CPU-ids type, stored as an integer bitmask."""
+"""`CPUSet`: the one immutable set-of-CPU-ids type, stored as an integer bitmask.
+
+CPU ids are bounded by `MAX_CPUS` (8192, ids 0-8191): Linux numbers CPUs below `nr_cpu_ids`, which
+never exceeds the build's `CONFIG_NR_CPUS`, and 8192 is the largest value that option takes on any
+architecture (x86_64 with MAXSMP, which the big distributions ship, and powerpc; arm64 stops at
+4096).  A larger id is not a CPU but corrupt input, and refusing it keeps every set small enough
+that no operation on one can run long or exhaust memory.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
 from agent.errors import CPUListError
+from agent.topology import bitmask
+
+MAX_CPUS = 8192
+
+
+def _too_large(mask: int) -> CPUListError:
+    return CPUListError(f"CPU id {mask.bit_length() - 1} is past the kernel's limit (ids 0-{MAX_CPUS - 1})")
 
 
 class CPUSet:
@@ -20,32 +34,29 @@ class CPUSet:
     def __init__(self, cpus: Iterable[int] = ()) -> None:
         mask = 0
         for c in cpus:
-            if c < 0:
-                raise CPUListError(f"negative CPU id {c}")
+            if not 0 <= c < MAX_CPUS:
+                raise CPUListError(f"CPU id {c} is outside the kernel's range 0-{MAX_CPUS - 1}")
             mask |= 1 << c
         object.__setattr__(self, "_mask", mask)
 
     @classmethod
     def from_mask(cls, mask: int) -> CPUSet:
+        """The set whose CPU ids are the bits of `mask`; raises CPUListError past `MAX_CPUS`."""
         if mask < 0:
             raise CPUListError("negative CPU mask")
-        s = cls.__new__(cls)
-        object.__setattr__(s, "_mask", mask)
-        return s
+        if mask.bit_length() > MAX_CPUS:
+            raise _too_large(mask)
+        return _of(mask)
 
     @classmethod
     def parse(cls, text: str) -> CPUSet:
         """Parse a kernel cpulist ("0-3,8,10-15:2" ranges; empty means no CPUs)."""
-        from agent.topology import native
-
-        return cls.from_mask(native.parse_cpulist(text))
+        return _checked(bitmask.parse_cpulist(text), "cpulist", text)
 
     @classmethod
     def parse_mask(cls, text: str) -> CPUSet:
         """Parse a kernel cpumask ("ff,00000001": comma-separated 32-bit hex words, high first)."""
-        from agent.topology import native
-
-        return cls.from_mask(native.parse_cpumask(text))
+        return _checked(bitmask.parse_cpumask(text), "cpumask", text)
 
     @property
     def mask(self) -> int:
@@ -55,11 +66,12 @@ class CPUSet:
         raise AttributeError("CPUSet is immutable")
 
     def __iter__(self) -> Iterator[int]:
-        m = self._mask
-        while m:
-            low = m & -m
-            yield low.bit_length() - 1
-            m ^= low
+        # One pass over the binary digits: peeling bits off the int would copy it once per CPU.
+        bits = bin(self._mask)[:1:-1]  # bit 0 first
+        i = bits.find("1")
+        while i >= 0:
+            yield i
+            i = bits.find("1", i + 1)
 
     def __len__(self) -> int:
         return self._mask.bit_count()
@@ -77,16 +89,16 @@ class CPUSet:
         return hash(self._mask)
 
     def __or__(self, other: CPUSet) -> CPUSet:
-        return CPUSet.from_mask(self._mask | other._mask)
+        return _of(self._mask | other._mask)
 
     def __and__(self, other: CPUSet) -> CPUSet:
-        return CPUSet.from_mask(self._mask & other._mask)
+        return _of(self._mask & other._mask)
 
     def __sub__(self, other: CPUSet) -> CPUSet:
-        return CPUSet.from_mask(self._mask & ~other._mask)
+        return _of(self._mask & ~other._mask)
 
     def __xor__(self, other: CPUSet) -> CPUSet:
-        return CPUSet.from_mask(self._mask ^ other._mask)
+        return _of(self._mask ^ other._mask)
 
     def __le__(self, other: CPUSet) -> bool:
         return self._mask & ~other._mask == 0
@@ -104,7 +116,7 @@ class CPUSet:
         m = self._mask
         for o in others:
             m |= o._mask
-        return CPUSet.from_mask(m)
+        return _of(m)
 
     def isdisjoint(self, other: CPUSet) -> bool:
         return self._mask & other._mask == 0
@@ -125,16 +137,15 @@ class CPUSet:
 
     def cpulist(self) -> str:
         """Canonical kernel cpulist: ascending ranges, "" for the empty set."""
+        bits = bin(self._mask)[:1:-1]  # bit 0 first; each range is a run of ones
         parts: list[str] = []
-        start = prev = -2
-        for c in self:
-            if c != prev + 1:
-                if start >= 0:
-                    parts.append(str(start) if start == prev else f"{start}-{prev}")
-                start = c
-            prev = c
-        if start >= 0:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = bits.find("1")
+        while start >= 0:
+            end = bits.find("0", start)
+            if end < 0:
+                end = len(bits)
+            parts.append(str(start) if end == start + 1 else f"{start}-{end - 1}")
+            start = bits.find("1", end)
         return ",".join(parts)
 
     def __str__(self) -> str:
@@ -145,6 +156,19 @@ class CPUSet:
 
     def __reduce__(self) -> tuple[object, tuple[int]]:
         return (CPUSet.from_mask, (self._mask,))
+
+
+def _of(mask: int) -> CPUSet:
+    """A CPUSet of a mask already known to be in range (set algebra on CPUSets stays in range)."""
+    s = CPUSet.__new__(CPUSet)
+    object.__setattr__(s, "_mask", mask)
+    return s
+
+
+def _checked(mask: int, kind: str, text: str) -> CPUSet:
+    if mask.bit_length() > MAX_CPUS:
+        raise CPUListError(f"invalid {kind} {bitmask.shown(text)}: {_too_large(mask)}")
+    return _of(mask)
 
 
 EMPTY = CPUSet()

@@ -1,15 +1,26 @@
-"""The C helper's entry points as Python values: cpulist/cpumask parsing, the sysfs scan, pinning."""
+"""The C helper's entry points as Python values: the sysfs scan, affinity and memory policy.
+
+The cpulist/cpumask parsers live one layer down, in `bitmask`, so that `CPUSet` can use them;
+`parse_cpulist` and `parse_cpumask` are re-exported here as the C helper's other entry points.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
 import struct
-import sys
 from typing import Any
 
-import agent._native as _native
-from agent.errors import CPUListError, EnforcementError, TopologyError
+from agent.errors import EnforcementError, TopologyError
+from agent.topology.bitmask import FIRST_WORDS as _FIRST_WORDS
+from agent.topology.bitmask import WORD as _WORD
+from agent.topology.bitmask import errname as _errname
+from agent.topology.bitmask import ffi as _ffi
+from agent.topology.bitmask import int_to_words as _int_to_words
+from agent.topology.bitmask import lib as _lib
+from agent.topology.bitmask import parse_cpulist as parse_cpulist
+from agent.topology.bitmask import parse_cpumask as parse_cpumask
+from agent.topology.bitmask import words_to_int as _words_to_int
 from agent.topology.cpuset import CPUSet
 from agent.topology.raw import (
     RawCache,
@@ -21,13 +32,7 @@ from agent.topology.raw import (
     RawScan,
 )
 
-_ffi: Any = _native.ffi
-_lib: Any = _native.lib
-
-_WORD = 8
-_FIRST_WORDS = 64  # 4096 CPUs: enough for one call on nearly every machine
 _ABSENT = -1
-_LITTLE = sys.byteorder == "little"
 
 # topo_cpu_t in native byte order: 9 int32, 3 uint32, 2 int64, then 6 topo_set_t (int32 off, uint32 n).
 _CPU_RECORD = struct.Struct("=9i3I2q" + "iI" * 6)
@@ -39,63 +44,6 @@ _MEMPOLICY = {
     "preferred": _lib.TOPO_MPOL_PREFERRED,
     "bind": _lib.TOPO_MPOL_BIND,
 }
-
-
-def _words_to_int(data: bytes) -> int:
-    """A bitmap of native-endian uint64 words (lowest word first) as one int."""
-    if _LITTLE:
-        return int.from_bytes(data, "little")
-    mask = 0
-    for i in range(len(data) // _WORD - 1, -1, -1):
-        mask = mask << 64 | int.from_bytes(data[i * _WORD : (i + 1) * _WORD], sys.byteorder)
-    return mask
-
-
-def _int_to_words(mask: int) -> tuple[Any, int]:
-    """One int as a cffi uint64 word array and its length in words."""
-    nwords = max(1, (mask.bit_length() + 63) // 64)
-    buf = _ffi.new("uint64_t[]", nwords)
-    if _LITTLE:
-        _ffi.memmove(buf, mask.to_bytes(nwords * _WORD, "little"), nwords * _WORD)
-    else:
-        for i in range(nwords):
-            buf[i] = mask >> (64 * i) & 0xFFFFFFFFFFFFFFFF
-    return buf, nwords
-
-
-def _errname(code: int) -> str:
-    return errno.errorcode.get(code, f"E{code}")
-
-
-def _parse(fn: Any, kind: str, text: str) -> int:
-    if not isinstance(text, str):
-        raise CPUListError(f"invalid {kind} {text!r}: not a string")
-    try:
-        data = text.encode("ascii")
-    except UnicodeEncodeError:
-        raise CPUListError(f"invalid {kind} {text!r}: not ASCII text") from None
-    cap = _FIRST_WORDS
-    nwords = _ffi.new("size_t *")
-    while True:
-        buf = _ffi.new("uint64_t[]", cap)
-        rc = fn(data, len(data), buf, cap, nwords)
-        if rc != errno.ENOSPC:
-            break
-        cap = nwords[0]
-    if rc:
-        why = "CPU id too large" if rc == errno.ERANGE else "malformed"
-        raise CPUListError(f"invalid {kind} {text!r}: {why}")
-    return _words_to_int(_ffi.buffer(buf, nwords[0] * _WORD)[:])
-
-
-def parse_cpulist(text: str) -> int:
-    """Parse a kernel cpulist ("0-3,8,10-15") into a CPU bitmask; raises CPUListError."""
-    return _parse(_lib.topo_parse_cpulist, "cpulist", text)
-
-
-def parse_cpumask(text: str) -> int:
-    """Parse a kernel cpumask ("ff,00000001") into a CPU bitmask; raises CPUListError."""
-    return _parse(_lib.topo_parse_cpumask, "cpumask", text)
 
 
 # topo_cache_t: index, level, line_bytes (int32), flags (uint32), id, size_bytes (int64),
