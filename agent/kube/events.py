@@ -4,18 +4,23 @@ Public API (stable; the in-cluster daemon builds on it):
 
 - `EventRecorder(api_client, node_name, *, component="topolet", interval_seconds=300.0,
   max_tracked=4096, clock=time.time)`.
-- `.warn(pod, reason, message) -> bool` / `.normal(pod, reason, message) -> bool`: record a core/v1
-  Event (type Warning / Normal) on `pod` — a dict as the API returns it or a kubernetes V1Pod, with
-  metadata namespace, name and uid.  True when it wrote to the API.  Best effort: an API failure is
-  logged and counted (`.failures`), never raised, so a missing Event cannot stop enforcement.
-  Raises ConfigError only for a pod without namespace/name or an invalid reason.
+- `.warn(pod, reason, message) -> bool` / `.normal(pod, reason, message) -> bool`: record an
+  events.k8s.io/v1 Event (type Warning / Normal) regarding `pod` — a dict as the API returns it or a
+  kubernetes V1Pod, with metadata namespace, name and uid.  True when it wrote to the API.  Best
+  effort: an API failure is logged and counted (`.failures`), never raised, so a missing Event cannot
+  stop enforcement.  Raises ConfigError only for a pod without namespace/name or an invalid reason.
 - `.writes` / `.aggregated` / `.failures`: counters.
+- `REPORTING_CONTROLLER` (`topolet.io/agent`): every Event's `reportingController`; its
+  `reportingInstance` is `node_name`; daemonset/admission-policy.yaml refuses the agent any other.
+  `component` is accepted for existing callers and unused: events.k8s.io/v1 refuses the legacy
+  `source` it used to fill.
 
 Aggregation, in the spirit of client-go's event correlator: the same (pod uid, type, reason,
 message) within `interval_seconds` of our last write for it is only counted locally; the next one
-after the interval updates the existing Event's `count` and `lastTimestamp` (one PATCH) instead of
-creating another.  When that Event has expired (the API server drops Events after an hour), a new
-one is created.  At most `max_tracked` keys are remembered, least recently seen dropped first.
+after the interval updates the existing Event's `series` (count and lastObservedTime: one PATCH)
+instead of creating another.  When that Event has expired (the API server drops Events after an
+hour), a new one is created.  At most `max_tracked` keys are remembered, least recently seen dropped
+first.
 """
 
 from __future__ import annotations
@@ -35,8 +40,11 @@ from agent.kube.client import KubeClient, resource_path
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE = 1024  # core/v1 Event messages are cut to this by kubelet's recorder too
+MAX_MESSAGE = 1024  # the API server refuses an events.k8s.io note longer than 1 kB
+REPORTING_CONTROLLER = "topolet.io/agent"
+ACTION = "Reconcile"  # what the agent was doing: reconciling the pod's CPUs with its annotations
 _REASON_RE = re.compile(r"[A-Za-z][A-Za-z0-9]{0,127}")  # UpperCamelCase by convention
+_EVENTS_GROUP, _EVENTS_VERSION = "events.k8s.io", "v1"
 
 
 @dataclass
@@ -68,12 +76,18 @@ def _pod_ref(pod: object) -> _PodRef:
     return _PodRef(ns, name, uid if isinstance(uid, str) else "")
 
 
-def _timestamp(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _micro_time(seconds: float) -> str:
+    """An RFC 3339 time with microseconds, as events.k8s.io's eventTime and lastObservedTime want."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _cut(message: str) -> str:
+    """`message` cut to MAX_MESSAGE bytes of UTF-8 (the API server counts bytes), whole characters."""
+    return message.encode()[:MAX_MESSAGE].decode(errors="ignore")
 
 
 class EventRecorder:
-    """Creates aggregated core/v1 Events on pods for this node's agent."""
+    """Creates aggregated events.k8s.io/v1 Events on pods for this node's agent."""
 
     def __init__(self, api_client: Any, node_name: str, *, component: str = "topolet",
                  interval_seconds: float = 300.0, max_tracked: int = 4096,
@@ -104,7 +118,7 @@ class EventRecorder:
         if not _REASON_RE.fullmatch(reason):
             raise ConfigError(f"invalid event reason {reason!r}")
         ref = _pod_ref(pod)
-        message = message[:MAX_MESSAGE]
+        message = _cut(message)
         key = (ref.namespace, ref.name, ref.uid, kind, reason, message)
         with self._lock:
             now = self._clock()
@@ -135,36 +149,36 @@ class EventRecorder:
                 now: float) -> _Record:
         # kubelet's naming: the object's name and a nanosecond stamp in hex (unique per recorder).
         name = f"{ref.name[:200]}.{int(now * 1e9):x}"
-        stamp = _timestamp(int(now))
-        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": ref.namespace, "name": ref.name}
+        regarding = {"apiVersion": "v1", "kind": "Pod", "namespace": ref.namespace, "name": ref.name}
         if ref.uid:
-            involved["uid"] = ref.uid
-        body = {
-            "apiVersion": "v1",
+            regarding["uid"] = ref.uid
+        body: dict[str, Any] = {
+            "apiVersion": f"{_EVENTS_GROUP}/{_EVENTS_VERSION}",
             "kind": "Event",
             "metadata": {"name": name, "namespace": ref.namespace},
-            "involvedObject": involved,
-            "reason": reason,
-            "message": message,
-            "type": kind,
-            "source": {"component": self.component, "host": self.node_name},
-            "reportingComponent": self.component,
+            "eventTime": _micro_time(now),
+            "reportingController": REPORTING_CONTROLLER,
             "reportingInstance": self.node_name,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": count,
+            "action": ACTION,
+            "regarding": regarding,
+            "reason": reason,
+            "note": message,
+            "type": kind,
         }
-        self.kube.create(resource_path("", "v1", "events", namespace=ref.namespace), body,
-                         what=f"create Event {ref.namespace}/{name}")
+        if count > 1:  # an expired Event written again keeps the occurrences counted so far
+            body["series"] = {"count": count, "lastObservedTime": _micro_time(now)}
+        self.kube.create(resource_path(_EVENTS_GROUP, _EVENTS_VERSION, "events", namespace=ref.namespace),
+                         body, what=f"create Event {ref.namespace}/{name}")
         return _Record(event=name, namespace=ref.namespace, count=count, written_count=count,
                        written_at=now)
 
     def _bump(self, rec: _Record, now: float) -> bool:
-        """Write the new count onto the existing Event; False when it has expired."""
-        patch = {"count": rec.count, "lastTimestamp": _timestamp(now)}
+        """Write the new count onto the existing Event's series; False when it has expired."""
+        patch = {"series": {"count": rec.count, "lastObservedTime": _micro_time(now)}}
         try:
-            self.kube.patch(resource_path("", "v1", "events", rec.event, namespace=rec.namespace), patch,
-                            "application/merge-patch+json", what=f"update Event {rec.namespace}/{rec.event}")
+            path = resource_path(_EVENTS_GROUP, _EVENTS_VERSION, "events", rec.event, namespace=rec.namespace)
+            self.kube.patch(path, patch, "application/merge-patch+json",
+                            what=f"update Event {rec.namespace}/{rec.event}")
         except KubeAPIError as exc:
             if exc.not_found:
                 return False

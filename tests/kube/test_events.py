@@ -1,4 +1,4 @@
-"""Events on pods against a real API server: written, aggregated instead of repeated, best effort."""
+"""Events on pods against a real API server: events.k8s.io/v1, aggregated instead of repeated, best effort."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent.errors import ConfigError
-from agent.kube.events import EventRecorder
+from agent.kube.events import MAX_MESSAGE, REPORTING_CONTROLLER, EventRecorder
 from tests.controlplane.harness import ControlPlane
 
 NODE = "events-node"
@@ -57,15 +57,36 @@ def events_of(api: Any, pod: Any) -> list[Any]:
     return sorted(found.items, key=lambda e: (e.reason, e.metadata.name))
 
 
+def count(event: Any) -> int:
+    """How many occurrences an Event stands for: its series' count, 1 without a series."""
+    return int(event.series.count) if event.series else 1
+
+
 def test_warning_event_on_the_pod(api: Any, pod: Any) -> None:
     rec = EventRecorder(api, NODE)
     assert rec.warn(pod, "InvalidAnnotation", "topolet.io/cpu-policy=sometimes: want exclusive or shared")
     (event,) = events_of(api, pod)
-    assert (event.type, event.reason, event.count) == ("Warning", "InvalidAnnotation", 1)
+    assert (event.type, event.reason, count(event)) == ("Warning", "InvalidAnnotation", 1)
     assert event.message == "topolet.io/cpu-policy=sometimes: want exclusive or shared"
     assert (event.involved_object.kind, event.involved_object.name) == ("Pod", "worker")
-    assert (event.source.component, event.source.host) == ("topolet", NODE)
+    assert (event.involved_object.uid, event.involved_object.namespace) == (pod.metadata.uid,
+                                                                            pod.metadata.namespace)
+    assert (event.reporting_component, event.reporting_instance) == (REPORTING_CONTROLLER, NODE)
+    assert event.event_time is not None and event.action
     assert rec.writes == 1
+
+
+def test_written_through_events_k8s_io(api: Any, pod: Any) -> None:
+    """The Event is the events.k8s.io/v1 kind (the only one the agent's RBAC grants), note cut to 1 kB."""
+    from kubernetes import client as k8s
+
+    rec = EventRecorder(api, NODE)
+    assert rec.warn(pod, "InvalidAnnotation", "é" * MAX_MESSAGE)  # two bytes each in UTF-8
+    found: list[Any] = k8s.EventsV1Api(api).list_namespaced_event(pod.metadata.namespace).items
+    (event,) = [e for e in found if e.regarding.uid == pod.metadata.uid]
+    assert (event.reporting_controller, event.reporting_instance) == (REPORTING_CONTROLLER, NODE)
+    assert (event.regarding.api_version, event.regarding.kind) == ("v1", "Pod")
+    assert event.note == "é" * (MAX_MESSAGE // 2)
 
 
 def test_repeats_are_aggregated_not_spammed(api: Any, pod: Any) -> None:
@@ -78,19 +99,19 @@ def test_repeats_are_aggregated_not_spammed(api: Any, pod: Any) -> None:
         assert rec.warn(pod, "InvalidAnnotation", message) is False
     assert rec.aggregated == 3 and rec.writes == 1
     (event,) = events_of(api, pod)
-    assert event.count == 1
+    assert count(event) == 1
 
     # After the interval the same Event is updated with every occurrence counted; no second Event.
     clock.now += 300
     assert rec.warn(pod, "InvalidAnnotation", message) is True
     (event,) = events_of(api, pod)
-    assert event.count == 5
-    assert event.last_timestamp > event.first_timestamp
+    assert count(event) == 5
+    assert event.series.last_observed_time > event.event_time
 
     # Another reason on the same pod is another Event, and Normal events are recorded as such.
     assert rec.normal(pod, "SharedPool", "left in the shared CPU pool")
     normal = [e for e in events_of(api, pod) if e.reason == "SharedPool"]
-    assert [(e.type, e.count) for e in normal] == [("Normal", 1)]
+    assert [(e.type, count(e)) for e in normal] == [("Normal", 1)]
 
 
 def test_an_expired_event_is_created_again(api: Any, pod: Any) -> None:
@@ -105,7 +126,7 @@ def test_an_expired_event_is_created_again(api: Any, pod: Any) -> None:
     assert rec.warn(pod, "InvalidAnnotation", "bad") is True
     (second,) = events_of(api, pod)
     assert second.metadata.name != first.metadata.name
-    assert second.count == 2
+    assert count(second) == 2
 
 
 def test_api_outage_is_not_an_error_for_the_caller(control_plane: ControlPlane, api: Any, pod: Any) -> None:

@@ -35,8 +35,8 @@ CONTROLLER = "topolet-controller"  # the Deployment, its service account, roles 
 CONTROLLER_PORT = 9471
 CONTROLLER_POLICY = "topolet-controller-writes"
 # Each workload's service account, the admission policy that narrows its writes, and the writes RBAC
-# grants it that the policy leaves alone (an Event names the object it is about but changes none).
-CONFINED = [(AGENT_SA, "topolet-agent-own-node", {("", "events")}),
+# grants it that the policy leaves alone (none: Events too are confined to the node that writes them).
+CONFINED = [(AGENT_SA, "topolet-agent-own-node", set()),
             (CONTROLLER, CONTROLLER_POLICY, set())]
 # What issue 8 lists for the controller, and nothing else: (namespace, or "*" for every namespace and
 # cluster-scoped objects; API group; resource; verb; resource name, "" for any).

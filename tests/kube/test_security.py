@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from agent.kube.events import REPORTING_CONTROLLER
 from agent.labels.nodefeature import NODE_NAME_LABEL, nodefeature_name, nodefeature_object
 from tests.controlplane.fixtures import IN_CI
 from tests.controlplane.harness import ControlPlane
@@ -37,6 +38,8 @@ AGENT_SA = "topolet-agent"
 POLICY = "topolet-agent-own-node"
 NRT_PATH = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
 NF_PATH = f"/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{NAMESPACE}/nodefeatures"
+EVENTS_PATH = f"/apis/events.k8s.io/v1/namespaces/{NAMESPACE}/events"
+NODE_EVENTS_PATH = "/apis/events.k8s.io/v1/namespaces/default/events"  # a cluster-scoped object's Events
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
 POLICY_TIMEOUT_S = 60.0
@@ -73,6 +76,33 @@ def nodefeature(node: str, labels: dict[str, str] | None = None, name: str | Non
     return obj
 
 
+def unchecked_nodefeature(node: str, labels: dict[str, str]) -> dict[str, Any]:
+    """Node `node`'s NodeFeature asking for `labels` as they are (agent/labels would refuse bad ones)."""
+    obj = nodefeature(node)
+    obj["spec"]["labels"] = labels
+    return obj
+
+
+def event(instance: str, regarding: dict[str, Any] | None = None, *, controller: str = REPORTING_CONTROLLER,
+          namespace: str = NAMESPACE, name: str | None = None, **fields: Any) -> dict[str, Any]:
+    """An events.k8s.io/v1 Event as agent/kube/events.py writes it, reported by `instance`, about a pod
+    in `namespace` unless `regarding` says otherwise."""
+    return {
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": name or f"topolet-{uuid.uuid4().hex[:8]}", "namespace": namespace},
+        "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": controller,
+        "reportingInstance": instance, "action": "Reconcile", "reason": "InvalidAnnotation",
+        "note": "topolet.io/smt: not one of full-cores, any", "type": "Warning",
+        "regarding": regarding or {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": "p"},
+        **fields,
+    }
+
+
+def node_ref(node: str) -> dict[str, Any]:
+    """An object reference to Node `node`."""
+    return {"apiVersion": "v1", "kind": "Node", "name": node}
+
+
 def labels_patch(labels: dict[str, str | None]) -> dict[str, Any]:
     """A merge patch setting (or, with None, removing) Node labels."""
     return {"metadata": {"labels": labels}}
@@ -84,7 +114,9 @@ def refused_by(status: int, body: dict[str, Any]) -> str:
         return ""
     message = str(body.get("message", ""))
     if f"ValidatingAdmissionPolicy '{POLICY}'" in message:
-        return "policy"
+        # A validation that fails to evaluate also denies (failurePolicy: Fail): not a refusal by rule.
+        _, _, reason = message.partition("denied request: ")
+        return "policy" if reason.startswith("topolet-agent ") else f"policy error: {message}"
     if "cannot" in message and "forbidden" in message:
         return "rbac"
     return f"other: {message}"
@@ -146,7 +178,8 @@ def cluster(control_plane: ControlPlane, applied_base: Any) -> Iterator[Cluster]
     unbound = control_plane.mint_token(NAMESPACE, AGENT_SA)
     wait_for_policy(control_plane, token_a)
     # Node B's agent has published; node A's agent will try to overwrite it.
-    for path, obj in ((NRT_PATH, nrt(b)), (NF_PATH, nodefeature(b))):
+    for path, obj in ((NRT_PATH, nrt(b)), (NF_PATH, nodefeature(b)),
+                      (EVENTS_PATH, event(b, name=f"topolet-{b}"))):
         status, body = api_request(control_plane, "POST", path, token_b, obj)
         assert status == 201, body
     yield Cluster(control_plane, a, b, token_a, token_b, unbound)
@@ -185,6 +218,53 @@ REFUSED: list[tuple[str, str, str, Any, str, str]] = [
      lambda c: {"metadata": {"labels": {NODE_NAME_LABEL: c.a}}}, MERGE, "policy"),
     ("create a NodeFeature for node B named after node A", "POST", NF_PATH,
      lambda c: nodefeature(c.b, name=nodefeature_name(c.a) + "-x"), "application/json", "policy"),
+    # One NodeFeature per node, by name, with only our labels.
+    ("a second NodeFeature for its own node", "POST", NF_PATH,
+     lambda c: nodefeature(c.a, name=nodefeature_name(c.a) + "-2"), "application/json", "policy"),
+    ("a NodeFeature named after node B, labelled A", "POST", NF_PATH,
+     lambda c: nodefeature(c.a, name=nodefeature_name(c.b)), "application/json", "policy"),
+    ("own NodeFeature: a label outside our prefixes", "PATCH",
+     NF_PATH + "/" + nodefeature_name("{a}") + "?fieldManager=topolet&force=true",
+     lambda c: unchecked_nodefeature(c.a, {"topolet.io/numa.nodes": "1",
+                                           "node-role.kubernetes.io/control-plane": ""}),
+     APPLY, "policy"),
+    ("own NodeFeature: a look-alike prefix", "PATCH",
+     NF_PATH + "/" + nodefeature_name("{a}") + "?fieldManager=topolet&force=true",
+     lambda c: unchecked_nodefeature(c.a, {"topolet.io.example.com/numa.nodes": "1"}), APPLY, "policy"),
+    ("own NodeFeature: a label name past 63 characters", "PATCH",
+     NF_PATH + "/" + nodefeature_name("{a}") + "?fieldManager=topolet&force=true",
+     lambda c: unchecked_nodefeature(c.a, {"topolet.io/" + "n" * 64: "1"}), APPLY, "policy"),
+    ("own NodeFeature: an invalid label value", "PATCH",
+     NF_PATH + "/" + nodefeature_name("{a}") + "?fieldManager=topolet&force=true",
+     lambda c: unchecked_nodefeature(c.a, {"topolet.io/numa.nodes": "1; rm -rf"}), APPLY, "policy"),
+    ("own NodeFeature: raw features for the cluster's rules", "PATCH",
+     NF_PATH + "/" + nodefeature_name("{a}") + "?fieldManager=topolet&force=true",
+     lambda c: {**nodefeature(c.a), "spec": {**nodefeature(c.a)["spec"], "features": {
+         "flags": {"cpu.cpuid": {"elements": {"AVX512F": {}}}}}}}, APPLY, "policy"),
+    # Events: reported as itself, about its Node or a pod, through events.k8s.io only.
+    ("an Event reported as node B", "POST", EVENTS_PATH, lambda c: event(c.b), "application/json", "policy"),
+    ("an Event reported by another controller", "POST", EVENTS_PATH,
+     lambda c: event(c.a, controller="kubelet"), "application/json", "policy"),
+    ("an Event about node B", "POST", NODE_EVENTS_PATH,
+     lambda c: event(c.a, node_ref(c.b), namespace="default"), "application/json", "policy"),
+    ("an Event about a Secret", "POST", EVENTS_PATH,
+     lambda c: event(c.a, {"apiVersion": "v1", "kind": "Secret", "namespace": NAMESPACE, "name": "s"}),
+     "application/json", "policy"),
+    ("an Event about a Deployment", "POST", EVENTS_PATH,
+     lambda c: event(c.a, {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": NAMESPACE,
+                           "name": "topolet-controller"}), "application/json", "policy"),
+    ("an Event relating node B", "POST", EVENTS_PATH, lambda c: event(c.a, related=node_ref(c.b)),
+     "application/json", "policy"),
+    ("count up node B's Event", "PATCH", EVENTS_PATH + "/topolet-{b}",
+     lambda c: {"series": {"count": 99, "lastObservedTime": "2026-01-01T00:01:00.000000Z"}}, MERGE, "policy"),
+    ("a core/v1 Event", "POST", f"/api/v1/namespaces/{NAMESPACE}/events",
+     lambda c: {"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"core-{uuid.uuid4().hex[:6]}"},
+                "involvedObject": {"kind": "Pod", "namespace": NAMESPACE, "name": "p"},
+                "reason": "InvalidAnnotation", "message": "x", "type": "Warning",
+                "source": {"component": "topolet", "host": c.a}}, "application/json", "rbac"),
+    ("patch a core/v1 Event", "PATCH", f"/api/v1/namespaces/{NAMESPACE}/events/topolet-{{a}}",
+     lambda c: {"count": 2}, MERGE, "rbac"),
+    ("delete an Event", "DELETE", EVENTS_PATH + "/topolet-{b}", None, MERGE, "rbac"),
     ("own node: a label outside our prefixes", "PATCH", "/api/v1/nodes/{a}",
      lambda c: labels_patch({"example.com/role": "gpu"}), MERGE, "policy"),
     ("own node: remove kubernetes.io/hostname", "PATCH", "/api/v1/nodes/{a}",
@@ -199,6 +279,13 @@ REFUSED: list[tuple[str, str, str, Any, str, str]] = [
      lambda c: {"spec": {"unschedulable": True}}, MERGE, "policy"),
     ("own node: add a finalizer", "PATCH", "/api/v1/nodes/{a}",
      lambda c: {"metadata": {"finalizers": ["example.com/keep"]}}, MERGE, "policy"),
+    ("own node: add an owner reference", "PATCH", "/api/v1/nodes/{a}",
+     lambda c: {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": c.b,
+                                                  "uid": str(uuid.uuid4())}]}}, MERGE, "policy"),
+    ("own node: update its status", "PATCH", "/api/v1/nodes/{a}/status",
+     lambda c: {"status": {"capacity": {"cpu": "1000"}}}, MERGE, "rbac"),
+    ("own node: its conditions", "PATCH", "/api/v1/nodes/{a}/status",
+     lambda c: {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}, MERGE, "rbac"),
     ("read a Secret in its namespace", "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/anything",
      None, MERGE, "rbac"),
     ("list Secrets in its namespace", "GET", f"/api/v1/namespaces/{NAMESPACE}/secrets", None, MERGE, "rbac"),
@@ -224,6 +311,15 @@ REFUSED: list[tuple[str, str, str, Any, str, str]] = [
     # The admission controller's powers (daemonset/controller/) are not the agent's.
     ("unsuspend a Job", "PATCH", "/apis/batch/v1/namespaces/default/jobs/anything",
      lambda c: {"spec": {"suspend": False}}, MERGE, "rbac"),
+    ("patch a pod's labels", "PATCH", f"/api/v1/namespaces/{NAMESPACE}/pods/anything",
+     lambda c: {"metadata": {"labels": {"app": "x"}}}, MERGE, "rbac"),
+    ("evict a pod", "POST", f"/api/v1/namespaces/{NAMESPACE}/pods/anything/eviction",
+     lambda c: {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "anything"}},
+     "application/json", "rbac"),
+    ("bind a pod to a node", "POST", f"/api/v1/namespaces/{NAMESPACE}/pods/anything/binding",
+     lambda c: {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "anything"},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": c.a}}, "application/json", "rbac"),
+    ("delete a pod", "DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/anything", None, MERGE, "rbac"),
     ("lift a pod's scheduling gate", "PATCH", f"/api/v1/namespaces/{NAMESPACE}/pods/anything",
      lambda c: {"spec": {"schedulingGates": []}}, MERGE, "rbac"),
     ("take the admission controller's Lease", "POST",
@@ -321,17 +417,44 @@ def test_publishes_its_own_nodefeature(cluster: Cluster) -> None:
     assert refused_by(status, body) == "policy", body
 
 
-def test_posts_events(cluster: Cluster) -> None:
-    name = f"topolet-{uuid.uuid4().hex[:8]}"
-    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
-             "involvedObject": {"kind": "Pod", "namespace": NAMESPACE, "name": "p"},
-             "reason": "InvalidAnnotation", "message": "x", "type": "Warning",
-             "source": {"component": "topolet", "host": cluster.a}}
-    events = f"/api/v1/namespaces/{NAMESPACE}/events"
-    status, body = as_agent(cluster, "POST", events, event, "application/json")
-    assert status == 201, body
-    status, body = as_agent(cluster, "PATCH", f"{events}/{name}", {"count": 2})
+def test_reports_events_about_its_node_and_pods(cluster: Cluster) -> None:
+    a = cluster.a
+    for path, obj in ((NODE_EVENTS_PATH, event(a, node_ref(a), namespace="default")),
+                      (EVENTS_PATH, event(a))):
+        status, body = as_agent(cluster, "POST", path, obj, "application/json")
+        assert status == 201, body
+        series = {"series": {"count": 2, "lastObservedTime": "2026-01-01T00:05:00.000000Z"}}
+        status, body = as_agent(cluster, "PATCH", f"{path}/{obj['metadata']['name']}", series)
+        assert status == 200, body
+        assert body["series"]["count"] == 2
+    # The core/v1 view of the same object names its reporter; any reader can tell which node wrote it.
+    status, body = api_request(cluster.plane, "GET", f"/api/v1/namespaces/{NAMESPACE}/events/"
+                               + obj["metadata"]["name"])
     assert status == 200, body
+    assert (body["reportingComponent"], body["reportingInstance"]) == (REPORTING_CONTROLLER, a)
+
+
+def test_an_agent_cannot_squat_another_nodes_nodefeature(cluster: Cluster) -> None:
+    """Node C has not published yet; A takes its object name, labelled A or C, and is refused either
+    way, so C's own apply later creates its NodeFeature as it should."""
+    from agent.kube.labels_sink import LabelPublisher
+
+    c, _, token_c = new_agent(cluster.plane)
+    for labelled in (cluster.a, c):
+        squat = nodefeature(labelled, name=nodefeature_name(c))
+        status, body = as_agent(cluster, "POST", NF_PATH, squat, "application/json")
+        assert refused_by(status, body) == "policy", (labelled, status, body)
+        status, body = as_agent(cluster, "PATCH", f"{NF_PATH}/{nodefeature_name(c)}?fieldManager=topolet",
+                                squat, APPLY)
+        assert refused_by(status, body) == "policy", (labelled, status, body)
+    status, body = api_request(cluster.plane, "GET", f"{NF_PATH}/{nodefeature_name(c)}")
+    assert status == 404, body
+    with cluster.plane.client(token_c) as api:
+        assert LabelPublisher(api, c, NAMESPACE, sink="nodefeature").publish({"topolet.io/numa.nodes": "2"})
+    status, body = api_request(cluster.plane, "GET", f"{NF_PATH}/{nodefeature_name(c)}")
+    assert status == 200, body
+    assert body["metadata"]["labels"][NODE_NAME_LABEL] == c
+    assert body["spec"]["labels"] == {"topolet.io/numa.nodes": "2"}
 
 
 def test_lists_the_pods_on_its_node(cluster: Cluster) -> None:
