@@ -784,6 +784,21 @@ static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const c
         c->flags |= TOPO_F_PARTIAL;
 }
 
+/* An id file read without recording a problem: -1 when absent (as a full read gives), INT64_MIN
+ * when unusable, which matches no record (the caller then reads in full and records it). */
+static int64_t quiet_id(struct scan_ctx *ctx, int dirfd, const char *name)
+{
+    size_t len;
+    int64_t v;
+    int err = scan_read(ctx, dirfd, name, &len, 0);
+
+    if (err == ENOENT)
+        return -1;
+    if (err || parse_int(ctx->buf, len, 0, &v) || v < INT32_MIN || v > INT32_MAX)
+        return INT64_MIN;
+    return v;
+}
+
 /* Scan cpuN/topology; returns the sibling whose facts were copied, or NULL when read in full. */
 static const topo_cpu_t *scan_topology(struct scan_ctx *ctx, uint32_t slot, int cpufd,
                                        const char *cpudir)
@@ -795,12 +810,18 @@ static const topo_cpu_t *scan_topology(struct scan_ctx *ctx, uint32_t slot, int 
     int tfd, err;
 
     /* Threads of one core share their core's and package's facts: when the lowest thread was
-     * scanned already and states the same siblings, copy them rather than read them again. */
+     * scanned already and states the same siblings, copy them rather than read them again.
+     * Stating the same siblings does not make two CPUs one core: AMD compute units (Bulldozer
+     * family) list both of their cores as thread siblings, each with its own core_id.  So each
+     * thread's core_id and package id are read, and the facts are copied only when both match
+     * the donor's; die, cluster, book and drawer contain the core, so one core has one of each. */
     c->thread_siblings = get_set_pref(ctx, cpufd, cpudir, "topology/", topo_names + T_THREAD_LIST,
                                       topo_is_mask + T_THREAD_LIST, 4, &ctx->pref_thread);
     donor = donor_for(ctx, slot, c->id, c->thread_siblings);
     if (donor && donor->has_topology && !(donor->flags & TOPO_F_PARTIAL) &&
-        same_set(donor->thread_siblings, c->thread_siblings)) {
+        same_set(donor->thread_siblings, c->thread_siblings) &&
+        quiet_id(ctx, cpufd, "topology/core_id") == donor->core_id &&
+        quiet_id(ctx, cpufd, "topology/physical_package_id") == donor->package_id) {
         c->has_topology = 1;
         c->package_id = donor->package_id;
         c->die_id = donor->die_id;
