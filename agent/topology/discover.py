@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from operator import itemgetter
 
 from agent.topology.cpuset import CPUSet
 from agent.topology.model import (
@@ -163,35 +164,49 @@ def _caches(cpus: Iterable[RawCPU], online: CPUSet) -> tuple[Cache, ...]:
 
 
 def _numa_nodes(raw: RawScan, online: CPUSet, warnings: list[str]) -> tuple[NumaNode, ...]:
-    """NUMA nodes; a CPU-bearing node whose CPUs repeat an earlier node's is a BIOS bug and dropped."""
+    """NUMA nodes; a CPU-bearing node whose CPUs repeat an earlier node's is a BIOS bug and dropped.
+
+    Linear in the size of the input (the distance table): machines with thousands of memory-only
+    nodes (CXL, HBM, GPU memory) exist, so nothing here looks a node up by scanning a list.
+    """
     if not raw.nodes:
         return (NumaNode(0, online, max(raw.mem_total_bytes, 0), 0, (), (10,), False, online, ""),)
-    nodes: list[RawNode] = []
+    empty = CPUSet()
+    kept: list[tuple[int, RawNode, CPUSet]] = []  # (position in the scan, node, its online CPUs)
     seen: dict[CPUSet, int] = {}
-    for n in raw.nodes:
-        cpus = (n.cpus or CPUSet()) & online
+    for pos, n in enumerate(raw.nodes):
+        cpus = n.cpus & online if n.cpus else empty
         if cpus and cpus in seen:
             warnings.append(f"NUMA node {n.id} repeats the CPUs of node {seen[cpus]}; ignored")
             continue
         if cpus:
             seen[cpus] = n.id
-        nodes.append(n)
-    all_ids = [n.id for n in raw.nodes]
-    ids = [n.id for n in nodes]
+        kept.append((pos, n, cpus))
+    width = len(raw.nodes)
+    # a row is written over every node of the scan: keep the columns of the kept nodes
+    columns = None if len(kept) == width else itemgetter(*(pos for pos, _, _ in kept))
+    # (column in a full row, CPUs) of each CPU-bearing node, and the CPUs of each node by id
+    cpu_columns = [(pos, cpus) for pos, _, cpus in kept if cpus]
+    cpus_of = {n.id: cpus for _, n, cpus in kept}
     gpu_owner = dict(raw.gpu_memory_nodes)
     pci_cpus = {p.address: p.local_cpus for p in raw.pci}
     out: list[NumaNode] = []
-    for n in nodes:
-        cpus = (n.cpus or CPUSet()) & online
+    for _, n, cpus in kept:
         row = n.distances
-        distances = tuple(row[all_ids.index(i)] for i in ids) if len(row) == len(all_ids) else ()
+        if len(row) != width:
+            distances: tuple[int, ...] = ()
+        elif columns is None:
+            distances = row
+        else:
+            picked = columns(row)
+            distances = picked if isinstance(picked, tuple) else (picked,)
         tier = "GPU" if n.id in gpu_owner else ""
         if cpus:
             local = cpus
         elif n.id in gpu_owner:
-            local = (pci_cpus.get(gpu_owner[n.id]) or CPUSet()) & online
+            local = (pci_cpus.get(gpu_owner[n.id]) or empty) & online
         else:
-            local = _nearest_cpus(n, nodes, all_ids, online)
+            local = _nearest_cpus(n, width, cpu_columns, cpus_of)
         out.append(NumaNode(
             id=n.id,
             cpus=cpus,
@@ -207,22 +222,22 @@ def _numa_nodes(raw: RawScan, online: CPUSet, warnings: list[str]) -> tuple[Numa
     return tuple(out)
 
 
-def _nearest_cpus(node: RawNode, nodes: list[RawNode], all_ids: list[int], online: CPUSet) -> CPUSet:
+def _nearest_cpus(node: RawNode, width: int, cpu_columns: list[tuple[int, CPUSet]],
+                  cpus_of: dict[int, CPUSet]) -> CPUSet:
     """The CPUs a memory-only node is closest to: HMAT initiators, else the one nearest CPU-bearing node.
 
-    A tie between CPU-bearing nodes leaves the node attached to the whole machine (no local CPUs), as
-    hwloc does.
+    `cpu_columns` holds each kept CPU-bearing node's column in a `width`-wide distance row.  A tie
+    between CPU-bearing nodes leaves the node attached to the whole machine (no local CPUs), as hwloc
+    does.
     """
-    cpu_nodes = {n.id: (n.cpus or CPUSet()) & online for n in nodes}
     if node.initiators:
-        return CPUSet().union(*(cpu_nodes.get(i, CPUSet()) for i in node.initiators))
-    if len(node.distances) == len(all_ids):
-        cands = [(d, i) for d, i in zip(node.distances, all_ids, strict=True) if cpu_nodes.get(i)]
-        if cands:
-            best = min(d for d, _ in cands)
-            winners = [i for d, i in cands if d == best]
-            if len(winners) == 1:
-                return cpu_nodes[winners[0]]
+        return CPUSet().union(*(cpus_of.get(i) or CPUSet() for i in node.initiators))
+    row = node.distances
+    if len(row) == width and cpu_columns:
+        best = min(row[pos] for pos, _ in cpu_columns)
+        winners = [cpus for pos, cpus in cpu_columns if row[pos] == best]
+        if len(winners) == 1:
+            return winners[0]
     return CPUSet()
 
 
