@@ -96,11 +96,19 @@ def render_table(topo: Topology) -> str:
     return "\n".join(lines) + "\n"
 
 
+def printable(text: str) -> str:
+    """`text` with control characters escaped, so a dump's file names cannot drive the terminal."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def run_discover(args: argparse.Namespace) -> int:
-    """Entry point of `topolet discover`."""
+    """Entry point of `topolet discover`: the topology on stdout, the scan's warnings on stderr."""
     from agent.topology.discover import discover
 
     topo = discover(args.fsroot)
+    # stderr in every format: a table reader sees them, and json/yaml/labels on stdout stay parseable
+    for warning in topo.warnings:
+        sys.stderr.write(f"topolet discover: warning: {printable(warning)}\n")
     fmt = args.format
     if fmt == "conformance":
         out = json.dumps(conformance_view(topo)) + "\n"

@@ -69,3 +69,28 @@ def test_discover_does_not_import_the_kubernetes_client(dump_root):
             "sys.exit(1 if bad else 0)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "yaml", "labels", "conformance"])
+def test_scan_warnings_go_to_stderr_in_every_format(tmp_path, fmt):
+    from tests.native.test_scan_malformed import CPU, make_tree, write
+
+    root = make_tree(tmp_path / "root")
+    write(root, f"{CPU}/cpu1/topology/core_id", "x\n")  # unreadable: the scan reports it and goes on
+    p = run("--fsroot", str(root), "--format", fmt)
+    assert p.returncode == 0, p.stderr
+    warnings = p.stderr.splitlines()
+    assert f"topolet discover: warning: EINVAL: {CPU}/cpu1/topology/core_id" in warnings
+    assert all(line.startswith("topolet discover: warning: ") and line.isprintable() for line in warnings)
+    assert "Traceback" not in p.stderr
+    assert p.stdout and "warning" not in p.stdout.split("\n", 1)[0]
+    if fmt in ("json", "conformance"):
+        json.loads(p.stdout)  # stdout stays machine-readable
+
+
+def test_warnings_are_printed_with_control_characters_escaped():
+    from agent.topology.report import printable
+
+    assert printable("EINVAL: sys/devices/system/node/node1/distance") == \
+        "EINVAL: sys/devices/system/node/node1/distance"
+    assert printable("ENOENT: sys/x\x1b[2J\ny") == "ENOENT: sys/x\\x1b[2J\\ny"
