@@ -7,10 +7,13 @@ The base holds two workloads: the agent (DaemonSet topolet-agent) and the admiss
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -124,6 +127,7 @@ def containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ("PodDisruptionBudget", CONTROLLER),
     ("ValidatingAdmissionPolicy", "topolet-agent-own-node"),
     ("ValidatingAdmissionPolicyBinding", "topolet-agent-own-node"),
+    ("NetworkPolicy", "topolet-agent-metrics"),
     ("ValidatingAdmissionPolicy", CONTROLLER_POLICY),
     ("ValidatingAdmissionPolicyBinding", CONTROLLER_POLICY),
     ("ConfigMap", "topolet-dashboards"),
@@ -204,13 +208,156 @@ def test_host_paths_are_the_listed_ones_and_only_three_are_writable(docs: list[d
     spec = pod_spec(docs)
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert set(host.values()) == {
-        "/sys", "/sys/fs/cgroup", "/var/lib/topolet",
+        *SYSFS_SUBTREES, "/sys/fs/cgroup", "/var/lib/topolet",
         "/etc/kubernetes/node-feature-discovery/features.d", "/var/lib/kubelet/pod-resources",
     }
     writable = {host[m["name"]] for c in containers(docs) for m in c.get("volumeMounts", [])
                 if m["name"] in host and not m.get("readOnly", False)}
     assert writable == {"/sys/fs/cgroup", "/var/lib/topolet",
                         "/etc/kubernetes/node-feature-discovery/features.d"}
+
+
+# The sysfs subtrees the agent mounts, each at its host path, read-only.
+SYSFS_SUBTREES = {"/sys/devices", "/sys/bus/pci/devices"}
+# Where kernels and distributions mount other file systems below /sys. Under a read-only bind of /sys
+# they stay writable unless the runtime applies recursiveReadOnly.
+FILE_SYSTEMS_UNDER_SYS = ("/sys/kernel/debug", "/sys/kernel/tracing", "/sys/kernel/security", "/sys/fs/bpf",
+                          "/sys/kernel/config", "/sys/firmware/efi/efivars", "/sys/fs/pstore",
+                          "/sys/fs/fuse/connections", "/sys/fs/selinux", "/sys/fs/cgroup")
+
+
+def under(path: str, top: str) -> bool:
+    """Whether `path` is `top` or lies below it."""
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def agent_mounts(docs: list[dict[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The agent's host-path mounts: mount path -> (host path, the volumeMount)."""
+    spec = pod_spec(docs)
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    (agent,) = spec["containers"]
+    return {m["mountPath"]: (host[m["name"]], m) for m in agent["volumeMounts"] if m["name"] in host}
+
+
+def test_sysfs_is_mounted_by_subtree_read_only_with_nothing_mounted_below(docs: list[dict[str, Any]]) -> None:
+    """Not /sys whole: its debugfs, tracefs, securityfs and bpffs would be writable wherever the
+    runtime cannot apply recursiveReadOnly."""
+    mounts = agent_mounts(docs)
+    sysfs = {path: m for path, (host, m) in mounts.items()
+             if under(host, "/sys") and not under(host, "/sys/fs/cgroup")}
+    assert set(sysfs) == SYSFS_SUBTREES
+    for path, m in sysfs.items():
+        assert mounts[path][0] == path, "mounted where the host has it: the PCI links are relative"
+        assert m.get("readOnly") is True, path
+        assert "recursiveReadOnly" not in m, path
+        for fs in FILE_SYSTEMS_UNDER_SYS:
+            assert not under(fs, path) and not under(path, fs), (path, fs)
+    # The same on the machine running this test: nothing is mounted below the subtrees.
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    for point in points:
+        assert not any(under(point, path) and point != path for path in SYSFS_SUBTREES), point
+
+
+def sysfs_paths_the_scanner_reads() -> set[str]:
+    """Every sysfs folder csrc/ opens from an fs root ("sys/devices/system/cpu", ...), as an absolute path."""
+    found: set[str] = set()
+    for source in (BASE.parent / "csrc").glob("*.[ch]"):
+        for literal in re.findall(r'"(sys/[^"%]*)', source.read_text()):
+            found.add("/" + literal.rstrip("/"))
+    return found
+
+
+def test_every_sysfs_path_the_scanner_reads_lies_in_a_mounted_subtree() -> None:
+    paths = sysfs_paths_the_scanner_reads()
+    assert {"/sys/devices/system/cpu", "/sys/devices/system/node", "/sys/bus/pci/devices"} <= paths
+    for path in paths:
+        assert any(under(path, top) for top in SYSFS_SUBTREES), path
+
+
+def only_mounted(root: Path, dest: Path, subtrees: set[str]) -> Path:
+    """A copy of dump `root` holding only `subtrees` of its sysfs (and its /proc, which the container
+    has of its own), links kept as links."""
+    for top in (*subtrees, "/proc"):
+        src = root / top.lstrip("/")
+        if src.exists():
+            shutil.copytree(src, dest / top.lstrip("/"), symlinks=True)
+    return dest
+
+
+@pytest.mark.parametrize("dump", ["32em64t-2n8c+dax+nvme+mic+dimms", "nvidiagpunumanodes",
+                                  "40intel64-2g2n4c+pcilocality"])
+def test_discovery_through_the_mounted_subtrees_sees_the_whole_machine(
+        dump: str, dump_root: Any, tmp_path: Path) -> None:
+    from agent.gpu.discover import gpus_from_topology
+    from agent.topology.discover import discover
+
+    full_root = dump_root(dump)
+    full = discover(str(full_root))
+    assert full.pci_devices and full.numa_nodes
+    mounted = only_mounted(full_root, tmp_path / "mounted", SYSFS_SUBTREES)
+    seen = discover(str(mounted))
+    assert seen == full
+    assert gpus_from_topology(seen, mounted) == gpus_from_topology(full, full_root)
+    # The comparison can fail: without the PCI links, the devices are gone.
+    short = only_mounted(full_root, tmp_path / "short", {"/sys/devices"})
+    assert not discover(str(short)).pci_devices
+
+
+def test_cgroup_v1_component_mounts_only_the_cpuset_hierarchy(docs: list[dict[str, Any]],
+                                                              tmp_path: Path) -> None:
+    from agent.enforce.cgroup import detect_layout
+
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(BASE, overlay)
+    (overlay / "kustomization.yaml").write_text(
+        f"resources: [{base}]\ncomponents: [{base}/components/cgroup-v1-cpuset]\n")
+    narrowed = [d for d in yaml.safe_load_all(kustomize_build(build_kubectl(), overlay)) if d]
+    mounts, before = agent_mounts(narrowed), agent_mounts(docs)
+    assert mounts["/sys/fs/cgroup"][0] == "/sys/fs/cgroup/cpuset"
+    assert {p: m for p, m in mounts.items() if p != "/sys/fs/cgroup"} == \
+        {p: m for p, m in before.items() if p != "/sys/fs/cgroup"}
+    # In the pod the host's cpuset hierarchy is then the cgroup v1 mount at /sys/fs/cgroup, which is
+    # where the agent looks for it.
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "900 800 0:60 / / ro,relatime - overlay overlay rw\n"
+        "950 900 0:31 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime - cgroup cgroup rw,cpuset\n")
+    layout = detect_layout(mountinfo=str(mountinfo))
+    assert (layout.version, layout.root) == (1, "/sys/fs/cgroup")
+
+
+def test_only_prometheus_reaches_the_agents_port(docs: list[dict[str, Any]]) -> None:
+    policy = one(docs, "NetworkPolicy", "topolet-agent-metrics")["spec"]
+    agent_labels = one(docs, "DaemonSet", "topolet-agent")["spec"]["template"]["metadata"]["labels"]
+    assert selects(policy["podSelector"], agent_labels)
+    assert not selects(policy["podSelector"], controller_pod_labels(docs))
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    (peer,) = rule["from"]
+    # Both selectors in one peer: Prometheus pods in the monitoring namespace, not either alone.
+    assert selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": "monitoring"})
+    assert not selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": NAMESPACE})
+    assert peer["podSelector"]["matchLabels"]
+    assert not selects(peer["podSelector"], agent_labels)
+    (agent,) = pod_spec(docs)["containers"]
+    ports = {p["name"]: p["containerPort"] for p in agent["ports"]}
+    (port,) = rule["ports"]
+    assert port["port"] in ports and port["protocol"] == "TCP"
+    listen = [a.split("=", 1)[1] for a in agent["args"] if a.startswith("--listen=")]
+    assert [int(a.rpartition(":")[2]) for a in listen] == [ports[port["port"]]]
+
+
+def test_agent_reserves_cpus_by_default(docs: list[dict[str, Any]]) -> None:
+    """Exclusive allocations must never take every CPU but the last shared one."""
+    from agent.cli import build_parser
+    from agent.topology.cpuset import CPUSet
+
+    (agent,) = pod_spec(docs)["containers"]
+    args = build_parser().parse_args([*agent["command"][1:], *agent["args"]])
+    reserved = CPUSet.parse(args.reserved_cpus)
+    assert 0 in reserved  # CPU 0 is on every node; a list of CPUs some node lacks would reserve less
 
 
 def test_tolerates_every_taint_and_rolls_ten_percent_at_a_time(docs: list[dict[str, Any]]) -> None:
