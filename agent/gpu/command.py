@@ -8,7 +8,7 @@ import sys
 
 from agent.errors import ConfigError
 from agent.gpu.layouts import named_layout, plan_layout
-from agent.gpu.planner import PlanError, fresh_gpus, parse_demand, plan_mig
+from agent.gpu.planner import MAX_GPUS, PlanError, fresh_gpus, parse_demand, plan_mig
 from agent.gpu.profiles import MODELS, resolve_model
 
 
@@ -24,8 +24,8 @@ def run_mig(args: argparse.Namespace) -> int:
         return _error(f"unknown GPU model {args.gpu_model!r} "
                       f"(known: {', '.join(m.name for m in MODELS)}, or an NVML product name)")
     gpus = int(args.gpus)
-    if gpus < 1:
-        return _error(f"--gpus must be at least 1, got {gpus}")
+    if not 1 <= gpus <= MAX_GPUS:
+        return _error(f"--gpus must be 1 to {MAX_GPUS} (the most one node holds), got {gpus}")
     text = str(args.demand).strip()
     try:
         if "=" in text or not text:

@@ -23,6 +23,11 @@ from agent.errors import AllocationError
 from agent.gpu.profiles import GPUModel, Placement
 
 Layout = tuple[tuple[int, int], ...]  # sorted (profile index, start) pairs
+
+# GPUs one node can hold: the NVIDIA driver supports at most 32 per system (NV_MAX_DEVICES in
+# open-gpu-kernel-modules' nvlimits.h).  Planning for more describes no machine, and the search
+# grows with the GPU count.
+MAX_GPUS = 32
 Counts = tuple[int, ...]  # instances per profile index
 
 
@@ -237,6 +242,8 @@ def plan_mig(model: GPUModel, gpus: Sequence[GPUState], demand: Mapping[str, int
     """Plan GPU instances so the GPUs hold exactly `demand` (in-use surplus kept); PlanError if none."""
     if not gpus:
         raise PlanError("no GPUs to plan for")
+    if len(gpus) > MAX_GPUS:
+        raise PlanError(f"{len(gpus)} GPUs: one node holds at most {MAX_GPUS} (the NVIDIA driver's limit)")
     if len({g.index for g in gpus}) != len(gpus):
         raise PlanError("GPU indices repeat")
     unknown = sorted(p for p in demand if not model.has_profile(p))
@@ -257,33 +264,108 @@ def plan_mig(model: GPUModel, gpus: Sequence[GPUState], demand: Mapping[str, int
 
     ordered = sorted(gpus, key=lambda g: g.index)
     choices = [_gpu_choices(model, g) for g in ordered]
-    Cost = tuple[int, int, int]
-
-    @cache
-    def best(i: int, rem: Counts) -> tuple[Cost, tuple[_Choice, ...]] | None:
-        if i == len(ordered):
-            return ((0, 0, 0), ()) if not any(rem) else None
-        found: tuple[Cost, tuple[_Choice, ...]] | None = None
-        for c in choices[i]:
-            if any(a > b for a, b in zip(c.counts, rem, strict=True)):
-                continue
-            tail = best(i + 1, tuple(b - a for a, b in zip(c.counts, rem, strict=True)))
-            if tail is None:
-                continue
-            cost = (tail[0][0] + c.used, tail[0][1] + c.ops, tail[0][2] - c.free_run)
-            if found is None or cost < found[0]:
-                found = (cost, (c, *tail[1]))
-        return found
-
-    result = best(0, need)
-    best.cache_clear()
-    if result is None:
+    # Fresh GPUs are interchangeable, so the best plan fills the lowest ones and leaves the rest
+    # empty; it never needs more GPUs than there are instances: search only those.
+    span = min(len(ordered), sum(need)) if all(not g.instances for g in ordered) else len(ordered)
+    picked = _search(model, choices[:span], need)
+    if picked is not None:
+        picked += [cs[-1] for cs in choices[span:]]  # each fresh GPU's last choice: empty
+    if picked is None:
         kept = [f"GPU {g.index} {i.profile}@{i.start}" for g in ordered for i in g.instances if i.in_use]
         detail = f" keeping in-use {', '.join(kept)}" if kept else ""
         raise PlanError(f"no placement: no layout of {format_demand(_pairs(model, need))} fits "
                         f"{len(gpus)} × {model.name}{detail}")
-    plans = tuple(_gpu_plan(model, g, c) for g, c in zip(ordered, result[1], strict=True))
+    plans = tuple(_gpu_plan(model, g, c) for g, c in zip(ordered, picked, strict=True))
     return MigPlan(model.name, _pairs(model, need), plans)
+
+
+def _search(model: GPUModel, choices: Sequence[tuple[_Choice, ...]], need: Counts) -> list[_Choice] | None:
+    """One choice per GPU whose counts sum to `need` at the least cost; None when none does.
+
+    Dynamic programming over GPUs, iterative (a node's worth of GPUs never nests the stack): the
+    states of GPU i are the demands still open after GPUs 0..i-1, found walking forward; the best
+    completion of each is then settled walking back.  Cost is (GPUs used, operations, -free run);
+    ties go to the earlier choice (larger multisets first), so lower-indexed GPUs fill first.
+
+    A demand is packed into one integer, a field per profile with a guard bit on top: subtracting a
+    choice's counts borrows from a guard exactly when the choice holds more than is open.
+    """
+    width = max(need, default=0).bit_length() + 1
+    guards = sum(1 << (p * width + width - 1) for p in range(len(need)))
+
+    def pack(counts: Counts) -> int:
+        return sum(k << (p * width) for p, k in enumerate(counts))
+
+    n = len(choices)
+    # Only choices within the demand can ever be picked; dropping the rest up front is most of the speed.
+    usable = [[(pack(c.counts), c) for c in cs if all(a <= b for a, b in zip(c.counts, need, strict=True))]
+              for cs in choices]
+    # Capacity left after GPU i bounds what can still be open there: a state past it is dead.
+    mem = [p.memory_slices for p in model.profiles]
+    compute = [p.compute_slices for p in model.profiles]
+    mem_cap = [max((sum(k * m for k, m in zip(c.counts, mem, strict=True)) for _, c in cs), default=0)
+               for cs in usable]
+    compute_cap = [max((sum(k * m for k, m in zip(c.counts, compute, strict=True)) for _, c in cs), default=0)
+                   for cs in usable]
+    mem_after = [sum(mem_cap[i:]) for i in range(n + 1)]
+    compute_after = [sum(compute_cap[i:]) for i in range(n + 1)]
+
+    def unpack(key: int) -> list[int]:
+        mask = (1 << width) - 1
+        return [key >> (p * width) & mask for p in range(len(need))]
+
+    def alive(key: int, i: int) -> bool:
+        open_ = unpack(key)
+        return (sum(k * m for k, m in zip(open_, mem, strict=True)) <= mem_after[i]
+                and sum(k * m for k, m in zip(open_, compute, strict=True)) <= compute_after[i])
+
+    start = pack(need)
+    if not alive(start, 0):
+        return None
+    levels: list[set[int]] = [{start}]
+    for i in range(n):
+        nxt: set[int] = set()
+        for key in levels[i]:
+            lifted = key | guards
+            for ck, _ in usable[i]:
+                rest = lifted - ck
+                if rest & guards == guards:
+                    rest ^= guards
+                    if rest not in nxt and alive(rest, i + 1):
+                        nxt.add(rest)
+        levels.append(nxt)
+    Cost = tuple[int, int, int]
+    settled: list[dict[int, tuple[Cost, int]]] = [{} for _ in range(n + 1)]
+    if 0 not in levels[n]:
+        return None
+    settled[n][0] = ((0, 0, 0), -1)
+    for i in range(n - 1, -1, -1):
+        after = settled[i + 1]
+        here = settled[i]
+        for key in levels[i]:
+            lifted = key | guards
+            found: tuple[Cost, int] | None = None
+            for j, (ck, c) in enumerate(usable[i]):
+                rest = lifted - ck
+                if rest & guards != guards:
+                    continue
+                tail = after.get(rest ^ guards)
+                if tail is None:
+                    continue
+                cost = (tail[0][0] + c.used, tail[0][1] + c.ops, tail[0][2] - c.free_run)
+                if found is None or cost < found[0]:
+                    found = (cost, j)
+            if found is not None:
+                here[key] = found
+    if start not in settled[0]:
+        return None
+    picked: list[_Choice] = []
+    key = start
+    for i in range(n):
+        ck, c = usable[i][settled[i][key][1]]
+        picked.append(c)
+        key -= ck
+    return picked
 
 
 def _pairs(model: GPUModel, counts: Counts) -> tuple[tuple[str, int], ...]:

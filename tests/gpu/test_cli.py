@@ -43,3 +43,15 @@ def test_named_layout_per_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert isinstance(gpus, list) and len(gpus) == 3
     for g in gpus:
         assert sorted(i["profile"] for i in g["instances"]) == ["1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"]
+
+
+@pytest.mark.parametrize("gpus", ["0", "33", "300", "600"])
+def test_gpus_past_what_a_node_holds_is_refused(capsys: pytest.CaptureFixture[str], gpus: str) -> None:
+    rc, doc = run(capsys, "--gpu-model", "H100-80GB", "--demand", "1g.10gb=1", "--gpus", gpus)
+    assert rc == 1 and doc == {"error": f"--gpus must be 1 to 32 (the most one node holds), got {gpus}"}
+
+
+def test_the_most_gpus_a_node_holds_are_planned_full(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, doc = run(capsys, "--gpu-model", "H100-80GB", "--demand", "1g.10gb=224", "--gpus", "32")
+    assert rc == 0
+    assert [len(g["instances"]) for g in doc["gpus"]] == [7] * 32  # type: ignore[attr-defined]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from functools import cache
@@ -13,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.gpu.planner import (
+    MAX_GPUS,
     ExistingInstance,
     GPUState,
     MigPlan,
@@ -231,3 +234,27 @@ def test_multi_gpu_plans_are_valid_and_deterministic(gpus: int, demand: dict[str
     assert plan_mig(H100_80GB, fresh_gpus(gpus), demand) == plan
     # never more GPUs than the number of non-empty single-GPU chunks could need
     assert plan.gpus_used <= gpus
+
+
+def test_more_gpus_than_a_node_holds_is_a_plan_error() -> None:
+    with pytest.raises(PlanError, match="at most 32"):
+        plan_mig(H100_80GB, fresh_gpus(MAX_GPUS + 1), {"1g.10gb": 1})
+
+
+def test_the_planner_does_not_recurse_per_gpu() -> None:
+    # With stack room for only a few frames beyond this test's own, a 32-GPU plan still completes.
+    depth = len(inspect.stack(0))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + 25)
+    try:
+        plan = plan_mig(H100_80GB, fresh_gpus(MAX_GPUS), {"2g.20gb": 40, "1g.10gb": 20})
+    finally:
+        sys.setrecursionlimit(limit)
+    check_plan(H100_80GB, fresh_gpus(MAX_GPUS), {"2g.20gb": 40, "1g.10gb": 20}, plan)
+    assert plan.gpus_used == 15  # 40 × 2 + 20 × 1 compute slices, 7 per GPU: at least 15 GPUs
+
+
+def test_fresh_gpus_left_over_stay_empty_and_last() -> None:
+    plan = plan_mig(H100_80GB, fresh_gpus(MAX_GPUS), {"7g.80gb": 2, "1g.10gb": 3})
+    assert [len(g.layout) for g in plan.gpus] == [3, 1, 1] + [0] * (MAX_GPUS - 3)
+    assert plan.operations == 5
