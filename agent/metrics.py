@@ -11,6 +11,7 @@ stay bounded (numa, state, result — never pod or process names).
 from __future__ import annotations
 
 import io
+import logging
 import queue
 import selectors
 import socket
@@ -25,6 +26,8 @@ from wsgiref.simple_server import WSGIRequestHandler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
 
 from agent import __version__
+
+log = logging.getLogger(__name__)
 
 MIG_CONFIG_STATES = ("pending", "success", "failed")  # topolet.io/mig.config.state values
 PIN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -279,7 +282,8 @@ class MetricsServer:
             except BlockingIOError:
                 return
             except OSError:  # out of descriptors and the like: what is held is served first
-                self._drop_oldest_pending()
+                if not self._drop_oldest_pending():
+                    self._stopping.wait(0.1)  # nothing to let go of: do not spin on the listener
                 return
             with self._lock:
                 full = self._held >= self.max_connections
@@ -375,6 +379,8 @@ class MetricsServer:
                     _Exchange(conn, address, self, head, time.monotonic() + self.timeout_seconds)
             except OSError:
                 pass  # the client went away, or was too slow to take its answer
+            except Exception:  # noqa: BLE001 - one bad exchange must not cost the server a thread
+                log.exception("metrics request from %s failed", address)
             finally:
                 try:
                     conn.shutdown(socket.SHUT_WR)
