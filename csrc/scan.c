@@ -159,10 +159,186 @@ static int set_has(const struct scan_ctx *ctx, topo_set_t s, uint32_t cpu)
 
 /* ---- files ----------------------------------------------------------------------------- */
 
+#define WALK_MAX_LINKS 40         /* as the kernel's own limit on links in one lookup */
+#define WALK_MAX_DEPTH 64
+#define WALK_PATH 4096
+
+/* Split the next component off *p (skipping slashes): its length, or 0 at the end. */
+static size_t next_component(const char **p)
+{
+    size_t n = 0;
+
+    while (**p == '/')
+        (*p)++;
+    while ((*p)[n] && (*p)[n] != '/')
+        n++;
+    return n;
+}
+
+/* The fallback for openat2's RESOLVE_IN_ROOT where the kernel lacks it (or a seccomp filter
+ * refuses it): walk `rel` one component at a time, never letting the kernel follow a link, and
+ * resolve each link ourselves as if the root were "/": an absolute target restarts at the root,
+ * ".." stops at the root.  A dump's `sys -> /sys` therefore names the dump's own sys (a loop:
+ * ELOOP), never the host's; magic links (/proc/self/fd/N) are text to resolve, never jumps. */
+static int walk_in_root(int rootfd, const char *rel, int flags)
+{
+    char path[WALK_PATH], next[WALK_PATH], target[WALK_PATH];
+    int fds[WALK_MAX_DEPTH];
+    int depth = 0, links = 0, fd = -1, err = 0;
+    const char *p;
+
+    if (strlen(rel) >= sizeof path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    strcpy(path, rel);
+    p = path;
+    for (;;) {
+        int cur = depth ? fds[depth - 1] : rootfd, last;
+        size_t n = next_component(&p);
+        char comp[256];
+        const char *rest;
+        ssize_t tn;
+
+        if (n == 0) { /* the path ends on the folder we stand in */
+            fd = openat(cur, ".", (flags & ~O_NOFOLLOW) | O_CLOEXEC);
+            err = fd < 0 ? errno : 0;
+            break;
+        }
+        if (n >= sizeof comp) {
+            err = ENAMETOOLONG;
+            break;
+        }
+        memcpy(comp, p, n);
+        comp[n] = '\0';
+        rest = p + n;
+        p = rest;
+        while (*rest == '/')
+            rest++;
+        last = *rest == '\0';
+        if (strcmp(comp, ".") == 0)
+            continue;
+        if (strcmp(comp, "..") == 0) {
+            if (depth > 0)
+                close(fds[--depth]);
+            continue;
+        }
+        if (last)
+            fd = openat(cur, comp, flags | O_NOFOLLOW | O_CLOEXEC);
+        else
+            fd = openat(cur, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd >= 0 && !last) {
+            if (depth == WALK_MAX_DEPTH) {
+                close(fd);
+                err = ENAMETOOLONG;
+                break;
+            }
+            fds[depth++] = fd;
+            continue;
+        }
+        if (fd >= 0)
+            break;
+        err = errno;
+        /* a link refused by O_NOFOLLOW (ELOOP, or ENOTDIR where a folder was asked for) */
+        if ((err != ELOOP && err != ENOTDIR) || (last && flags & O_NOFOLLOW))
+            break;
+        tn = readlinkat(cur, comp, target, sizeof target - 1);
+        if (tn < 0) {
+            if (errno != EINVAL) /* EINVAL: not a link, the first error stands */
+                err = errno;
+            break;
+        }
+        target[tn] = '\0';
+        if (++links > WALK_MAX_LINKS) {
+            err = ELOOP;
+            break;
+        }
+        if ((size_t)snprintf(next, sizeof next, "%s/%s", target, rest) >= sizeof next) {
+            err = ENAMETOOLONG;
+            break;
+        }
+        strcpy(path, next);
+        p = path;
+        err = 0;
+        if (target[0] == '/')
+            while (depth > 0)
+                close(fds[--depth]);
+    }
+    while (depth > 0)
+        close(fds[--depth]);
+    if (err) {
+        errno = err;
+        return -1;
+    }
+    return fd;
+}
+
+/* The fallback for openat2's RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS: every folder on the way is
+ * opened O_NOFOLLOW, so any link on the path is refused (ELOOP), and ".." is refused (EXDEV). */
+static int walk_beneath(int dirfd, const char *rel, int flags)
+{
+    int cur = dirfd, fd = -1, err = 0;
+    const char *p = rel;
+
+    for (;;) {
+        size_t n = next_component(&p);
+        char comp[256];
+        const char *rest;
+
+        if (n == 0) {
+            fd = openat(cur, ".", (flags & ~O_NOFOLLOW) | O_CLOEXEC);
+            err = fd < 0 ? errno : 0;
+            break;
+        }
+        if (n >= sizeof comp) {
+            err = ENAMETOOLONG;
+            break;
+        }
+        memcpy(comp, p, n);
+        comp[n] = '\0';
+        p += n;
+        for (rest = p; *rest == '/'; rest++)
+            ;
+        if (strcmp(comp, "..") == 0) {
+            err = EXDEV;
+            break;
+        }
+        if (*rest == '\0') {
+            fd = openat(cur, comp, flags | O_NOFOLLOW | O_CLOEXEC);
+            err = fd < 0 ? errno : 0;
+            break;
+        }
+        fd = openat(cur, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) {
+            err = errno;
+            /* O_DIRECTORY on a link says ENOTDIR: say what openat2 says, a link was refused */
+            if (err == ENOTDIR) {
+                struct stat st;
+                if (fstatat(cur, comp, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
+                    err = ELOOP;
+            }
+            break;
+        }
+        if (cur != dirfd)
+            close(cur);
+        cur = fd;
+        fd = -1;
+    }
+    if (cur != dirfd)
+        close(cur);
+    if (err) {
+        errno = err;
+        return -1;
+    }
+    return fd;
+}
+
 static int open_in_root(struct scan_ctx *ctx, const char *rel, int flags)
 {
     int fd;
 
+    if (ctx->is_host)
+        return openat(ctx->rootfd, rel, flags | O_CLOEXEC); /* the host's "/" needs no confinement */
     if (ctx->have_openat2) {
         struct open_how how;
         memset(&how, 0, sizeof how);
@@ -171,9 +347,9 @@ static int open_in_root(struct scan_ctx *ctx, const char *rel, int flags)
         fd = (int)syscall(SYS_openat2, ctx->rootfd, rel, &how, sizeof how);
         if (fd >= 0 || (errno != ENOSYS && errno != EPERM && errno != E2BIG))
             return fd;
-        ctx->have_openat2 = 0; /* old kernel or a seccomp filter: confine lexically instead */
+        ctx->have_openat2 = 0; /* old kernel or a seccomp filter: walk the path ourselves */
     }
-    return openat(ctx->rootfd, rel, flags | O_CLOEXEC);
+    return walk_in_root(ctx->rootfd, rel, flags);
 }
 
 static int read_fd(struct scan_ctx *ctx, int fd, size_t *len, int whole_stream)
@@ -230,11 +406,14 @@ static int read_fd(struct scan_ctx *ctx, int fd, size_t *len, int whole_stream)
 }
 
 /* Open a path below dirfd following no link at all: on a dump through openat2's
- * RESOLVE_NO_SYMLINKS when the path has folders in it, else O_NOFOLLOW on the one name. */
+ * RESOLVE_NO_SYMLINKS when the path has folders in it (else walking it folder by folder),
+ * O_NOFOLLOW on a lone name. */
 static int open_rel(struct scan_ctx *ctx, int dirfd, const char *path, int flags)
 {
     flags |= O_CLOEXEC | O_NOFOLLOW;
-    if (ctx->have_openat2 && strchr(path, '/')) {
+    if (ctx->is_host || !strchr(path, '/'))
+        return openat(dirfd, path, flags);
+    if (ctx->have_openat2) {
         struct open_how how;
         int fd;
         memset(&how, 0, sizeof how);
@@ -245,7 +424,7 @@ static int open_rel(struct scan_ctx *ctx, int dirfd, const char *path, int flags
             return fd;
         ctx->have_openat2 = 0;
     }
-    return openat(dirfd, path, flags);
+    return walk_beneath(dirfd, path, flags);
 }
 
 int scan_read(struct scan_ctx *ctx, int dirfd, const char *name, size_t *len, int whole_stream)
@@ -1777,6 +1956,14 @@ topo_scan_t *topo_scan(const char *root)
     return topo_scan_parts(root, 0);
 }
 
+/* TOPOLET_SCAN_NO_OPENAT2 set and not "0": dumps are opened through the fallback walk, as on a
+ * kernel without openat2.  Read when a scan starts, before any thread of it. */
+static int no_openat2(void)
+{
+    const char *v = getenv("TOPOLET_SCAN_NO_OPENAT2");
+    return v != NULL && *v != '\0' && strcmp(v, "0") != 0;
+}
+
 topo_scan_t *topo_scan_parts(const char *root, int32_t parts)
 {
     static const topo_set_t absent = {TOPO_ABSENT, 0};
@@ -1810,8 +1997,10 @@ topo_scan_t *topo_scan_parts(const char *root, int32_t parts)
     }
     ctx->is_host = fstat(ctx->rootfd, &rs) == 0 && stat("/", &hs) == 0 && rs.st_dev == hs.st_dev &&
                    rs.st_ino == hs.st_ino;
-    /* the host's "/" needs no confinement; a dump's absolute links must stay inside the dump */
-    ctx->have_openat2 = !ctx->is_host;
+    /* the host's "/" needs no confinement; a dump's links must stay inside the dump, through
+     * openat2 or, where it is missing (or TOPOLET_SCAN_NO_OPENAT2 is set, to test that path),
+     * through a walk that resolves each link itself */
+    ctx->have_openat2 = !ctx->is_host && !no_openat2();
 
     scan_cpus(ctx);
     if (ctx->pub.status)
