@@ -17,6 +17,13 @@ pool; a workload cgroup the state does not name is garbage to collect.
 On disk: `{"version": 1, "checksum": "sha256:<hex>", "body": {...}}`, the checksum taken over the
 canonical JSON of the body (sorted keys, no spaces).  Writes go to a temp file in the same folder,
 fsync, rename, fsync the folder: a reader sees the old file or the new one, never a torn one.
+
+A checksum proves the file is whole, not that it is true: `check_live` holds a loaded state against
+the live machine (its CPUs and memory nodes, topolet's and the kubelet's cgroup trees, init never an
+owner), and a state that fails is handled like a corrupt one.  Only a regular file is read as the
+state (opened non-blocking, so a FIFO put there cannot hang a reader).  A corrupt file is kept as
+`state.json.corrupt-<UTC time>` (the newest `KEEP_CORRUPT` of them) at the moment a commit replaces
+it, so a command that fails before committing leaves the folder as it found it.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import math
 import os
 import re
 import secrets
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -56,6 +64,8 @@ STATE_NAME = "state.json"
 LOCK_NAME = "state.lock"
 REBUILT_POLICY = "rebuilt"
 _MAX_BYTES = 16 << 20  # a state file this big is not ours
+CORRUPT_PREFIX = f"{STATE_NAME}.corrupt-"
+KEEP_CORRUPT = 8  # corrupt copies kept for a post-mortem; a file corrupted in a loop fills no disk
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:+-]{0,254}")
 # A held GPU: its PCI address ("0000:18:00.0") or UUID ("GPU-8f6b...", "MIG-...").
 _GPU_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
@@ -330,6 +340,35 @@ def decode(data: bytes) -> State:
     return State.from_body(doc["body"])
 
 
+def check_live(state: State, *, cpus: CPUSet, mems: CPUSet | None = None, parent: str) -> None:
+    """Raise StateError when the live machine contradicts `state`.
+
+    `cpus` are the machine's possible CPUs and `mems` (None: not checked) its memory nodes; every
+    cgroup must lie under topolet's `parent` or in the kubelet's `kubepods` tree; and no allocation
+    may name pid 1 as its owner (init never exits, so its allocation would never be freed).
+    """
+    if not state.reserved <= cpus:
+        raise StateError(f"reserved CPUs {state.reserved - cpus} are not on this machine")
+    for a in state.allocations:
+        if not a.cpus <= cpus:
+            raise StateError(f"allocation {a.id}: CPUs {a.cpus - cpus} are not on this machine")
+        if mems is not None and not a.mems <= mems:
+            raise StateError(f"allocation {a.id}: memory nodes {a.mems - mems} are not on this machine")
+        parts = a.cgroup.split("/")
+        if not (a.cgroup.startswith(parent + "/") or "kubepods" in parts or "kubepods.slice" in parts):
+            raise StateError(f"allocation {a.id}: cgroup {printable(a.cgroup)} is neither under "
+                             f"{parent}/ nor the kubelet's kubepods")
+        if a.owner.pid == 1:
+            raise StateError(f"allocation {a.id}: pid 1 cannot own an allocation")
+
+
+def printable(text: str) -> str:
+    """`text` with every non-printable character escaped (`\\x1b`), safe to show on a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 class StateFile:
     """`<folder>/state.json` with its lock file; counts its writes (`writes`, and `on_write` if given)."""
 
@@ -339,15 +378,33 @@ class StateFile:
         self.lock_path = os.path.join(folder, LOCK_NAME)
         self.on_write = on_write
         self.writes = 0
+        self._refused = False  # the file on disk decodes but `check_live` refused it
 
     def _read(self) -> bytes | None:
+        # Non-blocking: opening a FIFO for reading would wait for a writer forever; no symlinks.
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            with open(self.path, "rb") as f:
-                data = f.read(_MAX_BYTES + 1)
+            fd = os.open(self.path, flags)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise StateError(f"cannot read {self.path}: {exc.strerror}") from exc
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StateError(f"{self.path} is not a regular file; move it away")
+            chunks: list[bytes] = []
+            left = _MAX_BYTES + 1
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            data = b"".join(chunks)
+        except OSError as exc:
+            raise StateError(f"cannot read {self.path}: {exc.strerror}") from exc
+        finally:
+            os.close(fd)
         if len(data) > _MAX_BYTES:
             raise StateError(f"{self.path} is larger than {_MAX_BYTES} bytes")
         return data
@@ -364,21 +421,36 @@ class StateFile:
         except StateError as exc:
             raise StateError(f"{self.path}: {exc}") from exc
 
-    def load_or_rebuild(self, rebuild: Callable[[], State]) -> State:
-        """The recorded state, or (file missing or corrupt) `rebuild()`'s, committed; call under `lock()`.
+    def load_or_rebuild(self, rebuild: Callable[[], State], *, check: Callable[[State], None] | None = None,
+                        commit: bool = True) -> State:
+        """The recorded state, or (file missing, corrupt, or refused by `check`) `rebuild()`'s; call
+        under `lock()`.
 
-        A corrupt file is kept beside the new one as `state.json.corrupt` for a post-mortem.
+        The rebuilt state is committed at once, or with `commit=False` left for the caller's next
+        commit to write (so a command that then fails writes nothing).  The corrupt file is kept as
+        a timestamped copy when that commit replaces it.
         """
         data = self._read()
+        generation = 0
         if data is not None:
             try:
-                return decode(data)
+                state = decode(data)
+                if check is not None:
+                    try:
+                        check(state)
+                    except StateError:
+                        # Whole but untrue: replace it as if corrupt, from the generation it holds.
+                        generation = state.generation
+                        self._refused = True
+                        raise
+                return state
             except StateError as exc:
-                log.warning("state file %s is unusable (%s); rebuilding from live cgroups", self.path, exc)
-                os.replace(self.path, self.path + ".corrupt")
+                log.warning("state file %s is unusable (%s); rebuilding from live cgroups", self.path,
+                            printable(str(exc)))
         else:
             log.info("no state file at %s; rebuilding from live cgroups", self.path)
-        return self.commit(rebuild())
+        rebuilt = dataclasses.replace(rebuild(), generation=generation)
+        return self.commit(rebuilt) if commit else rebuilt
 
     def commit(self, state: State) -> State:
         """Durably replace the file with `state`, generation bumped; return what was written.
@@ -393,16 +465,42 @@ class StateFile:
                 on_disk: int | None = decode(data).generation
             except StateError:
                 on_disk = None  # replacing garbage is the point of a rebuild
+            if on_disk is None or self._refused:
+                self._keep_corrupt()
             if on_disk is not None and on_disk != state.generation:
                 raise StateError(
                     f"stale state: generation {state.generation} in hand, {on_disk} on disk at {self.path}"
                 )
         new = dataclasses.replace(state, generation=state.generation + 1)
         self._write_atomically(encode(new))
+        self._refused = False
         self.writes += 1
         if self.on_write is not None:
             self.on_write()
         return new
+
+    def _keep_corrupt(self) -> None:
+        """Link the file about to be replaced to `state.json.corrupt-<UTC time>`; keep the newest few."""
+        now = time.time_ns()
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now // 10**9)) + f".{now % 10**9:09d}Z"
+        try:
+            os.link(self.path, os.path.join(self.folder, CORRUPT_PREFIX + stamp))
+        except OSError as exc:  # the rebuild matters more than the post-mortem copy
+            log.warning("cannot keep a copy of corrupt %s: %s", self.path, exc.strerror)
+        kept = sorted(n for n in os.listdir(self.folder) if n.startswith(CORRUPT_PREFIX))
+        for name in kept[:-KEEP_CORRUPT]:
+            try:
+                os.unlink(os.path.join(self.folder, name))
+            except FileNotFoundError:
+                pass
+
+    def corrupt_copies(self) -> list[str]:
+        """Paths of the kept corrupt copies, oldest first."""
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return []
+        return [os.path.join(self.folder, n) for n in sorted(names) if n.startswith(CORRUPT_PREFIX)]
 
     def _write_atomically(self, data: bytes) -> None:
         self._sweep_temps()

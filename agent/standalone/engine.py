@@ -35,7 +35,7 @@ from agent.enforce import (
     repair_drift,
     shared_pool,
 )
-from agent.enforce.state import Allocation, Owner, State, StateFile, rebuild_from_cgroups
+from agent.enforce.state import Allocation, Owner, State, StateFile, check_live, rebuild_from_cgroups
 from agent.errors import AllocationError, EnforcementError
 from agent.gpu.model import GPU
 from agent.topology.cpuset import EMPTY, CPUSet
@@ -68,8 +68,13 @@ class PinningEngine:
     """Exclusive CPU allocations on one node, recorded in a state file and enforced with cpusets."""
 
     def __init__(self, topology: Topology, layout: CgroupLayout, state_file: StateFile,
-                 reserved: CPUSet = EMPTY, proc: str = "/proc", gpus: tuple[GPU, ...] = ()) -> None:
+                 reserved: CPUSet = EMPTY, proc: str = "/proc", gpus: tuple[GPU, ...] = (),
+                 *, defer_rebuild: bool = False) -> None:
         self.topology = topology
+        # A one-shot command (`topolet exec`) writes a rebuilt state only with its own commit, so
+        # one that fails leaves a missing or corrupt file as it found it.
+        self.defer_rebuild = defer_rebuild
+        self._unsaved = False  # the state in hand is a rebuild not yet written
         self.gpus = gpus  # the node's whole GPUs, discovered once at startup; free = these less held
         self.layout = layout
         self.state_file = state_file
@@ -88,11 +93,24 @@ class PinningEngine:
     def locked(self) -> Iterator[State]:
         """Hold the state lock; yield the current state (rebuilt from cgroups if missing or corrupt)."""
         with self.state_file.lock(timeout=LOCK_TIMEOUT_SECONDS):
-            state = self.state_file.load_or_rebuild(
-                lambda: rebuild_from_cgroups(self.layout, self.reserved))
+            rebuilt: list[State] = []
+
+            def rebuild() -> State:
+                rebuilt.append(rebuild_from_cgroups(self.layout, self.reserved))
+                return rebuilt[-1]
+
+            state = self.state_file.load_or_rebuild(rebuild, check=self.check_live,
+                                                    commit=not self.defer_rebuild)
+            self._unsaved = bool(rebuilt) and self.defer_rebuild
             if state.reserved != self.reserved and self.reserved.isdisjoint(state.allocated()):
                 state = self.state_file.commit(State(state.allocations, self.reserved, state.generation))
+                self._unsaved = False
             yield state
+
+    def check_live(self, state: State) -> None:
+        """Raise StateError when this node contradicts `state` (see `agent.enforce.state.check_live`)."""
+        check_live(state, cpus=self.topology.cpus | self.topology.offline,
+                   mems=CPUSet(n.id for n in self.topology.numa_nodes), parent=self.layout.parent)
 
     def _ensure_parents(self) -> None:
         if not exists(self.layout, self.layout.parent):
@@ -131,7 +149,13 @@ class PinningEngine:
         policy: must lie on) the GPUs' NUMA nodes; both are recorded in the one state commit.
         """
         with self.locked() as state:
-            state = self._reap(state)[0]
+            if self._unsaved:
+                # Nothing is written before this allocation's own commit: dead allocations are left
+                # out of it, and their cgroups are collected by the next reconcile.
+                state = State(tuple(a for a in state.allocations if self._alive(a)), state.reserved,
+                              state.generation)
+            else:
+                state = self._reap(state)[0]
             if state.get(alloc_id) is not None:
                 raise AllocationError(f"allocation {alloc_id} already exists")
             free = self.allowed - state.reserved - state.allocated()
@@ -148,12 +172,29 @@ class PinningEngine:
             alloc = Allocation(alloc_id, cpus, mems, cgroup or self.layout.workload_path(alloc_id), owner,
                                policy or f"{request.numa_policy}/{request.smt}", time.time(),
                                chosen.addresses)
+            before = state
             state = self.state_file.commit(state.with_allocation(alloc))  # the record comes first
-            self._ensure_parents()
-            if cgroup is None:
-                create_cgroup(self.layout, alloc.cgroup)
-            self._apply(state)
+            created = False
+            try:
+                self._ensure_parents()
+                if cgroup is None:
+                    create_cgroup(self.layout, alloc.cgroup)
+                    created = True
+                self._apply(state)
+            except EnforcementError:
+                self._roll_back(state, before, alloc, created)
+                raise
             return alloc
+
+    def _roll_back(self, state: State, before: State, alloc: Allocation, created: bool) -> None:
+        """Undo an allocation whose cgroups could not be written: the record first, then the cgroups."""
+        self.state_file.commit(dataclasses.replace(before, generation=state.generation))
+        try:
+            if created and exists(self.layout, alloc.cgroup) and not read_procs(self.layout, alloc.cgroup):
+                remove_cgroup(self.layout, alloc.cgroup)
+            self._apply(before)
+        except EnforcementError as exc:  # the record is right again; drift repair finishes the cgroups
+            log.warning("rolling back %s: %s", alloc.id, exc)
 
     def release_container(self, alloc_id: str) -> bool:
         """Free a pod container's allocation; its cgroup (the kubelet's) is kept and, while it still

@@ -14,8 +14,8 @@ from typing import Any
 
 from agent.alloc.request import Request
 from agent.enforce import CgroupLayout, detect_layout, read_cpus
-from agent.enforce.cgroup import cgroup_of_pid
-from agent.enforce.state import Allocation, Owner, StateFile
+from agent.enforce.cgroup import DEFAULT_PARENT, cgroup_of_pid
+from agent.enforce.state import Allocation, Owner, StateFile, check_live, printable
 from agent.errors import AllocationError, ConfigError, TopoletError
 from agent.gpu.model import GPU
 from agent.gpu.visible import visible_devices_env
@@ -86,7 +86,8 @@ def run_exec(args: argparse.Namespace) -> int:
     layout = detect_layout(args.cgroup_root)
     state_file = StateFile(args.state_dir)
     reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
-    engine = PinningEngine(topo, layout, state_file, reserved, gpus=_gpu_inventory(gpus, topo))
+    engine = PinningEngine(topo, layout, state_file, reserved, gpus=_gpu_inventory(gpus, topo),
+                           defer_rebuild=True)
     me = os.getpid()
     origin = cgroup_of_pid(layout, me) or ""  # where this process goes back to when it is done
     name = unique_id("exec", me)
@@ -144,6 +145,9 @@ def status_data(state_dir: str, cgroup_root: str | None = None) -> dict[str, Any
         allowed &= read_cpus(layout, "")
     except TopoletError:
         pass  # no cpuset controller here: every online CPU is allowed
+    # What the next exec or agent start would refuse (and rebuild) is not reported as true here.
+    check_live(state, cpus=topo.cpus | topo.offline, mems=CPUSet(n.id for n in topo.numa_nodes),
+               parent=layout.parent if layout is not None else DEFAULT_PARENT)
     rows = usage_of(topo, allowed, state)
     return {
         "generation": state.generation,
@@ -172,7 +176,8 @@ def run_status(args: argparse.Namespace) -> int:
               f"{row['exclusive'] or '-':<16} {row['free'] or '-':<16}")
     print(f"\n{len(data['allocations'])} allocation(s)")
     for a in data["allocations"]:
-        owner = f"pod {a['pod_uid']}" if a["pod_uid"] else f"pid {a['pid']}"
-        print(f"  {a['id']:<28} cpus {a['cpus']:<12} mems {a['mems'] or '-':<6} {owner}"
-              f"{'' if a['alive'] else ' (gone)'}  {a['policy']}")
+        # State fields are text from a file: escape what a terminal would act on.
+        owner = f"pod {printable(a['pod_uid'])}" if a["pod_uid"] else f"pid {a['pid']}"
+        print(f"  {printable(a['id']):<28} cpus {a['cpus']:<12} mems {a['mems'] or '-':<6} {owner}"
+              f"{'' if a['alive'] else ' (gone)'}  {printable(a['policy'])}")
     return 0

@@ -19,7 +19,18 @@ from hypothesis import strategies as st
 
 from agent.enforce.cgroup import CgroupLayout, create_cgroup, move_pid, read_mems
 from agent.enforce.procfs import start_time
-from agent.enforce.state import Allocation, Owner, State, StateFile, decode, encode, rebuild_from_cgroups
+from agent.enforce.state import (
+    KEEP_CORRUPT,
+    Allocation,
+    Owner,
+    State,
+    StateFile,
+    check_live,
+    decode,
+    encode,
+    printable,
+    rebuild_from_cgroups,
+)
 from agent.errors import StateError
 from agent.topology.cpuset import CPUSet
 from tests.enforce.state_writer import PERIOD, state_for
@@ -133,7 +144,8 @@ def test_corrupt_file_is_refused_and_rebuilt(tmp_path: Path, name: str, data: by
     assert calls == [1]
     assert got.allocations == rebuilt.allocations and got.reserved == rebuilt.reserved
     assert sf.load() == got
-    assert (tmp_path / "state.json.corrupt").read_bytes() == data  # kept for a post-mortem
+    (copy,) = sf.corrupt_copies()
+    assert Path(copy).read_bytes() == data  # kept for a post-mortem
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -283,3 +295,96 @@ def test_rebuild_from_live_cgroups(
     sf = StateFile(str(tmp_path))
     (tmp_path / "state.json").write_bytes(b"{")
     assert sf.load_or_rebuild(lambda: rebuild_from_cgroups(layout)).get("w1") == got1
+
+
+# --- hostile files and states that the checksum cannot catch ------------------------------------
+
+@pytest.fixture
+def no_hang() -> Any:
+    """Turn a read that would block forever into a test failure after 10 s."""
+    def fail(_signum: int, _frame: object) -> None:
+        pytest.fail("blocked reading the state file")
+
+    old = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(10)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
+def test_a_state_path_that_is_not_a_regular_file_is_refused_at_once(tmp_path: Path, no_hang: None,
+                                                                     kind: str) -> None:
+    path = tmp_path / "state.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink":
+        (tmp_path / "elsewhere.json").write_bytes(VALID)
+        path.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        path.mkdir()
+    sf = StateFile(str(tmp_path))
+    for call in (sf.load, lambda: sf.load_or_rebuild(State), lambda: sf.commit(State())):
+        with pytest.raises(StateError, match="not a regular file|cannot read"):
+            call()
+    assert os.listdir(tmp_path) == [p.name for p in tmp_path.iterdir()]  # still there, untouched
+    assert path.is_fifo() or path.is_symlink() or path.is_dir()
+
+
+def test_every_corrupt_copy_is_kept_newest_few_and_none_before_a_commit(tmp_path: Path) -> None:
+    sf = StateFile(str(tmp_path))
+    path = tmp_path / "state.json"
+    garbage = [f"not json {i}".encode() for i in range(KEEP_CORRUPT + 3)]
+    for i, data in enumerate(garbage):
+        path.write_bytes(data)
+        # Deferred: nothing is written, no copy made, the corrupt file stays where it was.
+        got = sf.load_or_rebuild(lambda: State((alloc("r", [5]),)), commit=False)
+        assert got.get("r") is not None and path.read_bytes() == data
+        assert len(sf.corrupt_copies()) == min(i, KEEP_CORRUPT)
+        sf.commit(got)
+        assert sf.load().get("r") is not None
+        copies = sf.corrupt_copies()
+        assert len(copies) == min(i + 1, KEEP_CORRUPT)
+        assert [Path(c).read_bytes() for c in copies] == garbage[max(0, i + 1 - KEEP_CORRUPT):i + 1]
+
+
+LIVE_CPUS = CPUSet(range(8))
+
+
+@pytest.mark.parametrize(("name", "allocation", "why"), [
+    ("cgroup outside topolet", _alloc_json(cgroup="system.slice/sshd.service"), "neither under topolet/"),
+    ("the parent itself", _alloc_json(cgroup="topolet"), "neither under topolet/"),
+    ("a look-alike parent", _alloc_json(cgroup="topolet-x/a"), "neither under topolet/"),
+    ("pid 1 as owner", _alloc_json(owner={**_owner, "pid": 1}), "pid 1"),
+    ("CPUs the machine lacks", _alloc_json(cpus="5,8-4095"), "CPUs 8-4095 are not on this machine"),
+    ("memory nodes it lacks", _alloc_json(mems="0,9"), "memory nodes 9"),
+])
+def test_a_whole_but_untrue_state_is_refused_against_the_live_machine(
+        tmp_path: Path, name: str, allocation: dict[str, Any], why: str) -> None:
+    (tmp_path / "state.json").write_bytes(_doc(_body([allocation])))
+    sf = StateFile(str(tmp_path))
+    state = sf.load()  # the checksum holds
+    with pytest.raises(StateError, match=why):
+        check_live(state, cpus=LIVE_CPUS, mems=CPUSet([0, 1]), parent="topolet")
+
+    def check(s: State) -> None:
+        check_live(s, cpus=LIVE_CPUS, mems=CPUSet([0, 1]), parent="topolet")
+
+    got = sf.load_or_rebuild(lambda: State(reserved=CPUSet([7])), check=check)
+    assert got.allocations == () and got.generation == state.generation + 1
+    (copy,) = sf.corrupt_copies()
+    assert Path(copy).read_bytes() == _doc(_body([allocation]))
+
+
+@pytest.mark.parametrize("cgroup", [
+    "topolet/a", "kubepods/pod1234/abc", "kubepods.slice/kubepods-pod12.slice/cri-containerd-ab.scope",
+    "kubelet.slice/kubepods/burstable/pod9/c1"])
+def test_states_under_topolet_or_kubepods_pass_the_live_check(cgroup: str) -> None:
+    check_live(State((alloc("a", [0, 1], cgroup=cgroup),)), cpus=LIVE_CPUS, mems=CPUSet([0]),
+               parent="topolet")
+
+
+def test_printable_escapes_what_a_terminal_would_act_on() -> None:
+    assert printable("exec best-effort/any") == "exec best-effort/any"
+    assert printable("\x1b]0;owned\x07\x1b[2J\r\nx") == "\\x1b]0;owned\\x07\\x1b[2J\\r\\nx"
+    assert printable("\u202egpj.exe") == "\\u202egpj.exe"
