@@ -411,6 +411,11 @@ def test_publishes_its_own_nodefeature(cluster: Cluster) -> None:
     status, body = as_agent(cluster, "PATCH", path, nodefeature(a, {"topolet.io/numa.nodes": "2"}), APPLY)
     assert status == 200, body
     assert body["spec"]["labels"] == {"topolet.io/numa.nodes": "2"}
+    # An empty raw-features block, as NFD's own clients write it, asks for nothing and passes.
+    empty = nodefeature(a, {"topolet.io/numa.nodes": "2"})
+    empty["spec"]["features"] = {"flags": {}, "attributes": {}, "instances": {}}
+    status, body = as_agent(cluster, "PATCH", path, empty, APPLY)
+    assert status == 200, body
     # ...but cannot hand its own object to node B.
     status, body = as_agent(cluster, "PATCH", f"{NF_PATH}/{nodefeature_name(a)}",
                             {"metadata": {"labels": {NODE_NAME_LABEL: cluster.b}}})
