@@ -378,8 +378,11 @@ class _Work:
         """The best `limit` places for one pod of `ps`, best first."""
         r = ps.requests
         found: list[_Choice] = []
-        if r.gpus or r.gpu_milli:
-            pool: Iterable[int] = self.ix.gpu_nodes if allowed is None else allowed
+        if r.gpus or r.gpu_milli or self.mix:
+            # With a GPU mix every pod is scored by GPU fragmentation, CPU-only ones too: taking
+            # a GPU node's CPUs can strand its GPUs as surely as taking a share of them.
+            pool: Iterable[int] = (self.ix.gpu_nodes if not self.mix else range(len(self.ix.nodes))) \
+                if allowed is None else allowed
             for i in pool:
                 found.extend(self._options(ps, i))
         elif allowed is not None:
@@ -445,7 +448,7 @@ class _Work:
         if not _node_holds(s, r):
             return []
         gpu: tuple[float, int | None] = (0.0, None)
-        if r.gpus or r.gpu_milli:
+        if r.gpus or r.gpu_milli or self.mix:
             scored = self._gpu_score(i, s, r)
             if scored is None:
                 return []
