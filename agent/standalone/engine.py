@@ -239,6 +239,9 @@ class PinningEngine:
             create_cgroup(self.layout, rel)
             self._apply(state)
             move_pid(self.layout, rel, pid)
+            if self._unsaved:  # it worked: now the rebuilt state may replace the corrupt one
+                self.state_file.commit(state)
+                self._unsaved = False
             return rel
 
     def release(self, alloc_id: str, *, leaving_pid: int | None = None, return_to: str = "") -> bool:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import stat
 
 import pytest
 
-from agent.enforce.cgroup import exists, read_cpus
-from agent.enforce.state import REBUILT_POLICY, STATE_NAME
+from agent.alloc.request import Request
+from agent.enforce.cgroup import create_cgroup, exists, read_cpus
+from agent.enforce.state import REBUILT_POLICY, STATE_NAME, Allocation, Owner, State, StateFile
+from agent.errors import EnforcementError
 from agent.topology.cpuset import CPUSet
+from tests.conftest import require
 from tests.standalone.conftest import Node, proc_cpus
 
 
@@ -106,9 +111,17 @@ def _rebuild_by(node: Node, how: str) -> str:
         result = node.run(node.exec_argv(0, ["true"]))
         assert result.returncode == 0, result.stderr
         return result.stderr
+    path = os.path.join(node.state_dir, STATE_NAME)
+    with open(path, "rb") as f:
+        corrupt = f.read()
     result = node.run(node.exec_argv(node.capacity, ["true"]))  # cannot fit: one is held
     assert result.returncode == 2
-    return result.stderr
+    # A command that fails writes nothing: the corrupt file stays as it was, and no copy is made ...
+    with open(path, "rb") as f:
+        assert f.read() == corrupt
+    assert StateFile(node.state_dir).corrupt_copies() == []
+    # ... until one that succeeds rebuilds it.
+    return result.stderr + _rebuild_by(node, "shared-exec")
 
 
 @pytest.mark.parametrize(("kind", "how"), [
@@ -131,7 +144,7 @@ def test_corrupt_state_is_rebuilt_from_live_cgroups_keeping_running_allocations(
     stderr = _rebuild_by(node, how)
     if how == "agent-once":  # the agent logs; exec keeps quiet unless it fails
         assert "rebuilding" in stderr
-    assert os.path.exists(path + ".corrupt")
+    assert StateFile(node.state_dir).corrupt_copies()
     (alloc,) = node.state().allocations
     assert (alloc.id, alloc.cpus, alloc.policy) == (held.allocation, held.cpus, REBUILT_POLICY)
     assert alloc.owner.pid == held.launcher.pid
@@ -142,4 +155,105 @@ def test_corrupt_state_is_rebuilt_from_live_cgroups_keeping_running_allocations(
     assert held.stop() == 0
     assert node.state().allocations == ()
     assert not exists(node.layout, alloc.cgroup)
+    assert node.pool() == node.allowed
+
+
+# --- hostile state files: nothing hangs, nothing untrue is trusted, a failed command writes nothing ---
+
+def _state_path(node: Node) -> str:
+    os.makedirs(node.state_dir, exist_ok=True)
+    return os.path.join(node.state_dir, STATE_NAME)
+
+
+def test_a_fifo_at_the_state_path_fails_status_and_exec_at_once(node: Node) -> None:
+    os.mkfifo(_state_path(node))
+    # `run` times out (and the test fails) rather than waiting forever on a FIFO.
+    for argv in (node.topolet("status", "--state-dir", node.state_dir),
+                 node.exec_argv(1, ["true"]), node.exec_argv(0, ["true"])):
+        result = node.run(argv, timeout=30)
+        assert result.returncode == 2, result.stderr
+        assert "is not a regular file" in result.stderr
+    assert stat.S_ISFIFO(os.stat(_state_path(node)).st_mode)
+    assert node.workload_cgroups() == []
+
+
+def test_every_corrupt_state_is_kept_and_a_failing_exec_writes_nothing(node: Node) -> None:
+    path = _state_path(node)
+    kept: list[bytes] = []
+    for i in range(3):
+        garbage = f"corrupt state number {i}".encode()
+        with open(path, "wb") as f:
+            f.write(garbage)
+        failed = node.run(node.exec_argv(node.capacity + 1, ["true"]))  # more than can ever fit
+        assert failed.returncode == 2 and "topolet exec:" in failed.stderr
+        with open(path, "rb") as f:
+            assert f.read() == garbage
+        assert [open(c, "rb").read() for c in StateFile(node.state_dir).corrupt_copies()] == kept
+        node.run_reporter(1)
+        kept.append(garbage)
+        assert [open(c, "rb").read() for c in StateFile(node.state_dir).corrupt_copies()] == kept
+        assert node.state().allocations == ()
+
+
+def _commit(node: Node, alloc: Allocation) -> None:
+    sf = StateFile(node.state_dir)
+    sf.commit(State((alloc,), generation=sf.load(missing_ok=True).generation))
+
+
+@pytest.mark.parametrize(("what", "why"), [
+    ("cgroup", "is neither under topolet/ nor the kubelet's kubepods"),
+    ("pid 1", "pid 1 cannot own an allocation"),
+    ("cpus", "are not on this machine"),
+])
+def test_a_checksummed_state_the_machine_contradicts_is_refused_then_rebuilt(
+        node: Node, what: str, why: str) -> None:
+    cpus = CPUSet([min(node.allowed)])
+    alloc = Allocation("planted", cpus, CPUSet(), "topolet/planted", Owner(), "planted", 1.0)
+    if what == "cgroup":
+        alloc = dataclasses.replace(alloc, cgroup="system.slice/sshd.service")
+    elif what == "pid 1":
+        alloc = dataclasses.replace(alloc, owner=Owner.of_process(1))
+    else:
+        lacking = max(node.topology.cpus | node.topology.offline) + 1
+        alloc = dataclasses.replace(alloc, cpus=CPUSet([lacking]))
+    _commit(node, alloc)
+    result = node.run(node.topolet("status", "--state-dir", node.state_dir, "--cgroup-root", node.root))
+    assert result.returncode == 2 and why in result.stderr
+    # The next command rebuilds from the live cgroups, where nothing was planted.
+    _, report = node.run_reporter(1)
+    assert len(CPUSet.parse(str(report["cpus_allowed"]))) == 1
+    assert node.state().allocations == ()
+    assert len(StateFile(node.state_dir).corrupt_copies()) == 1
+
+
+def test_status_escapes_control_characters_from_the_state(node: Node) -> None:
+    held = node.hold(1)
+    sf = StateFile(node.state_dir)
+    with sf.lock():
+        state = sf.load()
+        (alloc,) = state.allocations
+        evil = dataclasses.replace(alloc, policy="x\x1b]0;owned\x07\x1b[2J\rdone",
+                                   owner=dataclasses.replace(alloc.owner, pod_uid=None))
+        sf.commit(state.with_allocation(evil))
+    out = _status(node, "table")
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out
+    assert "x\\x1b]0;owned\\x07\\x1b[2J\\rdone" in out
+    assert held.stop() == 0
+
+
+def test_an_allocation_whose_cgroup_write_fails_is_rolled_back(node: Node) -> None:
+    require(len(node.allowed) >= 2, "needs 2 CPUs")
+    engine = node.engine()
+    engine.reconcile()  # makes topolet/ and topolet/shared
+    low, high = min(node.allowed), max(node.allowed)
+    # A cgroup whose parent holds only `high`: the kernel refuses to give it `low`.
+    create_cgroup(node.layout, "topolet/narrow", cpus=CPUSet([high]), mems=node.mems)
+    create_cgroup(node.layout, "topolet/narrow/leaf", cpus=CPUSet([high]), mems=node.mems)
+    before = StateFile(node.state_dir).load()
+    with pytest.raises(EnforcementError):
+        engine.allocate("doomed", Request(1, reserved=node.allowed - CPUSet([low])), Owner(),
+                        cgroup="topolet/narrow/leaf")
+    after = StateFile(node.state_dir).load()
+    assert after.allocations == before.allocations == ()
+    assert after.generation == before.generation + 2  # the record, then its undoing
     assert node.pool() == node.allowed
