@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import threading
 
 import pytest
@@ -59,14 +61,38 @@ def _mempolicy_allowed() -> bool:
     return True
 
 
+# get_mempolicy(2) has no glibc wrapper; these are its numbers (x86_64: arch/x86/entry/syscalls
+# syscall_64.tbl; arm64 and other asm-generic arches: include/uapi/asm-generic/unistd.h).
+_GET_MEMPOLICY = {"x86_64": 239, "aarch64": 236, "riscv64": 236}
+_MPOL_MODES = {0: "default", 1: "preferred", 2: "bind"}
+
+
+def _read_mempolicy() -> tuple[str, CPUSet]:
+    """This thread's memory policy as the kernel holds it: (mode, nodes), read with get_mempolicy(2)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    mode = ctypes.c_int(-1)
+    words = 16  # 1,024 nodes, past any kernel's MAX_NUMNODES default
+    mask = (ctypes.c_ulong * words)()
+    bits = ctypes.sizeof(ctypes.c_ulong) * 8
+    rc = libc.syscall(ctypes.c_long(_GET_MEMPOLICY[platform.machine()]), ctypes.byref(mode), mask,
+                      ctypes.c_ulong(words * bits), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    nodes = CPUSet(w * bits + b for w in range(words) for b in range(bits) if mask[w] >> b & 1)
+    return _MPOL_MODES.get(mode.value & 0xFF, str(mode.value)), nodes
+
+
 def test_bind_memory_to_node0_and_back() -> None:
     require(os.path.isdir("/sys/devices/system/node/node0") and _mempolicy_allowed(),
             "set_mempolicy permitted and NUMA node 0 present")
+    require(platform.machine() in _GET_MEMPOLICY, "get_mempolicy's syscall number known for this arch")
     try:
         native.bind_memory(CPUSet([0]), "bind")
+        assert _read_mempolicy() == ("bind", CPUSet([0]))
         native.bind_memory(CPUSet([0]), "preferred")
+        assert _read_mempolicy() == ("preferred", CPUSet([0]))
     finally:
         native.bind_memory(None, "default")
+    assert _read_mempolicy() == ("default", CPUSet())
 
 
 def test_bind_memory_errors() -> None:
