@@ -123,13 +123,21 @@ def load_pods(dirs: Sequence[Path], workload: str) -> list[Pod]:
     return sorted(pods, key=lambda p: p.name)
 
 
-def pod_mix(pods: Sequence[Pod]) -> tuple[tuple[Resources, float], ...]:
-    """The workload's pod types with their popularity (share of pods)."""
-    counts = Counter(p.kind for p in pods)
-    return tuple(
+Mix = tuple[tuple[Resources, float], ...]
+Models = tuple[frozenset[str] | None, ...]
+
+
+def pod_mix(pods: Sequence[Pod]) -> tuple[Mix, Models]:
+    """The workload's pod types with their popularity (share of pods), and each type's GPU models
+    (None: any), as the paper's pod types carry them; the models are empty when no pod names one."""
+    counts = Counter((p.kind, tuple(sorted(p.models))) for p in pods)
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    mix = tuple(
         (Resources(cpu_milli=c, memory=m, gpus=g, gpu_milli=s), n / len(pods))
-        for (c, m, g, s), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        for ((c, m, g, s), _), n in ordered
     )
+    models = tuple(frozenset(ms) if ms else None for (_, ms), _ in ordered)
+    return mix, (models if any(m is not None for m in models) else ())
 
 
 def arrivals(pods: Sequence[Pod], capacity_milli: int, seed: int) -> list[Pod]:
@@ -284,9 +292,10 @@ class FGD(Scored):
     """The paper's FGD: least rise in expected fragmentation; shared pods take the GPU that
     raises it least."""
 
-    def __init__(self, rng: random.Random, mix: GpuMix) -> None:
+    def __init__(self, rng: random.Random, mix: GpuMix, model: dict[int, str]) -> None:
         super().__init__(rng)
         self.mix = mix
+        self.model = model
 
     def score(self, cluster: Cluster, key: StateKey, request: Resources) -> tuple[float, int | None]:
         s, g = self.rise(key, request)
@@ -296,8 +305,12 @@ class FGD(Scored):
         return -int(100.0 / (1.0 + math.exp(s / WHOLE))), g
 
     def rise(self, key: StateKey, request: Resources) -> tuple[float, int | None]:
-        _, cpu, mem, gpus = key
-        frag = self.mix.fragmentation
+        t, cpu, mem, gpus = key
+        model = self.model[t]
+
+        def frag(cpu: int, mem: int, gpus: Sequence[int]) -> float:
+            return self.mix.fragmentation(cpu, mem, gpus, model)
+
         before = frag(cpu, mem, gpus)
         cpu, mem = cpu - request.cpu_milli, mem - request.memory
         if not request.gpu_milli or request.gpus:
@@ -347,12 +360,13 @@ class TopoletDirect(Scored):
 class TopoletEngine:
     """topolet's admission engine: each pod a one-pod gang, placed on the view and committed to it."""
 
-    def __init__(self, mix: tuple[tuple[Resources, float], ...]) -> None:
+    def __init__(self, mix: Mix, models: Models) -> None:
         from agent.admission.engine import commit, place  # the engine may land after this bench
 
         self.place = place
         self.commit = commit
         self.mix = mix
+        self.models = models
         self.view: ClusterView | None = None
         self.index: dict[str, int] = {}
 
@@ -360,7 +374,7 @@ class TopoletEngine:
         if self.view is None:
             # commit carries the engine's node index from view to view: build the view once
             nodes = tuple(cluster.node(i) for i in range(len(cluster.hosts)))
-            self.view = ClusterView(nodes, gpu_mix=self.mix)
+            self.view = ClusterView(nodes, gpu_mix=self.mix, gpu_mix_models=self.models)
             self.index = {h.name: i for i, h in enumerate(cluster.hosts)}
         affinity: tuple[tuple[NodeSelectorRequirement, ...], ...] = ()
         if pod.models:
@@ -432,8 +446,8 @@ def main() -> None:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     hosts = load_nodes(dirs)
     pods = load_pods(dirs, args.workload)
-    mix = pod_mix(pods)
-    paper_mix = GpuMix(mix, stranding=0.0)
+    mix, models = pod_mix(pods)
+    paper_mix = GpuMix(mix, stranding=0.0, models=models)
     direct = args.direct
     if "topolet" in policies and not direct:
         try:
@@ -442,6 +456,7 @@ def main() -> None:
             print("note: agent.admission.engine.place is missing; topolet column scored through gpu_choice")
             direct = True
     capacity = sum(h.gpus for h in hosts) * WHOLE
+    model_of = Cluster(hosts).type_model
     results: dict[str, list[float]] = {p: [] for p in policies}
     seconds: dict[str, float] = dict.fromkeys(policies, 0.0)
     for seed in seeds:
@@ -454,11 +469,12 @@ def main() -> None:
             elif name == "BestFit":
                 policy = BestFit(rng)
             elif name == "FGD":
-                policy = FGD(rng, paper_mix)
+                policy = FGD(rng, paper_mix, model_of)
             elif name == "gpu_choice":
-                policy = TopoletDirect(rng, GpuMix(mix))
+                policy = TopoletDirect(rng, GpuMix(mix, models=models))
             elif name == "topolet":
-                policy = TopoletDirect(rng, GpuMix(mix)) if direct else TopoletEngine(mix)
+                policy = (TopoletDirect(rng, GpuMix(mix, models=models)) if direct
+                          else TopoletEngine(mix, models))
             else:
                 raise SystemExit(f"unknown policy {name}")
             start = time.perf_counter()

@@ -88,7 +88,7 @@ _CACHED_VIEWS = 4
 _NO_MAP: Mapping[str, int] = MappingProxyType({})
 
 
-def _load_gpu_choice() -> Callable[[Node, Resources, Any], tuple[float, int | None] | None] | None:
+def _load_gpu_choice() -> Callable[..., tuple[float, int | None] | None] | None:
     # The fragmentation module is developed beside this one; without it GPUs fall back to best fit.
     try:
         module = importlib.import_module("agent.admission.fragmentation")
@@ -329,9 +329,11 @@ class _Choice:
 class _Work:
     """One placement attempt over an index: the nodes it changed and the pod sets' node filters."""
 
-    def __init__(self, ix: _Index, mix: tuple[tuple[Resources, float], ...]) -> None:
+    def __init__(self, ix: _Index, mix: tuple[tuple[Resources, float], ...],
+                 models: tuple[frozenset[str] | None, ...] = ()) -> None:
         self.ix = ix
         self.mix = mix
+        self.models = models
         self.touched: dict[int, _State] = {}
         self.eligible: dict[tuple[str, int], tuple[bool, int]] = {}
         self.base: dict[tuple[str, int], tuple[bool, int]] = {}
@@ -468,7 +470,7 @@ class _Work:
             node = self.ix.nodes[i]
             if i in self.touched:
                 node = s.to_node(node)
-            return _gpu_choice(node, r, self.mix)
+            return _gpu_choice(node, r, self.mix, self.models)
         if r.gpu_milli:  # best fit: the GPU with the least free that holds the share
             fits = [(f, g) for g, f in enumerate(s.gfree) if f >= r.gpu_milli]
             if not fits:
@@ -800,13 +802,14 @@ def _domain_choices(ix: _Index, gang: Gang) -> tuple[list[str], list[_Domains], 
     return labels, per_label, ""
 
 
-def _attempt(ix: _Index, mix: tuple[tuple[Resources, float], ...],
-             gang: Gang) -> tuple[list[tuple[PodSet, int, _Choice]] | None, str]:
+def _attempt(ix: _Index, mix: tuple[tuple[Resources, float], ...], gang: Gang,
+             models: tuple[frozenset[str] | None, ...] = (),
+             ) -> tuple[list[tuple[PodSet, int, _Choice]] | None, str]:
     labels, per_label, why_none = _domain_choices(ix, gang)
     if why_none:
         return None, why_none
     if not labels:
-        work = _Work(ix, mix)
+        work = _Work(ix, mix, models)
         slots = _slots(gang, {})
         found, why = _search(work, slots)
         if found is None:
@@ -820,7 +823,7 @@ def _attempt(ix: _Index, mix: tuple[tuple[Resources, float], ...],
             break
         tried += 1
         domains = {lab: nodes for lab, (_, nodes) in zip(labels, combo, strict=True)}
-        work = _Work(ix, mix)
+        work = _Work(ix, mix, models)
         slots = _slots(gang, domains)
         found, why = _search(work, slots)
         if found is None:
@@ -843,7 +846,7 @@ def place(view: ClusterView, gang: Gang) -> Placement | Refusal:
     if bad:
         return Refusal(gang.key, "never", bad)
     ix = _index(view, view.nodes)
-    found, why = _attempt(ix, view.gpu_mix, gang)
+    found, why = _attempt(ix, view.gpu_mix, gang, view.gpu_mix_models)
     if found is not None:
         pods = sorted(
             (PodPlacement(pod_set=ps.name, index=k, node=ix.nodes[c.node].name,
@@ -856,7 +859,7 @@ def place(view: ClusterView, gang: Gang) -> Placement | Refusal:
     if not view.empty:
         return Refusal(gang.key, "not-now", why)
     empty = _index(view.empty, view.empty)
-    never, why_never = _attempt(empty, view.gpu_mix, gang)
+    never, why_never = _attempt(empty, view.gpu_mix, gang, view.gpu_mix_models)
     if never is None:
         return Refusal(gang.key, "never", f"{why_never} even on the empty cluster")
     return Refusal(gang.key, "not-now", why)
@@ -886,7 +889,7 @@ def commit(view: ClusterView, gang: Gang, placement: Placement) -> ClusterView:
     ix = _index(view, view.nodes)
     by_name = ix.by_name
     sets = {ps.name: ps for ps in gang.pod_sets}
-    work = _Work(ix, view.gpu_mix)
+    work = _Work(ix, view.gpu_mix, view.gpu_mix_models)
     for pod in placement.pods:
         ps = sets[pod.pod_set]
         i = by_name[pod.node]

@@ -9,6 +9,11 @@ free GPU (in thousandths) that m cannot use there:
 - m fits: the free thousandths of the GPUs that cannot take m are fragments, i.e. GPUs with less free
   than m's share for a shared pod, and every partly used GPU for a whole-GPU pod.
 
+A pod type may be limited to some GPU models (the trace's `gpu_spec`, the view's `gpu_mix_models`): on
+a node of another model it fits nowhere, so all of that node's free GPU is a fragment for it.  This
+keeps the nodes of a model that constrained pods need free for them, as FGD's pod types (which carry
+the model) do.
+
 A node's fragmentation is the expectation over the target workload, `sum(popularity(m) * F(m))`.
 Placing a pod is scored by how much it raises that expectation (FGD's gradient): lower is better.
 
@@ -18,9 +23,10 @@ CPU-hungry pods drain a node's CPU while its GPUs are free, and those GPUs are l
 Alibaba trace (bench/fgd.py) the term cuts unallocated GPU from about 4.8% to about 4.2%.
 
 Public API:
-- `GpuMix`: a target workload, (request, popularity) pairs, compiled for fast scoring;
-- `fragmentation(cpu_milli, memory, gpu_free_milli, mix)`: a node state's expected fragment;
-- `gpu_choice(node, request, mix)`: None when the request does not fit the node, else
+- `GpuMix`: a target workload, (request, popularity) pairs and optionally each type's GPU models,
+  compiled for fast scoring;
+- `fragmentation(cpu_milli, memory, gpu_free_milli, mix, model="")`: a node state's expected fragment;
+- `gpu_choice(node, request, mix, models=())`: None when the request does not fit the node, else
   `(score, gpu_index)`, the rise in fragmentation and the GPU a shared pod should take.
 
 Everything is pure; `GpuMix` memoises fragmentation by node state because a cluster has few distinct
@@ -46,22 +52,28 @@ class GpuMix:
     """A target workload compiled for scoring: pod types grouped by their GPU demand.
 
     The demand is `(gpus, gpu_milli)`: whole GPUs, or one share.  Within a demand, the types differ
-    only in CPU and memory, which decide whether the type fits the node at all.  `stranding` weighs
-    the free GPU the node's free CPU cannot feed (0: FGD's measure as published).
+    only in CPU and memory, which decide whether the type fits the node at all.  `models`, parallel
+    to `mix` (empty: none constrained), gives each type the GPU models it may use (None: any).
+    `stranding` weighs the free GPU the node's free CPU cannot feed (0: FGD's measure as published).
     """
 
-    __slots__ = ("no_gpu", "demands", "total", "cpu_per_milli", "stranding", "_memo", "choices")
+    __slots__ = ("no_gpu", "total", "cpu_per_milli", "stranding", "_memo", "choices", "_groups",
+                 "_by_model", "constrained")
 
-    def __init__(self, mix: Sequence[tuple[Resources, float]], stranding: float = STRANDING) -> None:
-        groups: dict[tuple[int, int], list[tuple[int, int, float]]] = {}
+    def __init__(self, mix: Sequence[tuple[Resources, float]], stranding: float = STRANDING,
+                 models: Sequence[frozenset[str] | None] = ()) -> None:
+        if models and len(models) != len(mix):
+            raise ValueError(f"{len(models)} GPU model sets for {len(mix)} pod types")
+        groups: dict[tuple[int, int, frozenset[str] | None], list[tuple[int, int, float]]] = {}
         no_gpu = 0.0
         total = 0.0
-        for request, popularity in mix:
+        for n, (request, popularity) in enumerate(mix):
             total += popularity
             if request.gpus == 0 and request.gpu_milli == 0:
                 no_gpu += popularity
                 continue
-            demand = (request.gpus, request.gpu_milli if request.gpus == 0 else 0)
+            allowed = models[n] if models else None
+            demand = (request.gpus, request.gpu_milli if request.gpus == 0 else 0, allowed)
             groups.setdefault(demand, []).append((request.cpu_milli, request.memory, popularity))
         self.no_gpu = no_gpu
         self.total = total
@@ -69,33 +81,48 @@ class GpuMix:
         gpu_milli = sum(p * (r.gpus * WHOLE + r.gpu_milli) for r, p in mix)
         gpu_cpu = sum(p * r.cpu_milli for r, p in mix if r.gpus or r.gpu_milli)
         self.cpu_per_milli = gpu_cpu / gpu_milli if gpu_milli else 0.0
-        # per demand: the CPU/memory needs with their popularity, smallest CPU first
-        self.demands: tuple[tuple[int, int, tuple[tuple[int, int, float], ...]], ...] = tuple(
-            (gpus, milli, tuple(sorted(kinds))) for (gpus, milli), kinds in sorted(groups.items())
-        )
-        self._memo: dict[tuple[int, int, tuple[int, ...]], float] = {}
-        # gpu_choice answers by (free CPU, free memory, per-GPU free, request): `gpu_choice` fills it
-        self.choices: dict[tuple[int, ...], tuple[float, int | None]] = {}
+        self._groups = groups
+        # whether any type names models: else the node's model never matters (one memo entry per state)
+        self.constrained = any(allowed is not None for _, _, allowed in groups)
+        self._by_model: dict[str, tuple[tuple[int, int, tuple[tuple[int, int, float], ...]], ...]] = {}
+        self._memo: dict[tuple[str, int, int, tuple[int, ...]], float] = {}
+        # gpu_choice answers by (model, free CPU, free memory, request, per-GPU free): `gpu_choice` fills it
+        self.choices: dict[tuple[object, ...], tuple[float, int | None]] = {}
 
-    def fragmentation(self, cpu_milli: int, memory: int, gpu_free_milli: Sequence[int]) -> float:
-        """The expected fragment, in GPU thousandths, of a node with this much free."""
-        key = (cpu_milli, memory, tuple(sorted(gpu_free_milli)))
+    def demands(self, model: str = "") -> tuple[tuple[int, int, tuple[tuple[int, int, float], ...]], ...]:
+        """Per demand `(gpus, gpu_milli)` the CPU/memory needs of the types a `model` node can host,
+        with their popularity, smallest CPU first."""
+        found = self._by_model.get(model)
+        if found is None:
+            merged: dict[tuple[int, int], list[tuple[int, int, float]]] = {}
+            for (gpus, milli, allowed), kinds in self._groups.items():
+                if allowed is None or model in allowed:
+                    merged.setdefault((gpus, milli), []).extend(kinds)
+            found = tuple((gpus, milli, tuple(sorted(kinds)))
+                          for (gpus, milli), kinds in sorted(merged.items()))
+            self._by_model[model] = found
+        return found
+
+    def fragmentation(self, cpu_milli: int, memory: int, gpu_free_milli: Sequence[int],
+                      model: str = "") -> float:
+        """The expected fragment, in GPU thousandths, of a `model` node with this much free."""
+        key = (model if self.constrained else "", cpu_milli, memory, tuple(sorted(gpu_free_milli)))
         found = self._memo.get(key)
         if found is not None:
             return found
-        value = self._compute(cpu_milli, memory, key[2])
+        value = self._compute(cpu_milli, memory, key[3], key[0])
         if len(self._memo) >= _MEMO_LIMIT:
             self._memo.clear()
         self._memo[key] = value
         return value
 
-    def _compute(self, cpu_milli: int, memory: int, gpus: tuple[int, ...]) -> float:
+    def _compute(self, cpu_milli: int, memory: int, gpus: tuple[int, ...], model: str) -> float:
         free = sum(gpus)
         if free == 0:
             return 0.0
         whole = sum(1 for f in gpus if f >= WHOLE)
         frag = self.total * free
-        for count, milli, kinds in self.demands:
+        for count, milli, kinds in self.demands(model):
             if count:
                 if whole < count:
                     continue
@@ -138,25 +165,29 @@ def fits(node: Node, request: Resources) -> bool:
 
 
 def fragmentation(
-    cpu_milli: int, memory: int, gpu_free_milli: Sequence[int], mix: Sequence[tuple[Resources, float]]
+    cpu_milli: int, memory: int, gpu_free_milli: Sequence[int],
+    mix: Sequence[tuple[Resources, float]] | GpuMix, model: str = "",
 ) -> float:
-    """The expected fragment (GPU thousandths) of a node state w.r.t. the target workload `mix`."""
-    return compiled(mix).fragmentation(cpu_milli, memory, gpu_free_milli)
+    """The expected fragment (GPU thousandths) of a `model` node state w.r.t. the target workload `mix`."""
+    return compiled(mix).fragmentation(cpu_milli, memory, gpu_free_milli, model)
 
 
-_last: tuple[Sequence[tuple[Resources, float]], GpuMix] | None = None
+_last: tuple[Sequence[tuple[Resources, float]], Sequence[frozenset[str] | None], GpuMix] | None = None
 
 
-def compiled(mix: Sequence[tuple[Resources, float]] | GpuMix) -> GpuMix:
-    """The compiled form of `mix`, reused while callers pass the same mix object."""
+def compiled(
+    mix: Sequence[tuple[Resources, float]] | GpuMix, models: Sequence[frozenset[str] | None] = ()
+) -> GpuMix:
+    """The compiled form of `mix` (with its types' GPU `models`), reused while callers pass the same
+    objects."""
     global _last
     if isinstance(mix, GpuMix):
         return mix
-    if _last is not None and _last[0] is mix:
-        return _last[1]
-    gm = GpuMix(mix)
+    if _last is not None and _last[0] is mix and _last[1] is models:
+        return _last[2]
+    gm = GpuMix(mix, models=models)
     # the engine passes one ClusterView's mix for every node: keep its compiled form and memo
-    _last = (mix, gm)
+    _last = (mix, models, gm)
     return gm
 
 
@@ -175,26 +206,30 @@ def taken(gpus: Sequence[int], request: Resources, index: int | None) -> tuple[i
 
 
 def gpu_choice(
-    node: Node, request: Resources, mix: Sequence[tuple[Resources, float]] | GpuMix
+    node: Node, request: Resources, mix: Sequence[tuple[Resources, float]] | GpuMix,
+    models: Sequence[frozenset[str] | None] = (),
 ) -> tuple[float, int | None] | None:
     """None when `request` does not fit `node`, else (rise in fragmentation, GPU for a shared pod).
 
-    With an empty mix the score is plain best fit: the free GPU thousandths the node keeps.
+    `models`, parallel to `mix`, are the GPU models each type may use (empty: any); the node's own is
+    `node.gpu_model`.  With an empty mix the score is plain best fit: the free GPU thousandths the
+    node keeps.
     """
     if not fits(node, request):
         return None
     gpus = _free_gpus(node)
-    gm = compiled(mix)
+    gm = compiled(mix, models)
     if not gm.total:
         if request.gpu_milli and not request.gpus:
             index = min((f, i) for i, f in enumerate(gpus) if f >= request.gpu_milli)[1]
             return float(sum(gpus) - request.gpu_milli), index
         return float(sum(gpus) - request.gpus * WHOLE), None
-    key = (node.free.cpu_milli, node.free.memory, request.cpu_milli, request.memory, request.gpus,
+    model = node.gpu_model if gm.constrained else ""
+    key = (model, node.free.cpu_milli, node.free.memory, request.cpu_milli, request.memory, request.gpus,
            request.gpu_milli, *gpus)
     found = gm.choices.get(key)
     if found is None:
-        found = _choose(gm, node.free.cpu_milli, node.free.memory, gpus, request)
+        found = _choose(gm, model, node.free.cpu_milli, node.free.memory, gpus, request)
         if len(gm.choices) >= _MEMO_LIMIT:
             gm.choices.clear()
         gm.choices[key] = found
@@ -202,13 +237,13 @@ def gpu_choice(
 
 
 def _choose(
-    gm: GpuMix, cpu_free: int, mem_free: int, gpus: tuple[int, ...], request: Resources
+    gm: GpuMix, model: str, cpu_free: int, mem_free: int, gpus: tuple[int, ...], request: Resources
 ) -> tuple[float, int | None]:
     cpu = cpu_free - request.cpu_milli
     mem = mem_free - request.memory
-    before = gm.fragmentation(cpu_free, mem_free, gpus)
+    before = gm.fragmentation(cpu_free, mem_free, gpus, model)
     if request.gpus or not request.gpu_milli:
-        return gm.fragmentation(cpu, mem, taken(gpus, request, None)) - before, None
+        return gm.fragmentation(cpu, mem, taken(gpus, request, None), model) - before, None
     best: tuple[float, int, int] | None = None
     tried: set[int] = set()
     for i, f in enumerate(gpus):
@@ -216,7 +251,7 @@ def _choose(
             continue
         # GPUs with the same free amount give the same state: score one of them
         tried.add(f)
-        rise = gm.fragmentation(cpu, mem, taken(gpus, request, i)) - before
+        rise = gm.fragmentation(cpu, mem, taken(gpus, request, i), model) - before
         candidate = (rise, f, i)
         if best is None or candidate < best:
             best = candidate

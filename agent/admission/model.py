@@ -124,12 +124,15 @@ class ClusterView:
     refusal from a "not now" one;
     gpu_mix: the typical GPU pod mix, (request, popularity) pairs whose popularities sum to 1, that
     the fragmentation score of shared GPUs is measured against (FGD's "target workload"); empty
-    means plain best fit for GPUs.
+    means plain best fit for GPUs;
+    gpu_mix_models: parallel to gpu_mix, the GPU models (`Node.gpu_model`) each type may use, None
+    for any; empty means no type is constrained.
     """
 
     nodes: tuple[Node, ...]
     empty: tuple[Node, ...] = ()
     gpu_mix: tuple[tuple[Resources, float], ...] = ()
+    gpu_mix_models: tuple[frozenset[str] | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

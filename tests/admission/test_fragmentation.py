@@ -122,3 +122,46 @@ def test_share_prefers_a_used_gpu_over_a_whole_one() -> None:
     # a share on a whole GPU would cost the whole-GPU type its only GPU
     choice = gpu_choice(node((1000, 600)), Resources(gpu_milli=500), FGD)
     assert choice is not None and choice[1] == 1
+
+
+# MIX with its whole-GPU type limited to V100 nodes: on any other model only the half type fits
+V100_ONLY = (None, frozenset({"V100M16", "V100M32"}))
+
+
+@pytest.mark.parametrize(("model", "want"), [
+    # V100: as MIX, 0.5*300 + 0.5*900
+    ("V100M32", 600.0),
+    # T4: the whole-GPU type fits nowhere, all 1900 free is its fragment: 0.5*300 + 0.5*1900
+    ("T4", 1100.0),
+    # a node that names no model hosts no constrained type
+    ("", 1100.0),
+])
+def test_fragmentation_of_model_constrained_types(model: str, want: float) -> None:
+    mix = GpuMix(MIX, stranding=0.0, models=V100_ONLY)
+    assert mix.fragmentation(4000, 8 * GIB, (1000, 300, 600), model) == want
+    assert fragmentation(4000, 8 * GIB, (1000, 300, 600), mix, model) == want
+
+
+def test_unconstrained_models_change_nothing() -> None:
+    mix = GpuMix(MIX, stranding=0.0, models=(None, None))
+    assert not mix.constrained
+    assert mix.fragmentation(4000, 8 * GIB, (1000, 300, 600), "T4") == 600.0
+
+
+def test_models_must_match_the_mix() -> None:
+    with pytest.raises(ValueError, match="1 GPU model sets for 2 pod types"):
+        GpuMix(MIX, models=(None,))
+
+
+def test_whole_gpu_keeps_off_the_nodes_a_constrained_type_needs() -> None:
+    # without models both nodes score alike; with the whole-GPU type V100-only, taking a V100's whole
+    # GPU costs that type, taking a T4's costs nothing (nobody else can use a T4 whole GPU)
+    def on(model: str) -> Node:
+        return Node("n", free=Resources(cpu_milli=4000, memory=8 * GIB, gpus=2),
+                    gpu_free_milli=(1000, 1000), gpu_model=model)
+
+    one = Resources(cpu_milli=1000, memory=GIB, gpus=1)
+    assert gpu_choice(on("T4"), one, MIX) == gpu_choice(on("V100M16"), one, MIX)
+    # V100 (1000, 1000) -> (0, 1000): fragment 0 -> 0; T4: 0.5*2000 -> 0.5*1000, a fall of 500
+    assert gpu_choice(on("V100M16"), one, MIX, V100_ONLY) == (0.0, None)
+    assert gpu_choice(on("T4"), one, MIX, V100_ONLY) == (-500.0, None)
