@@ -69,34 +69,51 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("discover", help="discover this machine's (or a dump's) topology")
     d.add_argument("--fsroot", default="/", help="file-system root to read (a sysfs dump), default /")
     d.add_argument("--format", default="table",
-                   choices=["table", "json", "yaml", "labels", "conformance"])
+                   choices=["table", "json", "yaml", "labels", "conformance"],
+                   help="table (default), json or yaml (the model; json feeds `alloc --topology`), labels "
+                        "(the node labels), conformance (what the hwloc conformance grader compares)")
     d.add_argument("--gfd-compat", action="store_true",
                    help="also print GPU Feature Discovery's nvidia.com/* labels")
     d.set_defaults(handler=_discover)
 
     a = sub.add_parser("alloc", help="run the CPU allocator over a file of requests")
     a.add_argument("--topology", required=True,
-                   help="`discover --format json` output, or a kubelet-table topology file")
-    a.add_argument("--requests", required=True, help="JSON lines: {free, cpus, numa_policy, smt}")
+                   help="`discover --format json` output, or a kubelet-table topology file (at most 16 MiB)")
+    a.add_argument("--requests", required=True,
+                   help="file of JSON lines, - for stdin: {free, cpus, numa_policy, smt, reserved, "
+                        "preferred_numa}; one answer line each, {cpus} or {error}; lines up to 256 KiB")
     a.add_argument("--name", help="topology name inside a kubelet-table file with several")
     a.set_defaults(handler=_alloc)
 
     m = sub.add_parser("mig", help="MIG partition planning")
     msub = m.add_subparsers(dest="mig_command", required=True)
     mp = msub.add_parser("plan", help="plan GPU instances for a demand")
-    mp.add_argument("--gpu-model", required=True)
-    mp.add_argument("--demand", required=True, help="profile=count,... e.g. 3g.40gb=1,2g.20gb=2")
-    mp.add_argument("--gpus", type=int, default=1)
-    mp.add_argument("--format", default="json", choices=["json", "table"])
+    mp.add_argument("--gpu-model", required=True,
+                    help="GPU model, e.g. H100-80GB, or an NVML product name (NVIDIA H100 80GB HBM3)")
+    mp.add_argument("--demand", required=True,
+                    help="profile=count,... e.g. 3g.40gb=1,2g.20gb=2, or a named layout per GPU "
+                         "(all-balanced, all-1g.10gb, ...)")
+    mp.add_argument("--gpus", type=int, default=1,
+                    help="fresh GPUs of the model to plan for, 1 to 32 (the NVIDIA driver's limit per "
+                         "node); default 1")
+    mp.add_argument("--format", default="json", choices=["json", "table"],
+                    help="json (default, {gpus: [...]} or {error}) or table (one line per GPU)")
     mp.set_defaults(handler=_mig)
 
     g = sub.add_parser("agent", help="run the node agent (standalone without a cluster)")
-    g.add_argument("--fsroot", default="/")
-    g.add_argument("--state-dir", default="/var/lib/topolet")
-    g.add_argument("--features-dir", default="/etc/kubernetes/node-feature-discovery/features.d")
-    g.add_argument("--listen", default="127.0.0.1:9470")
-    g.add_argument("--reserved-cpus", default="", help="cpulist never handed out")
-    g.add_argument("--reconcile-seconds", type=float, default=5.0)
+    g.add_argument("--fsroot", default="/",
+                   help="file-system root to discover the hardware from (a sysfs dump), default /")
+    g.add_argument("--state-dir", default="/var/lib/topolet",
+                   help="folder of the allocation state file (state.json) and its lock, default "
+                        "/var/lib/topolet")
+    g.add_argument("--features-dir", default="/etc/kubernetes/node-feature-discovery/features.d",
+                   help="NFD features.d folder the label file is written to (the file label sink)")
+    g.add_argument("--listen", default="127.0.0.1:9470",
+                   help="host:port for /metrics and /healthz, default 127.0.0.1:9470 (port 0: any free)")
+    g.add_argument("--reserved-cpus", default="",
+                   help="cpulist never handed out as exclusive CPUs (left to the system and shared work)")
+    g.add_argument("--reconcile-seconds", type=float, default=5.0,
+                   help="seconds between reconcile passes (release, drift repair), default 5")
     g.add_argument("--cgroup-root", default=None, help="cgroup mount to use (auto-detected)")
     g.add_argument("--once", action="store_true", help="reconcile once and exit")
     g.add_argument("--mode", default="auto", choices=["auto", "standalone", "kubernetes"],
@@ -106,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this node's name (default: $NODE_NAME)")
     g.add_argument("--label-sink", default="auto", choices=["auto", "nodefeature", "node", "file", "none"],
                    help="auto: a NodeFeature when NFD's CRD exists, else the features.d file")
-    g.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock")
+    g.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
+                   help="the kubelet's pod-resources gRPC socket (Kubernetes mode: devices per container)")
     g.add_argument("--gfd-compat", action="store_true", help="also publish GFD's nvidia.com/* labels")
     g.add_argument("--mig-config", default="",
                    help="named MIG layout to keep applied (standalone; in Kubernetes the node label "
@@ -120,22 +138,37 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(handler=_agent)
 
     e = sub.add_parser("exec", help="run a command on exclusive, topology-aligned CPUs")
-    e.add_argument("--cpus", type=int, required=True)
+    e.add_argument("--cpus", type=int, required=True,
+                   help="exclusive CPUs for the command; 0 runs it on the shared pool")
     e.add_argument("--numa-policy", default="best-effort",
-                   choices=["single-numa-node", "restricted", "best-effort", "spread"])
-    e.add_argument("--smt", default="any", choices=["full-cores", "any"])
-    e.add_argument("--memory-binding", action="store_true")
-    e.add_argument("--gpus", type=int, default=0)
-    e.add_argument("--state-dir", default="/var/lib/topolet")
-    e.add_argument("--reserved-cpus", default="")
-    e.add_argument("--cgroup-root", default=None)
-    e.add_argument("argv", nargs=argparse.REMAINDER)
+                   choices=["single-numa-node", "restricted", "best-effort", "spread"],
+                   help="single-numa-node: one NUMA node or a refusal; restricted: the fewest nodes that "
+                        "hold it now, refused when an idle machine would need fewer; best-effort (default): "
+                        "the fewest nodes that hold it now; spread: even shares over the fewest nodes")
+    e.add_argument("--smt", default="any", choices=["full-cores", "any"],
+                   help="full-cores: never split a core (a multiple of the threads per core); any "
+                        "(default): single threads too")
+    e.add_argument("--memory-binding", action="store_true",
+                   help="also bind the command's memory to its CPUs' NUMA nodes (cpuset.mems, mempolicy)")
+    e.add_argument("--gpus", type=int, default=0,
+                   help="whole NVIDIA GPUs to hold with the CPUs, near them (needs --cpus 1 or more)")
+    e.add_argument("--state-dir", default="/var/lib/topolet",
+                   help="folder of the allocation state shared with the agent, default /var/lib/topolet")
+    e.add_argument("--reserved-cpus", default="",
+                   help="cpulist never handed out as exclusive CPUs (as the agent's --reserved-cpus)")
+    e.add_argument("--cgroup-root", default=None,
+                   help="cgroup (cpuset) folder to work under (default: auto-detected)")
+    e.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]",
+                   help="the command to run, after --")
     e.set_defaults(handler=_exec)
 
     s = sub.add_parser("status", help="show allocations and free CPUs per NUMA node")
-    s.add_argument("--state-dir", default="/var/lib/topolet")
-    s.add_argument("--cgroup-root", default=None)
-    s.add_argument("--format", default="table", choices=["table", "json"])
+    s.add_argument("--state-dir", default="/var/lib/topolet",
+                   help="folder of the allocation state file, default /var/lib/topolet")
+    s.add_argument("--cgroup-root", default=None,
+                   help="cgroup (cpuset) folder to read (default: auto-detected)")
+    s.add_argument("--format", default="table", choices=["table", "json"],
+                   help="table (default) or json")
     s.set_defaults(handler=_status)
 
     c = sub.add_parser("controller", help="run the central admission controller (gangs of queued Jobs)")
