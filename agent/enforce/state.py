@@ -69,6 +69,9 @@ KEEP_CORRUPT = 8  # corrupt copies kept for a post-mortem; a file corrupted in a
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:+-]{0,254}")
 # A held GPU: its PCI address ("0000:18:00.0") or UUID ("GPU-8f6b...", "MIG-...").
 _GPU_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+# A component of the kubelet's pod tree: `kubepods` (cgroupfs), `kubepods.slice`, or a systemd
+# slice that nests it under a kubelet --cgroup-root (`kubelet-kubepods-burstable.slice`).
+_KUBEPODS_RE = re.compile(r"(?:[^/]*-)?kubepods(?:-[^/]*)?(?:\.slice)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,8 +357,7 @@ def check_live(state: State, *, cpus: CPUSet, mems: CPUSet | None = None, parent
             raise StateError(f"allocation {a.id}: CPUs {a.cpus - cpus} are not on this machine")
         if mems is not None and not a.mems <= mems:
             raise StateError(f"allocation {a.id}: memory nodes {a.mems - mems} are not on this machine")
-        parts = a.cgroup.split("/")
-        if not (a.cgroup.startswith(parent + "/") or "kubepods" in parts or "kubepods.slice" in parts):
+        if not (a.cgroup.startswith(parent + "/") or any(map(_KUBEPODS_RE.fullmatch, a.cgroup.split("/")))):
             raise StateError(f"allocation {a.id}: cgroup {printable(a.cgroup)} is neither under "
                              f"{parent}/ nor the kubelet's kubepods")
         if a.owner.pid == 1:

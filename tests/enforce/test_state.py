@@ -355,6 +355,7 @@ LIVE_CPUS = CPUSet(range(8))
     ("cgroup outside topolet", _alloc_json(cgroup="system.slice/sshd.service"), "neither under topolet/"),
     ("the parent itself", _alloc_json(cgroup="topolet"), "neither under topolet/"),
     ("a look-alike parent", _alloc_json(cgroup="topolet-x/a"), "neither under topolet/"),
+    ("a look-alike kubepods", _alloc_json(cgroup="notkubepods.slice/a"), "neither under topolet/"),
     ("pid 1 as owner", _alloc_json(owner={**_owner, "pid": 1}), "pid 1"),
     ("CPUs the machine lacks", _alloc_json(cpus="5,8-4095"), "CPUs 8-4095 are not on this machine"),
     ("memory nodes it lacks", _alloc_json(mems="0,9"), "memory nodes 9"),
@@ -378,7 +379,8 @@ def test_a_whole_but_untrue_state_is_refused_against_the_live_machine(
 
 @pytest.mark.parametrize("cgroup", [
     "topolet/a", "kubepods/pod1234/abc", "kubepods.slice/kubepods-pod12.slice/cri-containerd-ab.scope",
-    "kubelet.slice/kubepods/burstable/pod9/c1"])
+    "kubelet.slice/kubepods/burstable/pod9/c1",
+    "kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod12.slice/cri-containerd-ab.scope"])
 def test_states_under_topolet_or_kubepods_pass_the_live_check(cgroup: str) -> None:
     check_live(State((alloc("a", [0, 1], cgroup=cgroup),)), cpus=LIVE_CPUS, mems=CPUSet([0]),
                parent="topolet")
