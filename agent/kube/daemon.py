@@ -7,8 +7,9 @@ Three threads, so that losing the API server stops publishing, never enforcing:
   change into engine calls (state first, then cgroups), repairs drift every reconcile, and never
   calls the API;
 - the publisher writes what the enforcer changed — the NodeResourceTopology after every
-  allocation change, labels when the topology changes, Events for bad annotations — retrying
-  every second at most while the API is down, so it catches up within seconds of its return.
+  allocation change, labels when the topology changes, Events for bad annotations (which ones, and
+  how often per pod, the pinner's `WarningLimiter` decides) — retrying every second at most while
+  the API is down, so it catches up within seconds of its return.
 
 MIG follows NVIDIA MIG manager's protocol on the Node: the user's label `topolet.io/mig.config`
 names the layout (else `--mig-config`), and the agent answers in `topolet.io/mig.config.state`
