@@ -44,6 +44,9 @@ class RecordingEngine(PinningEngine):
         self.allowed = topology.cpus
         self.all_mems = CPUSet(n.id for n in topology.numa_nodes)
         self.extra_shared = frozenset()
+        # The parent's bookkeeping of rebuilt states: an agent writes a rebuild at once.
+        self.defer_rebuild = False
+        self._unsaved = False
 
     def _ensure_parents(self) -> None:
         """No topolet cgroups to make."""
