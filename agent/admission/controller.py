@@ -24,9 +24,13 @@ killed at any point finishes the work on restart and never decides a Job twice):
    now" ones an Event when their reason changes.  A malformed Job gets an Event and is left as
    it is.
 
-Writes carry the resourceVersion they were computed from, so a stale store makes a write fail (and
-the next pass retry) instead of overwriting.  Only the leader writes, and it checks before every
-write; a replica that loses the Lease stops at once.
+Writes carry the resourceVersion they were computed from, so a stale store makes a write fail
+instead of overwriting.  A Job write that fails so (the Job controller updates a suspended Job's
+status too) re-reads that Job and, while it is still undecided and suspended, retries at once with
+the fresh resourceVersion; any other conflict is left to the next pass.  A pass sends its writes
+through a pool of `WRITERS` threads (each Job's writes in order in one task) and waits for them all
+before it ends, so the next pass sees every record it made.  Only the leader writes, and it checks
+before every write; a replica that loses the Lease stops at once.
 
 For the kill tests, env `TOPOLET_CONTROLLER_CRASH_AT=<step>` (or `--crash-at <step>`) makes the
 process SIGKILL itself the first time it reaches `<step>`: `after-decision`, `after-unsuspend` or
@@ -44,6 +48,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -64,6 +69,8 @@ LEASE_NAME = "topolet-controller"
 CRASH_ENV = "TOPOLET_CONTROLLER_CRASH_AT"
 CRASH_STEPS = ("after-decision", "after-unsuspend", "after-pod-patch")
 DEBOUNCE_SECONDS = 0.2
+WRITERS = 8  # API writes in flight at once during a pass (pod and Job patches, Events)
+CONFLICT_RETRIES = 3  # a Job write re-read and retried this often on 409 before the next pass
 WATCH_TIMEOUT_SECONDS = 300
 LIST_TIMEOUT = (5.0, 120.0)
 NRT_GROUP, NRT_VERSION, NRT_PLURAL = "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies"
@@ -307,6 +314,8 @@ class Controller:
         self._pod_slots: dict[str, tuple[str, str]] = {}  # pod uid -> (Job key, slot), this pass
         self._left_out: dict[str, str] = {}  # node -> why the view leaves it out (logged on change)
         self.passes = 0
+        self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="admission-write")
+        self._writes: list[Future[Any]] = []  # this pass's writes in flight (drained before it ends)
 
     # -- loop ---------------------------------------------------------------------------------------
 
@@ -317,6 +326,7 @@ class Controller:
     def stop(self) -> None:
         for r in self.reflectors:
             r.stop()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in self.reflectors)
@@ -349,26 +359,76 @@ class Controller:
         if not self.leading():
             raise NotLeader()
 
-    def _patch(self, store: Reflector, path: str, body: Mapping[str, Any],
-               what: str) -> dict[str, Any] | None:
-        """A merge patch as the leader; the response goes into the store.  None on a conflict (409) or
-        a vanished object (404): the next pass sees the newer state and decides again."""
-        self._check_leader()
-        try:
-            out = self.kube.patch(path, body, jobs.MERGE_PATCH, what=what)
-        except KubeAPIError as exc:
-            if exc.status in (404, 409):
+    def _patch(self, store: Reflector, path: str, body: Mapping[str, Any], what: str,
+               again: Callable[[dict[str, Any]], Mapping[str, Any] | None] | None = None,
+               ) -> dict[str, Any] | None:
+        """A merge patch as the leader; the response goes into the store.  None on a vanished object
+        (404) or a conflict (409): the next pass sees the newer state and decides again.
+
+        With `again`, a conflict re-reads the object (into the store) and asks `again(fresh)` for the
+        body to send now, up to CONFLICT_RETRIES times; None from it means the write no longer
+        applies (someone else decided)."""
+        for attempt in range(CONFLICT_RETRIES + 1):
+            self._check_leader()
+            try:
+                out = self.kube.patch(path, body, jobs.MERGE_PATCH, what=what)
+            except KubeAPIError as exc:
+                if exc.status not in (404, 409):
+                    raise
+                if exc.status == 409 and again is not None and attempt < CONFLICT_RETRIES:
+                    fresh = self._reread(store, path, what)
+                    retry = again(fresh) if fresh is not None else None
+                    if retry is not None:
+                        body = retry
+                        continue
+                    return None
                 log.info("%s: %s (retried on the next pass)", what, exc)
                 self.changed.set()
                 return None
+            store.put(out)
+            return out
+        return None
+
+    def _reread(self, store: Reflector, path: str, what: str) -> dict[str, Any] | None:
+        """The object at `path` now (also put into the store); None when it is gone."""
+        try:
+            fresh = self.kube.get(path, what=f"re-read to {what}")
+        except KubeAPIError as exc:
+            if exc.status == 404:
+                return None
             raise
-        store.put(out)
-        return out
+        if not isinstance(fresh, dict):
+            return None
+        store.put(fresh)
+        return fresh
+
+    def _submit(self, work: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run `work(*args)` on the write pool; the pass waits for it before it ends."""
+        future = self._pool.submit(work, *args)
+        self._writes.append(future)
+        return future
+
+    def _drain(self) -> None:
+        """Wait for every write of this pass; re-raise the first failure (NotLeader included)."""
+        writes, self._writes = self._writes, []
+        first: BaseException | None = None
+        for future in writes:
+            exc = future.exception()
+            if exc is not None and first is None:
+                first = exc
+        if first is not None:
+            raise first
 
     # -- one pass -----------------------------------------------------------------------------------
 
     def decide_once(self) -> None:
         """One decision pass over the store (see the module docstring)."""
+        try:
+            self._pass()
+        finally:
+            self._drain()
+
+    def _pass(self) -> None:
         self._check_leader()
         self.passes += 1
         all_jobs = sorted(self.jobs.snapshot(), key=_key)
@@ -437,25 +497,30 @@ class Controller:
             started[gang.key] = time.perf_counter()
             return decide(gang)
 
+        decided: list[tuple[str, Future[Any]]] = []  # (queue, write that returns whether it landed)
         for outcome in admission_pass(pending, self.config.queue_modes, timed):
             job = jobs_by_key[outcome.pending.gang.key]
             result = outcome.result
             if isinstance(result, Placement):
-                if self._admit(job, result):
-                    depths[outcome.pending.queue] -= 1
+                self._check_leader()
+                decided.append((outcome.pending.queue, self._submit(self._admit, job, result)))
             elif isinstance(result, Refusal) and result.kind == "never" and self._left_out:
                 # "Never" counts only the usable nodes: with some left out (NotReady, stale NRT) the
                 # gang may fit once they are back, so it waits instead of being rejected for good.
                 self._wait(job, f"{result.reason}; {len(self._left_out)} nodes are left out now")
             elif isinstance(result, Refusal) and result.kind == "never":
-                if self._reject(job, result.reason):
-                    depths[outcome.pending.queue] -= 1
+                self._check_leader()
+                decided.append((outcome.pending.queue, self._submit(self._reject, job, result.reason)))
             elif isinstance(result, Refusal):
                 self._wait(job, result.reason)
             elif isinstance(result, Blocked):
                 self._wait(job, f"behind {result.head}, the head of StrictFIFO queue {outcome.pending.queue}")
             if outcome.pending.gang.key in started:
                 self.metrics.decision_seconds.observe(time.perf_counter() - started[outcome.pending.gang.key])
+        self._drain()
+        for queue, landed in decided:
+            if landed.result():
+                depths[queue] -= 1
         self.metrics.set_queue_depths(depths)
         # Forget what was said about Jobs that are gone, so the memory stays bounded by the queue.
         uids = {str(_meta(job).get("uid")) for job in all_jobs}
@@ -487,7 +552,7 @@ class Controller:
         log.warning("Job %s: %s: %s", jobs.job_key(job), reason, message)
         self.metrics.decisions.labels(result="error").inc()
         self._check_leader()
-        self.events.record(job, "Warning", reason, message)
+        self._submit(self.events.record, job, "Warning", reason, message)
 
     def _job_path(self, job: Mapping[str, Any]) -> str:
         meta = _meta(job)
@@ -499,7 +564,8 @@ class Controller:
         record = AdmissionRecord("admitted", uuid.uuid4().hex, _timestamp(self.clock()),
                                  {i: SlotPlacement(p.node, p.zone) for i, p in enumerate(pods)})
         out = self._patch(self.jobs, self._job_path(job), jobs.decision_patch(job, record),
-                          f"record the admission of Job {jobs.job_key(job)}")
+                          f"record the admission of Job {jobs.job_key(job)}",
+                          again=lambda fresh: _still_pending(job, fresh, jobs.decision_patch, record))
         if out is None:
             return False
         _crash_point("after-decision")
@@ -520,7 +586,8 @@ class Controller:
     def _reject(self, job: dict[str, Any], reason: str) -> bool:
         record = AdmissionRecord("rejected", uuid.uuid4().hex, _timestamp(self.clock()), reason=reason)
         out = self._patch(self.jobs, self._job_path(job), jobs.reject_patch(job, record),
-                          f"record the rejection of Job {jobs.job_key(job)}")
+                          f"record the rejection of Job {jobs.job_key(job)}",
+                          again=lambda fresh: _still_pending(job, fresh, jobs.reject_patch, record))
         if out is None:
             return False
         self.metrics.decisions.labels(result="rejected").inc()
@@ -534,28 +601,31 @@ class Controller:
             return
         self._waiting[uid] = reason
         self._check_leader()
-        self.events.record(job, "Normal", "Waiting", reason)
+        self._submit(self.events.record, job, "Normal", "Waiting", reason)
 
     def _finish_admitted(self, job: dict[str, Any], record: AdmissionRecord,
                          pods: list[dict[str, Any]]) -> dict[str, int]:
         """Unsuspend an admitted Job still suspended; give its gated pods their slots.  Returns the
         slot each of its live pods holds (pod uid -> slot)."""
         if jobs.job_suspended(job):
-            self._unsuspend(job)
+            self._check_leader()
+            self._submit(self._unsuspend, job)
         assignment = jobs.assign_slots(record.slots, pods, jobs.job_indexed(job))
-        held = dict(assignment.held)
         for pod, slot in assignment.place:
-            place = record.slots[slot]
-            meta = _meta(pod)
-            out = self._patch(self.pods, resource_path("", "v1", "pods", str(meta.get("name")),
-                                                       namespace=str(meta.get("namespace"))),
-                              jobs.pod_patch(pod, place.node, place.zone),
-                              f"place pod {_key(pod)} (slot {slot}) on {place.node}")
-            if out is None:
-                held.pop(str(meta.get("uid")), None)
-            else:
-                _crash_point("after-pod-patch")
-        return held
+            self._check_leader()
+            self._submit(self._place_pod, pod, slot, record.slots[slot])
+        # A pod whose patch fails still names its slot this pass: it is gated, so unbound, and the
+        # slot's ledger entry stays either way; the next pass assigns it again.
+        return dict(assignment.held)
+
+    def _place_pod(self, pod: Mapping[str, Any], slot: int, place: SlotPlacement) -> None:
+        meta = _meta(pod)
+        out = self._patch(self.pods, resource_path("", "v1", "pods", str(meta.get("name")),
+                                                   namespace=str(meta.get("namespace"))),
+                          jobs.pod_patch(pod, place.node, place.zone),
+                          f"place pod {_key(pod)} (slot {slot}) on {place.node}")
+        if out is not None:
+            _crash_point("after-pod-patch")
 
     # -- the view -----------------------------------------------------------------------------------
 
@@ -602,6 +672,20 @@ class Controller:
             self._left_out = left_out
         self.metrics.set_nodes(counts)
         return view
+
+
+def _still_pending(job: Mapping[str, Any], fresh: Mapping[str, Any],
+                   patch: Callable[[Mapping[str, Any], AdmissionRecord], dict[str, Any]],
+                   record: AdmissionRecord) -> dict[str, Any] | None:
+    """`patch(fresh, record)` when the re-read Job is still the one decided on (same uid, suspended,
+    no record: only its status or the like moved on); None when someone else decided meanwhile."""
+    if _meta(fresh).get("uid") != _meta(job).get("uid") or not jobs.job_suspended(fresh):
+        return None
+    if _dict(_meta(fresh).get("annotations")).get(jobs.ADMISSION_ANNOTATION) is not None:
+        return None
+    if _dict(fresh.get("spec")).get("template") != _dict(job.get("spec")).get("template"):
+        return None  # the pods changed: the decision was made for other requests
+    return patch(fresh, record)
 
 
 def _node_ready(node: Mapping[str, Any]) -> bool:
