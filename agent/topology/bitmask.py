@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import errno
 import sys
-from typing import Any
 
 import agent._native as _native
 from agent.errors import CPUListError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs start-up time, and `discover` is timed as a whole process
+    from typing import Any
 
 ffi: Any = _native.ffi
 lib: Any = _native.lib

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import cached_property
 
 from agent.topology.cpuset import CPUSet
+from agent.topology.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Cache:
     level: int
     type: str  # "Data" | "Instruction" | "Unified"
@@ -17,7 +17,7 @@ class Cache:
     cpus: CPUSet
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Core:
     """A physical core: its hardware threads (SMT siblings)."""
 
@@ -26,7 +26,7 @@ class Core:
     cpus: CPUSet
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Package:
     """A socket."""
 
@@ -34,14 +34,14 @@ class Package:
     cpus: CPUSet
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Hugepages:
     size_bytes: int
     total: int
     free: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NumaNode:
     """A NUMA node; a memory-only node (CXL, HBM, GPU memory) has no CPUs and names `local_cpus`."""
 
@@ -57,7 +57,7 @@ class NumaNode:
     gpu_pci: str = ""  # tier "GPU": the PCI address of the GPU whose memory this node is
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CPUKind:
     """A class of cores on a hybrid part (performance/efficiency), ranked by `rank` (0 = fastest)."""
 
@@ -66,7 +66,7 @@ class CPUKind:
     cpus: CPUSet
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PCIDevice:
     address: str
     class_code: int
@@ -76,7 +76,7 @@ class PCIDevice:
     local_cpus: CPUSet
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CPUInfo:
     vendor: str
     family: int
@@ -87,7 +87,7 @@ class CPUInfo:
     arch: str
 
 
-@dataclass(frozen=True)
+@record
 class Topology:
     """The whole node. Lists are sorted (by id, or by lowest CPU) so equal machines compare equal."""
 
@@ -100,7 +100,7 @@ class Topology:
     kinds: tuple[CPUKind, ...]
     pci_devices: tuple[PCIDevice, ...]
     cpu_info: CPUInfo
-    warnings: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = ()
 
     @property
     def numa_ids(self) -> tuple[int, ...]:

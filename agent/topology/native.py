@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from typing import Any
 
 from agent.errors import EnforcementError, TopologyError
 from agent.topology.bitmask import FIRST_WORDS as _FIRST_WORDS
@@ -31,6 +30,10 @@ from agent.topology.raw import (
     RawPCI,
     RawScan,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs start-up time, and `discover` is timed as a whole process
+    from typing import Any
 
 _ABSENT = -1
 

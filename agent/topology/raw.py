@@ -7,12 +7,11 @@ file does not give are None (absent), never an empty set standing in for "unknow
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from agent.topology.cpuset import CPUSet
+from agent.topology.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RawCache:
     """One `cpuN/cache/indexM` folder."""
 
@@ -24,7 +23,7 @@ class RawCache:
     cpus: CPUSet | None  # shared_cpu_list, else shared_cpu_map; None when neither
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RawCPU:
     """One `/sys/devices/system/cpu/cpuN` folder (N is `id`)."""
 
@@ -48,14 +47,14 @@ class RawCPU:
     caches: tuple[RawCache, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RawHugepages:
     size_bytes: int
     total: int
     free: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RawNode:
     """One `/sys/devices/system/node/nodeN` folder."""
 
@@ -68,7 +67,7 @@ class RawNode:
     initiators: tuple[int, ...]  # access0 (else access1) /initiators/nodeK ids (HMAT), ascending
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RawPCI:
     """One PCI function under `/sys/bus/pci/devices` (virtual functions are skipped by the scan)."""
 
@@ -80,7 +79,7 @@ class RawPCI:
     local_cpus: CPUSet | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RawError:
     """A file the scan could not use: `code` is an errno-style name, `path` is relative to the root."""
 
@@ -88,7 +87,7 @@ class RawError:
     path: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RawScan:
     root: str
     possible: CPUSet | None

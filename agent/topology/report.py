@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from dataclasses import fields, is_dataclass
-from typing import Any
 
 from agent.topology.cpuset import CPUSet
-from agent.topology.model import Topology
+from agent.topology.model import Core, Topology
+from agent.topology.record import fields_of, is_record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs start-up time, and `discover` is timed as a whole process
+    from typing import Any
 
 
 def to_data(value: Any) -> Any:
-    """The model as plain JSON-able data: CPUSets become cpulist strings, dataclasses dicts."""
+    """The model as plain JSON-able data: CPUSets become cpulist strings, records dicts."""
     if isinstance(value, CPUSet):
         return value.cpulist()
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_data(getattr(value, f.name)) for f in fields(value)}
+    if is_record(value):
+        return {f: to_data(getattr(value, f)) for f in fields_of(value)}
     if isinstance(value, (tuple, list)):
         return [to_data(v) for v in value]
     if isinstance(value, frozenset):
@@ -60,7 +62,15 @@ def render_table(topo: Topology) -> str:
     if info.model_name or info.vendor:
         lines.append(f"  CPU: {info.model_name or info.vendor}"
                      + (" (hypervisor)" if info.hypervisor else ""))
-    l3 = topo.l3_groups
+    # Each group's label and cores, and each package's groups, are found once on int masks: a big
+    # machine has dozens of packages and L3 groups, and testing every pair per NUMA node is slow.
+    caches = {c.cpus: c for c in reversed(topo.caches) if c.level >= 2 and c.type != "Instruction"}
+    groups: list[tuple[int, str, list[Core]]] = []  # (mask, label, cores touching it)
+    for group in topo.l3_groups:
+        cache = caches.get(group)
+        label = f"L{cache.level} {_size(cache.size_bytes)}" if cache else "CPUs"
+        groups.append((group.mask, label, [c for c in topo.cores if c.cpus.mask & group.mask]))
+    groups_of = {p.id: [g for g in groups if g[0] & p.cpus.mask] for p in topo.packages}
     for node in topo.numa_nodes:
         mem = _size(node.memory_bytes) if node.memory_bytes else "?"
         if node.memory_only:
@@ -69,17 +79,14 @@ def render_table(topo: Topology) -> str:
             continue
         lines.append(f"  NUMANode {node.id} {mem}  CPUs {node.cpus}")
         for pkg in topo.packages:
-            shared = pkg.cpus & node.cpus
+            shared = pkg.cpus.mask & node.cpus.mask
             if not shared:
                 continue
-            lines.append(f"    Package {pkg.id}  CPUs {shared}")
-            for group in l3 or (shared,):
-                if not group & shared:
+            lines.append(f"    Package {pkg.id}  CPUs {CPUSet.from_mask(shared)}")
+            for mask, label, touching in groups_of[pkg.id] if groups else [(shared, "CPUs", topo.cores)]:
+                if not mask & shared:
                     continue
-                cache = next((c for c in topo.caches if c.cpus == group and c.level >= 2
-                              and c.type != "Instruction"), None)
-                label = f"L{cache.level} {_size(cache.size_bytes)}" if cache else "CPUs"
-                cores = [c for c in topo.cores if c.cpus & group & shared]
+                cores = [c for c in touching if c.cpus.mask & mask & shared]
                 body = " ".join(f"[{c.cpus}]" if len(c.cpus) > 1 else str(c.cpus) for c in cores)
                 lines.append(f"      {label} ({len(cores)} cores): {body}")
     for kind in topo.kinds:
@@ -110,6 +117,8 @@ def run_discover(args: argparse.Namespace) -> int:
     for warning in topo.warnings:
         sys.stderr.write(f"topolet discover: warning: {printable(warning)}\n")
     fmt = args.format
+    if fmt in ("conformance", "json"):
+        import json  # not for the table: `discover` is timed as a whole process
     if fmt == "conformance":
         out = json.dumps(conformance_view(topo)) + "\n"
     elif fmt == "json":

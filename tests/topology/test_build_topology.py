@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import build_topology
 from agent.topology.raw import RawCache, RawCPU, RawNode, RawPCI, RawScan
+from agent.topology.record import replace
 
 
 def cpu(i: int, pkg: int = 0, core: int | None = None, siblings: str | None = None,
