@@ -13,9 +13,11 @@ Policies, all run in this process on the same arrivals:
 - BestFit: the node left with the least free CPU and GPU (each as a share of the node's capacity),
   the fullest GPU with room;
 - FGD: the paper's policy re-implemented: the node whose expected fragmentation w.r.t. the
-  workload's pod-type mix rises least (`agent.admission.fragmentation`), ties at random;
+  workload's pod-type mix rises least (`agent.admission.fragmentation`), ties at random; the pod
+  types carry their GPU models (`gpu_spec`) as the paper's do;
 - gpu_choice: topolet's score (`agent.admission.fragmentation.gpu_choice`: FGD's measure plus the
-  stranded-GPU term) on every node that fits, ties to the first node, without the engine;
+  stranded-GPU term and the price of GPU taken from a model constrained pods need) on every node that
+  fits, ties to the first node, without the engine;
 - topolet: the admission engine (`agent.admission.engine.place`, then `commit`) with each pod as a
   one-pod gang and the workload's pod-type mix as the view's `gpu_mix`; `--direct` scores this column
   with `gpu_choice` as well (and so does a checkout without the engine).
@@ -41,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agent.admission.fragmentation import WHOLE, GpuMix, gpu_choice  # noqa: E402
+from agent.admission.fragmentation import WHOLE, GpuMix, gpu_choice, gpu_supply  # noqa: E402
 from agent.admission.model import (  # noqa: E402
     ClusterView,
     Gang,
@@ -457,6 +459,7 @@ def main() -> None:
             direct = True
     capacity = sum(h.gpus for h in hosts) * WHOLE
     model_of = Cluster(hosts).type_model
+    supply = gpu_supply(Cluster(hosts).node(i) for i in range(len(hosts)))
     results: dict[str, list[float]] = {p: [] for p in policies}
     seconds: dict[str, float] = dict.fromkeys(policies, 0.0)
     for seed in seeds:
@@ -471,9 +474,9 @@ def main() -> None:
             elif name == "FGD":
                 policy = FGD(rng, paper_mix, model_of)
             elif name == "gpu_choice":
-                policy = TopoletDirect(rng, GpuMix(mix, models=models))
+                policy = TopoletDirect(rng, GpuMix(mix, models=models, supply=supply))
             elif name == "topolet":
-                policy = (TopoletDirect(rng, GpuMix(mix, models=models)) if direct
+                policy = (TopoletDirect(rng, GpuMix(mix, models=models, supply=supply)) if direct
                           else TopoletEngine(mix, models))
             else:
                 raise SystemExit(f"unknown policy {name}")

@@ -101,6 +101,19 @@ def _load_gpu_choice() -> Callable[..., tuple[float, int | None] | None] | None:
 _gpu_choice = _load_gpu_choice()
 
 
+def _load_gpu_supply() -> Callable[[Sequence[Node]], dict[str, int]] | None:
+    # The cluster's GPUs per model, for pod mixes whose types name GPU models.
+    try:
+        module = importlib.import_module("agent.admission.fragmentation")
+    except ImportError:
+        return None
+    supply = getattr(module, "gpu_supply", None)
+    return supply if callable(supply) else None
+
+
+_gpu_supply = _load_gpu_supply()
+
+
 # ---- per-node mutable figures ----------------------------------------------------------------------
 
 class _State:
@@ -334,6 +347,8 @@ class _Work:
         self.ix = ix
         self.mix = mix
         self.models = models
+        # the cluster's GPUs per model price the GPUs model-constrained pod types need
+        self.supply = _gpu_supply(ix.nodes) if models and _gpu_supply is not None else None
         self.touched: dict[int, _State] = {}
         self.eligible: dict[tuple[str, int], tuple[bool, int]] = {}
         self.base: dict[tuple[str, int], tuple[bool, int]] = {}
@@ -470,7 +485,7 @@ class _Work:
             node = self.ix.nodes[i]
             if i in self.touched:
                 node = s.to_node(node)
-            return _gpu_choice(node, r, self.mix, self.models)
+            return _gpu_choice(node, r, self.mix, self.models, self.supply)
         if r.gpu_milli:  # best fit: the GPU with the least free that holds the share
             fits = [(f, g) for g, f in enumerate(s.gfree) if f >= r.gpu_milli]
             if not fits:

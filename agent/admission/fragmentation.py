@@ -12,7 +12,13 @@ free GPU (in thousandths) that m cannot use there:
 A pod type may be limited to some GPU models (the trace's `gpu_spec`, the view's `gpu_mix_models`): on
 a node of another model it fits nowhere, so all of that node's free GPU is a fragment for it.  This
 keeps the nodes of a model that constrained pods need free for them, as FGD's pod types (which carry
-the model) do.
+the model) do.  FGD's measure only sees a model's GPUs being fragmented, not being used up: when
+the constrained pods need more of a model than its share of the cluster, pods that could go
+anywhere still fill it.  So, given the cluster's GPUs per model (`supply`), topolet prices each GPU
+thousandth a pod takes from a model at `reserve * pressure(model)`, the constrained demand that falls
+on that model's GPUs (spread over the models each type allows, by their supply) relative to the
+workload's demand per GPU of the cluster.  On the trace's `gpuspec33` workload this leaves about 5%
+of GPUs unallocated where FGD leaves 12%.
 
 A node's fragmentation is the expectation over the target workload, `sum(popularity(m) * F(m))`.
 Placing a pod is scored by how much it raises that expectation (FGD's gradient): lower is better.
@@ -23,11 +29,13 @@ CPU-hungry pods drain a node's CPU while its GPUs are free, and those GPUs are l
 Alibaba trace (bench/fgd.py) the term cuts unallocated GPU from about 4.8% to about 4.2%.
 
 Public API:
-- `GpuMix`: a target workload, (request, popularity) pairs and optionally each type's GPU models,
-  compiled for fast scoring;
+- `GpuMix`: a target workload, (request, popularity) pairs and optionally each type's GPU models and
+  the cluster's GPUs per model, compiled for fast scoring;
+- `gpu_supply(nodes)`: the GPUs per model of a cluster;
 - `fragmentation(cpu_milli, memory, gpu_free_milli, mix, model="")`: a node state's expected fragment;
-- `gpu_choice(node, request, mix, models=())`: None when the request does not fit the node, else
-  `(score, gpu_index)`, the rise in fragmentation and the GPU a shared pod should take.
+- `gpu_choice(node, request, mix, models=(), supply=None)`: None when the request does not fit the
+  node, else `(score, gpu_index)`, the rise in fragmentation (plus the price above) and the GPU a
+  shared pod should take.
 
 Everything is pure; `GpuMix` memoises fragmentation by node state because a cluster has few distinct
 node states and the engine scores every node for every pod.
@@ -35,7 +43,7 @@ node states and the engine scores every node for every pod.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from agent.admission.model import Node, Resources
 
@@ -45,6 +53,9 @@ WHOLE = 1000
 STRANDING = 1.0
 """Weight of the stranded-GPU term; 0 gives the paper's FGD measure."""
 
+RESERVE = 1.0
+"""Weight of the price of GPU taken from a model that model-constrained pod types need; 0: none."""
+
 _MEMO_LIMIT = 1 << 18
 
 
@@ -53,15 +64,18 @@ class GpuMix:
 
     The demand is `(gpus, gpu_milli)`: whole GPUs, or one share.  Within a demand, the types differ
     only in CPU and memory, which decide whether the type fits the node at all.  `models`, parallel
-    to `mix` (empty: none constrained), gives each type the GPU models it may use (None: any).
-    `stranding` weighs the free GPU the node's free CPU cannot feed (0: FGD's measure as published).
+    to `mix` (empty: none constrained), gives each type the GPU models it may use (None: any);
+    `supply` is the cluster's GPUs per model, and `reserve` weighs the price of taking GPU from a
+    model constrained types need (see `gpu_choice`).  `stranding` weighs the free GPU the node's
+    free CPU cannot feed (0: FGD's measure as published).
     """
 
     __slots__ = ("no_gpu", "total", "cpu_per_milli", "stranding", "_memo", "choices", "_groups",
-                 "_by_model", "constrained")
+                 "_by_model", "constrained", "pressure", "reserve", "supply")
 
     def __init__(self, mix: Sequence[tuple[Resources, float]], stranding: float = STRANDING,
-                 models: Sequence[frozenset[str] | None] = ()) -> None:
+                 models: Sequence[frozenset[str] | None] = (), supply: Mapping[str, int] | None = None,
+                 reserve: float = RESERVE) -> None:
         if models and len(models) != len(mix):
             raise ValueError(f"{len(models)} GPU model sets for {len(mix)} pod types")
         groups: dict[tuple[int, int, frozenset[str] | None], list[tuple[int, int, float]]] = {}
@@ -78,6 +92,10 @@ class GpuMix:
         self.no_gpu = no_gpu
         self.total = total
         self.stranding = stranding
+        self.reserve = reserve
+        self.supply = dict(supply or {})
+        # per GPU model, how much of the constrained demand falls on each of its GPUs (see _pressure)
+        self.pressure = _pressure(mix, models, self.supply) if models and self.supply else {}
         gpu_milli = sum(p * (r.gpus * WHOLE + r.gpu_milli) for r, p in mix)
         gpu_cpu = sum(p * r.cpu_milli for r, p in mix if r.gpus or r.gpu_milli)
         self.cpu_per_milli = gpu_cpu / gpu_milli if gpu_milli else 0.0
@@ -145,6 +163,35 @@ class GpuMix:
         return frag
 
 
+def _pressure(mix: Sequence[tuple[Resources, float]], models: Sequence[frozenset[str] | None],
+              supply: Mapping[str, int]) -> dict[str, float]:
+    """Per GPU model: the constrained demand that falls on it (apportioned by supply) per GPU of it,
+    relative to the workload's GPU demand per GPU of the cluster."""
+    total_supply = sum(supply.values())
+    demand = sum(p * (r.gpus * WHOLE + r.gpu_milli) for r, p in mix)
+    if not total_supply or not demand:
+        return {}
+    load: dict[str, float] = dict.fromkeys(supply, 0.0)
+    for (r, p), allowed in zip(mix, models, strict=True):
+        if allowed is None:
+            continue
+        there = {m: supply[m] for m in allowed if supply.get(m)}
+        room = sum(there.values())
+        for m, n in there.items():
+            load[m] += p * (r.gpus * WHOLE + r.gpu_milli) * n / room
+    return {m: (load[m] / demand) / (n / total_supply) for m, n in supply.items() if n}
+
+
+def gpu_supply(nodes: Iterable[Node]) -> dict[str, int]:
+    """The GPUs per model (`Node.gpu_model`) of `nodes`, as they have them when empty."""
+    supply: dict[str, int] = {}
+    for n in nodes:
+        count = max(n.capacity.gpus, len(n.gpu_free_milli))
+        if count:
+            supply[n.gpu_model] = supply.get(n.gpu_model, 0) + count
+    return supply
+
+
 def _free_gpus(node: Node) -> tuple[int, ...]:
     if node.gpu_free_milli:
         return node.gpu_free_milli
@@ -176,16 +223,17 @@ _last: tuple[Sequence[tuple[Resources, float]], Sequence[frozenset[str] | None],
 
 
 def compiled(
-    mix: Sequence[tuple[Resources, float]] | GpuMix, models: Sequence[frozenset[str] | None] = ()
+    mix: Sequence[tuple[Resources, float]] | GpuMix, models: Sequence[frozenset[str] | None] = (),
+    supply: Mapping[str, int] | None = None,
 ) -> GpuMix:
-    """The compiled form of `mix` (with its types' GPU `models`), reused while callers pass the same
-    objects."""
+    """The compiled form of `mix` (with its types' GPU `models` and the cluster's GPUs per model),
+    reused while callers pass the same mix and models objects and an equal supply."""
     global _last
     if isinstance(mix, GpuMix):
         return mix
-    if _last is not None and _last[0] is mix and _last[1] is models:
+    if _last is not None and _last[0] is mix and _last[1] is models and _last[2].supply == (supply or {}):
         return _last[2]
-    gm = GpuMix(mix, models=models)
+    gm = GpuMix(mix, models=models, supply=supply)
     # the engine passes one ClusterView's mix for every node: keep its compiled form and memo
     _last = (mix, models, gm)
     return gm
@@ -207,18 +255,19 @@ def taken(gpus: Sequence[int], request: Resources, index: int | None) -> tuple[i
 
 def gpu_choice(
     node: Node, request: Resources, mix: Sequence[tuple[Resources, float]] | GpuMix,
-    models: Sequence[frozenset[str] | None] = (),
+    models: Sequence[frozenset[str] | None] = (), supply: Mapping[str, int] | None = None,
 ) -> tuple[float, int | None] | None:
     """None when `request` does not fit `node`, else (rise in fragmentation, GPU for a shared pod).
 
     `models`, parallel to `mix`, are the GPU models each type may use (empty: any); the node's own is
-    `node.gpu_model`.  With an empty mix the score is plain best fit: the free GPU thousandths the
-    node keeps.
+    `node.gpu_model`; `supply` is the cluster's GPUs per model (`gpu_supply`), which prices the GPU
+    taken from a model constrained types need.  With an empty mix the score is plain best fit: the
+    free GPU thousandths the node keeps.
     """
     if not fits(node, request):
         return None
     gpus = _free_gpus(node)
-    gm = compiled(mix, models)
+    gm = compiled(mix, models, supply)
     if not gm.total:
         if request.gpu_milli and not request.gpus:
             index = min((f, i) for i, f in enumerate(gpus) if f >= request.gpu_milli)[1]
@@ -241,7 +290,9 @@ def _choose(
 ) -> tuple[float, int | None]:
     cpu = cpu_free - request.cpu_milli
     mem = mem_free - request.memory
-    before = gm.fragmentation(cpu_free, mem_free, gpus, model)
+    # the GPU taken from a model that constrained pods need is GPU they cannot have later
+    before = gm.fragmentation(cpu_free, mem_free, gpus, model) - gm.reserve * gm.total * (
+        request.gpus * WHOLE + request.gpu_milli) * gm.pressure.get(model, 0.0)
     if request.gpus or not request.gpu_milli:
         return gm.fragmentation(cpu, mem, taken(gpus, request, None), model) - before, None
     best: tuple[float, int, int] | None = None

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from agent.admission.fragmentation import GpuMix, fits, fragmentation, gpu_choice
-from agent.admission.model import Node, Resources
+from agent.admission.engine import place
+from agent.admission.fragmentation import GpuMix, fits, fragmentation, gpu_choice, gpu_supply
+from agent.admission.model import ClusterView, Gang, Node, Placement, PodSet, Resources
 
 GIB = 1 << 30
 HALF = Resources(cpu_milli=1000, memory=GIB, gpu_milli=500)
@@ -165,3 +166,45 @@ def test_whole_gpu_keeps_off_the_nodes_a_constrained_type_needs() -> None:
     # V100 (1000, 1000) -> (0, 1000): fragment 0 -> 0; T4: 0.5*2000 -> 0.5*1000, a fall of 500
     assert gpu_choice(on("V100M16"), one, MIX, V100_ONLY) == (0.0, None)
     assert gpu_choice(on("T4"), one, MIX, V100_ONLY) == (-500.0, None)
+
+
+def gpu_node(name: str, model: str, gpus: tuple[int, ...] = (1000, 1000)) -> Node:
+    free = Resources(cpu_milli=4000, memory=8 * GIB, gpus=gpus.count(1000))
+    return Node(name, free=free, capacity=Resources(cpu_milli=4000, memory=8 * GIB, gpus=len(gpus)),
+                gpu_free_milli=gpus, gpu_model=model)
+
+
+def test_gpu_supply_counts_each_models_gpus_when_empty() -> None:
+    nodes = [gpu_node("a", "V100M16", (0, 300)), gpu_node("b", "T4"), gpu_node("c", "T4", (1000,)),
+             Node("cpu", free=Resources(cpu_milli=4000))]
+    assert gpu_supply(nodes) == {"V100M16": 2, "T4": 3}
+
+
+# half the pods take a whole GPU anywhere, half one V100: the cluster has 2 V100 and 2 T4 GPUs, so
+# the V100-only half (500 of the 1000 GPU thousandths asked per pod) falls on half the GPUs:
+# pressure(V100) = (500 / 1000) / (2 / 4) = 1, pressure(T4) = 0
+ANY_OR_V100 = ((ONE, 0.5), (ONE, 0.5))
+V100_HALF = (None, frozenset({"V100M16"}))
+SUPPLY = {"V100M16": 2, "T4": 2}
+
+
+def test_gpu_taken_from_a_model_constrained_pods_need_is_priced() -> None:
+    mix = GpuMix(ANY_OR_V100, stranding=0.0, models=V100_HALF, supply=SUPPLY)
+    assert mix.pressure == {"V100M16": 1.0, "T4": 0.0}
+    # V100 (1000, 1000) -> (0, 1000): no fragment before or after, but 1000 thousandths at pressure 1;
+    # T4: the V100 type's fragment 0.5 * 2000 -> 0.5 * 1000
+    assert gpu_choice(gpu_node("v", "V100M16"), ONE, mix) == (1000.0, None)
+    assert gpu_choice(gpu_node("t", "T4"), ONE, mix) == (-500.0, None)
+    # without the supply nothing is priced
+    plain = GpuMix(ANY_OR_V100, stranding=0.0, models=V100_HALF)
+    assert gpu_choice(gpu_node("v", "V100M16"), ONE, plain) == (0.0, None)
+
+
+def test_engine_keeps_the_gpus_a_constrained_type_needs() -> None:
+    # the V100 node comes first in name order: without models the tie goes to it
+    nodes = (gpu_node("a-v100", "V100M16"), gpu_node("b-t4", "T4"))
+    gang = Gang("g", (PodSet("p", 1, ONE),))
+    plain = place(ClusterView(nodes=nodes, gpu_mix=ANY_OR_V100), gang)
+    assert isinstance(plain, Placement) and plain.pods[0].node == "a-v100"
+    aware = place(ClusterView(nodes=nodes, gpu_mix=ANY_OR_V100, gpu_mix_models=V100_HALF), gang)
+    assert isinstance(aware, Placement) and aware.pods[0].node == "b-t4"
