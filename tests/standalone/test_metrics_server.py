@@ -65,7 +65,7 @@ def test_many_idle_connections_hold_no_threads_and_health_still_answers() -> Non
                 idle.append(s)
             wait_for(lambda: server.refused >= 300 - 16, "the oldest idle connections to be pushed out")
             assert server_threads() == 3  # one reader, two answerers: not one per connection
-            assert threading.active_count() == before + 3
+            assert threading.active_count() <= before + 3  # and nothing else of its own
             assert server.held <= 16
             assert get(server.port, "/healthz") == (200, "fine\n")
             status, body = get(server.port, "/metrics")
