@@ -169,7 +169,7 @@ static void scan_cache(struct scan_ctx *ctx, uint32_t slot, int cachefd, const c
      * scanned already and states the same set, its record is this one (hwloc reads only the
      * first sharer's files, for the same reason). */
     shared = scan_get_set_pref(ctx, cachefd, cachedir, prefix, cache_set_names, cache_is_mask,
-                          2, &ctx->pref_shared);
+                               2, &ctx->pref_shared);
     donor = donor_for(ctx, slot, cpu->id, shared);
     if (donor) {
         for (uint32_t i = donor->cache_off; i < donor->cache_off + donor->ncaches; i++) {
@@ -256,15 +256,16 @@ static const topo_cpu_t *scan_topology(struct scan_ctx *ctx, uint32_t slot, int 
      * scanned already and states the same siblings, copy them rather than read them again.
      * Stating the same siblings does not make two CPUs one core: AMD compute units (Bulldozer
      * family) list both of their cores as thread siblings, each with its own core_id.  So each
-     * thread's core_id and package id are read, and the facts are copied only when both match
-     * the donor's; die, cluster, book and drawer contain the core, so one core has one of each. */
+     * thread's core_id is read, and the facts are copied only when it matches the donor's.  The
+     * other facts hold for every thread siblings set, compute units included: the kernel makes
+     * CPUs siblings only within one package and die (and cluster, book, drawer, which contain
+     * them), so the ids and sets of those are the donor's. */
     c->thread_siblings = scan_get_set_pref(ctx, cpufd, cpudir, "topology/", topo_names + T_THREAD_LIST,
-                                      topo_is_mask + T_THREAD_LIST, 4, &ctx->pref_thread);
+                                           topo_is_mask + T_THREAD_LIST, 4, &ctx->pref_thread);
     donor = donor_for(ctx, slot, c->id, c->thread_siblings);
     if (donor && donor->has_topology && !(donor->flags & TOPO_F_PARTIAL) &&
         same_set(donor->thread_siblings, c->thread_siblings) &&
-        quiet_id(ctx, cpufd, "topology/core_id") == donor->core_id &&
-        quiet_id(ctx, cpufd, "topology/physical_package_id") == donor->package_id) {
+        quiet_id(ctx, cpufd, "topology/core_id") == donor->core_id) {
         c->has_topology = 1;
         c->package_id = donor->package_id;
         c->die_id = donor->die_id;
@@ -306,15 +307,15 @@ static const topo_cpu_t *scan_topology(struct scan_ctx *ctx, uint32_t slot, int 
     if (tp >> T_DRAWER_ID & 1)
         c->drawer_id = scan_get_id(ctx, tfd, sub, topo_names[T_DRAWER_ID]);
     c->package_cpus = scan_get_set(ctx, tfd, sub, topo_names + T_PACKAGE_LIST,
-                              topo_is_mask + T_PACKAGE_LIST, 4, tp >> T_PACKAGE_LIST);
+                                   topo_is_mask + T_PACKAGE_LIST, 4, tp >> T_PACKAGE_LIST);
     c->die_cpus = scan_get_set(ctx, tfd, sub, topo_names + T_DIE_LIST, topo_is_mask + T_DIE_LIST, 2,
-                          tp >> T_DIE_LIST);
+                               tp >> T_DIE_LIST);
     c->cluster_cpus = scan_get_set(ctx, tfd, sub, topo_names + T_CLUSTER_LIST,
-                              topo_is_mask + T_CLUSTER_LIST, 2, tp >> T_CLUSTER_LIST);
+                                   topo_is_mask + T_CLUSTER_LIST, 2, tp >> T_CLUSTER_LIST);
     c->book_siblings = scan_get_set(ctx, tfd, sub, topo_names + T_BOOK_LIST, topo_is_mask + T_BOOK_LIST,
-                               2, tp >> T_BOOK_LIST);
+                                    2, tp >> T_BOOK_LIST);
     c->drawer_siblings = scan_get_set(ctx, tfd, sub, topo_names + T_DRAWER_LIST,
-                                 topo_is_mask + T_DRAWER_LIST, 2, tp >> T_DRAWER_LIST);
+                                      topo_is_mask + T_DRAWER_LIST, 2, tp >> T_DRAWER_LIST);
     if (ctx->pub.nerrors != nerrors)
         c->flags |= TOPO_F_PARTIAL;
     close(tfd);

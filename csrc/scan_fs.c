@@ -431,7 +431,7 @@ int scan_parse_int(const char *s, size_t n, int base16, int64_t *out)
 
 /* A number file: 0 and *out set, ENOENT when absent (silent); any other problem is recorded. */
 int scan_get_int(struct scan_ctx *ctx, int dirfd, const char *dir, const char *name, int base16,
-                   int64_t *out)
+                 int64_t *out)
 {
     size_t len;
     int err = scan_read(ctx, dirfd, name, &len, 0);
@@ -468,7 +468,7 @@ static int parse_set_text(struct scan_ctx *ctx, const char *text, size_t len, in
 /* A set from the first of `names` that exists (lists and masks alternate as the caller orders
  * them).  `present` is a bit per name from a directory listing, or ~0 to just try each. */
 topo_set_t scan_get_set(struct scan_ctx *ctx, int dirfd, const char *dir, const char *const *names,
-                          const int *is_mask, int count, uint32_t present)
+                        const int *is_mask, int count, uint32_t present)
 {
     topo_set_t s = {TOPO_ABSENT, 0};
 
@@ -492,7 +492,7 @@ topo_set_t scan_get_set(struct scan_ctx *ctx, int dirfd, const char *dir, const 
 /* Like scan_get_set for names under `prefix` ("topology/", "index2/"), trying first the name that
  * worked last time (*pref): sibling folders nearly always offer the same files. */
 topo_set_t scan_get_set_pref(struct scan_ctx *ctx, int dirfd, const char *dir, const char *prefix,
-                               const char *const *names, const int *is_mask, int count, int *pref)
+                             const char *const *names, const int *is_mask, int count, int *pref)
 {
     topo_set_t s = {TOPO_ABSENT, 0};
 
@@ -524,7 +524,7 @@ topo_set_t scan_get_list(struct scan_ctx *ctx, int dirfd, const char *dir, const
 }
 
 topo_set_t scan_get_list_or_mask(struct scan_ctx *ctx, int dirfd, const char *dir,
-                                   const char *list, const char *mask)
+                                 const char *list, const char *mask)
 {
     static const int kinds[2] = {0, 1};
     const char *names[2] = {list, mask};
@@ -573,7 +573,7 @@ static int cmp_i64(const void *a, const void *b)
 
 /* Ids N of entries named prefix<N>suffix, ascending and unique; 0 or the listing's errno. */
 int scan_list_ids(struct scan_ctx *ctx, int fd, const char *prefix, const char *suffix,
-                    int64_t limit, struct id_list *l)
+                  int64_t limit, struct id_list *l)
 {
     int err;
     uint32_t j = 0;

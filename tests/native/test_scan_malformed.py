@@ -112,8 +112,8 @@ def test_flags_come_from_the_dump_not_cpuid(tmp_path: Path) -> None:
 
 
 def test_threads_share_the_first_threads_facts(tmp_path: Path) -> None:
-    """A thread whose siblings, core id and package agree with the core's first thread takes that
-    thread's facts; one whose siblings or ids disagree is read on its own (AMD compute units)."""
+    """A thread whose siblings and core id agree with the core's first thread takes that thread's
+    facts; one whose siblings or core id disagree is read on its own (AMD compute units)."""
     root = make_tree(tmp_path)
     write(root, f"{CPU}/cpu1/topology/core_id", "7\n")
     write(root, f"{CPU}/cpu3/topology/core_id", "9\n")
@@ -126,16 +126,6 @@ def test_threads_share_the_first_threads_facts(tmp_path: Path) -> None:
         assert s.cpus[3].thread_siblings == CPUSet([3])
         assert s.cpus[1].package_cpus == CPUSet(range(4))  # read in full: its own file
         assert s.cpus[2].package_cpus == CPUSet([2, 3])
-
-
-def test_sibling_in_another_package_is_read_in_full(tmp_path: Path) -> None:
-    """Siblings that name different packages are not one core: the second is read on its own."""
-    root = make_tree(tmp_path)
-    write(root, f"{CPU}/cpu1/topology/physical_package_id", "1\n")
-    write(root, f"{CPU}/cpu1/topology/core_siblings_list", "1\n")
-    s = native.scan(str(root), parts=1)
-    assert (s.cpus[1].package_id, s.cpus[1].core_id) == (1, 0)
-    assert s.cpus[1].package_cpus == CPUSet([1])
 
 
 def test_unusable_core_id_of_a_sibling_is_reported(tmp_path: Path) -> None:
