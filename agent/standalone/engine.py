@@ -67,6 +67,10 @@ class NodeUsage:
 class PinningEngine:
     """Exclusive CPU allocations on one node, recorded in a state file and enforced with cpusets."""
 
+    # Class defaults too, for a subclass whose constructor does not run this one's.
+    defer_rebuild = False
+    _unsaved = False
+
     def __init__(self, topology: Topology, layout: CgroupLayout, state_file: StateFile,
                  reserved: CPUSet = EMPTY, proc: str = "/proc", gpus: tuple[GPU, ...] = (),
                  *, defer_rebuild: bool = False) -> None:
