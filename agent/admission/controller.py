@@ -316,6 +316,8 @@ class Controller:
         self.passes = 0
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="admission-write")
         self._writes: list[Future[Any]] = []  # this pass's writes in flight (drained before it ends)
+        self._written = 0  # writes submitted this pass (logged)
+        self._timings = (0.0, 0.0)  # this pass's seconds building the view, deciding (logged)
 
     # -- loop ---------------------------------------------------------------------------------------
 
@@ -406,6 +408,7 @@ class Controller:
         """Run `work(*args)` on the write pool; the pass waits for it before it ends."""
         future = self._pool.submit(work, *args)
         self._writes.append(future)
+        self._written += 1
         return future
 
     def _drain(self) -> None:
@@ -423,10 +426,16 @@ class Controller:
 
     def decide_once(self) -> None:
         """One decision pass over the store (see the module docstring)."""
+        started = time.perf_counter()
         try:
             self._pass()
         finally:
             self._drain()
+        elapsed = time.perf_counter() - started
+        if self._written or elapsed > 1.0:  # a timing line per pass that did something (profiling)
+            log.info("pass %d: %.2f s (view %.2f s, decisions %.2f s, then writes), %d writes",
+                     self.passes, elapsed, self._timings[0], self._timings[1], self._written)
+        self._written = 0
 
     def _pass(self) -> None:
         self._check_leader()
@@ -478,7 +487,9 @@ class Controller:
         depths: dict[str, int] = {}
         for p in pending:
             depths[p.queue] = depths.get(p.queue, 0) + 1
+        t_view = time.perf_counter()
         view = self._view(admitted, pods)
+        t_decide = time.perf_counter()
         self.metrics.set_view(view)
 
         from agent.admission.engine import commit, place
@@ -517,6 +528,7 @@ class Controller:
                 self._wait(job, f"behind {result.head}, the head of StrictFIFO queue {outcome.pending.queue}")
             if outcome.pending.gang.key in started:
                 self.metrics.decision_seconds.observe(time.perf_counter() - started[outcome.pending.gang.key])
+        self._timings = (t_decide - t_view, time.perf_counter() - t_decide)
         self._drain()
         for queue, landed in decided:
             if landed.result():
@@ -677,15 +689,8 @@ class Controller:
 def _still_pending(job: Mapping[str, Any], fresh: Mapping[str, Any],
                    patch: Callable[[Mapping[str, Any], AdmissionRecord], dict[str, Any]],
                    record: AdmissionRecord) -> dict[str, Any] | None:
-    """`patch(fresh, record)` when the re-read Job is still the one decided on (same uid, suspended,
-    no record: only its status or the like moved on); None when someone else decided meanwhile."""
-    if _meta(fresh).get("uid") != _meta(job).get("uid") or not jobs.job_suspended(fresh):
-        return None
-    if _dict(_meta(fresh).get("annotations")).get(jobs.ADMISSION_ANNOTATION) is not None:
-        return None
-    if _dict(fresh.get("spec")).get("template") != _dict(job.get("spec")).get("template"):
-        return None  # the pods changed: the decision was made for other requests
-    return patch(fresh, record)
+    """`patch(fresh, record)` when the re-read Job is still the one decided on; else None."""
+    return patch(fresh, record) if jobs.still_undecided(job, fresh) else None
 
 
 def _node_ready(node: Mapping[str, Any]) -> bool:

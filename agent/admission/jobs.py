@@ -22,6 +22,8 @@ Public API:
   gated pod gets which free slot (see `assign_slots`).
 - `gang_requests(job)`: one pod's requests (Resources) from the template.
 - `job_finished(job)`, `job_indexed(job)`, `job_suspended(job)`, `pod_gated(pod)`, `pod_live(pod)`.
+- `still_undecided(job, fresh) -> bool`: whether a decision made on `job` may still be written onto
+  its re-read version `fresh` (after a 409).
 """
 
 from __future__ import annotations
@@ -417,6 +419,20 @@ def decision_patch(job: Mapping[str, Any], record: AdmissionRecord) -> dict[str,
     return {"metadata": {"resourceVersion": _meta(job).get("resourceVersion"),
                          "annotations": {ADMISSION_ANNOTATION: record.encode()}},
             "spec": {"template": {"spec": {"schedulingGates": gates}}}}
+
+
+def still_undecided(job: Mapping[str, Any], fresh: Mapping[str, Any]) -> bool:
+    """`fresh` (the Job re-read after a conflict) is still the Job decided on and still undecided.
+
+    Same uid, still suspended, no admission record, same pod template: only something the decision
+    does not read moved on (the Job controller writes a suspended Job's status), so the decision may
+    be written with `fresh`'s resourceVersion.  A record there means another writer (a replica that
+    led before) decided first; a changed template means other requests than the ones placed."""
+    if _meta(fresh).get("uid") != _meta(job).get("uid") or not job_suspended(fresh):
+        return False
+    if _dict(_meta(fresh).get("annotations")).get(ADMISSION_ANNOTATION) is not None:
+        return False
+    return _dict(fresh.get("spec")).get("template") == _dict(job.get("spec")).get("template")
 
 
 def unsuspend_patch() -> dict[str, Any]:

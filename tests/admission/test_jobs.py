@@ -21,6 +21,7 @@ from agent.admission.jobs import (
     gang_from_job,
     pod_patch,
     record_of,
+    still_undecided,
 )
 from agent.admission.model import NodeSelectorRequirement, Resources, Toleration
 
@@ -210,3 +211,39 @@ def test_assign_slots(what: str, pods: list[dict[str, Any]], indexed: bool, held
     got = assign_slots(SLOTS, pods, indexed)
     assert dict(got.held) == held
     assert [(p["metadata"]["name"], slot) for p, slot in got.place] == place
+
+
+def _moved_on(change: str) -> dict[str, Any]:
+    """The `_job()` re-read after someone changed `change` (a 409 on our write)."""
+    fresh = copy.deepcopy(_job())
+    fresh["metadata"]["resourceVersion"] = "8"
+    if change == "status":
+        fresh["status"] = {"conditions": [{"type": "Suspended", "status": "True"}]}
+    elif change == "decided":
+        theirs = AdmissionRecord("admitted", "other", "2026-01-01T00:00:00Z",
+                                 {0: SlotPlacement("n1"), 1: SlotPlacement("n2")})
+        fresh["metadata"].setdefault("annotations", {})[ADMISSION_ANNOTATION] = theirs.encode()
+    elif change == "unsuspended":
+        fresh["spec"]["suspend"] = False
+    elif change == "recreated":
+        fresh["metadata"]["uid"] = "another-uid"
+    elif change == "template":
+        fresh["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "4"
+    return fresh
+
+
+@pytest.mark.parametrize(("change", "retry"), [
+    ("status", True),         # the Job controller wrote the status: our decision still holds
+    ("decided", False),       # another replica recorded its own decision first
+    ("unsuspended", False),   # someone else let it run
+    ("recreated", False),     # a new Job of the same name
+    ("template", False),      # other requests than the ones placed
+])
+def test_still_undecided_after_a_conflict(change: str, retry: bool) -> None:
+    job = _job()
+    job["metadata"]["resourceVersion"] = "7"
+    fresh = _moved_on(change)
+    assert still_undecided(job, fresh) is retry
+    if retry:  # the retried write carries the fresh resourceVersion, so it still guards against a race
+        record = AdmissionRecord("admitted", "d1", "2026-01-01T00:00:00Z", {0: SlotPlacement("n1")})
+        assert decision_patch(fresh, record)["metadata"]["resourceVersion"] == "8"
