@@ -64,6 +64,15 @@ def test_stranding_counts_gpus_the_free_cpu_cannot_feed() -> None:
     assert GpuMix(mix, stranding=1.0).fragmentation(8000, 0, (1000, 1000)) == 0.0
 
 
+def test_stranding_counts_the_cpu_of_cpu_only_pods_too() -> None:
+    # GPU pods ask 4 CPUs per GPU, CPU-only pods as many again: 8 CPU-millicores per GPU thousandth
+    mix = ((Resources(cpu_milli=4000, gpus=1), 0.5), (Resources(cpu_milli=4000), 0.5))
+    fgd = GpuMix(mix, stranding=0.0).fragmentation(8000, 0, (1000, 1000))
+    # 8 CPUs feed one of the two free GPUs: 1000 stranded, weighed by the mix's total popularity 1
+    assert GpuMix(mix, stranding=1.0).fragmentation(8000, 0, (1000, 1000)) == fgd + 1000.0
+    assert GpuMix(mix, stranding=1.0).fragmentation(16000, 0, (1000, 1000)) == fgd
+
+
 def node(gpus: tuple[int, ...], cpu_milli: int = 4000, memory: int = 8 * GIB, whole: int = 0) -> Node:
     return Node("n", free=Resources(cpu_milli=cpu_milli, memory=memory, gpus=whole), gpu_free_milli=gpus)
 
