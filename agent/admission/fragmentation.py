@@ -25,10 +25,10 @@ Placing a pod is scored by how much it raises that expectation (FGD's gradient):
 
 topolet adds one term FGD lacks (`stranding`): the free GPU that the node's free CPU cannot feed at
 the workload's CPU per GPU (all its pods' CPU, CPU-only ones included, over all their GPU).  FGD
-sees CPU only once a pod type no longer fits, so it lets
-CPU-hungry pods drain a node's CPU while its GPUs are free, and those GPUs are lost later; on the
-Alibaba trace (bench/fgd.py) the term cuts unallocated GPU from about 4.8% to about 4.2%, and from
-about 6.8% to about 5.3% on its CPU-heavy `cpu250` workload.
+sees CPU only once a pod type no longer fits, so it lets CPU-hungry pods drain a node's CPU while
+its GPUs are free, and those GPUs are lost later; on the Alibaba trace (bench/fgd.py) the term cuts
+unallocated GPU from about 4.8% to about 4.2%, and from about 6.8% to about 5.3% on its CPU-heavy
+`cpu250` workload.
 
 Public API:
 - `GpuMix`: a target workload, (request, popularity) pairs and optionally each type's GPU models and
