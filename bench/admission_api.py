@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shutil
 import sys
 import tempfile
 import threading
@@ -63,6 +64,7 @@ QUEUE = "bench"
 STALL_S = 120.0
 PROGRESS_S = 15.0  # a progress line this often while pods are being bound
 WORKERS = 8  # parallel object writers while setting up and creating Jobs
+KEEP_LOGS: Path | None = None  # --keep-logs: copy each cluster's component logs here
 LEDGER_TIMEOUT_S = 24 * 3600  # longer than any run: static NRTs never show the controller's placements
 
 
@@ -270,6 +272,11 @@ def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[
         raise
     finally:
         cluster.stop()
+        if KEEP_LOGS is not None:  # the controller's per-pass timing lines, for profiling
+            dest = KEEP_LOGS / workdir.name
+            dest.mkdir(parents=True, exist_ok=True)
+            for log in cluster.workdir.glob("*.log"):
+                shutil.copy(log, dest / log.name)
 
 
 def through_api(nodes: int = 1000, gangs: int = 3000, seed: int = 42,
@@ -306,7 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gangs", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--dumps", type=Path, default=None)
+    parser.add_argument("--keep-logs", type=Path, default=None,
+                        help="copy each run's component logs (the controller's timing lines) here")
     args = parser.parse_args(argv)
+    global KEEP_LOGS
+    KEEP_LOGS = args.keep_logs
     print(last_line(*through_api(args.nodes, args.gangs, args.seed, args.dumps)))
     return 0
 

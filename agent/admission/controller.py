@@ -582,12 +582,12 @@ class Controller:
             return False
         _crash_point("after-decision")
         self.metrics.decisions.labels(result="admitted").inc()
+        self._waiting.pop(str(_meta(job).get("uid")), None)
+        self._unsuspend(out)  # first: the Job controller starts making pods while the Event is sent
         nodes = sorted({p.node for p in pods})
         self.events.record(out, "Normal", "Admitted",
                            f"{len(pods)} pods placed on {len(nodes)} nodes ({', '.join(nodes[:8])}"
                            f"{', ...' if len(nodes) > 8 else ''}); decision {record.decision}")
-        self._waiting.pop(str(_meta(job).get("uid")), None)
-        self._unsuspend(out)
         return True
 
     def _unsuspend(self, job: dict[str, Any]) -> None:
@@ -725,7 +725,12 @@ def run_controller(args: argparse.Namespace) -> int:
                               resync_seconds=args.resync_seconds,
                               ledger_timeout_seconds=args.ledger_timeout_seconds,
                               identity=args.identity or os.environ.get("POD_NAME", ""))
-    kube = KubeClient(load_api_client(args.kubeconfig))
+    api = load_api_client(args.kubeconfig)
+    # Five watches, the Lease and the write pool each hold a connection at once: a pool smaller than
+    # that discards connections and pays a TLS handshake on most writes.
+    api.configuration.connection_pool_maxsize = WRITERS + 16
+    api.rest_client = type(api.rest_client)(api.configuration)
+    kube = KubeClient(api)
     metrics = AdmissionMetrics()
     stop = threading.Event()
     leader = None
