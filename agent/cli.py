@@ -64,7 +64,8 @@ def _controller(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="topolet", description="Node topology agent.")
-    sub = p.add_subparsers(dest="command", required=True)
+    # Naming `prog` spares argparse its usage formatter at start-up (it imports shutil, bz2, lzma).
+    sub = p.add_subparsers(dest="command", required=True, prog="topolet")
 
     d = sub.add_parser("discover", help="discover this machine's (or a dump's) topology")
     d.add_argument("--fsroot", default="/", help="file-system root to read (a sysfs dump), default /")
@@ -86,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(handler=_alloc)
 
     m = sub.add_parser("mig", help="MIG partition planning")
-    msub = m.add_subparsers(dest="mig_command", required=True)
+    msub = m.add_subparsers(dest="mig_command", required=True, prog="topolet mig")
     mp = msub.add_parser("plan", help="plan GPU instances for a demand")
     mp.add_argument("--gpu-model", required=True,
                     help="GPU model, e.g. H100-80GB, or an NVML product name (NVIDIA H100 80GB HBM3)")
