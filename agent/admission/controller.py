@@ -6,7 +6,7 @@ Public API:
 - `Controller(kube, config, metrics, leader=None)`: `.start()` starts the list+watch reflectors
   (queued Jobs, pods, Nodes, NRTs, PriorityClasses) into an in-memory store; `.run(stop)` runs a
   decision pass after every change (debounced) and every `resync_seconds`, while leading;
-  `.decide_once()` runs one pass now (tests).
+  `.decide_once()` runs one pass now (its pod patches may still be in flight when it returns).
 - `run_controller(args) -> int`: the `topolet controller` sub-command.
 
 A pass, in order (each step is idempotent and re-derived from the API objects, so a controller
@@ -29,8 +29,10 @@ instead of overwriting.  A Job write that fails so (the Job controller updates a
 status too) re-reads that Job and, while it is still undecided and suspended, retries at once with
 the fresh resourceVersion; any other conflict is left to the next pass.  A pass sends its writes
 through a pool of `WRITERS` threads (each Job's writes in order in one task) and waits for them all
-before it ends, so the next pass sees every record it made.  Only the leader writes, and it checks
-before every write; a replica that loses the Lease stops at once.
+before it ends, so the next pass sees every record it made; pod patches go through a second such
+pool and may still be in flight when the next pass starts (a pod is never sent twice at once).
+Only the leader writes, and it checks before every write; a replica that loses the Lease stops at
+once.
 
 For the kill tests, env `TOPOLET_CONTROLLER_CRASH_AT=<step>` (or `--crash-at <step>`) makes the
 process SIGKILL itself the first time it reaches `<step>`: `after-decision`, `after-unsuspend` or
@@ -315,6 +317,13 @@ class Controller:
         self._left_out: dict[str, str] = {}  # node -> why the view leaves it out (logged on change)
         self.passes = 0
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="admission-write")
+        # Pod patches run on their own pool and outlive the pass that sent them, so the next pass
+        # (new Jobs admitted, newly made pods) overlaps them; `_placing` keeps a pod from being sent
+        # twice meanwhile.  Their failures surface at the start of the next pass (`_reap`).
+        self._pod_pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="admission-pods")
+        self._pod_writes: list[Future[Any]] = []
+        self._placing: set[str] = set()
+        self._placing_lock = threading.Lock()
         self._writes: list[Future[Any]] = []  # this pass's writes in flight (drained before it ends)
         self._written = 0  # writes submitted this pass (logged)
         self._timings = (0.0, 0.0)  # this pass's seconds building the view, deciding (logged)
@@ -329,6 +338,7 @@ class Controller:
         for r in self.reflectors:
             r.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pod_pool.shutdown(wait=True, cancel_futures=True)
 
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in self.reflectors)
@@ -437,7 +447,17 @@ class Controller:
                      self.passes, elapsed, self._timings[0], self._timings[1], self._written)
         self._written = 0
 
+    def _reap(self) -> None:
+        """Forget finished pod patches; re-raise the first failure among them (NotLeader included)."""
+        done = [f for f in self._pod_writes if f.done()]
+        self._pod_writes = [f for f in self._pod_writes if not f.done()]
+        for future in done:
+            exc = future.exception()
+            if exc is not None:
+                raise exc
+
     def _pass(self) -> None:
+        self._reap()
         self._check_leader()
         self.passes += 1
         all_jobs = sorted(self.jobs.snapshot(), key=_key)
@@ -624,18 +644,28 @@ class Controller:
             self._submit(self._unsuspend, job)
         assignment = jobs.assign_slots(record.slots, pods, jobs.job_indexed(job))
         for pod, slot in assignment.place:
+            uid = str(_meta(pod).get("uid"))
+            with self._placing_lock:
+                if uid in self._placing:
+                    continue  # its patch is still in flight
+                self._placing.add(uid)
             self._check_leader()
-            self._submit(self._place_pod, pod, slot, record.slots[slot])
+            self._pod_writes.append(self._pod_pool.submit(self._place_pod, pod, slot, record.slots[slot]))
+            self._written += 1
         # A pod whose patch fails still names its slot this pass: it is gated, so unbound, and the
         # slot's ledger entry stays either way; the next pass assigns it again.
         return dict(assignment.held)
 
     def _place_pod(self, pod: Mapping[str, Any], slot: int, place: SlotPlacement) -> None:
         meta = _meta(pod)
-        out = self._patch(self.pods, resource_path("", "v1", "pods", str(meta.get("name")),
-                                                   namespace=str(meta.get("namespace"))),
-                          jobs.pod_patch(pod, place.node, place.zone),
-                          f"place pod {_key(pod)} (slot {slot}) on {place.node}")
+        try:
+            out = self._patch(self.pods, resource_path("", "v1", "pods", str(meta.get("name")),
+                                                       namespace=str(meta.get("namespace"))),
+                              jobs.pod_patch(pod, place.node, place.zone),
+                              f"place pod {_key(pod)} (slot {slot}) on {place.node}")
+        finally:
+            with self._placing_lock:
+                self._placing.discard(str(meta.get("uid")))
         if out is not None:
             _crash_point("after-pod-patch")
 
@@ -726,9 +756,9 @@ def run_controller(args: argparse.Namespace) -> int:
                               ledger_timeout_seconds=args.ledger_timeout_seconds,
                               identity=args.identity or os.environ.get("POD_NAME", ""))
     api = load_api_client(args.kubeconfig)
-    # Five watches, the Lease and the write pool each hold a connection at once: a pool smaller than
+    # Five watches, the Lease and the two write pools each hold a connection at once: a pool smaller than
     # that discards connections and pays a TLS handshake on most writes.
-    api.configuration.connection_pool_maxsize = WRITERS + 16
+    api.configuration.connection_pool_maxsize = 2 * WRITERS + 16
     api.rest_client = type(api.rest_client)(api.configuration)
     kube = KubeClient(api)
     metrics = AdmissionMetrics()
