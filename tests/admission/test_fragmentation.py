@@ -64,13 +64,19 @@ def test_stranding_counts_gpus_the_free_cpu_cannot_feed() -> None:
     assert GpuMix(mix, stranding=1.0).fragmentation(8000, 0, (1000, 1000)) == 0.0
 
 
-def test_stranding_counts_the_cpu_of_cpu_only_pods_too() -> None:
-    # GPU pods ask 4 CPUs per GPU, CPU-only pods as many again: 8 CPU-millicores per GPU thousandth
-    mix = ((Resources(cpu_milli=4000, gpus=1), 0.5), (Resources(cpu_milli=4000), 0.5))
-    fgd = GpuMix(mix, stranding=0.0).fragmentation(8000, 0, (1000, 1000))
-    # 8 CPUs feed one of the two free GPUs: 1000 stranded, weighed by the mix's total popularity 1
-    assert GpuMix(mix, stranding=1.0).fragmentation(8000, 0, (1000, 1000)) == fgd + 1000.0
-    assert GpuMix(mix, stranding=1.0).fragmentation(16000, 0, (1000, 1000)) == fgd
+def test_cpu_only_pod_is_held_to_the_whole_workloads_cpu_per_gpu() -> None:
+    # GPU pods ask 4 CPUs per GPU, CPU-only pods as many again: the whole workload asks 8 per GPU
+    mix = GpuMix(((Resources(cpu_milli=4000, gpus=1), 0.5), (Resources(cpu_milli=4000), 0.5)))
+    pod = Resources(cpu_milli=4000)
+    # 12 -> 8 CPUs by the GPU pods' 4 per GPU: both GPUs fed before and after, no rise; by the whole
+    # workload's 8: 1.5 GPUs fed -> 1, so 500 more stranded
+    assert gpu_choice(node((1000, 1000), cpu_milli=12000), pod, mix) == (500.0, None)
+    # 20 -> 16 CPUs feed both GPUs either way
+    assert gpu_choice(node((1000, 1000), cpu_milli=20000), pod, mix) == (0.0, None)
+    # a GPU pod is held to the GPU pods' ratio: 12 -> 8 CPUs, 2 -> 1 free GPUs, all fed; only the
+    # CPU-only type's fragment falls, 0.5 * 2000 -> 0.5 * 1000
+    assert gpu_choice(node((1000, 1000), cpu_milli=12000), Resources(cpu_milli=4000, gpus=1), mix) \
+        == (-500.0, None)
 
 
 def node(gpus: tuple[int, ...], cpu_milli: int = 4000, memory: int = 8 * GIB, whole: int = 0) -> Node:
