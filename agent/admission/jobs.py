@@ -15,7 +15,8 @@ Public API:
   not ours to read); `AdmissionRecord.encode()`.
 - Patch bodies (JSON merge patches, each carrying the resourceVersion it was computed from so a
   concurrent writer makes it fail instead of being overwritten): `decision_patch(job, record)` adds the
-  gate to the still-suspended Job's template and records the decision; `unsuspend_patch()`;
+  gate to the still-suspended Job's template, records the decision and unsuspends the Job, in one
+  write; `unsuspend_patch()` (for a Job admitted but left suspended, by an earlier version);
   `reject_patch(job, record)`; `pod_patch(pod, node, zone)` pins a gated pod to its node and
   zone and removes the gate in one write.
 - `assign_slots(slots, pods, indexed) -> SlotAssignment`: which live pod holds which slot, and which
@@ -411,14 +412,17 @@ def _gates(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def decision_patch(job: Mapping[str, Any], record: AdmissionRecord) -> dict[str, Any]:
-    """Add our gate to the suspended Job's pod template and record the decision, in one write."""
+    """Add our gate to the suspended Job's pod template, record the decision and unsuspend, in one write.
+
+    One write makes the decision atomic: a recorded decision always has its Job running.  Job
+    validation takes the template change because the *old* Job is suspended and never started."""
     pod_spec = _dict(_dict(_dict(job.get("spec")).get("template")).get("spec"))
     gates = _gates(pod_spec)
     if not any(g.get("name") == GATE for g in gates):
         gates.append({"name": GATE})
     return {"metadata": {"resourceVersion": _meta(job).get("resourceVersion"),
                          "annotations": {ADMISSION_ANNOTATION: record.encode()}},
-            "spec": {"template": {"spec": {"schedulingGates": gates}}}}
+            "spec": {"suspend": False, "template": {"spec": {"schedulingGates": gates}}}}
 
 
 def still_undecided(job: Mapping[str, Any], fresh: Mapping[str, Any]) -> bool:

@@ -140,6 +140,7 @@ def test_record_round_trip_and_decision_patch() -> None:
     patch = decision_patch(job, record)
     assert patch["spec"]["template"]["spec"]["schedulingGates"] == [{"name": "other"}, {"name": GATE}]
     assert patch["metadata"]["resourceVersion"] == "7"
+    assert patch["spec"]["suspend"] is False  # the same write unsuspends
     applied = copy.deepcopy(job)
     applied["metadata"]["annotations"].update(patch["metadata"]["annotations"])
     gates = patch["spec"]["template"]["spec"]["schedulingGates"]
