@@ -28,6 +28,7 @@ from agent.kube.nrt import (
     pod_set_fingerprint,
     xxh64,
 )
+from agent.topology import record
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import CPUInfo, Hugepages, NumaNode, Topology
 from tests.controlplane.harness import ControlPlane
@@ -203,8 +204,8 @@ def test_node_as_client_object() -> None:
 
 def test_numa_ids_beyond_the_consumers_table_are_left_out() -> None:
     topo = machine([([0], GiB, []), ([1], GiB, [])])
-    far = dataclasses.replace(topo.numa_nodes[1], id=64)
-    topo = dataclasses.replace(topo, numa_nodes=(topo.numa_nodes[0], far))
+    far = record.replace(topo.numa_nodes[1], id=64)
+    topo = record.replace(topo, numa_nodes=(topo.numa_nodes[0], far))
     assert [z["name"] for z in nrt_object(("n", "u"), topo, State())["zones"]] == ["node-0"]
 
 
