@@ -12,14 +12,15 @@ Public API:
 A pass, in order (each step is idempotent and re-derived from the API objects, so a controller
 killed at any point finishes the work on restart and never decides a Job twice):
 
-1. Admitted Jobs (annotation `topolet.io/admission` result admitted) that are still suspended are
-   unsuspended; their gated pods each get `nodeSelector kubernetes.io/hostname`, the
-   `topolet.io/numa-zone` annotation and lose the gate, in one patch.  A slot is held by a live pod
+1. Admitted Jobs (annotation `topolet.io/admission` result admitted) that are still suspended (an
+   earlier version wrote the decision and the unsuspend apart) are unsuspended; their gated pods
+   each get `nodeSelector kubernetes.io/hostname`, the `topolet.io/numa-zone` annotation and lose
+   the gate, in one patch.  A slot is held by a live pod
    already pinned to its (node, zone); a new pod takes its completion index's slot when that is free
    (Indexed Jobs), else the lowest free one, in pod creation order (`jobs.assign_slots`).
 2. The view: Nodes, NRTs and pods, with the ledger of admitted Jobs' slots the NRTs do not show yet.
 3. Pending Jobs (suspended, queue label, no record) in queue order through the engine: admitted ones
-   get the gate and the record in one patch, then unsuspend; "never" refusals get a rejected record
+   get the gate, the record and `suspend: false` in one patch; "never" refusals get a rejected record
    (only while no node is left out of the view: else they wait, as the node may come back); "not
    now" ones an Event when their reason changes.  A malformed Job gets an Event and is left as
    it is.
@@ -31,12 +32,16 @@ the fresh resourceVersion; any other conflict is left to the next pass.  A pass 
 through a pool of `WRITERS` threads (each Job's writes in order in one task) and waits for them all
 before it ends, so the next pass sees every record it made; pod patches go through a second such
 pool and may still be in flight when the next pass starts (a pod is never sent twice at once).
+Events (Admitted, Waiting, Rejected, malformed input) go to a bounded queue that one thread sends
+from; no pass waits on them, and an Event that finds the queue full is dropped and counted
+(`topolet_admission_events_dropped_total`).
 Only the leader writes, and it checks before every write; a replica that loses the Lease stops at
 once.
 
 For the kill tests, env `TOPOLET_CONTROLLER_CRASH_AT=<step>` (or `--crash-at <step>`) makes the
-process SIGKILL itself the first time it reaches `<step>`: `after-decision`, `after-unsuspend` or
-`after-pod-patch`.
+process SIGKILL itself the first time it reaches `<step>`: `after-decision`, `after-unsuspend` (both
+right after the one admitting write; `after-unsuspend` also after unsuspending a Job admitted but left
+suspended) or `after-pod-patch`.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import queue
 import signal
 import socket
 import threading
@@ -71,7 +77,8 @@ LEASE_NAME = "topolet-controller"
 CRASH_ENV = "TOPOLET_CONTROLLER_CRASH_AT"
 CRASH_STEPS = ("after-decision", "after-unsuspend", "after-pod-patch")
 DEBOUNCE_SECONDS = 0.2
-WRITERS = 8  # API writes in flight at once during a pass (pod and Job patches, Events)
+WRITERS = 8  # API writes in flight at once during a pass (pod and Job patches)
+EVENT_QUEUE = 10_000  # Events waiting to be sent before new ones are dropped
 CONFLICT_RETRIES = 3  # a Job write re-read and retried this often on 409 before the next pass
 WATCH_TIMEOUT_SECONDS = 300
 LIST_TIMEOUT = (5.0, 120.0)
@@ -236,19 +243,45 @@ class Reflector:
 # -- Events on Jobs ---------------------------------------------------------------------------------
 
 class JobEvents:
-    """core/v1 Events on Jobs from `topolet.io/controller`; best effort (a failure is logged)."""
+    """core/v1 Events on Jobs from `topolet.io/controller`, sent by one thread the pass never waits on.
 
-    def __init__(self, kube: KubeClient, instance: str) -> None:
+    Best effort: `record` only queues the Event; when the queue already holds `capacity` Events the new
+    one is dropped and counted (`on_drop`), and a failed write is logged."""
+
+    def __init__(self, kube: KubeClient, instance: str, on_drop: Callable[[], None] = lambda: None,
+                 capacity: int = EVENT_QUEUE) -> None:
         self.kube = kube
         self.instance = instance
+        self.on_drop = on_drop
         self.writes = 0
         self.failures = 0
+        self.dropped = 0
+        # None is the stop sign, queued behind the Events already there so they are sent first.
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(capacity)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="admission-events", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Send what is queued (for at most `timeout` seconds), then end the thread."""
+        if self._thread is None:
+            return
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            log.warning("event queue still full after %.0f s; %d Events not sent",
+                        timeout, self._queue.qsize())
+            return
+        self._thread.join(timeout)
+        self._thread = None
 
     def record(self, job: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        """Queue an Event on `job`; never blocks."""
         meta = _meta(job)
         ns, name = str(meta.get("namespace")), str(meta.get("name"))
-        now = time.time()
-        stamp = _timestamp(now)
+        stamp = _timestamp(time.time())
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"name": f"{name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": ns},
@@ -259,12 +292,26 @@ class JobEvents:
             "reportingInstance": self.instance, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
         }
         try:
+            self._queue.put_nowait(body)
+        except queue.Full:
+            self.dropped += 1
+            self.on_drop()
+            log.warning("event queue full: %s on Job %s/%s dropped", reason, ns, name)
+
+    def _run(self) -> None:
+        while (body := self._queue.get()) is not None:
+            self._send(body)
+
+    def _send(self, body: Mapping[str, Any]) -> None:
+        job = _dict(body.get("involvedObject"))
+        ns, name = str(job.get("namespace")), str(job.get("name"))
+        try:
             self.kube.create(resource_path("", "v1", "events", namespace=ns), body,
                              what=f"create Event on Job {ns}/{name}")
             self.writes += 1
         except KubeAPIError as exc:
             self.failures += 1
-            log.warning("event %s on Job %s/%s not recorded: %s", reason, ns, name, exc)
+            log.warning("event %s on Job %s/%s not recorded: %s", body.get("reason"), ns, name, exc)
 
 
 # -- the controller ---------------------------------------------------------------------------------
@@ -293,7 +340,7 @@ class Controller:
         self.leader = leader
         self.clock = clock
         self.identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
-        self.events = JobEvents(kube, self.identity)
+        self.events = JobEvents(kube, self.identity, on_drop=metrics.events_dropped.inc)
         self.changed = threading.Event()
         self.jobs = Reflector(kube, resource_path("batch", "v1", "jobs"), "queued Jobs", self.changed,
                               {"labelSelector": jobs.QUEUE_LABEL})
@@ -331,6 +378,7 @@ class Controller:
     # -- loop ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.events.start()
         for r in self.reflectors:
             r.start()
 
@@ -339,6 +387,7 @@ class Controller:
             r.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._pod_pool.shutdown(wait=True, cancel_futures=True)
+        self.events.stop()
 
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in self.reflectors)
@@ -584,7 +633,7 @@ class Controller:
         log.warning("Job %s: %s: %s", jobs.job_key(job), reason, message)
         self.metrics.decisions.labels(result="error").inc()
         self._check_leader()
-        self._submit(self.events.record, job, "Warning", reason, message)
+        self.events.record(job, "Warning", reason, message)
 
     def _job_path(self, job: Mapping[str, Any]) -> str:
         meta = _meta(job)
@@ -600,10 +649,11 @@ class Controller:
                           again=lambda fresh: _still_pending(job, fresh, jobs.decision_patch, record))
         if out is None:
             return False
+        # The decision, the gate and the unsuspend are one write, so both steps fall after it.
         _crash_point("after-decision")
+        _crash_point("after-unsuspend")
         self.metrics.decisions.labels(result="admitted").inc()
         self._waiting.pop(str(_meta(job).get("uid")), None)
-        self._unsuspend(out)  # first: the Job controller starts making pods while the Event is sent
         nodes = sorted({p.node for p in pods})
         self.events.record(out, "Normal", "Admitted",
                            f"{len(pods)} pods placed on {len(nodes)} nodes ({', '.join(nodes[:8])}"
@@ -633,7 +683,7 @@ class Controller:
             return
         self._waiting[uid] = reason
         self._check_leader()
-        self._submit(self.events.record, job, "Normal", "Waiting", reason)
+        self.events.record(job, "Normal", "Waiting", reason)
 
     def _finish_admitted(self, job: dict[str, Any], record: AdmissionRecord,
                          pods: list[dict[str, Any]]) -> dict[str, int]:

@@ -92,6 +92,8 @@ class AdmissionMetrics:
         self.ledger_entries = Gauge("topolet_admission_ledger_entries",
                                     "Placements counted against capacity that the NRTs do not show yet",
                                     registry=r)
+        self.events_dropped = Counter("topolet_admission_events_dropped",
+                                      "Job Events not sent because the Event queue was full", registry=r)
         self.leader = Gauge("topolet_admission_leader", "1 while this replica is the leader", registry=r)
         self.last_pass = Gauge("topolet_admission_last_pass_timestamp_seconds",
                                "Unix time of the last completed decision pass (or standby check)",

@@ -147,6 +147,22 @@ def _zones(*pairs: tuple[int, int]) -> tuple[Zone, ...]:
                  for i, (free, cap) in enumerate(pairs))
 
 
+def test_events_are_queued_bounded_and_sent_off_the_pass(api: KubeClient, namespace: str) -> None:
+    """`record` never waits on the API: it queues; a full queue drops (counted); the thread sends the rest."""
+    from agent.admission.controller import JobEvents
+
+    dropped: list[int] = []
+    sender = JobEvents(api, "test", on_drop=lambda: dropped.append(1), capacity=2)
+    job = {"metadata": {"namespace": namespace, "name": "ev", "uid": str(uuid.uuid4())}}
+    for reason in ("Waiting", "Admitted", "Rejected"):  # the thread is not started: the third is dropped
+        sender.record(job, "Normal", reason, reason.lower())
+    assert sender.dropped == 1 and dropped == [1]
+    sender.start()
+    sender.stop()
+    assert sender.writes == 2 and sender.failures == 0
+    assert sorted(events(api, namespace, "ev")) == ["Admitted", "Waiting"]
+
+
 @pytest.mark.parametrize(("zones", "largest", "ratio"), [
     ((), 0.0, 0.0),
     (_zones((16, 16), (16, 16)), 16.0, 0.0),  # every free CPU in an empty zone
@@ -325,3 +341,4 @@ def test_not_ready_node_is_left_out(
     wait_for(lambda: all_bound_as_recorded(api, namespace, "four", 4), "four admitted and bound")
     assert {p["node"] for p in (record(api, namespace, "four") or {})["placement"].values()} == {names[1]}
     assert record(api, namespace, "five") is None
+
