@@ -672,5 +672,8 @@ def test_the_controller_admits_a_gang_with_only_its_own_grants(
         raise AssertionError(f"{exc}\n--- the controller's log:\n{proc.log_tail()}") from exc
     finally:
         proc.stop()
-    log = (tmp_path / "controller.log").read_text()
+    # Other tests' namespaces may still be terminating on this shared cluster: the API server refuses
+    # new Events there with a 403 that says so, whoever asks. Every other 403 is a missing grant.
+    log = "\n".join(line for line in (tmp_path / "controller.log").read_text().splitlines()
+                    if "because it is being terminated" not in line)
     assert "403" not in log and "forbidden" not in log.lower(), log[-4000:]
