@@ -11,7 +11,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,9 @@ import pytest
 from agent.admission.metrics import capacity_figures
 from agent.admission.model import ClusterView, Node, Resources, Zone
 from tests.controlplane.cluster import Cluster
-from tests.controlplane.fixtures import IN_CI, cluster, cluster_session
+from tests.controlplane.fixtures import IN_CI
 from tests.controlplane.harness import free_port
+from tests.kube.kubelet_standin import wait_for
 
 try:
     from agent.errors import KubeAPIError
@@ -31,39 +32,12 @@ except ImportError:
         raise
     pytest.skip("the `kubernetes` Python client is not installed", allow_module_level=True)
 
-__all__ = ["cluster", "cluster_session"]
+__all__ = ["wait_for"]
 
 DUMP = "64fake-4n2s2ca2c2t"
 QUEUE = "topolet.io/queue"
 ADMISSION = "topolet.io/admission"
 GATE = "topolet.io/placement"
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
-    """Poll `check` until truthy; AssertionError naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
-
-
-@pytest.fixture
-def api(cluster: Cluster) -> Iterator[KubeClient]:
-    client = KubeClient(cluster.plane.client())
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def namespace(api: KubeClient) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    api.create("/api/v1/namespaces", {"metadata": {"name": name}})
-    yield name
-    api.request("DELETE", f"/api/v1/namespaces/{name}")
 
 
 @pytest.fixture

@@ -19,16 +19,16 @@ pods fit a single zone anywhere.
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.controlplane.cluster import Cluster, SimNode
-from tests.controlplane.fixtures import IN_CI, cluster, cluster_session
+from tests.controlplane.fixtures import IN_CI
+from tests.kube.kubelet_standin import wait_for
 
 try:
     from agent.kube.client import KubeClient
@@ -37,7 +37,7 @@ except ImportError:
         raise
     pytest.skip("the `kubernetes` Python client is not installed", allow_module_level=True)
 
-__all__ = ["cluster", "cluster_session"]
+__all__ = ["wait_for"]
 
 DUMP = "64fake-4n2s2ca2c2t"  # 64 CPUs, 4 NUMA nodes of 16
 QUEUE_LABEL = "topolet.io/queue"
@@ -46,33 +46,6 @@ NUMA_ZONE_ANNOTATION = "topolet.io/numa-zone"  # the zone the controller counted
 NUMA_POLICY = "topolet.io/numa-policy"
 GANG_PODS, GANG_CPUS = 4, 8
 FILLER_CPUS = 10  # leaves 6 CPUs in a 16-CPU zone: no 8-CPU pod fits there
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
-    """Poll `check` until truthy; AssertionError naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
-
-
-@pytest.fixture
-def api(cluster: Cluster) -> Iterator[KubeClient]:
-    client = KubeClient(cluster.plane.client())
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def namespace(api: KubeClient) -> Iterator[str]:
-    name = f"e2e-{uuid.uuid4().hex[:8]}"
-    api.create("/api/v1/namespaces", {"metadata": {"name": name}})
-    yield name
-    api.request("DELETE", f"/api/v1/namespaces/{name}")
 
 
 def guaranteed(cpus: int) -> dict[str, Any]:

@@ -4,7 +4,6 @@ pinning of a pod bound there."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from tests.controlplane.cluster import Cluster, node_resources
 from tests.controlplane.fixtures import IN_CI, cluster, cluster_session
+from tests.kube.kubelet_standin import wait_for
 
 try:
     from agent.errors import KubeAPIError
@@ -28,16 +28,6 @@ __all__ = ["cluster", "cluster_session"]
 DUMP = "64fake-4n2s2ca2c2t"  # 64 CPUs in 4 NUMA nodes of 16
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    """Poll `check` until truthy; AssertionError naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture

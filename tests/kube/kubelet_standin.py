@@ -397,7 +397,7 @@ def proc_cpus(pid: int) -> str | None:
     return None
 
 
-def wait_for(check: Any, what: str, timeout: float = 30.0, interval: float = 0.05) -> Any:
+def wait_for(check: Any, what: str, timeout: float = 90.0, interval: float = 0.05) -> Any:
     """Poll `check` until truthy; raise AssertionError naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
