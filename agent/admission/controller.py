@@ -77,6 +77,7 @@ LEASE_NAME = "topolet-controller"
 CRASH_ENV = "TOPOLET_CONTROLLER_CRASH_AT"
 CRASH_STEPS = ("after-decision", "after-unsuspend", "after-pod-patch")
 DEBOUNCE_SECONDS = 0.2
+VIEW_REFRESH_SECONDS = 5.0  # how stale the capacity metrics may get while no gang waits
 WRITERS = 8  # API writes in flight at once during a pass (pod and Job patches)
 EVENT_QUEUE = 10_000  # Events waiting to be sent before new ones are dropped
 CONFLICT_RETRIES = 3  # a Job write re-read and retried this often on 409 before the next pass
@@ -374,6 +375,7 @@ class Controller:
         self._writes: list[Future[Any]] = []  # this pass's writes in flight (drained before it ends)
         self._written = 0  # writes submitted this pass (logged)
         self._timings = (0.0, 0.0)  # this pass's seconds building the view, deciding (logged)
+        self._view_at: float | None = None  # monotonic time the view (and its metrics) was last built
 
     # -- loop ---------------------------------------------------------------------------------------
 
@@ -557,9 +559,16 @@ class Controller:
         for p in pending:
             depths[p.queue] = depths.get(p.queue, 0) + 1
         t_view = time.perf_counter()
-        view = self._view(admitted, pods)
+        # With no gang to decide, a pass only hands gated pods their slots: rebuilding the whole view
+        # (seconds on a big cluster) would delay those patches, so it is refreshed for the capacity
+        # metrics at most every VIEW_REFRESH_SECONDS then.
+        if pending or self._view_at is None or t_view - self._view_at >= VIEW_REFRESH_SECONDS:
+            view = self._view(admitted, pods)
+            self._view_at = time.perf_counter()
+            self.metrics.set_view(view)
+        else:
+            view = ClusterView(nodes=())
         t_decide = time.perf_counter()
-        self.metrics.set_view(view)
 
         from agent.admission.engine import commit, place
 
