@@ -342,16 +342,7 @@ class KubeNode:
 
     def nrt(self) -> dict[str, Any] | None:
         """This node's NodeResourceTopology, or None."""
-        from kubernetes.client.rest import ApiException
-
-        try:
-            obj: dict[str, Any] = k8s.CustomObjectsApi(self.api).get_cluster_custom_object(
-                "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies", self.name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return obj
+        return node_nrt(self.api, self.name)
 
     def nrt_available_cpus(self) -> int | None:
         obj = self.nrt()
@@ -395,6 +386,20 @@ def proc_cpus(pid: int) -> str | None:
     except FileNotFoundError:
         return None
     return None
+
+
+def node_nrt(api: Any, node: str) -> dict[str, Any] | None:
+    """The NodeResourceTopology named after `node`, or None while there is none."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        obj: dict[str, Any] = k8s.CustomObjectsApi(api).get_cluster_custom_object(
+            "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies", node)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return obj
 
 
 def wait_for(check: Any, what: str, timeout: float = 90.0, interval: float = 0.05) -> Any:

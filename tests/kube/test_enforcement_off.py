@@ -29,6 +29,7 @@ from tests.kube.kubelet_standin import (
     container_status,
     install_nrt_crd,
     new_container_id,
+    node_nrt,
     pod_status,
     wait_for,
 )
@@ -106,16 +107,7 @@ class DumpNode:
         return str(made.metadata.uid)
 
     def nrt(self) -> dict[str, Any] | None:
-        from kubernetes.client.rest import ApiException
-
-        try:
-            obj: dict[str, Any] = k8s.CustomObjectsApi(self.api).get_cluster_custom_object(
-                "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies", self.name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return obj
+        return node_nrt(self.api, self.name)
 
     def available(self, resource: str) -> dict[str, int]:
         """{zone name: available} of `resource` in the published NRT ({} while there is none)."""
