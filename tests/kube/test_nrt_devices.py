@@ -127,6 +127,11 @@ def test_agent_counts_gpus_the_kubelet_assigned(node: KubeNode, kubelet: PodReso
         # The pod ends: its GPU is free again, in one more write.
         kubelet.assignments = {}
         wait_for(lambda: gpus_available(node) == 2, "the NRT to show the GPU free")
+        # The server shows the apply a moment before the publisher counts it: wait for the count,
+        # then let reconciles go by to see that it stays at one write.
+        wait_for(lambda: nrt_writes(metrics) >= writes + 1, "the write to be counted")
+        passes = reconciles(metrics)
+        wait_for(lambda: reconciles(metrics) >= passes + 2, "two more reconciles")
         assert nrt_writes(metrics) == writes + 1
 
         # Another pod takes both, one of them as two time-slicing replicas.
