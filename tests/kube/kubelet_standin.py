@@ -305,13 +305,7 @@ class KubeNode:
             return int(exc.code)
 
     def stop_agent(self) -> None:
-        if self.agent is not None and self.agent.poll() is None:
-            self.agent.send_signal(signal.SIGTERM)
-            try:
-                self.agent.wait(20)
-            except subprocess.TimeoutExpired:
-                self.agent.kill()
-                self.agent.wait()
+        stop_process(self.agent)
 
     def create_pod(self, name: str, *, cpu: str | None = None, memory: str | None = None,
                    limits: bool = True, annotations: dict[str, str] | None = None,
@@ -386,6 +380,18 @@ def proc_cpus(pid: int) -> str | None:
     except FileNotFoundError:
         return None
     return None
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout: float = 20.0) -> None:
+    """SIGTERM `proc` if it still runs, SIGKILL it after `timeout` seconds, and reap it."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def node_nrt(api: Any, node: str) -> dict[str, Any] | None:

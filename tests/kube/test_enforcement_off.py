@@ -10,7 +10,6 @@ way `tests/kube/kubelet_standin.py` reports it (no process, no cgroup).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 import urllib.request
@@ -31,6 +30,7 @@ from tests.kube.kubelet_standin import (
     new_container_id,
     node_nrt,
     pod_status,
+    stop_process,
     wait_for,
 )
 
@@ -68,13 +68,7 @@ class DumpNode:
             self.agent = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
     def stop_agent(self) -> None:
-        if self.agent is not None and self.agent.poll() is None:
-            self.agent.send_signal(signal.SIGTERM)
-            try:
-                self.agent.wait(20)
-            except subprocess.TimeoutExpired:
-                self.agent.kill()
-                self.agent.wait()
+        stop_process(self.agent)
 
     def log_text(self) -> str:
         return "".join(p.read_text(errors="replace") for p in self.logs)
