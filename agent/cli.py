@@ -1,15 +1,33 @@
-"""`topolet` subcommands.  Imports nothing heavy at module level: each subcommand loads what it needs."""
+"""`topolet` subcommands.  Imports nothing heavy at module level: each subcommand loads what it needs.
+
+`topolet discover` is timed as a whole process against `lstopo`, so a plainly spelled `discover`
+command line is read without argparse (its import and the parser tree cost about as much as the
+scan); anything else, help and every error included, goes through the full argparse parser.
+"""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
 
 from agent.errors import ConfigError, TopoletError
 
-Handler = Callable[[argparse.Namespace], int]
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing and argparse cost start-up time, and `discover` is timed as a whole process
+    import argparse
+    from argparse import Namespace as _Args
+    from collections.abc import Callable, Sequence
+
+    Handler = Callable[[argparse.Namespace], int]
+else:
+
+    class _Args:
+        """The parsed command line of the argparse-free `discover` path, read as argparse.Namespace."""
+
+        def __init__(self, **values: object) -> None:
+            self.__dict__.update(values)
+
+DISCOVER_FORMATS = ("table", "json", "yaml", "labels", "conformance")
 
 
 def _discover(args: argparse.Namespace) -> int:
@@ -62,15 +80,44 @@ def _controller(args: argparse.Namespace) -> int:
     return run_controller(args)
 
 
+def plain_discover_args(words: Sequence[str]) -> argparse.Namespace | None:
+    """`discover`'s options from its words when each is spelled in full and valid, else None.
+
+    None sends the words to argparse, which parses them the same way or words the error, so this
+    path accepts only what argparse would accept, with the same values.
+    """
+    values: dict[str, object] = {"fsroot": "/", "format": "table", "gfd_compat": False}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if word == "--gfd-compat":
+            values["gfd_compat"] = True
+            continue
+        name, eq, value = word.partition("=")
+        if name not in ("--fsroot", "--format"):
+            return None  # help, abbreviations, `--`, strays: argparse's own handling and messages
+        if not eq:
+            if i == len(words) or words[i].startswith("-"):
+                return None  # argparse reads a leading "-" as an option, or a negative number
+            value = words[i]
+            i += 1
+        if name == "--format" and value not in DISCOVER_FORMATS:
+            return None
+        values[name[2:]] = value
+    return _Args(command="discover", handler=_discover, **values)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
     p = argparse.ArgumentParser(prog="topolet", description="Node topology agent.")
     # Naming `prog` spares argparse its usage formatter at start-up (it imports shutil, bz2, lzma).
     sub = p.add_subparsers(dest="command", required=True, prog="topolet")
 
     d = sub.add_parser("discover", help="discover this machine's (or a dump's) topology")
     d.add_argument("--fsroot", default="/", help="file-system root to read (a sysfs dump), default /")
-    d.add_argument("--format", default="table",
-                   choices=["table", "json", "yaml", "labels", "conformance"],
+    d.add_argument("--format", default="table", choices=DISCOVER_FORMATS,
                    help="table (default), json or yaml (the model; json feeds `alloc --topology`), labels "
                         "(the node labels), conformance (what the hwloc conformance grader compares)")
     d.add_argument("--gfd-compat", action="store_true",
@@ -204,7 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = plain_discover_args(words[1:]) if words[:1] == ["discover"] else None
+    if args is None:
+        args = build_parser().parse_args(words)
     handler: Handler = args.handler
     try:
         return handler(args)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from agent.topology.cpuset import CPUSet
@@ -11,6 +10,7 @@ from agent.topology.record import fields_of, is_record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs start-up time, and `discover` is timed as a whole process
+    import argparse
     from typing import Any
 
 
