@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from _json import encode_basestring_ascii as _quote
 
 from agent.topology.cpuset import CPUSet
 from agent.topology.model import Core, Topology
@@ -25,6 +26,82 @@ def to_data(value: Any) -> Any:
     if isinstance(value, frozenset):
         return sorted(to_data(v) for v in value)
     return value
+
+
+_INFINITY = float("inf")
+
+
+def to_json(value: Any) -> str:
+    """`json.dumps(value, indent=1)` of plain data (dicts, lists, str, int, float, bool, None).
+
+    `discover --format json` is timed as a whole process, and importing `json` (with the `re` and
+    `enum` it pulls in) costs it about as much as the scan; the string escaping is json's own C code.
+    """
+    out: list[str] = []
+    _write_json(value, "\n", out)
+    return "".join(out)
+
+
+def _json_scalar(value: Any) -> str | None:
+    """The JSON text of a scalar, None for a container (json.encoder's rules, allow_nan included)."""
+    if isinstance(value, str):
+        return _quote(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        if value == _INFINITY or value == -_INFINITY:
+            return "Infinity" if value > 0 else "-Infinity"
+        return float.__repr__(value)
+    return None
+
+
+def _json_key(key: Any) -> str:
+    """A dict key as JSON text: json.dumps turns scalar keys into strings, and refuses the rest."""
+    if isinstance(key, str):
+        return _quote(key)
+    text = _json_scalar(key)
+    if text is None:
+        raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
+    return _quote(text)
+
+
+def _write_json(value: Any, newline: str, out: list[str]) -> None:
+    """Append the JSON text of `value` to `out`; `newline` is the line break and indent it starts at."""
+    text = _json_scalar(value)
+    if text is not None:
+        out.append(text)
+        return
+    inner = newline + " "
+    if isinstance(value, dict):
+        if not value:
+            out.append("{}")
+            return
+        sep = "{" + inner
+        for key, item in value.items():
+            out.append(sep + _json_key(key) + ": ")
+            _write_json(item, inner, out)
+            sep = "," + inner
+        out.append(newline + "}")
+    elif isinstance(value, (list, tuple)):
+        if not value:
+            out.append("[]")
+            return
+        sep = "[" + inner
+        for item in value:
+            out.append(sep)
+            _write_json(item, inner, out)
+            sep = "," + inner
+        out.append(newline + "]")
+    else:
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def conformance_view(topo: Topology) -> dict[str, Any]:
@@ -117,12 +194,12 @@ def run_discover(args: argparse.Namespace) -> int:
     for warning in topo.warnings:
         sys.stderr.write(f"topolet discover: warning: {printable(warning)}\n")
     fmt = args.format
-    if fmt in ("conformance", "json"):
-        import json  # not for the table: `discover` is timed as a whole process
     if fmt == "conformance":
+        import json
+
         out = json.dumps(conformance_view(topo)) + "\n"
     elif fmt == "json":
-        out = json.dumps(to_data(topo), indent=1) + "\n"
+        out = to_json(to_data(topo)) + "\n"
     elif fmt == "yaml":
         import yaml
 

@@ -94,8 +94,8 @@ def test_bad_flags_keep_argparse_messages_and_exit_codes(words: list[str], code:
 
 
 def test_a_plain_discover_does_not_import_argparse(dump_root) -> None:  # type: ignore[no-untyped-def]
-    code = ("import sys; from agent.cli import main; "
+    code = ("import sys; before = set(sys.modules); from agent.cli import main; "
             f"rc = main(['discover', '--fsroot', {str(dump_root(DUMP))!r}, '--format', 'json']); "
-            "sys.exit(rc or ('argparse' in sys.modules and 3))")
+            "sys.exit(rc or (3 if 'argparse' in set(sys.modules) - before else 0))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
