@@ -16,6 +16,7 @@ beside the C scan alone of the same tree, and prints how each grows from the sma
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import statistics
@@ -148,6 +149,9 @@ def main() -> int:
     if not lstopo:
         print("lstopo-no-graphics not found (apt-get install hwloc-nox)", file=sys.stderr)
         return 2
+    # An installed topolet runs from compiled bytecode.  Under PYTHONDONTWRITEBYTECODE (set in the
+    # dev environment) a module edited since its last compile is compiled again in every timed run.
+    compileall.compile_dir(str(REPO / "agent"), quiet=1)
     topolet = str(Path(sys.executable).parent / "topolet")
     if not os.path.exists(topolet):
         topolet = shutil.which("topolet") or "topolet"
