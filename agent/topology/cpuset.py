@@ -9,10 +9,12 @@ that no operation on one can run long or exhaust memory.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-
 from agent.errors import CPUListError
 from agent.topology import bitmask
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # collections costs start-up time, and `discover` is timed as a whole process
+    from collections.abc import Iterable, Iterator
 
 MAX_CPUS = 8192
 

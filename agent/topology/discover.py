@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable
 from operator import itemgetter
 
 from agent.topology.cpuset import CPUSet
@@ -19,6 +17,10 @@ from agent.topology.model import (
     Topology,
 )
 from agent.topology.raw import RawCache, RawCPU, RawNode, RawScan
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # collections costs start-up time, and `discover` is timed as a whole process
+    from collections.abc import Iterable
 
 
 def discover(fsroot: str = "/") -> Topology:
@@ -76,13 +78,13 @@ def _packages(by_id: dict[int, RawCPU], online: CPUSet) -> tuple[Package, ...]:
     """
     onl = online.mask
     sets: dict[int, int] = {}  # package CPU mask -> the id its first CPU states
-    by_pkg: dict[int, int] = defaultdict(int)
+    by_pkg: dict[int, int] = {}
     for c in by_id.values():
         listed = c.package_cpus.mask & onl if c.package_cpus is not None else 0
         if listed:
             sets.setdefault(listed | 1 << c.id, c.package_id)
         elif c.package_id >= 0:
-            by_pkg[c.package_id] |= 1 << c.id
+            by_pkg[c.package_id] = by_pkg.get(c.package_id, 0) | 1 << c.id
     for pid, mask in by_pkg.items():
         sets.setdefault(mask, pid)
     # overlapping lists (a CPU claimed by two packages) are bogus: keep the first claim of each CPU
@@ -252,11 +254,11 @@ def _kinds(raw: RawScan, online: CPUSet) -> tuple[CPUKind, ...]:
     if named:
         return tuple(CPUKind(name, rank, cpus) for rank, (name, cpus) in enumerate(named))
     for attr, prefix in (("capacity", "capacity-"), ("max_freq_khz", "max-khz-")):
-        groups: dict[int, int] = defaultdict(int)
+        groups: dict[int, int] = {}
         for c in raw.cpus:
             value = getattr(c, attr)
             if value > 0 and c.id in online:
-                groups[value] |= 1 << c.id
+                groups[value] = groups.get(value, 0) | 1 << c.id
         if len(groups) > 1:
             ordered = sorted(groups.items(), key=lambda kv: -kv[0])
             return tuple(CPUKind(f"{prefix}{value}", rank, CPUSet.from_mask(mask))

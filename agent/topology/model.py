@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from functools import cached_property
-
 from agent.topology.cpuset import CPUSet
-from agent.topology.record import record
+from agent.topology.record import cached_property, record
 
 
 @record

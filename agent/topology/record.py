@@ -6,18 +6,19 @@ class; the raw records and the model are thirteen).  A record class is built in 
 behaves the same way for every use topolet makes: construction by position or keyword with
 defaults, `==` and `hash` over the fields in order, the dataclass `repr`, immutability, pickling and
 `copy`.  `fields_of(value)`, `is_record(value)` and `replace(value, **changes)` stand in for their
-`dataclasses` namesakes.  A class holding a `functools.cached_property` keeps an instance `__dict__`
-for it and can be weakly referenced (caches key on it), like a dataclass without slots.  Type
-checkers see a frozen dataclass (PEP 681).
+`dataclasses` namesakes.  A class holding a `cached_property` (this module's: `functools.cached_property`
+without importing functools, which pulls in `collections`) keeps an instance `__dict__` for it and can be
+weakly referenced (caches key on it), like a dataclass without slots.  Type checkers see a frozen
+dataclass (PEP 681).
 """
 
 from __future__ import annotations
 
-from functools import cached_property
 from operator import attrgetter
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from functools import cached_property as cached_property
     from typing import Any, TypeVar, dataclass_transform
 
     T = TypeVar("T")
@@ -25,6 +26,23 @@ else:
 
     def dataclass_transform(**_: object) -> object:
         return lambda f: f
+
+    class cached_property:
+        """A method's value, computed on first read and kept in the instance `__dict__` (as functools')."""
+
+        def __init__(self, func):
+            self.func = func
+            self.attrname = None
+            self.__doc__ = func.__doc__
+
+        def __set_name__(self, owner, name):
+            self.attrname = name
+
+        def __get__(self, instance, owner=None):
+            if instance is None:
+                return self
+            value = instance.__dict__[self.attrname] = self.func(instance)
+            return value
 
 
 class _Record:

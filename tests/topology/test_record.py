@@ -10,7 +10,7 @@ import pytest
 
 from agent.topology.cpuset import CPUSet
 from agent.topology.model import NumaNode, Package, Topology
-from agent.topology.record import fields_of, is_record, replace
+from agent.topology.record import cached_property, fields_of, is_record, record, replace
 
 
 def test_positional_keyword_and_default_construction_agree() -> None:
@@ -54,3 +54,23 @@ def test_topology_keeps_its_cached_lookups_and_weak_references() -> None:
     assert t.warnings == ()
     assert t.package_of(1) == 0 and t.package_of(1) == 0  # the second answer comes from the cache
     assert weakref.ref(t)() is t
+
+
+@record
+class _Box:
+    n: int
+
+    @cached_property
+    def double(self) -> list[int]:
+        """Twice n, in a new list each time it is computed."""
+        return [2 * self.n]
+
+
+def test_a_cached_property_is_computed_once_per_instance_and_is_no_field() -> None:
+    a, b = _Box(1), _Box(2)
+    assert a.double is a.double and a.double == [2] and b.double == [4]
+    assert vars(a) == {"double": [2]}
+    assert a == _Box(1) and fields_of(a) == ("n",)
+    assert _Box.double.__doc__ == "Twice n, in a new list each time it is computed."
+    with pytest.raises(AttributeError):
+        a.double = [3]  # type: ignore[misc]
