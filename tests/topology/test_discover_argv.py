@@ -33,6 +33,7 @@ def argparse_values(words: list[str]) -> dict[str, object] | None:
     ["--fsroot="],
     ["--fsroot", ""],
     ["--fsroot=-x"],
+    ["--fsroot=a b=c"],
     ["--fsroot", "a b", "--format", "json"],
     ["--format=yaml", "--gfd-compat"],
     ["--format", "labels", "--gfd-compat", "--fsroot", "/r", "--fsroot", "/s"],
