@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
@@ -66,6 +68,25 @@ PROGRESS_S = 15.0  # a progress line this often while pods are being bound
 WORKERS = 8  # parallel object writers while setting up and creating Jobs
 KEEP_LOGS: Path | None = None  # --keep-logs: copy each cluster's component logs here
 LEDGER_TIMEOUT_S = 24 * 3600  # longer than any run: static NRTs never show the controller's placements
+
+
+def _cpu_by_component() -> dict[str, float]:
+    """CPU seconds (user + system) so far of this process and each cluster component it started,
+    by component: where the wall time of a run goes on a machine with few cores."""
+    me = psutil.Process()
+    out: dict[str, float] = defaultdict(float)
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times, argv = proc.cpu_times(), proc.cmdline()
+        except psutil.Error:
+            continue
+        name = Path(argv[0]).name if argv else proc.name()
+        if proc.pid == me.pid:
+            name = "bench (this process)"
+        elif "controller" in argv[1:3]:
+            name = "topolet controller"
+        out[name] += times.user + times.system
+    return out
 
 
 @dataclass(frozen=True)
@@ -160,6 +181,7 @@ class BindWatch:
         self.api = KubeClient(cluster.plane.client())
         self.bound: set[str] = set()
         self.last_bind = time.monotonic()
+        self.last_created = time.monotonic()  # when the last pod appeared
         self._stop = threading.Event()
         self._stream: Any = None
         listed = self.api.list(f"/api/v1/namespaces/{NAMESPACE}/pods")
@@ -177,6 +199,8 @@ class BindWatch:
                     for event in stream:
                         obj = (event or {}).get("object") or {}
                         self._rv = (obj.get("metadata") or {}).get("resourceVersion", self._rv)
+                        if event.get("type") == "ADDED":
+                            self.last_created = time.monotonic()
                         if (obj.get("spec") or {}).get("nodeName"):
                             uid = obj["metadata"]["uid"]
                             if uid not in self.bound:
@@ -246,6 +270,7 @@ def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[
                              _job(item[1], item[0], queued=controller))
 
         try:
+            cpu_before = _cpu_by_component()
             start = time.monotonic()
             _parallel(list(enumerate(stream)), create)
             created = time.monotonic()
@@ -263,6 +288,12 @@ def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[
                 time.sleep(0.1)
             bound = len(watch.bound)
             wall = (watch.last_bind if bound else time.monotonic()) - start
+            print(f"# {name}: Jobs created after {created - start:.1f} s, the last pod after "
+                  f"{watch.last_created - start:.1f} s, the last bind after {wall:.1f} s", flush=True)
+            used = {k: v - cpu_before.get(k, 0.0) for k, v in _cpu_by_component().items()}
+            print(f"# {name}: CPU seconds while binding: "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1])),
+                  flush=True)
         finally:
             watch.close()
         aligned = _replay(cluster, objects, topos)

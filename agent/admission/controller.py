@@ -15,12 +15,16 @@ killed at any point finishes the work on restart and never decides a Job twice):
 1. Admitted Jobs (annotation `topolet.io/admission` result admitted) that are still suspended (an
    earlier version wrote the decision and the unsuspend apart) are unsuspended; their gated pods
    each get `nodeSelector kubernetes.io/hostname`, the `topolet.io/numa-zone` annotation and lose
-   the gate, in one patch.  A slot is held by a live pod
+   the gate, in one patch (`topolet_admission_pods_patched_total`).  Where the placement policy is
+   installed, the API server does this for Indexed Jobs' pods as they are created, from the slots the
+   admitting write put in the pod template (`agent.admission.placing`), so they are never gated here.
+   A slot is held by a live pod
    already pinned to its (node, zone); a new pod takes its completion index's slot when that is free
-   (Indexed Jobs), else the lowest free one, in pod creation order (`jobs.assign_slots`).
+   (Indexed Jobs), else the lowest free one, in pod creation order (`placing.assign_slots`).
 2. The view: Nodes, NRTs and pods, with the ledger of admitted Jobs' slots the NRTs do not show yet.
 3. Pending Jobs (suspended, queue label, no record) in queue order through the engine: admitted ones
-   get the gate, the record and `suspend: false` in one patch; "never" refusals get a rejected record
+   get the gate, the record (and, for Indexed Jobs, the slots in the template's
+   `topolet.io/placements`) and `suspend: false` in one patch; "never" refusals get a rejected record
    (only while no node is left out of the view: else they wait, as the node may come back); "not
    now" ones an Event when their reason changes.  A malformed Job gets an Event and is left as
    it is.
@@ -61,10 +65,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.admission import jobs
-from agent.admission.jobs import AdmissionRecord, JobSpecError, SlotPlacement
+from agent.admission import jobs, placing
+from agent.admission.jobs import JobSpecError
 from agent.admission.metrics import AdmissionMetrics
 from agent.admission.model import ClusterView, Gang, Placement, Refusal
+from agent.admission.placing import AdmissionRecord, SlotPlacement
 from agent.admission.queues import Blocked, Pending, admission_pass
 from agent.errors import KubeAPIError
 from agent.kube.client import KubeClient, WatchStream, resource_path
@@ -77,8 +82,10 @@ LEASE_NAME = "topolet-controller"
 CRASH_ENV = "TOPOLET_CONTROLLER_CRASH_AT"
 CRASH_STEPS = ("after-decision", "after-unsuspend", "after-pod-patch")
 DEBOUNCE_SECONDS = 0.2
-VIEW_REFRESH_SECONDS = 5.0  # how stale the capacity metrics may get while no gang waits
-WRITERS = 8  # API writes in flight at once during a pass (pod and Job patches)
+VIEW_REFRESH_SECONDS = 30.0  # how stale the capacity metrics may get while no gang waits
+# API writes in flight at once during a pass (Job patches), and pod patches apart: each waits ~0.1 s
+# on a busy API server, so this many keep up with Jobs created at a few hundred per second.
+WRITERS = 32
 EVENT_QUEUE = 10_000  # Events waiting to be sent before new ones are dropped
 CONFLICT_RETRIES = 3  # a Job write re-read and retried this often on 409 before the next pass
 WATCH_TIMEOUT_SECONDS = 300
@@ -374,6 +381,7 @@ class Controller:
         self._placing_lock = threading.Lock()
         self._writes: list[Future[Any]] = []  # this pass's writes in flight (drained before it ends)
         self._written = 0  # writes submitted this pass (logged)
+        self._conflicts = 0  # writes refused with 409 since the start (logged; under _placing_lock)
         self._timings = (0.0, 0.0)  # this pass's seconds building the view, deciding (logged)
         self._view_at: float | None = None  # monotonic time the view (and its metrics) was last built
 
@@ -438,6 +446,10 @@ class Controller:
             except KubeAPIError as exc:
                 if exc.status not in (404, 409):
                     raise
+                if exc.status == 409:
+                    self.metrics.write_conflicts.inc()
+                    with self._placing_lock:
+                        self._conflicts += 1
                 if exc.status == 409 and again is not None and attempt < CONFLICT_RETRIES:
                     fresh = self._reread(store, path, what)
                     retry = again(fresh) if fresh is not None else None
@@ -494,8 +506,9 @@ class Controller:
             self._drain()
         elapsed = time.perf_counter() - started
         if self._written or elapsed > 1.0:  # a timing line per pass that did something (profiling)
-            log.info("pass %d: %.2f s (view %.2f s, decisions %.2f s, then writes), %d writes",
-                     self.passes, elapsed, self._timings[0], self._timings[1], self._written)
+            log.info("pass %d: %.2f s (view %.2f s, decisions %.2f s, then writes), %d writes, "
+                     "%d conflicts so far", self.passes, elapsed, self._timings[0], self._timings[1],
+                     self._written, self._conflicts)
         self._written = 0
 
     def _reap(self) -> None:
@@ -529,7 +542,7 @@ class Controller:
             if queue is None:
                 continue
             try:
-                record = jobs.record_of(job)
+                record = placing.record_of(job)
             except JobSpecError as exc:
                 self._invalid_job(job, "InvalidAdmissionRecord", str(exc))
                 continue
@@ -653,9 +666,9 @@ class Controller:
         pods = sorted(placement.pods, key=lambda p: (p.pod_set, p.index))
         record = AdmissionRecord("admitted", uuid.uuid4().hex, _timestamp(self.clock()),
                                  {i: SlotPlacement(p.node, p.zone) for i, p in enumerate(pods)})
-        out = self._patch(self.jobs, self._job_path(job), jobs.decision_patch(job, record),
+        out = self._patch(self.jobs, self._job_path(job), placing.decision_patch(job, record),
                           f"record the admission of Job {jobs.job_key(job)}",
-                          again=lambda fresh: _still_pending(job, fresh, jobs.decision_patch, record))
+                          again=lambda fresh: _still_pending(job, fresh, placing.decision_patch, record))
         if out is None:
             return False
         # The decision, the gate and the unsuspend are one write, so both steps fall after it.
@@ -670,15 +683,15 @@ class Controller:
         return True
 
     def _unsuspend(self, job: dict[str, Any]) -> None:
-        if self._patch(self.jobs, self._job_path(job), jobs.unsuspend_patch(),
+        if self._patch(self.jobs, self._job_path(job), placing.unsuspend_patch(),
                        f"unsuspend Job {jobs.job_key(job)}") is not None:
             _crash_point("after-unsuspend")
 
     def _reject(self, job: dict[str, Any], reason: str) -> bool:
         record = AdmissionRecord("rejected", uuid.uuid4().hex, _timestamp(self.clock()), reason=reason)
-        out = self._patch(self.jobs, self._job_path(job), jobs.reject_patch(job, record),
+        out = self._patch(self.jobs, self._job_path(job), placing.reject_patch(job, record),
                           f"record the rejection of Job {jobs.job_key(job)}",
-                          again=lambda fresh: _still_pending(job, fresh, jobs.reject_patch, record))
+                          again=lambda fresh: _still_pending(job, fresh, placing.reject_patch, record))
         if out is None:
             return False
         self.metrics.decisions.labels(result="rejected").inc()
@@ -701,7 +714,7 @@ class Controller:
         if jobs.job_suspended(job):
             self._check_leader()
             self._submit(self._unsuspend, job)
-        assignment = jobs.assign_slots(record.slots, pods, jobs.job_indexed(job))
+        assignment = placing.assign_slots(record.slots, pods, jobs.job_indexed(job))
         for pod, slot in assignment.place:
             uid = str(_meta(pod).get("uid"))
             with self._placing_lock:
@@ -720,12 +733,13 @@ class Controller:
         try:
             out = self._patch(self.pods, resource_path("", "v1", "pods", str(meta.get("name")),
                                                        namespace=str(meta.get("namespace"))),
-                              jobs.pod_patch(pod, place.node, place.zone),
+                              placing.pod_patch(pod, place.node, place.zone),
                               f"place pod {_key(pod)} (slot {slot}) on {place.node}")
         finally:
             with self._placing_lock:
                 self._placing.discard(str(meta.get("uid")))
         if out is not None:
+            self.metrics.pods_patched.inc()
             _crash_point("after-pod-patch")
 
     # -- the view -----------------------------------------------------------------------------------
@@ -779,7 +793,7 @@ def _still_pending(job: Mapping[str, Any], fresh: Mapping[str, Any],
                    patch: Callable[[Mapping[str, Any], AdmissionRecord], dict[str, Any]],
                    record: AdmissionRecord) -> dict[str, Any] | None:
     """`patch(fresh, record)` when the re-read Job is still the one decided on; else None."""
-    return patch(fresh, record) if jobs.still_undecided(job, fresh) else None
+    return patch(fresh, record) if placing.still_undecided(job, fresh) else None
 
 
 def _node_ready(node: Mapping[str, Any]) -> bool:

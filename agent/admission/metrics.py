@@ -94,6 +94,12 @@ class AdmissionMetrics:
                                     registry=r)
         self.events_dropped = Counter("topolet_admission_events_dropped",
                                       "Job Events not sent because the Event queue was full", registry=r)
+        self.pods_patched = Counter("topolet_admission_pods_patched",
+                                    "Gated pods the controller pinned with a patch (where the placement "
+                                    "policy is installed it pins Indexed Jobs' pods itself)", registry=r)
+        self.write_conflicts = Counter("topolet_admission_write_conflicts",
+                                       "Writes refused because the object changed since it was read (409)",
+                                       registry=r)
         self.leader = Gauge("topolet_admission_leader", "1 while this replica is the leader", registry=r)
         self.last_pass = Gauge("topolet_admission_last_pass_timestamp_seconds",
                                "Unix time of the last completed decision pass (or standby check)",

@@ -244,6 +244,33 @@ def test_admits_whole_gangs_rejects_never_waits_and_flags_bad_jobs(
     assert proc.popen.returncode == 0, proc.log_tail()
 
 
+def test_the_placement_policy_pins_indexed_pods_and_the_controller_patches_the_rest(
+        cluster: Cluster, api: KubeClient, namespace: str, nodes: tuple[str, list[str]]) -> None:
+    """With daemonset/controller/placement-policy.yaml installed, an Indexed Job's pods are created
+    pinned (no patch); a non-indexed Job's pods, which carry no index, are patched one by one."""
+    label, _ = nodes
+    port = free_port()
+    cluster.start_controller("--listen", f"127.0.0.1:{port}", "--resync-seconds", "2")
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("indexed", 2, label))
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("plain", 2, label, indexed=False))
+    for name in ("indexed", "plain"):
+        wait_for(lambda n=name: all_bound_as_recorded(api, namespace, n, 2), f"gang {name} bound")
+    job = get_job(api, namespace, "indexed")
+    slots = job["spec"]["template"]["metadata"]["annotations"]["topolet.io/placements"].split(",")
+    rec = record(api, namespace, "indexed")
+    assert rec is not None
+    placed = [rec["placement"][str(i)] for i in range(2)]
+    assert slots == [f"{p['node']}:{p['zone']}" for p in placed]
+    assert "topolet.io/placements" not in get_job(api, namespace, "plain")["spec"]["template"].get(
+        "metadata", {}).get("annotations", {})
+    for name in ("indexed", "plain"):
+        for pod in job_pods(api, namespace, name):  # the node's agent never sees the slots annotation
+            assert "topolet.io/placements" not in pod["metadata"]["annotations"]
+    status, text = scrape(port)
+    assert status == 200
+    assert metric(text, "topolet_admission_pods_patched_total") == 2  # plain's two, none of indexed's
+
+
 def _admitted_once(api: KubeClient, ns: str, name: str, decision: str | None) -> str:
     rec = record(api, ns, name)
     assert rec is not None and rec["result"] == "admitted"

@@ -325,9 +325,12 @@ def test_admits_a_job_by_gating_its_template_then_unsuspending_it(setup: Setup) 
     path = f"/apis/batch/v1/namespaces/{setup.team}/jobs/{setup.job}"
     status, job = as_controller(setup, "PATCH", path, {
         "metadata": {"annotations": {"topolet.io/admission": '{"result": "admitted"}'}},
-        "spec": {"template": {"spec": {"schedulingGates": [{"name": GATE}]}}}})
+        "spec": {"template": {"metadata": {"annotations": {"topolet.io/placements": f"{setup.node}:0,"
+                                                                                     f"{setup.node}:1"}},
+                              "spec": {"schedulingGates": [{"name": GATE}]}}}})
     assert status == 200, job
     assert job["spec"]["template"]["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert job["spec"]["template"]["metadata"]["annotations"]["topolet.io/placements"].count(":") == 2
     status, job = as_controller(setup, "PATCH", path, {"spec": {"suspend": False}})
     assert status == 200, job
     assert job["spec"]["suspend"] is False
@@ -531,6 +534,9 @@ POLICY_REFUSED: list[PolicyRow] = [
      lambda s: {"spec": {"template": {"spec": {"nodeSelector": {"example.com/pool": "gpu"}}}}}, MERGE),
     ("label a queued Job's pods", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
      lambda s: {"spec": {"template": {"metadata": {"labels": {"app": "other"}}}}}, MERGE),
+    ("annotate a queued Job's pods beyond the placements", "PATCH",
+     "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
+     lambda s: {"spec": {"template": {"metadata": {"annotations": {"topolet.io/numa-zone": "0"}}}}}, MERGE),
     ("create another Lease in its namespace", "POST", LEASES,
      lambda s: {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "other"}},
      "application/json"),

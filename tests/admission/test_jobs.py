@@ -1,4 +1,4 @@
-"""Job -> Gang, the admission record and the patch bodies, as tables."""
+"""Job -> Gang (agent.admission.jobs), the admission record and the patch bodies (placing), as tables."""
 
 from __future__ import annotations
 
@@ -12,18 +12,23 @@ from agent.admission.jobs import (
     GATE,
     HOSTNAME_LABEL,
     NUMA_ZONE_ANNOTATION,
-    AdmissionRecord,
     JobSpecError,
+    gang_from_job,
+)
+from agent.admission.model import NodeSelectorRequirement, Resources, Toleration
+from agent.admission.placing import (
+    PLACEMENTS_ANNOTATION,
+    PLACEMENTS_MAX_CHARS,
+    AdmissionRecord,
     SlotPlacement,
     assign_slots,
     decision_patch,
     decode_record,
-    gang_from_job,
+    placements_value,
     pod_patch,
     record_of,
     still_undecided,
 )
-from agent.admission.model import NodeSelectorRequirement, Resources, Toleration
 
 GI = 1 << 30
 
@@ -151,6 +156,34 @@ def test_record_round_trip_and_decision_patch() -> None:
         [{"name": "other"}, {"name": GATE}]
 
 
+def test_decision_patch_of_an_indexed_job_carries_the_placements() -> None:
+    record = AdmissionRecord("admitted", "d-1", "2026-12-01T00:00:00Z",
+                             {1: SlotPlacement("n2", None), 0: SlotPlacement("n1", 3)})
+    indexed = decision_patch(_job(indexed=True, completions=2), record)
+    assert indexed["spec"]["template"]["metadata"] == {"annotations": {PLACEMENTS_ANNOTATION: "n1:3,n2:"}}
+    # A non-indexed Job's pods have no index to look up: no annotation, the controller patches them.
+    assert "metadata" not in decision_patch(_job(), record)["spec"]["template"]
+
+
+PLACEMENTS = [
+    # (what, slots, indexed, expected value)
+    ("in index order, an empty zone for a slot without one",
+     {2: SlotPlacement("c", 0), 0: SlotPlacement("a", 1), 1: SlotPlacement("b", None)}, True, "a:1,b:,c:0"),
+    ("non-indexed", {0: SlotPlacement("a", 1)}, False, None),
+    ("slots with a gap are not indexes", {0: SlotPlacement("a", 1), 2: SlotPlacement("b", 0)}, True, None),
+    ("too long for an annotation",
+     {i: SlotPlacement("n" * 60, 7) for i in range(PLACEMENTS_MAX_CHARS // 60)}, True, None),
+]
+
+
+@pytest.mark.parametrize(("what", "slots", "indexed", "value"), PLACEMENTS, ids=[p[0] for p in PLACEMENTS])
+def test_placements_value(what: str, slots: dict[int, SlotPlacement], indexed: bool,
+                          value: str | None) -> None:
+    record = AdmissionRecord("admitted", "d", "t", slots)
+    assert placements_value(record, indexed) == value
+    assert placements_value(AdmissionRecord("rejected", "d", "t", reason="no"), indexed) is None
+
+
 @pytest.mark.parametrize("text", [
     "not json", "{}", '{"result":"maybe","decision":"d","time":"t"}',
     '{"result":"admitted","decision":"d","time":"t"}',
@@ -163,7 +196,7 @@ def test_malformed_record(text: str) -> None:
 
 
 def test_pod_patch_pins_and_ungates() -> None:
-    pod = {"metadata": {"resourceVersion": "3", "annotations": {}},
+    pod: dict[str, Any] = {"metadata": {"resourceVersion": "3", "annotations": {}},
            "spec": {"schedulingGates": [{"name": GATE}], "nodeSelector": {"pool": "a"}}}
     patch = pod_patch(pod, "n1", 1)
     assert patch["spec"] == {"nodeSelector": {HOSTNAME_LABEL: "n1"}, "schedulingGates": None}
@@ -171,6 +204,10 @@ def test_pod_patch_pins_and_ungates() -> None:
     pod["spec"]["schedulingGates"].append({"name": "keep"})
     assert pod_patch(pod, "n1", None)["spec"]["schedulingGates"] == [{"name": "keep"}]
     assert "annotations" not in pod_patch(pod, "n1", None)["metadata"]
+    # A pod the placement policy did not pin still carries the template's placements: removed.
+    pod["metadata"]["annotations"][PLACEMENTS_ANNOTATION] = "n1:1"
+    assert pod_patch(pod, "n1", 1)["metadata"]["annotations"] == {PLACEMENTS_ANNOTATION: None,
+                                                                  NUMA_ZONE_ANNOTATION: "1"}
 
 
 def _pod(name: str, *, index: int | None = None, pinned: tuple[str, int] | None = None,

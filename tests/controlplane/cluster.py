@@ -35,6 +35,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tests.controlplane.harness import (
     ControlPlane,
     ControlPlaneError,
@@ -48,6 +50,7 @@ READY_TIMEOUT_S = 120.0
 # The client rate limits of both components: their defaults (20 and 50 requests per second) would
 # make a bench of thousands of pods measure the limiter, not the components.
 DEFAULT_API_QPS = 500
+PLACEMENT_POLICY = "daemonset/controller/placement-policy.yaml"  # relative to the repository
 CONTROLLERS = (
     "job-controller",
     "garbage-collector-controller",
@@ -394,9 +397,54 @@ class Cluster:
 
     # ---- topolet controller ----------------------------------------------------------------------
 
-    def start_controller(self, *extra: str) -> _Process:
-        """Start a `topolet controller` replica (admin credentials) on this cluster; stop() ends it."""
+    def install_placement_policy(self) -> None:
+        """Install daemonset/controller/placement-policy.yaml (idempotent) and wait until the API server
+        applies it: a dry-run create of a pod it should pin comes back pinned."""
+        from agent.errors import KubeAPIError
+        from tests.conftest import REPO
+
+        api = _api(self.plane)
+        try:
+            for doc in yaml.safe_load_all((REPO / PLACEMENT_POLICY).read_text()):
+                kind = {"MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+                        "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings"}[doc["kind"]]
+                try:
+                    api.create(f"/apis/admissionregistration.k8s.io/v1/{kind}", doc)
+                except KubeAPIError as exc:
+                    if exc.status != 409:
+                        raise
+            canary = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "generateName": "placement-canary-", "annotations": {
+                    "topolet.io/placements": "canary-node:0",
+                    "batch.kubernetes.io/job-completion-index": "0"}},
+                "spec": {"schedulingGates": [{"name": "topolet.io/placement"}],
+                         "automountServiceAccountToken": False,
+                         "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while True:
+                try:
+                    pod = api.request("POST", "/api/v1/namespaces/default/pods", query={"dryRun": "All"},
+                                      body=canary, content_type="application/json")
+                    if (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname") == "canary-node":
+                        return
+                except KubeAPIError as exc:
+                    if exc.status not in (403, 404, 429) or time.monotonic() > deadline:
+                        raise
+                if time.monotonic() > deadline:
+                    raise ControlPlaneError(f"{PLACEMENT_POLICY} not applied after {READY_TIMEOUT_S:.0f} s")
+                time.sleep(0.25)
+        finally:
+            api.close()
+
+    def start_controller(self, *extra: str, placement_policy: bool = True) -> _Process:
+        """Start a `topolet controller` replica (admin credentials) on this cluster; stop() ends it.
+
+        With `placement_policy` the API server pins the pods of admitted Indexed Jobs (see
+        install_placement_policy); without, only as long as no earlier call installed it."""
         from tests.conftest import REPO, topolet_bin
+
+        if placement_policy:
+            self.install_placement_policy()
 
         n = len(self.controllers)
         kc = self.plane.write_kubeconfig(self.workdir / "topolet-controller.kubeconfig",

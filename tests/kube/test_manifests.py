@@ -37,6 +37,7 @@ AGENT_SA = "topolet-agent"
 CONTROLLER = "topolet-controller"  # the Deployment, its service account, roles and Lease share the name
 CONTROLLER_PORT = 9471
 CONTROLLER_POLICY = "topolet-controller-writes"
+PLACEMENT_POLICY = "topolet-placement"  # the MutatingAdmissionPolicy that pins admitted pods
 # Each workload's service account, the admission policy that narrows its writes, and the writes RBAC
 # grants it that the policy leaves alone (none: Events too are confined to the node that writes them).
 CONFINED = [(AGENT_SA, "topolet-agent-own-node", set()),
@@ -130,13 +131,16 @@ def containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ("NetworkPolicy", "topolet-agent-metrics"),
     ("ValidatingAdmissionPolicy", CONTROLLER_POLICY),
     ("ValidatingAdmissionPolicyBinding", CONTROLLER_POLICY),
+    ("MutatingAdmissionPolicy", PLACEMENT_POLICY),
+    ("MutatingAdmissionPolicyBinding", PLACEMENT_POLICY),
     ("ConfigMap", "topolet-dashboards"),
     *(("CustomResourceDefinition", crd) for crd in CRDS),
 ])
 def test_base_renders(docs: list[dict[str, Any]], kind: str, name: str) -> None:
     obj = one(docs, kind, name)
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                      "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
     if kind not in cluster_scoped:
         assert obj["metadata"]["namespace"] == NAMESPACE
 
@@ -558,6 +562,20 @@ def test_every_granted_write_is_confined_by_an_admission_policy(
     binding = one(docs, "ValidatingAdmissionPolicyBinding", policy_name)["spec"]
     assert binding["policyName"] == policy_name
     assert binding["validationActions"] == ["Deny"]
+
+
+def test_placement_policy_only_pins_pods_as_they_are_created(docs: list[dict[str, Any]]) -> None:
+    """The mutating policy touches pod CREATE only, and a failure leaves the pod gated for the
+    controller (Ignore) instead of refusing every pod of the cluster."""
+    policy = one(docs, "MutatingAdmissionPolicy", PLACEMENT_POLICY)["spec"]
+    assert policy["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}]
+    assert policy["failurePolicy"] == "Ignore"
+    assert policy["reinvocationPolicy"] == "Never"
+    conditions = " ".join(c["expression"] for c in policy["matchConditions"])
+    assert "topolet.io/placement'" in conditions and "topolet.io/placements'" in conditions
+    binding = one(docs, "MutatingAdmissionPolicyBinding", PLACEMENT_POLICY)["spec"]
+    assert binding == {"policyName": PLACEMENT_POLICY}
 
 
 @pytest.mark.parametrize(("account", "policy_name", "unconfined"), CONFINED)
