@@ -17,14 +17,16 @@ Policies, all run in this process on the same arrivals:
   types carry their GPU models (`gpu_spec`) as the paper's do;
 - gpu_choice: topolet's score (`agent.admission.fragmentation.gpu_choice`: FGD's measure plus the
   stranded-GPU term and the price of GPU taken from a model constrained pods need) on every node that
-  fits, ties to the first node, without the engine;
+  fits, ties as the engine breaks them (least free CPU left, then node order), without the engine;
 - topolet: the admission engine (`agent.admission.engine.place`, then `commit`) with each pod as a
   one-pod gang and the workload's pod-type mix as the view's `gpu_mix`; `--direct` scores this column
   with `gpu_choice` as well (and so does a checkout without the engine).
 
 Beside them: the paper's own figures for the workload (`fgd-results/analysis_allo_discrete.csv`).
 Ends with `fgd trace unallocated GPU at 100% arrived: topolet X.XX% | FGD (same run) Y.YY% |
-paper FGD Z.ZZ%`.
+paper FGD Z.ZZ%`.  `--all` replays every workload the paper reports (FGD and topolet unless
+`--policies` says otherwise), one `topolet | FGD (same run) | paper FGD` line each, and ends with how
+many of them topolet leaves at or below the paper's FGD.
 """
 
 from __future__ import annotations
@@ -331,8 +333,8 @@ class FGD(Scored):
 
 
 class TopoletDirect(Scored):
-    """topolet's scoring through `gpu_choice` on each node state; ties go to the first node in name
-    order, as in the engine."""
+    """topolet's scoring through `gpu_choice` on each node state; ties go to the node left with the
+    least free CPU, then to the first node, as in the engine."""
 
     def __init__(self, rng: random.Random, mix: GpuMix) -> None:
         super().__init__(rng)
@@ -346,17 +348,17 @@ class TopoletDirect(Scored):
         return s, (node.gpu_free_milli[g] if g is not None else None)
 
     def __call__(self, cluster: Cluster, pod: Pod) -> Choice:
-        best: tuple[float, int, int | None] | None = None
+        best: tuple[float, int, int, int | None] | None = None
         for key, members in cluster.states.items():
             if not state_fits(cluster, key, pod):
                 continue
             found = self.memo.get((key, pod.kind))
             if found is None:
                 found = self.memo[(key, pod.kind)] = self.score(cluster, key, pod.request)
-            candidate = (round(found[0], 6), min(members), found[1])
+            candidate = (round(found[0], 6), key[1] - pod.request.cpu_milli, min(members), found[1])
             if best is None or candidate < best:
                 best = candidate
-        return None if best is None else (best[1], best[2])
+        return None if best is None else (best[2], best[3])
 
 
 class TopoletEngine:
@@ -425,6 +427,16 @@ def paper_figures(workload: str, seeds: Sequence[int]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in out.items()}
 
 
+def reported_workloads() -> list[str]:
+    """The workloads the paper's results report FGD figures for, in name order."""
+    try:
+        path = find(RESULTS, RESULT_DIRS)
+    except SystemExit:
+        return []
+    with path.open() as f:
+        return sorted({r["workload"] for r in csv.DictReader(f) if r["sc_policy"] == PAPER_POLICIES["FGD"]})
+
+
 def parse_seeds(text: str) -> list[int]:
     seeds: list[int] = []
     for part in text.split(","):
@@ -433,30 +445,27 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", default="openb_pod_list_default")
-    ap.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,45")
-    ap.add_argument("--policies", default=",".join(POLICIES), help="comma list of " + ", ".join(POLICIES))
-    ap.add_argument("--traces", type=Path, help="folder of the trace CSVs (default: bench/data, then "
-                    "../shared/traces/alibaba-gpu-v2023/csv)")
-    ap.add_argument("--direct", action="store_true", help="topolet column through gpu_choice, not the engine")
-    ap.add_argument("-v", "--verbose", action="store_true", help="per-seed figures")
-    args = ap.parse_args()
-    dirs = (args.traces,) if args.traces else TRACE_DIRS
-    seeds = parse_seeds(args.seeds)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    hosts = load_nodes(dirs)
-    pods = load_pods(dirs, args.workload)
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One workload replayed: per policy the unallocated GPU % per seed, and the seconds it took."""
+
+    workload: str
+    pods: int
+    types: int
+    results: dict[str, list[float]]
+    seconds: dict[str, float]
+
+    def mean(self, policy: str) -> float:
+        v = self.results.get(policy)
+        return sum(v) / len(v) if v else float("nan")
+
+
+def run_workload(workload: str, hosts: Sequence[HostType], dirs: Sequence[Path], seeds: Sequence[int],
+                 policies: Sequence[str], direct: bool, verbose: bool) -> Run:
+    """Replay `workload` with every policy on the same arrivals for each seed."""
+    pods = load_pods(dirs, workload)
     mix, models = pod_mix(pods)
     paper_mix = GpuMix(mix, stranding=0.0, models=models)
-    direct = args.direct
-    if "topolet" in policies and not direct:
-        try:
-            from agent.admission.engine import place  # noqa: F401
-        except ImportError:
-            print("note: agent.admission.engine.place is missing; topolet column scored through gpu_choice")
-            direct = True
     capacity = sum(h.gpus for h in hosts) * WHOLE
     model_of = Cluster(hosts).type_model
     supply = gpu_supply(Cluster(hosts).node(i) for i in range(len(hosts)))
@@ -483,20 +492,84 @@ def main() -> None:
             start = time.perf_counter()
             results[name].append(replay(policy, hosts, order))
             seconds[name] += time.perf_counter() - start
-            if args.verbose:
-                print(f"  seed {seed} {name:8} {results[name][-1]:6.2f}%", flush=True)
+            if verbose:
+                print(f"  {workload} seed {seed} {name:8} {results[name][-1]:6.2f}%", flush=True)
+    return Run(workload, len(pods), len(mix), results, seconds)
+
+
+def summary(run: Run, paper: dict[str, float]) -> str:
+    """`topolet X.XX% | FGD (same run) Y.YY% | paper FGD Z.ZZ%` for one workload."""
+    return (f"topolet {run.mean('topolet'):.2f}% | FGD (same run) {run.mean('FGD'):.2f}% | "
+            f"paper FGD {paper.get(PAPER_POLICIES['FGD'], float('nan')):.2f}%")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="openb_pod_list_default")
+    ap.add_argument("--all", action="store_true",
+                    help="every workload the paper reports, one line each (default policies: FGD,topolet)")
+    ap.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,45")
+    ap.add_argument("--policies", help="comma list of " + ", ".join(POLICIES) + " (default: all)")
+    ap.add_argument("--traces", type=Path, help="folder of the trace CSVs (default: bench/data, then "
+                    "../shared/traces/alibaba-gpu-v2023/csv)")
+    ap.add_argument("--direct", action="store_true", help="topolet column through gpu_choice, not the engine")
+    ap.add_argument("-v", "--verbose", action="store_true", help="per-seed figures")
+    args = ap.parse_args()
+    dirs = (args.traces,) if args.traces else TRACE_DIRS
+    seeds = parse_seeds(args.seeds)
+    chosen = args.policies or ("FGD,topolet" if args.all else ",".join(POLICIES))
+    policies = [p.strip() for p in chosen.split(",") if p.strip()]
+    hosts = load_nodes(dirs)
+    direct = args.direct
+    if "topolet" in policies and not direct:
+        try:
+            from agent.admission.engine import place  # noqa: F401
+        except ImportError:
+            print("note: agent.admission.engine.place is missing; topolet column scored through gpu_choice")
+            direct = True
+    capacity = sum(h.gpus for h in hosts) * WHOLE
+    if args.all:
+        run_all(hosts, dirs, seeds, policies, direct, args)
+        return
+    run = run_workload(args.workload, hosts, dirs, seeds, policies, direct, args.verbose)
     paper = paper_figures(args.workload, seeds)
-    print(f"{args.workload}: {len(hosts)} nodes, {capacity // WHOLE} GPUs, {len(pods)} pods, "
-          f"{len(mix)} pod types, seeds {args.seeds}")
+    print(f"{args.workload}: {len(hosts)} nodes, {capacity // WHOLE} GPUs, {run.pods} pods, "
+          f"{run.types} pod types, seeds {args.seeds}")
     print(f"{'policy':10} {'unallocated GPU %':>18} {'paper':>8} {'seconds':>8}")
     for name in policies:
-        v = results[name]
         ref = paper.get(PAPER_POLICIES.get(name, ""), float("nan"))
-        print(f"{name:10} {sum(v) / len(v):18.2f} {ref:8.2f} {seconds[name]:8.1f}")
-    mean = {k: sum(v) / len(v) for k, v in results.items()}
-    nan = float("nan")
-    print(f"fgd trace unallocated GPU at 100% arrived: topolet {mean.get('topolet', nan):.2f}% | "
-          f"FGD (same run) {mean.get('FGD', nan):.2f}% | paper FGD {paper.get('06-FGD', nan):.2f}%")
+        print(f"{name:10} {run.mean(name):18.2f} {ref:8.2f} {run.seconds[name]:8.1f}")
+    print(f"fgd trace unallocated GPU at 100% arrived: {summary(run, paper)}")
+
+
+def run_all(hosts: Sequence[HostType], dirs: Sequence[Path], seeds: Sequence[int], policies: Sequence[str],
+            direct: bool, args: argparse.Namespace) -> None:
+    """One line per workload the paper reports (topolet | FGD same run | paper FGD), then a tally."""
+    reported = reported_workloads()
+    if not reported:
+        raise SystemExit(f"{RESULTS} not found in {', '.join(str(d) for d in RESULT_DIRS)}")
+    print(f"{len(reported)} workloads the paper reports, {len(hosts)} nodes, seeds {args.seeds}, "
+          f"topolet {'through gpu_choice' if direct else 'through the engine'}")
+    wins = done = 0
+    for workload in reported:
+        try:
+            find(f"{workload}.csv", dirs)
+        except SystemExit:
+            print(f"{workload:28} skipped: no pod list (pass --traces)")
+            continue
+        run = run_workload(workload, hosts, dirs, seeds, policies, direct, args.verbose)
+        paper = paper_figures(workload, seeds)
+        ref = paper.get(PAPER_POLICIES["FGD"], float("nan"))
+        mark = ""
+        if "topolet" in policies and not math.isnan(ref):
+            done += 1
+            if run.mean("topolet") <= ref:
+                wins += 1
+                mark = "  at or below paper FGD"
+            else:
+                mark = f"  ABOVE paper FGD by {run.mean('topolet') - ref:.2f}"
+        print(f"{workload:28} {summary(run, paper)}{mark}", flush=True)
+    print(f"fgd trace, every reported workload: topolet at or below the paper's FGD on {wins} of {done}")
 
 
 if __name__ == "__main__":

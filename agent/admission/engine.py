@@ -85,6 +85,11 @@ _MAX_DOMAIN_COMBOS = 64
 # Views whose index is kept (strong references, so an id is never reused while cached).
 _CACHED_VIEWS = 4
 
+# GPU scores are sums of float products: two nodes whose fragmentation rises equally can differ in the
+# last bits, and that noise, not the CPU rules after it, would pick the node.  Scores tie to this many
+# decimals (of a GPU thousandth).
+_GPU_SCORE_DIGITS = 6
+
 _NO_MAP: Mapping[str, int] = MappingProxyType({})
 
 
@@ -485,7 +490,8 @@ class _Work:
             node = self.ix.nodes[i]
             if i in self.touched:
                 node = s.to_node(node)
-            return _gpu_choice(node, r, self.mix, self.models, self.supply)
+            scored = _gpu_choice(node, r, self.mix, self.models, self.supply)
+            return None if scored is None else (round(scored[0], _GPU_SCORE_DIGITS), scored[1])
         if r.gpu_milli:  # best fit: the GPU with the least free that holds the share
             fits = [(f, g) for g, f in enumerate(s.gfree) if f >= r.gpu_milli]
             if not fits:
