@@ -332,6 +332,24 @@ def test_cgroup_v1_component_mounts_only_the_cpuset_hierarchy(docs: list[dict[st
     assert (layout.version, layout.root) == (1, "/sys/fs/cgroup")
 
 
+def test_the_readmes_overlay_for_older_api_servers_drops_only_the_placement_policy(
+        docs: list[dict[str, Any]], tmp_path: Path) -> None:
+    """daemonset/README.md's overlay for API servers before 1.36, taken from the README itself."""
+    readme = (BASE / "README.md").read_text()
+    block = re.search(r"```yaml\n(resources: \[\.\./daemonset\]\npatches:\n(?:(?!```).)*?\$patch: delete"
+                      r"(?:(?!```).)*)```", readme, re.S)
+    assert block is not None, "the README's overlay is gone"
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    text = block.group(1).replace("../daemonset", os.path.relpath(BASE, overlay))
+    (overlay / "kustomization.yaml").write_text(text)
+    kept = [d for d in yaml.safe_load_all(kustomize_build(build_kubectl(), overlay)) if d]
+    dropped = {(d["kind"], d["metadata"]["name"]) for d in docs} - {(d["kind"], d["metadata"]["name"])
+                                                                      for d in kept}
+    assert dropped == {("MutatingAdmissionPolicy", PLACEMENT_POLICY),
+                       ("MutatingAdmissionPolicyBinding", PLACEMENT_POLICY)}
+
+
 def test_only_prometheus_reaches_the_agents_port(docs: list[dict[str, Any]]) -> None:
     policy = one(docs, "NetworkPolicy", "topolet-agent-metrics")["spec"]
     agent_labels = one(docs, "DaemonSet", "topolet-agent")["spec"]["template"]["metadata"]["labels"]
