@@ -28,7 +28,10 @@ else:
         return lambda f: f
 
     class cached_property:
-        """A method's value, computed on first read and kept in the instance `__dict__` (as functools')."""
+        """A method's value, computed on first read and kept in the instance `__dict__` (as functools').
+
+        Without the lock Python 3.12 dropped from functools' too: two threads may both compute it.
+        """
 
         def __init__(self, func):
             self.func = func
