@@ -182,6 +182,7 @@ class Ledger:
             if isinstance(name, str):
                 prints[name] = nrt_fingerprint(nrt)
         seen: dict[str, tuple[tuple[str, str], ...]] = {}
+        by_node: dict[str, list[Mapping[str, Any]]] | None = None  # bound pods per node, when needed
         kept = []
         for e in self.entries:
             if live_gangs is not None and e.gang not in live_gangs:
@@ -197,7 +198,12 @@ class Ledger:
                     if e.zone is None:
                         continue
                     if e.node not in seen:
-                        seen[e.node] = pinned_eligible(pod_list, e.node)
+                        if by_node is None:
+                            by_node = {}
+                            for pod in pod_list:
+                                if (node := _node_of(pod)) is not None:
+                                    by_node.setdefault(node, []).append(pod)
+                        seen[e.node] = pinned_eligible(by_node.get(e.node, ()), e.node)
                     eligible = seen[e.node]
                     meta = _meta(mine)
                     me = (str(meta.get("namespace")), str(meta.get("name")))
