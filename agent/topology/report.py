@@ -32,13 +32,14 @@ _INFINITY = float("inf")
 
 
 def to_json(value: Any) -> str:
-    """`json.dumps(value, indent=1)` of plain data (dicts, lists, str, int, float, bool, None).
+    """`json.dumps(to_data(value), indent=1)`: the model, or plain data, as `--format json` prints it.
 
-    `discover --format json` is timed as a whole process, and importing `json` (with the `re` and
-    `enum` it pulls in) costs it about as much as the scan; the string escaping is json's own C code.
+    `discover --format json` is timed as a whole process: importing `json` (with the `re` and `enum`
+    it pulls in) costs it about as much as the scan, and `to_data` first would build the tree twice.
+    The string escaping is json's own C code.
     """
     out: list[str] = []
-    _write_json(value, "\n", out)
+    _write_json(value, "\n", out, {})
     return "".join(out)
 
 
@@ -73,35 +74,49 @@ def _json_key(key: Any) -> str:
     return _quote(text)
 
 
-def _write_json(value: Any, newline: str, out: list[str]) -> None:
-    """Append the JSON text of `value` to `out`; `newline` is the line break and indent it starts at."""
+def _write_json(value: Any, newline: str, out: list[str], cpulists: dict[int, str]) -> None:
+    """Append the JSON text of `value` to `out`; `newline` is the line break and indent it starts at.
+
+    `cpulists` keeps each CPU mask's text: the model shares sets (a core's threads list one cache).
+    """
+    if isinstance(value, CPUSet):
+        text = cpulists.get(value.mask)
+        if text is None:
+            text = cpulists[value.mask] = _quote(value.cpulist())
+        out.append(text)
+        return
     text = _json_scalar(value)
     if text is not None:
         out.append(text)
         return
     inner = newline + " "
+    if is_record(value):
+        value = {f: getattr(value, f) for f in fields_of(value)}
     if isinstance(value, dict):
-        if not value:
+        items = value.items()
+        if not items:
             out.append("{}")
             return
         sep = "{" + inner
-        for key, item in value.items():
+        for key, item in items:
             out.append(sep + _json_key(key) + ": ")
-            _write_json(item, inner, out)
+            _write_json(item, inner, out, cpulists)
             sep = "," + inner
         out.append(newline + "}")
-    elif isinstance(value, (list, tuple)):
-        if not value:
-            out.append("[]")
-            return
-        sep = "[" + inner
-        for item in value:
-            out.append(sep)
-            _write_json(item, inner, out)
-            sep = "," + inner
-        out.append(newline + "]")
-    else:
+        return
+    if isinstance(value, frozenset):
+        value = sorted(to_data(v) for v in value)
+    if not isinstance(value, (list, tuple)):
         raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    if not value:
+        out.append("[]")
+        return
+    sep = "[" + inner
+    for item in value:
+        out.append(sep)
+        _write_json(item, inner, out, cpulists)
+        sep = "," + inner
+    out.append(newline + "]")
 
 
 def conformance_view(topo: Topology) -> dict[str, Any]:
@@ -199,7 +214,7 @@ def run_discover(args: argparse.Namespace) -> int:
 
         out = json.dumps(conformance_view(topo)) + "\n"
     elif fmt == "json":
-        out = to_json(to_data(topo)) + "\n"
+        out = to_json(topo) + "\n"
     elif fmt == "yaml":
         import yaml
 

@@ -12,7 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.errors import TopoletError
+from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
+from agent.topology.model import CPUInfo, Package
 from agent.topology.report import to_data, to_json
 from tests.conftest import HWLOC_DATA, topolet_bin
 
@@ -39,6 +41,13 @@ def test_any_plain_value_is_written_as_json_dumps_writes_it(value: object) -> No
 ])
 def test_edge_values_match_json_dumps(value: object) -> None:
     assert to_json(value) == json.dumps(value, indent=1)
+
+
+def test_model_values_are_written_as_their_to_data() -> None:
+    info = CPUInfo("v", 6, 85, "name", frozenset({"b", "a", "é"}), False, "x86")
+    shared = CPUSet([0, 1, 4])
+    value = [Package(0, shared), Package(1, shared), info, (CPUSet(), CPUSet([7])), frozenset({CPUSet([2])})]
+    assert to_json(value) == json.dumps(to_data(value), indent=1)
 
 
 @pytest.mark.parametrize("value", [{(1, 2): 1}, {1, 2}, b"x", [object()]])
