@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import subprocess
 import sys
 
@@ -100,3 +101,42 @@ def test_a_plain_discover_does_not_import_argparse(dump_root) -> None:  # type: 
             "sys.exit(rc or (3 if 'argparse' in set(sys.modules) - before else 0))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
+
+
+ENTRIES = {
+    "main": "import sys; from agent.cli import main; sys.exit(main())",
+    "run": "from agent.cli import run; run()",  # the console script's entry
+}
+
+
+def entry(name: str, words: list[str], **kw: object) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-c", ENTRIES[name], *words], timeout=60, check=False,
+                          **kw)  # type: ignore[call-overload,no-any-return]
+
+
+@pytest.mark.parametrize("words", [
+    ["discover", "--format", "json"],
+    ["discover", "--format", "table", "--fsroot", "/nonexistent-root"],
+    ["discover", "--format", "xml"],
+    ["discover", "--help"],
+    ["status", "--format", "xml"],
+])
+def test_the_console_entry_prints_and_exits_as_main_does(dump_root, words: list[str]) -> None:  # type: ignore[no-untyped-def]
+    if "--fsroot" not in words and words[0] == "discover":
+        words += ["--fsroot", str(dump_root(DUMP))]
+    ran, mained = (entry(n, words, capture_output=True) for n in ("run", "main"))
+    assert (ran.returncode, ran.stdout, ran.stderr) == (mained.returncode, mained.stdout, mained.stderr)
+    assert ran.stdout or ran.stderr
+
+
+def test_a_closed_stdout_ends_both_entries_alike(dump_root) -> None:  # type: ignore[no-untyped-def]
+    words = ["discover", "--fsroot", str(dump_root("256ppc-8n8s4t")), "--format", "json"]
+    codes = []
+    for name in ("run", "main"):
+        r, w = os.pipe()
+        os.close(r)  # the reader is gone before the command writes a byte
+        try:
+            codes.append(entry(name, words, stdout=w, stderr=subprocess.DEVNULL).returncode)
+        finally:
+            os.close(w)
+    assert codes[0] == codes[1] != 0
