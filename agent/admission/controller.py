@@ -126,15 +126,18 @@ def _crash_point(step: str) -> None:
 # -- list + watch into a store ----------------------------------------------------------------------
 
 class Reflector:
-    """Lists then watches one collection into `items` (key -> object); `changed` is set on every change.
+    """Lists then watches one collection into `items` (key -> object); `changed` is set on every change
+    that `matters`.
 
     A collection whose API is not served (404: e.g. the NRT CRD is not installed) counts as empty and
     synced, and is listed again on the next retry.
     """
 
     def __init__(self, kube: KubeClient, path: str, what: str, changed: threading.Event,
-                 query: Mapping[str, object] | None = None) -> None:
+                 query: Mapping[str, object] | None = None,
+                 matters: Callable[[str, dict[str, Any]], bool] = lambda kind, obj: True) -> None:
         self.kube = kube
+        self.matters = matters  # whether a watch event (type, object) should set `changed`
         self.path = path
         self.what = what
         self.query = dict(query or {})
@@ -241,7 +244,8 @@ class Reflector:
                         self.items.pop(key, None)
                     elif kind in ("ADDED", "MODIFIED"):
                         self.items[key] = obj
-                self.changed.set()
+                if self.matters(str(kind), obj):
+                    self.changed.set()
         finally:
             self._stream = None
             stream.close()
@@ -352,7 +356,8 @@ class Controller:
         self.changed = threading.Event()
         self.jobs = Reflector(kube, resource_path("batch", "v1", "jobs"), "queued Jobs", self.changed,
                               {"labelSelector": jobs.QUEUE_LABEL})
-        self.pods = Reflector(kube, resource_path("", "v1", "pods"), "pods", self.changed)
+        self.pods = Reflector(kube, resource_path("", "v1", "pods"), "pods", self.changed,
+                              matters=_pod_change_matters)
         self.nodes = Reflector(kube, resource_path("", "v1", "nodes"), "nodes", self.changed)
         self.nrts = Reflector(kube, resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL), "NRTs", self.changed)
         self.priorities = Reflector(kube, resource_path("scheduling.k8s.io", "v1", "priorityclasses"),
@@ -379,6 +384,8 @@ class Controller:
         self._pod_writes: list[Future[Any]] = []
         self._placing: set[str] = set()
         self._placing_lock = threading.Lock()
+        self._records: dict[str, AdmissionRecord] = {}  # annotation text -> decoded record
+        self._records_seen: set[str] = set()  # texts read this pass
         self._writes: list[Future[Any]] = []  # this pass's writes in flight (drained before it ends)
         self._written = 0  # writes submitted this pass (logged)
         self._conflicts = 0  # writes refused with 409 since the start (logged; under _placing_lock)
@@ -542,7 +549,7 @@ class Controller:
             if queue is None:
                 continue
             try:
-                record = placing.record_of(job)
+                record = self._record_of(job)
             except JobSpecError as exc:
                 self._invalid_job(job, "InvalidAdmissionRecord", str(exc))
                 continue
@@ -563,19 +570,22 @@ class Controller:
             pending.append(Pending(gang, queue, str(_meta(job).get("creationTimestamp") or ""),
                                    str(_meta(job).get("name"))))
 
+        # With no gang to decide, a pass only hands gated pods their slots: rebuilding the whole view
+        # (seconds on a big cluster) would delay those patches, so it is refreshed for the capacity
+        # metrics at most every VIEW_REFRESH_SECONDS then.
+        t_view = time.perf_counter()
+        build = bool(pending) or self._view_at is None or t_view - self._view_at >= VIEW_REFRESH_SECONDS
         self._pod_slots = {}
         for job, record in admitted:
-            held = self._finish_admitted(job, record, by_owner.get(str(_meta(job).get("uid")), []))
+            held = self._finish_admitted(job, record, by_owner.get(str(_meta(job).get("uid")), []),
+                                         slots_needed=build)
             self._pod_slots.update({uid: (jobs.job_key(job), str(slot)) for uid, slot in held.items()})
 
         depths: dict[str, int] = {}
         for p in pending:
             depths[p.queue] = depths.get(p.queue, 0) + 1
         t_view = time.perf_counter()
-        # With no gang to decide, a pass only hands gated pods their slots: rebuilding the whole view
-        # (seconds on a big cluster) would delay those patches, so it is refreshed for the capacity
-        # metrics at most every VIEW_REFRESH_SECONDS then.
-        if pending or self._view_at is None or t_view - self._view_at >= VIEW_REFRESH_SECONDS:
+        if build:
             view = self._view(admitted, pods)
             self._view_at = time.perf_counter()
             self.metrics.set_view(view)
@@ -628,8 +638,23 @@ class Controller:
         # Forget what was said about Jobs that are gone, so the memory stays bounded by the queue.
         uids = {str(_meta(job).get("uid")) for job in all_jobs}
         self._waiting = {uid: why for uid, why in self._waiting.items() if uid in uids}
+        self._records = {t: r for t, r in self._records.items() if t in self._records_seen}
+        self._records_seen = set()
         self._invalid = {key for key in self._invalid if key[0] in uids}
         self.metrics.last_pass.set(self.clock())
+
+    def _record_of(self, job: Mapping[str, Any]) -> AdmissionRecord | None:
+        """`placing.record_of(job)`, decoded once per annotation text (every pass reads every
+        admitted Job's record; the cache holds those seen in the last pass)."""
+        text = _dict(_meta(job).get("annotations")).get(jobs.ADMISSION_ANNOTATION)
+        if not isinstance(text, str):
+            return placing.record_of(job)
+        record = self._records.get(text)
+        if record is None:
+            record = placing.decode_record(text)
+            self._records[text] = record
+        self._records_seen.add(text)
+        return record
 
     def _guaranteed_policy(self) -> str:
         """The Topology Manager policy every NRT reports, when they agree; else "none"."""
@@ -708,12 +733,15 @@ class Controller:
         self.events.record(job, "Normal", "Waiting", reason)
 
     def _finish_admitted(self, job: dict[str, Any], record: AdmissionRecord,
-                         pods: list[dict[str, Any]]) -> dict[str, int]:
+                         pods: list[dict[str, Any]], slots_needed: bool = True) -> dict[str, int]:
         """Unsuspend an admitted Job still suspended; give its gated pods their slots.  Returns the
-        slot each of its live pods holds (pod uid -> slot)."""
+        slot each of its live pods holds (pod uid -> slot); with `slots_needed` False (no view is
+        built this pass) an empty map when no pod of the Job is gated, as it need not be worked out."""
         if jobs.job_suspended(job):
             self._check_leader()
             self._submit(self._unsuspend, job)
+        if not slots_needed and not any(placing.pod_gated(p) for p in pods):
+            return {}
         assignment = placing.assign_slots(record.slots, pods, jobs.job_indexed(job))
         for pod, slot in assignment.place:
             uid = str(_meta(pod).get("uid"))
@@ -794,6 +822,15 @@ def _still_pending(job: Mapping[str, Any], fresh: Mapping[str, Any],
                    record: AdmissionRecord) -> dict[str, Any] | None:
     """`patch(fresh, record)` when the re-read Job is still the one decided on; else None."""
     return patch(fresh, record) if placing.still_undecided(job, fresh) else None
+
+
+def _pod_change_matters(kind: str, pod: Mapping[str, Any]) -> bool:
+    """Whether a pod's watch event calls for a pass: a pod gone or finished frees capacity, and a pod
+    held by our gate waits for its slot.  Binds and status updates of other pods only use capacity a
+    pass already counted, and on a busy cluster they are most events (the resync covers the rest)."""
+    if kind == "DELETED" or placing.pod_gated(pod):
+        return True
+    return _dict(pod.get("status")).get("phase") in ("Succeeded", "Failed")
 
 
 def _node_ready(node: Mapping[str, Any]) -> bool:
