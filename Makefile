@@ -18,12 +18,17 @@ $(STAMP): $(NATIVE_SRC)
 
 install: $(STAMP)
 
-# System packages the tests need: hwloc's lstopo (the reference), clang + libFuzzer runtime (fuzzing).
+# System packages the tests need: hwloc's lstopo (the reference), clang + libFuzzer runtime (fuzzing),
+# and Prometheus with its promtool (the alert rules' unit tests and the live scrape test). Prometheus
+# without its recommended node exporter: the tests start the server themselves, on ports of their own.
 deps:
 	@if ! command -v lstopo-no-graphics >/dev/null || ! command -v clang >/dev/null \
-	    || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then \
+	    || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 \
+	    || ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    hwloc-nox clang libclang-rt-14-dev >/dev/null; \
+	    hwloc-nox clang libclang-rt-14-dev >/dev/null \
+	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    prometheus >/dev/null; \
 	fi
 
 run: install
