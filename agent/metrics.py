@@ -1,7 +1,14 @@
 """topolet's Prometheus metrics (one registry) and the small HTTP server for /metrics and /healthz.
 
 Names follow Prometheus conventions: `topolet_` prefix, base units, counters end in `_total`, labels
-stay bounded (numa, state, result — never pod or process names).
+stay bounded (numa, state, result, reason — never pod or process names).  Every labelled counter has
+a series from the start for each of its known label values (so `increase()` sees the first event),
+no `*_created` series are exported, and the registry carries the process metrics (`process_*`).
+
+Values that live elsewhere are read when scraped, not copied in: `watch_cpus(source)` makes
+`topolet_cpus` the engine's CPU states at scrape time, `watch_mig(source)` exports the MIG applier's
+totals (`MIG_APPLY_TOTALS`).  `topolet_info` carries `nodename` (never `node`, which scrape configs
+add as a target label).
 
 `MetricsServer(metrics, "host:port", health)` serves any object with a `registry` (the agent's
 `Metrics`, the admission controller's `AdmissionMetrics`) on /metrics, and `health()` on /healthz and
@@ -18,12 +25,23 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    disable_created_metrics,
+    make_wsgi_app,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from agent import __version__
 
@@ -32,19 +50,97 @@ log = logging.getLogger(__name__)
 MIG_CONFIG_STATES = ("pending", "success", "failed")  # topolet.io/mig.config.state values
 PIN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
+# topolet_allocations_total{result}: a refusal is a request the node cannot or may not satisfy, an
+# error a failure of ours or of the system (a cgroup or state write failed).
+ALLOCATED, REFUSED, RELEASED, ERROR = "allocated", "refused", "released", "error"
+ALLOCATION_RESULTS = (ALLOCATED, REFUSED, RELEASED, ERROR)
+# topolet_allocation_refusals_total{reason}: not enough free CPUs (or GPUs); the NUMA or SMT policy
+# cannot be met with what is free; the request or the pod's annotations are invalid.
+CAPACITY, ALIGNMENT, INVALID = "capacity", "alignment", "invalid"
+REFUSAL_REASONS = (CAPACITY, ALIGNMENT, INVALID)
+API_WRITE_KINDS = ("nrt", "labels", "event")
+CPU_STATES = ("exclusive", "shared", "reserved")
+# agent.gpu.applier's operation names (OPERATIONS there; a test keeps the two equal) and results.
+MIG_OPERATIONS = ("gpu_instance_create", "gpu_instance_destroy", "compute_instance_create", "mig_mode_change")
+MIG_OPERATION_RESULTS = ("success", "error")
+# The totals agent.gpu.applier.ApplyCounters keeps (its as_metrics() names), with their help text.
+MIG_APPLY_TOTALS = {
+    "topolet_mig_instances_created_total": "MIG GPU instances created",
+    "topolet_mig_instances_destroyed_total": "MIG GPU instances destroyed",
+    "topolet_mig_mode_changes_total": "MIG mode changes of a GPU",
+    "topolet_mig_apply_errors_total": "MIG config passes that failed",
+}
+
+CPURows = Iterable[tuple[int, str, int]]  # (numa, state, count)
+
+
+class _CPUStates(Collector):
+    """`topolet_cpus` from the engine's state at scrape time (no rows: no series, e.g. pinning off)."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], CPURows] | None = None
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return [GaugeMetricFamily("topolet_cpus", _CPUS_HELP, labels=("numa", "state"))]
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily("topolet_cpus", _CPUS_HELP, labels=("numa", "state"))
+        source = self.source
+        if source is not None:
+            try:
+                rows = list(source())
+            except Exception as exc:  # noqa: BLE001 - a scrape must answer whatever the state file holds
+                log.debug("topolet_cpus not read: %s", exc)
+                rows = []
+            for numa, state, count in rows:
+                family.add_metric((str(numa), state), count)
+        return [family]
+
+
+class _MigTotals(Collector):
+    """The MIG applier's totals at scrape time; 0 while no applier exists (no GPU, or no config)."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Mapping[str, int] | None] | None = None
+
+    def describe(self) -> Iterable[CounterMetricFamily]:
+        return [CounterMetricFamily(name, text) for name, text in MIG_APPLY_TOTALS.items()]
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        totals = self.source() if self.source is not None else None
+        return [CounterMetricFamily(name, text, value=(totals or {}).get(name, 0))
+                for name, text in MIG_APPLY_TOTALS.items()]
+
+
+_CPUS_HELP = "CPUs by NUMA node and state (exclusive, shared, reserved), read from the state when scraped"
+
+
+def new_registry() -> CollectorRegistry:
+    """A registry with the process metrics (RSS, CPU seconds, open fds) and no `*_created` series."""
+    # A switch of the client library, for the whole process: set wherever a registry is built, so
+    # it holds in the agent and the controller alike.
+    disable_created_metrics()  # type: ignore[no-untyped-call]
+    registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
+    return registry
+
 
 class Metrics:
     """Every metric the agent exports, on its own registry (so tests can build several)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = new_registry()
         r = self.registry
         self.info = Info("topolet", "topolet build and node facts", registry=r)
         self.info.info({"version": __version__})
-        self.cpus = Gauge("topolet_cpus", "CPUs by NUMA node and state (exclusive, shared, reserved)",
-                          ["numa", "state"], registry=r)
-        self.allocations = Counter("topolet_allocations", "Exclusive CPU allocation attempts by result",
-                                   ["result"], registry=r)
+        self._cpus = _CPUStates()
+        r.register(self._cpus)
+        self.allocations = Counter("topolet_allocations",
+                                   "Exclusive CPU allocations by result: allocated, refused, released, "
+                                   "error", ["result"], registry=r)
+        self.refusals = Counter("topolet_allocation_refusals",
+                                "Refused exclusive CPU requests by reason (capacity, alignment, invalid)",
+                                ["reason"], registry=r)
         self.pin_latency = Histogram("topolet_pin_latency_seconds",
                                      "Request to cpuset-and-affinity-applied latency",
                                      buckets=PIN_BUCKETS, registry=r)
@@ -65,6 +161,9 @@ class Metrics:
                                    registry=r)
         self.api_writes = Counter("topolet_api_writes", "Kubernetes API writes by kind (nrt, labels, event)",
                                   ["kind"], registry=r)
+        self.api_write_errors = Counter("topolet_api_write_errors",
+                                        "Kubernetes API writes that failed, by kind (nrt, labels, event)",
+                                        ["kind"], registry=r)
         self.mig_operations = Counter("topolet_mig_operations",
                                       "MIG changes through NVML by operation and result (success, error)",
                                       ["op", "result"], registry=r)
@@ -72,6 +171,42 @@ class Metrics:
                                       "1 for the MIG config state now (pending, success, failed), 0 for the "
                                       "others; no series while no MIG config is managed",
                                       ["state"], registry=r)
+        self._mig_totals = _MigTotals()
+        r.register(self._mig_totals)
+        for result in ALLOCATION_RESULTS:
+            self.allocations.labels(result=result)
+        for reason in REFUSAL_REASONS:
+            self.refusals.labels(reason=reason)
+        for kind in API_WRITE_KINDS:
+            self.api_writes.labels(kind=kind)
+            self.api_write_errors.labels(kind=kind)
+        for op in MIG_OPERATIONS:
+            for result in MIG_OPERATION_RESULTS:
+                self.mig_operations.labels(op=op, result=result)
+
+    def released(self, _alloc_id: str = "") -> None:
+        """Count one released allocation (an engine's `on_release`)."""
+        self.allocations.labels(result=RELEASED).inc()
+
+    def refused(self, reason: str) -> None:
+        """Count one refused allocation and its reason (one of REFUSAL_REASONS)."""
+        if reason not in REFUSAL_REASONS:
+            raise ValueError(f"unknown refusal reason {reason!r}")
+        self.allocations.labels(result=REFUSED).inc()
+        self.refusals.labels(reason=reason).inc()
+
+    def set_node(self, nodename: str, enforcement: bool, **facts: str) -> None:
+        """Complete `topolet_info` with this node's name, whether CPUs are enforced, and `facts`."""
+        self.info.info({"version": __version__, "nodename": nodename,
+                        "enforcement": "on" if enforcement else "off", **facts})
+
+    def watch_cpus(self, source: Callable[[], CPURows] | None) -> None:
+        """Serve `topolet_cpus` from `source()` at each scrape (called on the scraping thread)."""
+        self._cpus.source = source
+
+    def watch_mig(self, source: Callable[[], Mapping[str, int] | None] | None) -> None:
+        """Serve the MIG applier's totals from `source()` (None: no applier yet, all 0) at each scrape."""
+        self._mig_totals.source = source
 
     def set_mig_config_state(self, state: str | None) -> None:
         """Mark `state` as the MIG config state now (None: no MIG config managed, no series)."""
@@ -81,12 +216,6 @@ class Metrics:
         # Set in place (no clear first) so a scrape never sees the family empty mid-update.
         for value in MIG_CONFIG_STATES:
             self.mig_config_state.labels(state=value).set(1 if value == state else 0)
-
-    def set_cpu_states(self, rows: Iterable[tuple[int, str, int]]) -> None:
-        """Replace the `topolet_cpus` series with (numa, state, count) rows."""
-        self.cpus.clear()
-        for numa, state, count in rows:
-            self.cpus.labels(numa=str(numa), state=state).set(count)
 
 
 class _Unreachable(ConnectionAbortedError):

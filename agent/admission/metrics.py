@@ -14,8 +14,9 @@ Names (the Grafana panels use exactly these):
 - `topolet_admission_nodes{state="usable|stale|not_ready"}`
 - `topolet_admission_ledger_entries`, `topolet_admission_leader` (1 while this replica leads)
 
-The server is `agent.metrics.MetricsServer` (/metrics and /healthz), which takes any object with a
-`registry`.  `capacity_figures(view)` is pure and table-tested.
+The registry (`agent.metrics.new_registry`) also carries the process metrics (`process_*`) and no
+`*_created` series.  The server is `agent.metrics.MetricsServer` (/metrics and /healthz), which
+takes any object with a `registry`.  `capacity_figures(view)` is pure and table-tested.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from agent.admission.model import ClusterView
+from agent.metrics import new_registry
 
 DECISION_RESULTS = ("admitted", "waiting", "rejected", "error")
 NODE_STATES = ("usable", "stale", "not_ready")
@@ -67,7 +69,7 @@ class AdmissionMetrics:
     """Every metric `topolet controller` exports, on its own registry (tests may build several)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = new_registry()
         r = self.registry
         self.decisions = Counter("topolet_admission_decisions", "Gang admission decisions by result",
                                  ["result"], registry=r)

@@ -65,7 +65,7 @@ from agent.kube.publisher import RETRY_MAX_SECONDS, Publisher
 from agent.kube.recording import RecordingEngine
 from agent.kube.watch import PodChange, PodWatcher
 from agent.metrics import Metrics, MetricsServer, staleness_health
-from agent.standalone.engine import PinningEngine
+from agent.standalone.engine import PinningEngine, cpu_rows
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
 from agent.topology.model import Topology
@@ -106,6 +106,9 @@ class KubeAgent:
             self.engine: PinningEngine = PinningEngine(self.topology, layout, self.state_file, reserved)
         else:
             self.engine = RecordingEngine(self.topology, self.state_file, reserved)
+        self.engine.on_release = metrics.released
+        engine = self.engine
+        metrics.watch_cpus(lambda: cpu_rows(engine.usage()))
         self.changes: queue.Queue[PodChange | MigConfigChanged] = queue.Queue()
         self._podres: list[Any] = []  # [] not opened yet; [None] off; [client]
         self.kubelet_gpu_ids: tuple[str, ...] = ()  # GPU device ids the kubelet handed out
@@ -134,9 +137,7 @@ class KubeAgent:
         self.pinned_pods: tuple[tuple[str, str], ...] = ()  # replaced whole: the publisher reads it
         self.memory_requests: MemoryRequests = {}  # likewise: allocation id → memory it asked for
         self.mig_inventory: MigInventory | None = None  # likewise: NVML's MIG instances, once read
-        metrics.info.info({"version": metrics.info._value.get("version", ""),  # noqa: SLF001
-                           "node": self.node, "enforcement": "on" if self.enforce else "off",
-                           "mode": "kubernetes"})
+        metrics.set_node(self.node, self.enforce, mode="kubernetes")
 
     def _gpu_numa_source(self, args: argparse.Namespace
                          ) -> Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None:
@@ -239,11 +240,12 @@ class KubeAgent:
             from agent.gpu.reconcile import MigReconciler
 
             ops = self.metrics.mig_operations
-            self._mig = MigReconciler(nvml, self.args.state_dir,
-                                      allow_mig_mode_change=bool(getattr(self.args, "allow_mig_mode_change",
-                                                                         False)),
-                                      on_state=self._on_mig_state,
-                                      on_operation=lambda op, result: ops.labels(op=op, result=result).inc())
+            allow = bool(getattr(self.args, "allow_mig_mode_change", False))
+            mig = MigReconciler(nvml, self.args.state_dir, allow_mig_mode_change=allow,
+                                on_state=self._on_mig_state,
+                                on_operation=lambda op, result: ops.labels(op=op, result=result).inc())
+            self.metrics.watch_mig(lambda: mig.counters)
+            self._mig = mig
         return self._mig
 
     def _on_mig_state(self, state: str) -> None:
@@ -319,7 +321,7 @@ class KubeAgent:
             self.publisher.notify()
 
     def _after_changes(self) -> None:
-        """Tell the publisher when the allocation state moved; refresh the CPU gauges."""
+        """Tell the publisher when the allocation state moved."""
         state = self.state_file.load(missing_ok=True)
         if state.generation != self.generation:
             self.generation = state.generation
@@ -329,13 +331,6 @@ class KubeAgent:
             self.memory_requests = {alloc_id(uid, c.name): c.memory for uid, p in self.pinner.pods.items()
                                     if uid in uids for c in p.containers if c.memory}
             self.publisher.notify()
-            usage = self.engine.usage(state)
-            self.metrics.set_cpu_states(
-                row for u in usage for row in (
-                    (u.numa, "exclusive", len(u.exclusive)),
-                    (u.numa, "reserved", len(u.reserved)),
-                    (u.numa, "shared", len(u.shared - u.reserved)),
-                ))
 
     def handle(self, change: PodChange | MigConfigChanged) -> None:
         if isinstance(change, MigConfigChanged):

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from agent.alloc.request import Request
 from agent.enforce import CgroupDriver, container_cgroup_path, exists
 from agent.enforce.state import Owner, State
-from agent.errors import EnforcementError, TopoletError
-from agent.kube.pods import ContainerPlan, PodPlan, PodWarning
+from agent.errors import AllocationError, EnforcementError, TopoletError
+from agent.kube.pods import REASON_INVALID, ContainerPlan, PodPlan, PodWarning
 from agent.kube.watch import Changed, Gone, PodChange, Synced
-from agent.metrics import Metrics
-from agent.standalone.engine import PinningEngine
+from agent.metrics import ALLOCATED, ERROR, INVALID, Metrics
+from agent.standalone.engine import AllocationRefused, PinningEngine
 
 log = logging.getLogger("topolet.kube")
 
@@ -144,6 +144,9 @@ class PodPinner:
         self.shared: dict[tuple[str, str], str] = {}  # (uid, container) → cgroup on the pool
         self.pending: set[str] = set()  # uids with a running container whose cgroup is not found yet
         self.unsatisfied: set[str] = set()  # uids with a container refused exclusive CPUs (retry later)
+        # (uid, container) → the reason its refusal was counted for: a retry refused alike is not
+        # counted again, so the refusal count follows requests, not the retry rate.
+        self.refusals: dict[tuple[str, str], str] = {}
         self.warnings = warnings if warnings is not None else WarningLimiter()
         self.driver: CgroupDriver | None = self._detect_driver()
 
@@ -212,8 +215,7 @@ class PodPinner:
                     self._warn_once(plan, w)
 
     def _release(self, aid: str) -> None:
-        if self.engine.release_container(aid):
-            self.metrics.allocations.labels(result="released").inc()
+        if self.engine.release_container(aid):  # counted by the engine's on_release
             log.info("released %s", aid)
             # Freed CPUs may now satisfy a container that was refused them.
             self.pending |= self.unsatisfied
@@ -229,6 +231,8 @@ class PodPinner:
         self.warnings.forget(uid)
         for key in [k for k in self.shared if k[0] == uid]:
             del self.shared[key]
+        for key in [k for k in self.refusals if k[0] == uid]:
+            del self.refusals[key]
         self._set_shared()
         for a in self._state().allocations:
             if a.owner.pod_uid == uid:
@@ -243,6 +247,7 @@ class PodPinner:
         self.unsatisfied.discard(plan.uid)
         for w in plan.warnings:
             self._warn_once(plan, w)
+        self._count_invalid(plan)
         running = {c.name: c for c in plan.containers}
         mine = {a.owner.container: a for a in self._state().allocations if a.owner.pod_uid == plan.uid}
         # Stopped containers and ones that turned shared (or changed size) give their CPUs back first.
@@ -280,6 +285,15 @@ class PodPinner:
                 self.engine.rebind(held.id, rel)  # a restarted container keeps its CPUs, as with kubelet
                 log.info("%s moved to restarted container %s", held.id, rel)
 
+    def _count_invalid(self, plan: PodPlan) -> None:
+        """A pod whose topolet annotations are invalid is refused pinning: counted once while they are."""
+        key = (plan.uid, "")  # the pod's own entry (no container is named "")
+        if not any(w.reason == REASON_INVALID for w in plan.warnings):
+            self.refusals.pop(key, None)
+        elif key not in self.refusals:
+            self.refusals[key] = INVALID
+            self.metrics.refused(INVALID)
+
     def _join_pool(self, rel: str) -> None:
         try:
             if self.engine.join_pool(rel):
@@ -295,24 +309,41 @@ class PodPinner:
         else:
             near = self.gpu_numa(plan, c) if self.gpu_numa is not None else None
         try:
-            a = self.engine.allocate(
-                aid, Request(c.cpus, c.numa_policy, c.smt, near), Owner(pod_uid=plan.uid, container=c.name),
-                memory_binding=c.memory_binding, policy=f"{c.numa_policy}/{c.smt}", cgroup=rel)
-        except TopoletError as exc:
-            # Refused (no room, policy unmet) or the cgroup write failed: the container stays shared.
-            self.metrics.allocations.labels(result="error").inc()
-            self.unsatisfied.add(plan.uid)
-            self._warn_once(plan, PodWarning(REASON_ALLOCATION_FAILED,
-                                             f"container {c.name}: {c.cpus} exclusive CPUs: {exc}"))
-            self.shared[(plan.uid, c.name)] = rel
-            self._set_shared()
-            self._join_pool(rel)
+            request = Request(c.cpus, c.numa_policy, c.smt, near)
+        except AllocationError as exc:
+            self._refuse(plan, c, rel, INVALID, exc)
             return
-        self.metrics.allocations.labels(result="success").inc()
+        try:
+            a = self.engine.allocate(
+                aid, request, Owner(pod_uid=plan.uid, container=c.name),
+                memory_binding=c.memory_binding, policy=f"{c.numa_policy}/{c.smt}", cgroup=rel)
+        except AllocationRefused as exc:  # no room, or the policy cannot be met
+            self._refuse(plan, c, rel, exc.reason, exc)
+            return
+        except TopoletError as exc:  # the state or the cgroup could not be written
+            self.metrics.allocations.labels(result=ERROR).inc()
+            self._refuse(plan, c, rel, None, exc)
+            return
+        self.refusals.pop((plan.uid, c.name), None)
+        self.metrics.allocations.labels(result=ALLOCATED).inc()
         self.metrics.pin_latency.observe(time.perf_counter() - started)
         log.info("pod %s/%s container %s: CPUs %s (%s%s)", plan.namespace, plan.name, c.name, a.cpus,
                  a.policy, f", zone {c.numa_zone}" if c.numa_zone is not None
                  else f", GPUs on NUMA {sorted(near)}" if near else "")
+
+    def _refuse(self, plan: PodPlan, c: ContainerPlan, rel: str, reason: str | None,
+                exc: TopoletError) -> None:
+        """The container stays on the shared pool and is tried again; `reason`: a refusal, counted
+        once until the container is pinned or refused for another reason (None: an error)."""
+        if reason is not None and self.refusals.get((plan.uid, c.name)) != reason:
+            self.refusals[(plan.uid, c.name)] = reason
+            self.metrics.refused(reason)
+        self.unsatisfied.add(plan.uid)
+        self._warn_once(plan, PodWarning(REASON_ALLOCATION_FAILED,
+                                         f"container {c.name}: {c.cpus} exclusive CPUs: {exc}"))
+        self.shared[(plan.uid, c.name)] = rel
+        self._set_shared()
+        self._join_pool(rel)
 
     def retry(self, *, refused: bool = True) -> None:
         """Look again for cgroups that were missing and (with `refused`) CPUs for refused containers."""

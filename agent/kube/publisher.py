@@ -2,7 +2,9 @@
 
 It writes what the enforcer changed, retrying every `RETRY_MAX_SECONDS` at most while the API is
 down, so it catches up within seconds of its return; with MIG managed it also re-reads the Node for
-its layout label (`agent.kube.mig_status`).
+its layout label (`agent.kube.mig_status`).  Each write counts in `topolet_api_writes_total{kind}`,
+each failed attempt to publish (the write, or a read it needs first) in
+`topolet_api_write_errors_total{kind}`.
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ class Publisher:
                 self._mig_changed = True
         except Exception as exc:  # noqa: BLE001 - the API may fail in any way; retried
             ok = False
+            self.metrics.api_write_errors.labels(kind="labels").inc()
             log.warning("labels not published: %s", exc)
         try:
             obj = self._nrt_object(snap)
@@ -141,18 +144,23 @@ class Publisher:
                 self._published_nrt = digest
         except Exception as exc:  # noqa: BLE001
             ok = False
+            self.metrics.api_write_errors.labels(kind="nrt").inc()
             log.warning("NodeResourceTopology not published: %s", exc)
         while True:
             try:
                 plan, w = self._warnings.get_nowait()
             except queue.Empty:
                 break
+            failures = self.events.failures
             try:
                 # Best effort (the recorder logs and counts its own failures): a lost Event never
                 # holds back the NRT behind it.
                 if self.events.warn(_pod_ref(plan), w.reason, w.message):
                     self.metrics.api_writes.labels(kind="event").inc()
+                elif self.events.failures != failures:
+                    self.metrics.api_write_errors.labels(kind="event").inc()
             except TopoletError as exc:
+                self.metrics.api_write_errors.labels(kind="event").inc()
                 log.warning("event not recorded: %s", exc)
         if self._mig_changed:
             self._mig_changed = False

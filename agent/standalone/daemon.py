@@ -18,9 +18,17 @@ from agent.gpu.discover import load_nvml
 from agent.gpu.reconcile import MigReconciler
 from agent.labels import build_labels
 from agent.labels.features_file import write_features_file
-from agent.metrics import Metrics, MetricsServer, staleness_health
-from agent.standalone.engine import PinningEngine
-from agent.standalone.journal import drain_events
+from agent.metrics import (
+    ALLOCATION_RESULTS,
+    INVALID,
+    REFUSAL_REASONS,
+    REFUSED,
+    Metrics,
+    MetricsServer,
+    staleness_health,
+)
+from agent.standalone.engine import PinningEngine, cpu_rows
+from agent.standalone.journal import Event, drain_events
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
 from agent.topology.model import Topology
@@ -42,16 +50,17 @@ class StandaloneAgent:
             layout = detect_layout(args.cgroup_root)
             if not os.access(layout.root, os.W_OK):
                 raise EnforcementError("cpuset hierarchy is not writable (run as root)", layout.root)
-            self.engine = PinningEngine(self.topology, layout, self.state_file, self.reserved)
+            self.engine = PinningEngine(self.topology, layout, self.state_file, self.reserved,
+                                        on_release=metrics.released)
         except EnforcementError as exc:
             log.warning("CPU pinning disabled: %s", exc)
+        engine = self.engine
+        metrics.watch_cpus(None if engine is None else lambda: cpu_rows(engine.usage()))
         # MIG only when a config is asked; `nvml` (pynvml or a stand-in, initialised) else loads here.
         self.mig: MigReconciler | None = None
         if getattr(args, "mig_config", ""):
             self.mig = self._mig_reconciler(nvml)
-        node = os.uname().nodename
-        metrics.info.info({"version": metrics.info._value.get("version", ""),  # noqa: SLF001
-                           "node": node, "enforcement": "on" if self.engine else "off"})
+        metrics.set_node(os.uname().nodename, self.engine is not None, mode="standalone")
 
     def _mig_reconciler(self, nvml: Any) -> MigReconciler | None:
         """The MIG reconciler over `nvml`, or over NVML loaded now; None (logged once) without it."""
@@ -61,10 +70,12 @@ class StandaloneAgent:
                 log.info("MIG config %s not applied: %s", self.args.mig_config, why)
                 return None
         ops = self.metrics.mig_operations
-        return MigReconciler(nvml, self.args.state_dir,
-                             allow_mig_mode_change=bool(self.args.allow_mig_mode_change),
-                             on_state=self._on_mig_state,
-                             on_operation=lambda op, result: ops.labels(op=op, result=result).inc())
+        mig = MigReconciler(nvml, self.args.state_dir,
+                            allow_mig_mode_change=bool(self.args.allow_mig_mode_change),
+                            on_state=self._on_mig_state,
+                            on_operation=lambda op, result: ops.labels(op=op, result=result).inc())
+        self.metrics.watch_mig(lambda: mig.counters)
+        return mig
 
     def _on_mig_state(self, state: str) -> None:
         """Track the MIG state; publish "pending" at once, as a change starts, not a pass later."""
@@ -93,6 +104,16 @@ class StandaloneAgent:
             labels.update(self.mig.labels())
         return labels
 
+    def _count(self, ev: Event) -> None:
+        """Count what a `topolet exec` did, as told by its journal event."""
+        self.metrics.state_writes.inc(ev.state_writes)
+        if ev.result == REFUSED:
+            self.metrics.refused(ev.reason if ev.reason in REFUSAL_REASONS else INVALID)
+        elif ev.result in ALLOCATION_RESULTS:
+            self.metrics.allocations.labels(result=ev.result).inc()
+        if ev.latency_seconds is not None:
+            self.metrics.pin_latency.observe(ev.latency_seconds)
+
     def refresh_labels(self) -> None:
         """Rediscover (cheap) and rewrite the features.d file only if the labels changed."""
         topo = discover(self.args.fsroot)
@@ -104,7 +125,7 @@ class StandaloneAgent:
             log.info("labels written to %s", self.args.features_dir)
 
     def reconcile(self) -> None:
-        """One pass: labels, released and drifted allocations, journal events, CPU gauges."""
+        """One pass: labels, released and drifted allocations, journal events."""
         started = time.perf_counter()
         try:
             if self.mig is not None:  # before the labels, so they carry this pass's state
@@ -121,18 +142,7 @@ class StandaloneAgent:
                 for alloc_id in result.released:
                     log.info("released %s: its processes are gone", alloc_id)
                 for ev in drain_events(self.args.state_dir):
-                    self.metrics.state_writes.inc(ev.state_writes)
-                    if ev.result in ("success", "error"):
-                        self.metrics.allocations.labels(result=ev.result).inc()
-                    if ev.latency_seconds is not None:
-                        self.metrics.pin_latency.observe(ev.latency_seconds)
-                usage = self.engine.usage()
-                self.metrics.set_cpu_states(
-                    row for u in usage for row in (
-                        (u.numa, "exclusive", len(u.exclusive)),
-                        (u.numa, "reserved", len(u.reserved)),
-                        (u.numa, "shared", len(u.shared - u.reserved)),
-                    ))
+                    self._count(ev)
             self.metrics.last_reconcile.set(time.time())
         except TopoletError as exc:
             self.metrics.reconcile_errors.inc()

@@ -7,6 +7,12 @@ concurrent `topolet exec` processes and the agent never hand out a CPU twice.
 Cgroup shape (under the cpuset controller): `topolet/` holds every allowed CPU; `topolet/<id>` is an
 exclusive allocation; `topolet/shared` and its children hold shared workloads on the pool (every
 allowed CPU less the exclusive ones, reserved CPUs included).
+
+`allocate` raises `AllocationRefused` (with a `reason` from `agent.metrics.REFUSAL_REASONS`) when
+the node cannot or may not satisfy a request, and other typed errors when writing the state or the
+cgroups failed.  `on_release(alloc_id)` hears of every allocation whose record it removes (released,
+released for a pod, or reaped), once.  `usage()` reads only the state file and may run on any
+thread (a scrape's).
 """
 
 from __future__ import annotations
@@ -15,11 +21,11 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from agent.alloc.devices import allocate_with_gpus
+from agent.alloc.devices import allocate_with_gpus, is_held
 from agent.alloc.request import Request
 from agent.enforce import (
     CgroupLayout,
@@ -44,6 +50,17 @@ from agent.topology.model import Topology
 log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_SECONDS = 30.0
+# Refusal reasons, as agent.metrics.REFUSAL_REASONS names them (not imported from there: `topolet
+# exec` runs this module and starts without the Prometheus client).
+CAPACITY, ALIGNMENT, INVALID = "capacity", "alignment", "invalid"
+
+
+class AllocationRefused(AllocationError):
+    """The node cannot or may not satisfy a request (not an error of ours); `reason` says why."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # one of agent.metrics.REFUSAL_REASONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +87,13 @@ class PinningEngine:
     # Class defaults too, for a subclass whose constructor does not run this one's.
     defer_rebuild = False
     _unsaved = False
+    on_release: Callable[[str], None] | None = None
 
     def __init__(self, topology: Topology, layout: CgroupLayout, state_file: StateFile,
                  reserved: CPUSet = EMPTY, proc: str = "/proc", gpus: tuple[GPU, ...] = (),
-                 *, defer_rebuild: bool = False) -> None:
+                 *, defer_rebuild: bool = False, on_release: Callable[[str], None] | None = None) -> None:
         self.topology = topology
+        self.on_release = on_release  # told the id of each allocation whose record this engine removed
         # A one-shot command (`topolet exec`) writes a rebuilt state only with its own commit, so
         # one that fails leaves a missing or corrupt file as it found it.
         self.defer_rebuild = defer_rebuild
@@ -165,13 +184,16 @@ class PinningEngine:
             free = self.allowed - state.reserved - state.allocated()
             request = Request(request.cpus, request.numa_policy, request.smt, request.preferred_numa,
                               request.reserved | state.reserved)
-            cpus, chosen = allocate_with_gpus(self.topology, free, request, self.gpus, state.held_gpus(),
-                                              gpus)
+            try:
+                cpus, chosen = allocate_with_gpus(self.topology, free, request, self.gpus,
+                                                  state.held_gpus(), gpus)
+            except AllocationError as exc:
+                raise AllocationRefused(str(exc), self._refusal_reason(free, request, state, gpus)) from exc
             try:
                 shared_pool(self.allowed, state.reserved, [a.cpus for a in state.allocations] + [cpus])
             except EnforcementError as exc:
-                raise AllocationError(f"{exc}: {len(free)} CPUs free, {len(state.reserved)} reserved; "
-                                      "reserve a CPU for shared work") from exc
+                raise AllocationRefused(f"{exc}: {len(free)} CPUs free, {len(state.reserved)} reserved; "
+                                        "reserve a CPU for shared work", CAPACITY) from exc
             mems = CPUSet(self.topology.numa_of(c) for c in cpus) & self.all_mems if memory_binding else EMPTY
             alloc = Allocation(alloc_id, cpus, mems, cgroup or self.layout.workload_path(alloc_id), owner,
                                policy or f"{request.numa_policy}/{request.smt}", time.time(),
@@ -189,6 +211,20 @@ class PinningEngine:
                 self._roll_back(state, before, alloc, created)
                 raise
             return alloc
+
+    def _refusal_reason(self, free: CPUSet, request: Request, state: State, gpus: int) -> str:
+        """Why the allocator refused: too few CPUs (or GPUs) free at all, else their placement."""
+        if len(free - request.reserved) < request.cpus:
+            return CAPACITY
+        held = state.held_gpus()
+        if gpus > sum(1 for g in self.gpus if not is_held(g, held)):
+            return CAPACITY
+        return ALIGNMENT
+
+    def _released(self, alloc_ids: Iterable[str]) -> None:
+        if self.on_release is not None:
+            for alloc_id in alloc_ids:
+                self.on_release(alloc_id)
 
     def _roll_back(self, state: State, before: State, alloc: Allocation, created: bool) -> None:
         """Undo an allocation whose cgroups could not be written: the record first, then the cgroups."""
@@ -208,6 +244,7 @@ class PinningEngine:
             if alloc is None:
                 return False
             state = self.state_file.commit(state.without(alloc_id))
+            self._released((alloc_id,))
             self._apply(state, shared=(alloc.cgroup,))
             return True
 
@@ -264,6 +301,7 @@ class PinningEngine:
                 log.info("allocation %s outlives its owner: processes remain in %s", alloc_id, alloc.cgroup)
                 return False
             state = self.state_file.commit(state.without(alloc_id))
+            self._released((alloc_id,))
             self._apply(state, remove=(alloc.cgroup,) if exists(self.layout, alloc.cgroup) else ())
             return True
 
@@ -283,6 +321,7 @@ class PinningEngine:
         if dead:
             state = self.state_file.commit(State(
                 tuple(a for a in state.allocations if a not in dead), state.reserved, state.generation))
+            self._released(a.id for a in dead)
             removals = [a.cgroup for a in dead if exists(self.layout, a.cgroup)]
         named = {a.cgroup for a in state.allocations}
         orphans: list[str] = []
@@ -330,6 +369,14 @@ class PinningEngine:
         if state is None:
             state = self.state_file.load(missing_ok=True)
         return usage_of(self.topology, self.allowed, state)
+
+
+def cpu_rows(usage: Iterable[NodeUsage]) -> Iterator[tuple[int, str, int]]:
+    """(numa, state, count) rows of `topolet_cpus`: shared counts the pool less reserved CPUs."""
+    for u in usage:
+        yield u.numa, "exclusive", len(u.exclusive)
+        yield u.numa, "shared", len(u.shared - u.reserved)
+        yield u.numa, "reserved", len(u.reserved)
 
 
 def allocation_in_use(layout: CgroupLayout | None, alloc: Allocation, proc: str = "/proc") -> bool:

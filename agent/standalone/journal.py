@@ -16,19 +16,24 @@ from dataclasses import dataclass
 JOURNAL_NAME = "events.jsonl"
 _MAX_LINE = 512  # below PIPE_BUF, so concurrent appends never interleave
 _MAX_BYTES = 1 << 20  # without an agent draining it, the journal stops growing here
+_RENAMED = {"success": "allocated"}  # what an exec of an older version wrote
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    result: str  # "success" | "error" | "released"
+    result: str  # "allocated" | "refused" | "error" | "released", or "" (state writes only)
     latency_seconds: float | None = None
     state_writes: int = 0
+    reason: str = ""  # a refusal's reason (agent.metrics.REFUSAL_REASONS)
 
 
 def append_event(folder: str, event: Event) -> None:
     """Append one event (best effort: a full disk must not fail a workload that is already pinned)."""
-    line = json.dumps({"result": event.result, "latency_seconds": event.latency_seconds,
-                       "state_writes": event.state_writes}, separators=(",", ":")) + "\n"
+    doc: dict[str, object] = {"result": event.result, "latency_seconds": event.latency_seconds,
+                              "state_writes": event.state_writes}
+    if event.reason:
+        doc["reason"] = event.reason
+    line = json.dumps(doc, separators=(",", ":")) + "\n"
     data = line.encode()[:_MAX_LINE]
     try:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
@@ -60,8 +65,9 @@ def drain_events(folder: str) -> list[Event]:
         try:
             doc = json.loads(raw)
             latency = doc.get("latency_seconds")
-            events.append(Event(str(doc["result"]), float(latency) if latency is not None else None,
-                                int(doc.get("state_writes", 0))))
+            result = str(doc["result"])
+            events.append(Event(_RENAMED.get(result, result), float(latency) if latency is not None else None,
+                                int(doc.get("state_writes", 0)), str(doc.get("reason") or "")))
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return events

@@ -19,7 +19,14 @@ from agent.enforce.state import Allocation, Owner, StateFile, check_live, printa
 from agent.errors import AllocationError, ConfigError, TopoletError
 from agent.gpu.model import GPU
 from agent.gpu.visible import visible_devices_env
-from agent.standalone.engine import PinningEngine, allocation_in_use, unique_id, usage_of
+from agent.standalone.engine import (
+    INVALID,
+    AllocationRefused,
+    PinningEngine,
+    allocation_in_use,
+    unique_id,
+    usage_of,
+)
 from agent.standalone.journal import Event, append_event
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
@@ -86,8 +93,10 @@ def run_exec(args: argparse.Namespace) -> int:
     layout = detect_layout(args.cgroup_root)
     state_file = StateFile(args.state_dir)
     reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
+    # Every allocation this process releases (its own, or dead ones it reaps) is counted by the agent.
     engine = PinningEngine(topo, layout, state_file, reserved, gpus=_gpu_inventory(gpus, topo),
-                           defer_rebuild=True)
+                           defer_rebuild=True,
+                           on_release=lambda _id: append_event(args.state_dir, Event("released")))
     me = os.getpid()
     origin = cgroup_of_pid(layout, me) or ""  # where this process goes back to when it is done
     name = unique_id("exec", me)
@@ -97,12 +106,20 @@ def run_exec(args: argparse.Namespace) -> int:
             return _run_child(argv, {})
         finally:
             engine.leave_shared(rel, me, return_to=origin)
-    request = Request(args.cpus, args.numa_policy, args.smt)
     writes_before = state_file.writes
+    try:
+        request = Request(args.cpus, args.numa_policy, args.smt)
+    except AllocationError:
+        append_event(args.state_dir, Event("refused", reason=INVALID))
+        raise
     try:
         alloc = engine.allocate(name, request, Owner.of_process(me), memory_binding=args.memory_binding,
                                 policy=f"exec {args.numa_policy}/{args.smt}", gpus=gpus)
-    except AllocationError:
+    except AllocationRefused as exc:
+        append_event(args.state_dir, Event("refused", state_writes=state_file.writes - writes_before,
+                                           reason=exc.reason))
+        raise
+    except TopoletError:  # the state or a cgroup could not be written: ours to fix, not the request's
         append_event(args.state_dir, Event("error", state_writes=state_file.writes - writes_before))
         raise
     try:
@@ -110,7 +127,7 @@ def run_exec(args: argparse.Namespace) -> int:
         set_affinity(0, alloc.cpus)
         if alloc.mems:
             bind_memory(alloc.mems, "bind")
-        append_event(args.state_dir, Event("success", time.perf_counter() - started,
+        append_event(args.state_dir, Event("allocated", time.perf_counter() - started,
                                            state_file.writes - writes_before))
         env = visible_devices_env([g for g in engine.gpus if g.pci_address in alloc.gpus])
         env.update({"TOPOLET_CPUS": alloc.cpus.cpulist(), "TOPOLET_ALLOCATION": alloc.id})
@@ -123,7 +140,8 @@ def run_exec(args: argparse.Namespace) -> int:
             engine.release(alloc.id, leaving_pid=me, return_to=origin)
         except TopoletError as exc:  # the next reconcile frees it; the command's status still counts
             print(f"topolet exec: release of {alloc.id} deferred: {exc}", file=sys.stderr)
-        append_event(args.state_dir, Event("released", state_writes=state_file.writes - writes_before))
+        # The release itself was counted as it was committed (on_release), by whoever committed it.
+        append_event(args.state_dir, Event("", state_writes=state_file.writes - writes_before))
 
 
 def _alive(layout: CgroupLayout | None, alloc: Allocation) -> bool:

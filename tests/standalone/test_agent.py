@@ -115,13 +115,17 @@ def test_agent_serves_metrics_health_and_labels_and_stops_on_sigterm(node: Node)
 
     s = wait_for(counted, "both pinned execs in topolet_pin_latency_seconds")
     assert isinstance(s, dict)
-    assert _value(s, "topolet_allocations_total", result="success") == 2
-    assert _value(s, "topolet_allocations_total", result="error") == 1
+    assert _value(s, "topolet_allocations_total", result="allocated") == 2
+    # More CPUs than the node has: a refusal for capacity, not an error.
+    assert _value(s, "topolet_allocations_total", result="refused") == 1
+    assert _value(s, "topolet_allocation_refusals_total", reason="capacity") == 1
+    assert _value(s, "topolet_allocations_total", result="error") == 0
+    assert _value(s, "topolet_allocations_total", result="released") == 1  # the reporter that ended
     assert _value(s, "topolet_pin_latency_seconds_bucket", le="+Inf") == 2
     assert (_value(s, "topolet_pin_latency_seconds_sum") or 0) > 0
     assert (_value(s, "topolet_state_writes_total") or 0) >= 2  # each allocation committed at least once
     info = s["topolet_info"][0][0]
-    assert info["node"] == os.uname().nodename
+    assert info["nodename"] == os.uname().nodename and "node" not in info
     assert info["enforcement"] == "on"
     for n in node.topology.numa_nodes:
         if n.memory_only:
@@ -163,7 +167,8 @@ def test_agent_once_exits_without_serving(node: Node) -> None:
 
 
 def _exclusive_gauge(node: Node, metrics: Metrics) -> float:
-    return float(sum(metrics.cpus.labels(numa=str(n.id), state="exclusive")._value.get()  # noqa: SLF001
+    return float(sum(metrics.registry.get_sample_value("topolet_cpus", {"numa": str(n.id),
+                                                                         "state": "exclusive"}) or 0
                      for n in node.topology.numa_nodes if not n.memory_only))
 
 
@@ -181,6 +186,41 @@ def test_agent_releases_what_died_and_updates_cpu_gauges(node: Node) -> None:
     assert _exclusive_gauge(node, metrics) == 0
     assert node.state().allocations == ()
     assert node.workload_cgroups() == []
+    # Reaped by the agent (its owner died without releasing it): counted once, by the agent.
+    assert metrics.registry.get_sample_value("topolet_allocations_total", {"result": "released"}) == 1
+    agent.reconcile()
+    assert metrics.registry.get_sample_value("topolet_allocations_total", {"result": "released"}) == 1
+
+
+def test_cpu_gauge_is_current_at_scrape_time_between_reconciles(node: Node) -> None:
+    agent, err = node.start(node.topolet(
+        "agent", "--state-dir", node.state_dir, "--features-dir", node.features_dir,
+        "--cgroup-root", node.root, "--listen", "127.0.0.1:0", "--reconcile-seconds", "3600"))
+
+    def port() -> int | None:
+        m = re.search(r"serving /metrics and /healthz on [^ ]*:(\d+)", err.read_text())
+        if agent.poll() is not None:
+            pytest.fail(f"agent exited {agent.returncode}: {err.read_text()}")
+        return int(m.group(1)) if m else None
+
+    p = int(str(wait_for(port, "the agent to listen")))
+
+    def now() -> tuple[float, float]:
+        s = _samples(_scrape(p, "/metrics")[1])
+        usable = [n for n in node.topology.numa_nodes if not n.memory_only]
+        exclusive = sum(_value(s, "topolet_cpus", numa=str(n.id), state="exclusive") or 0 for n in usable)
+        return exclusive, _value(s, "topolet_reconcile_duration_seconds_count") or 0
+
+    exclusive, passes = now()
+    assert exclusive == 0 and passes == 1  # the first pass, at start; the next is an hour away
+    want = min(2, node.capacity)
+    held = node.hold(want)
+    assert now() == (want, passes)  # pinned since the last reconcile, and shown
+    assert held.stop() == 0
+    assert now() == (0, passes)
+    s = _samples(_scrape(p, "/metrics")[1])
+    assert not [name for name in s if name.endswith("_created")]
+    assert (_value(s, "process_resident_memory_bytes") or 0) > 0
 
 
 def test_state_writes_metric_counts_every_commit_made_by_execs_and_the_agent(node: Node) -> None:

@@ -137,7 +137,9 @@ def test_mig_mode_disabled(tmp_path: Path, hgx: Path, extra: tuple[str, ...], ne
     assert labels_file(tmp_path)[STATE] == state
     assert state_gauge(metrics)[state] == 1
     changes = sample(metrics, "topolet_mig_operations_total", op="mig_mode_change", result="success")
-    assert changes == (2 if extra else None)
+    assert changes == (2 if extra else 0)  # initialised: a series at 0 before the first change
+    assert sample(metrics, "topolet_mig_mode_changes_total") == changes  # the applier's total, exported
+    assert sample(metrics, "topolet_mig_apply_errors_total") == (1 if state == "failed" else 0)
     if needs_reset:
         for g in range(2):
             nvml.reset_gpu(g)
