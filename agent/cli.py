@@ -272,11 +272,14 @@ def run() -> NoReturn:
     """The `topolet` console script: `main()` on the command line, then exit with its status.
 
     `discover` then leaves without the interpreter's teardown (freeing every module and the whole
-    model, a few ms of a command timed against lstopo): it has nothing left to run at exit once its
-    output is flushed.  A flush that fails takes the ordinary exit, which reports it as before.
+    model, a few ms of a command timed against lstopo) when nothing is left to run at exit: no exit
+    handler registered and no threading loaded (the labels' logging registers one).  A flush that
+    fails takes the ordinary exit, which reports it as before.
     """
+    import atexit  # built in: no import cost
+
     status = main()
-    if sys.argv[1:2] == ["discover"]:
+    if sys.argv[1:2] == ["discover"] and not atexit._ncallbacks() and "threading" not in sys.modules:
         try:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -116,6 +116,7 @@ def entry(name: str, words: list[str], **kw: object) -> subprocess.CompletedProc
 
 @pytest.mark.parametrize("words", [
     ["discover", "--format", "json"],
+    ["discover", "--format", "labels", "--gfd-compat"],
     ["discover", "--format", "table", "--fsroot", "/nonexistent-root"],
     ["discover", "--format", "xml"],
     ["discover", "--help"],
