@@ -532,23 +532,33 @@ def test_capacity_replica_selectors_follow_the_replica_picker() -> None:
 
 # ---- the queries over a fleet in trouble (promtool test rules) -----------------------------------
 
-# Four agents scraped every 15 s for 10 minutes: a is healthy; b's process died at 5 min (up 0, its
+# Agents scraped every 15 s for 10 minutes: a is healthy; b's process died at 5 min (up 0, its
 # series stale); c's loop stuck at 2 min with pinning off and a failed MIG config; d never reported
-# anything. kube-state-metrics says the DaemonSet wants 4. Evaluated at 9 min 50 s.
+# anything; e was replaced on its node at 2.5 min (a rollout: a new pod, a new instance).
+# kube-state-metrics says the DaemonSet wants 5. Evaluated at 9 min 50 s.
 _FLEET = [
     ('up{job="topolet-agent", instance="a:9470"}', "1x40"),
     ('up{job="topolet-agent", instance="b:9470"}', "1x20 0x19"),
     ('up{job="topolet-agent", instance="c:9470"}', "1x40"),
+    ('up{job="topolet-agent", instance="e-old:9470"}', "1x10 stale"),
+    ('up{job="topolet-agent", instance="e-new:9470"}', "_x10 1x29"),
     ('up{job="some-other-job", instance="x:9100"}', "0x40"),
     ('kube_daemonset_status_desired_number_scheduled{job="kube-state-metrics", namespace="topolet-system", '
-     'daemonset="topolet-agent"}', "4x40"),
+     'daemonset="topolet-agent"}', "5x40"),
     ('topolet_info{job="topolet-agent", instance="a:9470", nodename="n1", enforcement="on", version="1"}',
      "1x40"),
     ('topolet_info{job="topolet-agent", instance="b:9470", nodename="n2", enforcement="on", version="1"}',
      "1x20 stale"),
     ('topolet_info{job="topolet-agent", instance="c:9470", nodename="n3", enforcement="off", version="0"}',
      "1x40"),
+    ('topolet_info{job="topolet-agent", instance="e-old:9470", nodename="n5", enforcement="on", version="1"}',
+     "1x10 stale"),
+    ('topolet_info{job="topolet-agent", instance="e-new:9470", nodename="n5", enforcement="on", version="1"}',
+     "_x10 1x29"),
     ('topolet_last_reconcile_timestamp_seconds{job="topolet-agent", instance="a:9470"}', "0+15x40"),
+    ('topolet_last_reconcile_timestamp_seconds{job="topolet-agent", instance="e-old:9470"}', "0+15x10 stale"),
+    ('topolet_last_reconcile_timestamp_seconds{job="topolet-agent", instance="e-new:9470"}',
+     "_x10 150+15x29"),
     ('topolet_last_reconcile_timestamp_seconds{job="topolet-agent", instance="b:9470"}', "0+15x20 stale"),
     ('topolet_last_reconcile_timestamp_seconds{job="topolet-agent", instance="c:9470"}', "0+15x8 120x31"),
     *((f'topolet_allocations_total{{job="topolet-agent", instance="{i}:9470", result="{r}"}}', "0x40")
@@ -557,27 +567,31 @@ _FLEET = [
       for s, v in (("pending", "0x40"), ("success", "0x40"), ("failed", "1x40"))),
 ]
 # The labels of a, b and c's series named by node.
-A_, B_, C_ = (f'{{instance="{i}:9470", job="topolet-agent", nodename="n{n}"}}'
-               for n, i in enumerate("abc", 1))
+A_, B_, C_, _, E_ = (f'{{instance="{i}:9470", job="topolet-agent", nodename="n{n}"}}'
+                     for n, i in enumerate(("a", "b", "c", "d", "e-new"), 1))
 # (dashboard, panel title, [(labels, value)] the panel's first query returns at 9 min 50 s)
 _SHOWS: list[tuple[str, str, list[tuple[str, float]]]] = [
-    (FLEET, "Agents expected", [("{}", 4)]),
-    (FLEET, "Agents up", [("{}", 2)]),
+    (FLEET, "Agents expected", [("{}", 5)]),
+    (FLEET, "Agents up", [("{}", 3)]),
     (FLEET, "Agents missing", [("{}", 2)]),  # b is down and d never started
     (FLEET, "Agents down", [("{}", 1)]),
+    (FLEET, "Agents gone quiet", [("{}", 1)]),  # b; e's node has its new agent
     (FLEET, "Agents stale", [("{}", 1)]),  # c: alive, its last reconcile 470 s old
     (FLEET, "Enforcement off", [("{}", 1)]),
     (FLEET, "Allocation errors", [("{}", 0)]),  # 0, not 'No data'
     (FLEET, "API write errors", [("{}", 0)]),  # no series at all yet: still 0
-    (FLEET, "Seconds since last reconcile", [(A_, 5), (C_, 470)]),
-    (FLEET, "Agent up by node", [(A_, 1), (B_, 0), (C_, 1)]),
-    (FLEET, "Versions", [('{version="0"}', 1), ('{version="1"}', 1)]),
+    (FLEET, "Seconds since last reconcile", [(A_, 5), (C_, 470), (E_, 5)]),
+    (FLEET, "Agent up by node", [(A_, 1), (B_, 0), (C_, 1), (E_, 1)]),
+    (FLEET, "Agents gone quiet by node", [('{nodename="n2"}', 290)]),  # b's last reconcile: 5 min
+    (FLEET, "Versions", [('{version="0"}', 1), ('{version="1"}', 2)]),
     (FLEET, "MIG config state", [(C_.replace("}", ', state="failed"}'), 1)]),
-    (NODE, "Agent up", [(A_, 1), (B_, 0), (C_, 1)]),
+    (NODE, "Agent up", [(A_, 1), (B_, 0), (C_, 1), (E_, 1)]),
     (NODE, "Enforcement", [('{instance="a:9470", job="topolet-agent", nodename="n1", enforcement="on", '
                             'version="1"}', 1),
                            ('{instance="c:9470", job="topolet-agent", nodename="n3", enforcement="off", '
-                            'version="0"}', 0)]),
+                            'version="0"}', 0),
+                           ('{instance="e-new:9470", job="topolet-agent", nodename="n5", enforcement="on", '
+                            'version="1"}', 1)]),
     (NODE, "Allocation errors", [("{}", 0)]),
     (NODE, "MIG config state", [(C_, 3)]),
 ]
