@@ -535,7 +535,7 @@ def test_capacity_replica_selectors_follow_the_replica_picker() -> None:
 # Agents scraped every 15 s for 10 minutes: a is healthy; b's process died at 5 min (up 0, its
 # series stale); c's loop stuck at 2 min with pinning off and a failed MIG config; d never reported
 # anything; e was replaced on its node at 2.5 min (a rollout: a new pod, a new instance).
-# kube-state-metrics says the DaemonSet wants 5. Evaluated at 9 min 50 s.
+# Two kube-state-metrics replicas say the DaemonSet wants 5. Evaluated at 9 min 50 s.
 _FLEET = [
     ('up{job="topolet-agent", instance="a:9470"}', "1x40"),
     ('up{job="topolet-agent", instance="b:9470"}', "1x20 0x19"),
@@ -545,6 +545,8 @@ _FLEET = [
     ('up{job="some-other-job", instance="x:9100"}', "0x40"),
     ('kube_daemonset_status_desired_number_scheduled{job="kube-state-metrics", namespace="topolet-system", '
      'daemonset="topolet-agent"}', "5x40"),
+    ('kube_daemonset_status_desired_number_scheduled{job="kube-state-metrics", namespace="topolet-system", '
+     'daemonset="topolet-agent", instance="ksm-replica-2"}', "5x40"),
     ('topolet_info{job="topolet-agent", instance="a:9470", nodename="n1", enforcement="on", version="1"}',
      "1x40"),
     ('topolet_info{job="topolet-agent", instance="b:9470", nodename="n2", enforcement="on", version="1"}',
