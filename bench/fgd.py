@@ -16,7 +16,8 @@ Policies, all run in this process on the same arrivals:
   workload's pod-type mix rises least (`agent.admission.fragmentation`), ties at random; the pod
   types carry their GPU models (`gpu_spec`) as the paper's do;
 - gpu_choice: topolet's score (`agent.admission.fragmentation.gpu_choice`: FGD's measure plus the
-  stranded-GPU term and the price of GPU taken from a model constrained pods need) on every node that
+  stranded-GPU term, held to the whole workload's CPU per GPU when it asks more CPU than the cluster
+  has, and the price of GPU taken from a model constrained pods need) on every node that
   fits, ties as the engine breaks them (least free CPU left, then node order), without the engine;
 - topolet: the admission engine (`agent.admission.engine.place`, then `commit`) with each pod as a
   one-pod gang and the workload's pod-type mix as the view's `gpu_mix`; `--direct` scores this column
@@ -45,7 +46,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agent.admission.fragmentation import WHOLE, GpuMix, gpu_choice, gpu_supply  # noqa: E402
+from agent.admission.fragmentation import (  # noqa: E402
+    WHOLE,
+    GpuMix,
+    cluster_cpu_per_milli,
+    gpu_choice,
+    gpu_supply,
+)
 from agent.admission.model import (  # noqa: E402
     ClusterView,
     Gang,
@@ -468,7 +475,9 @@ def run_workload(workload: str, hosts: Sequence[HostType], dirs: Sequence[Path],
     paper_mix = GpuMix(mix, stranding=0.0, models=models)
     capacity = sum(h.gpus for h in hosts) * WHOLE
     model_of = Cluster(hosts).type_model
-    supply = gpu_supply(Cluster(hosts).node(i) for i in range(len(hosts)))
+    empty = [Cluster(hosts).node(i) for i in range(len(hosts))]
+    supply = gpu_supply(empty)
+    cluster_cpu = cluster_cpu_per_milli(empty)
     results: dict[str, list[float]] = {p: [] for p in policies}
     seconds: dict[str, float] = dict.fromkeys(policies, 0.0)
     for seed in seeds:
@@ -482,11 +491,11 @@ def run_workload(workload: str, hosts: Sequence[HostType], dirs: Sequence[Path],
                 policy = BestFit(rng)
             elif name == "FGD":
                 policy = FGD(rng, paper_mix, model_of)
-            elif name == "gpu_choice":
-                policy = TopoletDirect(rng, GpuMix(mix, models=models, supply=supply))
+            elif name == "gpu_choice" or (name == "topolet" and direct):
+                policy = TopoletDirect(rng, GpuMix(mix, models=models, supply=supply,
+                                                   cluster_cpu_per_milli=cluster_cpu))
             elif name == "topolet":
-                policy = (TopoletDirect(rng, GpuMix(mix, models=models, supply=supply)) if direct
-                          else TopoletEngine(mix, models))
+                policy = TopoletEngine(mix, models)
             else:
                 raise SystemExit(f"unknown policy {name}")
             start = time.perf_counter()

@@ -119,6 +119,19 @@ def _load_gpu_supply() -> Callable[[Sequence[Node]], dict[str, int]] | None:
 _gpu_supply = _load_gpu_supply()
 
 
+def _load_cluster_cpu() -> Callable[[Sequence[Node]], float] | None:
+    # The cluster's CPU per GPU thousandth, which tells the score a workload asks more CPU than it has.
+    try:
+        module = importlib.import_module("agent.admission.fragmentation")
+    except ImportError:
+        return None
+    figure = getattr(module, "cluster_cpu_per_milli", None)
+    return figure if callable(figure) else None
+
+
+_cluster_cpu = _load_cluster_cpu()
+
+
 # ---- per-node mutable figures ----------------------------------------------------------------------
 
 class _State:
@@ -284,7 +297,7 @@ def _filter_reason(node: Node, ps: PodSet) -> str | None:
 class _Index:
     """A view's nodes with their free figures, and its zones sorted by free CPU."""
 
-    __slots__ = ("nodes", "states", "zkeys", "nkeys", "gpu_nodes", "kmin", "by_name", "dead")
+    __slots__ = ("nodes", "states", "zkeys", "nkeys", "gpu_nodes", "kmin", "by_name", "dead", "_cpu_per_gpu")
 
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.nodes = list(nodes)
@@ -298,6 +311,13 @@ class _Index:
         self.by_name = {n.name: i for i, n in enumerate(nodes)}
         # request signature -> nodes whose totals cannot hold it (only grows: states only shrink)
         self.dead: dict[tuple[Any, ...], set[int]] = {}
+        self._cpu_per_gpu: float | None = None
+
+    def cpu_per_gpu(self) -> float:
+        """The nodes' CPU millicores per GPU thousandth when empty (capacities never change here)."""
+        if self._cpu_per_gpu is None:
+            self._cpu_per_gpu = _cluster_cpu(self.nodes) if _cluster_cpu is not None else 0.0
+        return self._cpu_per_gpu
 
     def update(self, i: int, node: Node) -> None:
         """Replace node `i` (its sorted keys move)."""
@@ -354,6 +374,8 @@ class _Work:
         self.models = models
         # the cluster's GPUs per model price the GPUs model-constrained pod types need
         self.supply = _gpu_supply(ix.nodes) if models and _gpu_supply is not None else None
+        # and its CPU per GPU tells a workload that asks more CPU than the cluster has
+        self.cluster_cpu = ix.cpu_per_gpu() if mix else 0.0
         self.touched: dict[int, _State] = {}
         self.eligible: dict[tuple[str, int], tuple[bool, int]] = {}
         self.base: dict[tuple[str, int], tuple[bool, int]] = {}
@@ -490,7 +512,7 @@ class _Work:
             node = self.ix.nodes[i]
             if i in self.touched:
                 node = s.to_node(node)
-            scored = _gpu_choice(node, r, self.mix, self.models, self.supply)
+            scored = _gpu_choice(node, r, self.mix, self.models, self.supply, self.cluster_cpu)
             return None if scored is None else (round(scored[0], _GPU_SCORE_DIGITS), scored[1])
         if r.gpu_milli:  # best fit: the GPU with the least free that holds the share
             fits = [(f, g) for g, f in enumerate(s.gfree) if f >= r.gpu_milli]

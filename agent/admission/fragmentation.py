@@ -29,16 +29,24 @@ sees CPU only once a pod type no longer fits, so it lets CPU-hungry pods drain a
 its GPUs are free, and those GPUs are lost later; on the Alibaba trace (bench/fgd.py) the term cuts
 unallocated GPU from about 4.8% to about 4.2%.  A CPU-only pod is held to the whole workload's CPU
 per GPU (CPU-only pods' CPU included) rather than the GPU pods' alone: the CPU it takes is CPU the
-node's free GPUs will lack; on the CPU-heavy `cpu250` workload this moves 6.8% to 6.6%.
+node's free GPUs will lack; on the CPU-heavy `cpu250` workload this moves 6.8% to 6.6%.  When the
+workload asks more CPU per GPU than the cluster has (`cluster_cpu_per_milli`, from the nodes'
+capacity), CPU-only pods want every spare core, so every pod is held to the whole workload's CPU per
+GPU: a node short of CPU then charges the CPU a pod takes against the GPU it takes, and CPU-hungry
+pods go where CPU is plentiful.  On `cpu250` (the only reported workload that asks more CPU than the
+cluster has) this moves 6.6% to about 5.3%; below that point the rule is off, since holding GPUs to
+more CPU than the GPU pods need leaves half-empty nodes looking stranded and pods spread onto them
+(`multigpu40` 2.9% -> 10%).
 
 Public API:
 - `GpuMix`: a target workload, (request, popularity) pairs and optionally each type's GPU models and
   the cluster's GPUs per model, compiled for fast scoring;
 - `gpu_supply(nodes)`: the GPUs per model of a cluster;
+- `cluster_cpu_per_milli(nodes)`: a cluster's CPU millicores per GPU thousandth, as when empty;
 - `fragmentation(cpu_milli, memory, gpu_free_milli, mix, model="")`: a node state's expected fragment;
-- `gpu_choice(node, request, mix, models=(), supply=None)`: None when the request does not fit the
-  node, else `(score, gpu_index)`, the rise in fragmentation (plus the price above) and the GPU a
-  shared pod should take.
+- `gpu_choice(node, request, mix, models=(), supply=None, cluster_cpu=0.0)`: None when the
+  request does not fit the node, else `(score, gpu_index)`, the rise in fragmentation (plus the price
+  above) and the GPU a shared pod should take.
 
 Everything is pure; `GpuMix` memoises fragmentation by node state because a cluster has few distinct
 node states and the engine scores every node for every pod.
@@ -70,15 +78,18 @@ class GpuMix:
     to `mix` (empty: none constrained), gives each type the GPU models it may use (None: any);
     `supply` is the cluster's GPUs per model, and `reserve` weighs the price of taking GPU from a
     model constrained types need (see `gpu_choice`).  `stranding` weighs the free GPU the node's
-    free CPU cannot feed (0: FGD's measure as published).
+    free CPU cannot feed (0: FGD's measure as published); `cluster_cpu_per_milli` is the cluster's
+    CPU per GPU thousandth (0: unknown), and a workload that asks more than that holds every free
+    GPU to its whole CPU per GPU (`cpu_short`).
     """
 
     __slots__ = ("no_gpu", "total", "cpu_per_milli", "stranding", "_memo", "choices", "_groups",
-                 "_by_model", "constrained", "pressure", "reserve", "supply", "all_cpu_per_milli")
+                 "_by_model", "constrained", "pressure", "reserve", "supply", "all_cpu_per_milli",
+                 "cluster_cpu_per_milli", "cpu_short")
 
     def __init__(self, mix: Sequence[tuple[Resources, float]], stranding: float = STRANDING,
                  models: Sequence[frozenset[str] | None] = (), supply: Mapping[str, int] | None = None,
-                 reserve: float = RESERVE) -> None:
+                 reserve: float = RESERVE, cluster_cpu_per_milli: float = 0.0) -> None:
         if models and len(models) != len(mix):
             raise ValueError(f"{len(models)} GPU model sets for {len(mix)} pod types")
         groups: dict[tuple[int, int, frozenset[str] | None], list[tuple[int, int, float]]] = {}
@@ -106,6 +117,12 @@ class GpuMix:
         # where CPU is short (the trace's cpu250) the node must keep more per free GPU
         cpu = sum(p * r.cpu_milli for r, p in mix)
         self.all_cpu_per_milli = cpu / gpu_milli if gpu_milli else 0.0
+        self.cluster_cpu_per_milli = cluster_cpu_per_milli
+        # the workload asks more CPU than the cluster has: CPU-only pods compete for every spare core,
+        # so each free GPU must keep the whole workload's CPU (and `_held` adds nothing more)
+        self.cpu_short = 0.0 < cluster_cpu_per_milli <= self.all_cpu_per_milli
+        if self.cpu_short:
+            self.cpu_per_milli = self.all_cpu_per_milli
         self._groups = groups
         # whether any type names models: else the node's model never matters (one memo entry per state)
         self.constrained = any(allowed is not None for _, _, allowed in groups)
@@ -212,6 +229,15 @@ def gpu_supply(nodes: Iterable[Node]) -> dict[str, int]:
     return supply
 
 
+def cluster_cpu_per_milli(nodes: Iterable[Node]) -> float:
+    """The CPU millicores per GPU thousandth of `nodes` as they are when empty (0 without GPUs)."""
+    cpu = gpus = 0
+    for n in nodes:
+        cpu += n.capacity.cpu_milli
+        gpus += max(n.capacity.gpus, len(n.gpu_free_milli))
+    return cpu / (gpus * WHOLE) if gpus else 0.0
+
+
 def _free_gpus(node: Node) -> tuple[int, ...]:
     if node.gpu_free_milli:
         return node.gpu_free_milli
@@ -244,16 +270,18 @@ _last: tuple[Sequence[tuple[Resources, float]], Sequence[frozenset[str] | None],
 
 def compiled(
     mix: Sequence[tuple[Resources, float]] | GpuMix, models: Sequence[frozenset[str] | None] = (),
-    supply: Mapping[str, int] | None = None,
+    supply: Mapping[str, int] | None = None, cluster_cpu: float = 0.0,
 ) -> GpuMix:
-    """The compiled form of `mix` (with its types' GPU `models` and the cluster's GPUs per model),
-    reused while callers pass the same mix and models objects and an equal supply."""
+    """The compiled form of `mix` (with its types' GPU `models`, the cluster's GPUs per model and its
+    CPU per GPU thousandth), reused while callers pass the same mix and models objects and equal
+    cluster figures."""
     global _last
     if isinstance(mix, GpuMix):
         return mix
-    if _last is not None and _last[0] is mix and _last[1] is models and _last[2].supply == (supply or {}):
+    if (_last is not None and _last[0] is mix and _last[1] is models and _last[2].supply == (supply or {})
+            and _last[2].cluster_cpu_per_milli == cluster_cpu):
         return _last[2]
-    gm = GpuMix(mix, models=models, supply=supply)
+    gm = GpuMix(mix, models=models, supply=supply, cluster_cpu_per_milli=cluster_cpu)
     # the engine passes one ClusterView's mix for every node: keep its compiled form and memo
     _last = (mix, models, gm)
     return gm
@@ -276,18 +304,20 @@ def taken(gpus: Sequence[int], request: Resources, index: int | None) -> tuple[i
 def gpu_choice(
     node: Node, request: Resources, mix: Sequence[tuple[Resources, float]] | GpuMix,
     models: Sequence[frozenset[str] | None] = (), supply: Mapping[str, int] | None = None,
+    cluster_cpu: float = 0.0,
 ) -> tuple[float, int | None] | None:
     """None when `request` does not fit `node`, else (rise in fragmentation, GPU for a shared pod).
 
     `models`, parallel to `mix`, are the GPU models each type may use (empty: any); the node's own is
     `node.gpu_model`; `supply` is the cluster's GPUs per model (`gpu_supply`), which prices the GPU
-    taken from a model constrained types need.  With an empty mix the score is plain best fit: the
-    free GPU thousandths the node keeps.
+    taken from a model constrained types need; `cluster_cpu` is its CPU per GPU thousandth
+    (`cluster_cpu_per_milli`), which tells a workload that asks more CPU than the cluster has.  With
+    an empty mix the score is plain best fit: the free GPU thousandths the node keeps.
     """
     if not fits(node, request):
         return None
     gpus = _free_gpus(node)
-    gm = compiled(mix, models, supply)
+    gm = compiled(mix, models, supply, cluster_cpu)
     if not gm.total:
         if request.gpu_milli and not request.gpus:
             index = min((f, i) for i, f in enumerate(gpus) if f >= request.gpu_milli)[1]
