@@ -608,16 +608,58 @@ def _promtool(command: list[str], document: dict[str, Any]) -> subprocess.Comple
         return subprocess.run([*command, str(path)], capture_output=True, text=True, timeout=120, check=False)
 
 
-def test_panels_show_dead_stuck_and_unpinned_agents() -> None:
-    """What the Fleet and Node panels return for the fleet above: trouble as values, not as blanks."""
+def evaluate(series: list[tuple[str, str]], shows: list[tuple[str, str, list[tuple[str, float]]]],
+             job: str) -> None:
+    """`promtool test rules`: each panel's first query returns what `shows` says over `series`."""
     promtool = shutil.which("promtool")
     require(promtool is not None, "promtool is not installed (make deps installs Debian's prometheus)")
     assert promtool is not None
-    cases = [{"expr": substitute(panel(load(name), title)["targets"][0]["expr"]), "eval_time": "590s",
+    cases = [{"expr": substitute(panel(load(name), title)["targets"][0]["expr"], job), "eval_time": "590s",
               "exp_samples": [{"labels": labels, "value": value} for labels, value in samples]}
-             for name, title, samples in _SHOWS]
+             for name, title, samples in shows]
     document = {"rule_files": [], "evaluation_interval": "15s",
-                "tests": [{"interval": "15s", "input_series": [{"series": s, "values": v} for s, v in _FLEET],
+                "tests": [{"interval": "15s", "input_series": [{"series": s, "values": v} for s, v in series],
                            "promql_expr_test": cases}]}
     done = _promtool([promtool, "test", "rules"], document)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_panels_show_dead_stuck_and_unpinned_agents() -> None:
+    """What the Fleet and Node panels return for the fleet above: trouble as values, not as blanks."""
+    evaluate(_FLEET, _SHOWS, AGENT_JOB)
+
+
+# Two controller replicas, r1 leading; both export the cluster gauges, with different figures. One
+# agent reports its shared CPUs on two NUMA nodes.
+_CONTROLLERS = [
+    ('up{job="topolet-controller", instance="r1:9471"}', "1x40"),
+    ('up{job="topolet-controller", instance="r2:9471"}', "1x40"),
+    ('topolet_admission_leader{job="topolet-controller", instance="r1:9471"}', "1x40"),
+    ('topolet_admission_leader{job="topolet-controller", instance="r2:9471"}', "0x40"),
+    ('topolet_admission_last_pass_timestamp_seconds{job="topolet-controller", instance="r1:9471"}',
+     "0+15x40"),
+    ('topolet_admission_last_pass_timestamp_seconds{job="topolet-controller", instance="r2:9471"}', "0x40"),
+    ('topolet_admission_cluster_free{job="topolet-controller", instance="r1:9471", resource="cpu"}', "10x40"),
+    ('topolet_admission_cluster_free{job="topolet-controller", instance="r2:9471", resource="cpu"}', "12x40"),
+    ('topolet_admission_fragmentation_ratio{job="topolet-controller", instance="r1:9471"}', "0.25x40"),
+    ('topolet_admission_fragmentation_ratio{job="topolet-controller", instance="r2:9471"}', "0.5x40"),
+    ('topolet_info{job="topolet-agent", instance="a:9470", nodename="n1", enforcement="on", version="1"}',
+     "1x40"),
+    ('topolet_cpus{job="topolet-agent", instance="a:9470", numa="0", state="shared"}', "3x40"),
+    ('topolet_cpus{job="topolet-agent", instance="a:9470", numa="1", state="shared"}', "5x40"),
+    ('topolet_cpus{job="topolet-agent", instance="a:9470", numa="1", state="exclusive"}', "4x40"),
+]
+_CAPACITY_SHOWS: list[tuple[str, str, list[tuple[str, float]]]] = [
+    (CAPACITY, "Replicas leading", [("{}", 1)]),
+    (CAPACITY, "Controllers up", [("{}", 2)]),
+    (CAPACITY, "Seconds since last decision pass", [("{}", 5)]),  # the leader's, not the standby's
+    (CAPACITY, "Free CPUs", [("{}", 10)]),  # the leader's figure, not the sum of both
+    (CAPACITY, "Fragmentation", [("{}", 0.25)]),
+    (CAPACITY, "Pods patched", [("{}", 0)]),
+    (CAPACITY, "Free CPUs by NUMA zone", [('{nodename="n1", numa="0"}', 3),
+                                          ('{nodename="n1", numa="1"}', 5)]),
+]
+
+
+def test_capacity_panels_count_the_leader_once() -> None:
+    evaluate(_CONTROLLERS, _CAPACITY_SHOWS, CONTROLLER_JOB)
