@@ -4,9 +4,11 @@ The lint: every panel has a unit, thresholds, a datasource and a description; ev
 (promtool's PromQL parser, through `promtool check rules`), selects by the dashboard's variables and
 names only series the agent's or the controller's registry exports, `up`, or the kube-state-metrics
 series in KUBE_STATE_METRICS; and every series the two registries export is on some panel or in
-DELIBERATELY_NOT_SHOWN with its reason.  `promtool test rules` then evaluates the Fleet and Node
-panels' queries, with their variables substituted as Grafana does, over a synthetic fleet with a dead
-agent, a stuck one and one with enforcement off, and checks each shows the trouble instead of nothing.
+DELIBERATELY_NOT_SHOWN with its reason.  `promtool test rules` then evaluates panels' queries, with
+their variables substituted as Grafana does, over synthetic series: a fleet with a dead agent, a
+stuck one, one with enforcement off and one replaced in a rollout (each panel shows the trouble as a
+value, not as 'No data'), and two controller replicas (the cluster figures are the leader's, once).
+A live Prometheus scraping a real agent is tests/monitoring's.
 """
 
 from __future__ import annotations
