@@ -24,23 +24,24 @@ A node's fragmentation is the expectation over the target workload, `sum(popular
 Placing a pod is scored by how much it raises that expectation (FGD's gradient): lower is better.
 
 topolet adds one term FGD lacks (`stranding`): the free GPU that the node's free CPU cannot feed at
-the GPU pods' CPU per GPU.  FGD
-sees CPU only once a pod type no longer fits, so it lets CPU-hungry pods drain a node's CPU while
-its GPUs are free, and those GPUs are lost later; on the Alibaba trace (bench/fgd.py) the term cuts
-unallocated GPU from about 4.8% to about 4.2%.  A CPU-only pod is held to the whole workload's CPU
-per GPU (CPU-only pods' CPU included) rather than the GPU pods' alone: the CPU it takes is CPU the
-node's free GPUs will lack; on the CPU-heavy `cpu250` workload this moves 6.8% to 6.6%.  When the
-workload asks more CPU per GPU than the cluster has (`cluster_cpu_per_milli`, from the nodes'
-capacity), CPU-only pods want every spare core, so every pod is held to the whole workload's CPU per
-GPU: a node short of CPU then charges the CPU a pod takes against the GPU it takes, and CPU-hungry
-pods go where CPU is plentiful.  On `cpu250` (the only reported workload that asks more CPU than the
-cluster has) this moves 6.6% to about 5.3%; below that point the rule is off, since holding GPUs to
-more CPU than the GPU pods need leaves half-empty nodes looking stranded and pods spread onto them
-(`multigpu40` 2.9% -> 10%).
+the GPU pods' CPU per GPU.  FGD sees CPU only once a pod type no longer fits, so it lets CPU-hungry
+pods drain a node's CPU while its GPUs are free, and those GPUs are lost later; on the Alibaba trace
+(bench/fgd.py) the term cuts unallocated GPU from about 4.8% to about 4.2%.  A CPU-only pod is held
+to the whole workload's CPU per GPU (CPU-only pods' CPU included) rather than the GPU pods' alone:
+the CPU it takes is CPU the node's free GPUs will lack; on the CPU-heavy `cpu250` workload this
+moves 6.8% to 6.6%.  When the workload asks more CPU per GPU than the cluster has
+(`cluster_cpu_per_milli`, from the nodes' capacity), CPU-only pods want every spare core, so every
+pod is held to the whole workload's CPU per GPU: on a node whose CPU cannot feed its free GPUs at
+that ratio, a pod is credited the GPU it takes and charged the CPU, so pods light on CPU fill the
+CPU-poor nodes, CPU-hungry ones go where CPU is plentiful, and CPU-rich nodes keep their cores for
+the CPU-only pods.  On `cpu250` (the only reported workload that asks more CPU than the cluster has)
+this moves 6.4% to about 5.3%.  Below that point the rule is off: nodes with fewer CPUs per GPU than
+that ratio would look stranded even when empty, and pods would spread onto them (`multigpu40` 2.9%
+-> 10%).
 
 Public API:
-- `GpuMix`: a target workload, (request, popularity) pairs and optionally each type's GPU models and
-  the cluster's GPUs per model, compiled for fast scoring;
+- `GpuMix`: a target workload, (request, popularity) pairs and optionally each type's GPU models, the
+  cluster's GPUs per model and its CPU per GPU, compiled for fast scoring;
 - `gpu_supply(nodes)`: the GPUs per model of a cluster;
 - `cluster_cpu_per_milli(nodes)`: a cluster's CPU millicores per GPU thousandth, as when empty;
 - `fragmentation(cpu_milli, memory, gpu_free_milli, mix, model="")`: a node state's expected fragment;

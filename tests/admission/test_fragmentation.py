@@ -12,7 +12,14 @@ from dataclasses import dataclass
 import pytest
 
 from agent.admission.engine import place
-from agent.admission.fragmentation import GpuMix, fits, fragmentation, gpu_choice, gpu_supply
+from agent.admission.fragmentation import (
+    GpuMix,
+    cluster_cpu_per_milli,
+    fits,
+    fragmentation,
+    gpu_choice,
+    gpu_supply,
+)
 from agent.admission.model import ClusterView, Gang, Node, Placement, PodSet, Resources
 
 GIB = 1 << 30
@@ -223,3 +230,58 @@ def test_engine_keeps_the_gpus_a_constrained_type_needs() -> None:
     assert isinstance(plain, Placement) and plain.pods[0].node == "a-v100"
     aware = place(ClusterView(nodes=nodes, gpu_mix=ANY_OR_V100, gpu_mix_models=V100_HALF), gang)
     assert isinstance(aware, Placement) and aware.pods[0].node == "b-t4"
+
+
+def test_cluster_cpu_per_milli_is_the_empty_clusters_cpu_per_gpu() -> None:
+    nodes = [gpu_node("a", "V100M16", (0, 300)), gpu_node("b", "T4"),
+             Node("cpu", free=Resources(cpu_milli=4000), capacity=Resources(cpu_milli=8000))]
+    # 4 + 4 + 8 CPUs for 4 GPUs, used or not: 16000 millicores per 4000 GPU thousandths
+    assert cluster_cpu_per_milli(nodes) == 4.0
+    assert cluster_cpu_per_milli([Node("cpu", capacity=Resources(cpu_milli=8000))]) == 0.0
+
+
+# GPU pods ask 4 CPUs per GPU, CPU-only pods as many again: the whole workload asks 8 per GPU
+GPU_AND_CPU = ((Resources(cpu_milli=4000, gpus=1), 0.5), (Resources(cpu_milli=4000), 0.5))
+
+
+@pytest.mark.parametrize(("cluster_cpu", "short", "want"), [
+    # unknown cluster: held to the GPU pods' 4 per GPU; 12 -> 8 CPUs feed every free GPU, only the
+    # CPU-only type's fragment falls, 0.5 * 2000 -> 0.5 * 1000
+    (0.0, False, -500.0),
+    # the cluster has 10 CPUs per GPU, more than the 8 asked: the same
+    (10.0, False, -500.0),
+    # it has 6, less than the 8 asked: held to 8 per GPU, 12 CPUs feed 1.5 of 2 free GPUs (500
+    # stranded) before, 8 feed the 1 left after (none): the pod also takes 500 stranded, -1000
+    (6.0, True, -1000.0),
+])
+def test_a_workload_asking_more_cpu_than_the_cluster_has_holds_gpus_to_its_whole_ratio(
+        cluster_cpu: float, short: bool, want: float) -> None:
+    mix = GpuMix(GPU_AND_CPU, cluster_cpu_per_milli=cluster_cpu)
+    assert mix.cpu_short == short
+    pod = Resources(cpu_milli=4000, gpus=1)
+    assert gpu_choice(node((1000, 1000), cpu_milli=12000), pod, mix) == (want, None)
+    assert gpu_choice(node((1000, 1000), cpu_milli=12000), pod, GPU_AND_CPU, cluster_cpu=cluster_cpu) \
+        == (want, None)
+    # a CPU-only pod is held to the whole ratio either way: 12 -> 8 CPUs strand 500 more
+    assert gpu_choice(node((1000, 1000), cpu_milli=12000), Resources(cpu_milli=4000), mix) == (500.0, None)
+
+
+def test_engine_fills_cpu_poor_nodes_when_the_workload_asks_more_cpu_than_the_cluster_has() -> None:
+    # GPU pods ask 4 CPUs per GPU, CPU-only pods 8 CPUs: the workload asks 12 per GPU
+    mix = ((Resources(cpu_milli=4000, memory=GIB, gpus=1), 0.5), (Resources(cpu_milli=8000, memory=GIB), 0.5))
+
+    def host(name: str, cpu: int, gpus: int = 2) -> Node:
+        cap = Resources(cpu_milli=cpu, memory=64 * GIB, gpus=gpus)
+        return Node(name, free=cap, capacity=cap, gpu_free_milli=(1000,) * gpus)
+
+    gpu_nodes = (host("a-poor", 8000), host("b-rich", 24000))
+    gang = Gang("g", (PodSet("p", 1, Resources(cpu_milli=6000, memory=GIB, gpus=1)),))
+    # with a 512-CPU node the cluster has CPU to spare: held to the GPU pods' 4 per GPU, the poor node
+    # would keep 2 CPUs for its last GPU, so the pod goes to the rich one
+    spare = place(ClusterView(nodes=(*gpu_nodes, host("c-cpu", 512000, 0)), gpu_mix=mix), gang)
+    assert isinstance(spare, Placement) and spare.pods[0].node == "b-rich"
+    # without it the cluster has 8 CPUs per GPU, less than the 12 asked: the poor node's 8 CPUs
+    # cannot feed its GPUs at 12 each anyway, so the pod (6 CPUs for a GPU) takes one there and the
+    # rich node keeps its CPUs for the CPU-only pods
+    short = place(ClusterView(nodes=gpu_nodes, gpu_mix=mix), gang)
+    assert isinstance(short, Placement) and short.pods[0].node == "a-poor"
