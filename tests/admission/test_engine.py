@@ -213,6 +213,23 @@ def test_shared_gpu_with_a_mix_follows_the_fragmentation_score() -> None:
     assert (result.pods[0].node, result.pods[0].gpu_index) == (best, scores[best][1])
 
 
+def test_gpu_scores_equal_but_for_float_noise_tie_and_the_cpu_rules_decide() -> None:
+    fragmentation = pytest.importorskip("agent.admission.fragmentation")
+    # 200-shares and whole GPUs at popularities 0.7, 0.2 and 0.3 (two whole-GPU types), whose sums
+    # are not exact in binary: a 100-share lowers either node's fragment by exactly 50 on paper,
+    # (800, 800, 1000) 800 -> 750 and (300, 1000) 150 -> 100, but the floats differ in the last bits
+    whole = Resources(cpu_milli=1000, memory=GI, gpus=1)
+    mix = ((Resources(cpu_milli=1000, memory=GI, gpu_milli=200), 0.7), (whole, 0.2), (whole, 0.3))
+    nodes = (node("a-roomy", [(8, 8)], gpu_free=(800, 800, 1000)),
+             node("b-busy", [(4, 4)], gpu_free=(300, 1000)))
+    req = Resources(cpu_milli=1000, memory=GI, gpu_milli=100)
+    raw = [fragmentation.gpu_choice(n, req, mix)[0] for n in nodes]
+    assert raw[0] != raw[1] and abs(raw[0] - raw[1]) < 1e-9
+    # so the tie goes to the node left with less free CPU (best fit), not to the noise
+    result = place(ClusterView(nodes=nodes, gpu_mix=mix), Gang("g", (pods("s", 1, 1, gpu_milli=100),)))
+    assert isinstance(result, Placement) and result.pods[0].node == "b-busy"
+
+
 def test_place_is_deterministic_and_commit_counts_the_pods() -> None:
     view = ClusterView(nodes=(node("a", [(8, 16), (16, 16)]), node("b", [(12, 16)])))
     gang = Gang("g", (pods("w", 2, 8),))
