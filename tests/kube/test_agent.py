@@ -12,7 +12,7 @@ import signal
 from agent.enforce.cgroup import read_cpuset, write_cpuset
 from agent.enforce.state import StateFile
 from agent.topology.cpuset import CPUSet
-from tests.kube.kubelet_standin import KubeNode, kube_node, proc_cpus, wait_for
+from tests.kube.kubelet_standin import KubeNode, kube_node, metric_sum, proc_cpus, wait_for
 
 __all__ = ["kube_node"]
 
@@ -25,6 +25,16 @@ def allowed(node: KubeNode) -> CPUSet:
 
 def state(node: KubeNode) -> object:
     return StateFile(node.state_dir).load(missing_ok=True)
+
+
+def results(node: KubeNode) -> dict[str, float]:
+    """topolet_allocations_total by result, and the refusals by reason (as `refused:<reason>`)."""
+    port = node.metrics_port()
+    assert port is not None, "agent serves no metrics yet"
+    out = {r: metric_sum(port, "topolet_allocations_total", result=r)
+           for r in ("allocated", "refused", "released", "error")}
+    return out | {f"refused:{r}": metric_sum(port, "topolet_allocation_refusals_total", reason=r)
+                  for r in ("capacity", "alignment", "invalid")}
 
 
 def test_guaranteed_pod_gets_an_exclusive_cpu_and_shared_pods_shrink(kube_node: KubeNode) -> None:
@@ -55,6 +65,10 @@ def test_guaranteed_pod_gets_an_exclusive_cpu_and_shared_pods_shrink(kube_node: 
              "the shared pod to get every CPU back after the deletion")
     wait_for(lambda: node.nrt_available_cpus() == len(everything), "NRT to show the CPU free again")
     assert not StateFile(node.state_dir).load().allocations
+    # One pinned, one released (by the pod watch, in-cluster), nothing refused or failed.
+    counted = {"allocated": 1.0, "released": 1.0}
+    wait_for(lambda: results(node) == {k: counted.get(k, 0.0) for k in results(node)},
+             f"the agent to count {counted} (has {results(node)})")
     assert node.agent is not None and node.agent.poll() is None
 
 
@@ -85,6 +99,9 @@ def test_bad_annotation_gives_an_event_and_keeps_the_pod_shared(kube_node: KubeN
     wait_for(lambda: node.metric("topolet_last_reconcile_timestamp_seconds") > 0, "a reconcile")
     assert proc_cpus(pod.containers["c0"].pid) == everything.cpulist()
     assert not StateFile(node.state_dir).load().allocations
+    # A refusal for an invalid annotation, counted once across reconciles; no error.
+    assert results(node) == {"allocated": 0, "refused": 1, "released": 0, "error": 0, "refused:capacity": 0,
+                             "refused:alignment": 0, "refused:invalid": 1}
     assert node.agent is not None and node.agent.poll() is None
 
 

@@ -27,6 +27,7 @@ from agent.enforce.state import State, StateFile
 from tests.kube.kubelet_standin import (
     container_status,
     install_nrt_crd,
+    metric_sum,
     new_container_id,
     node_nrt,
     pod_status,
@@ -82,6 +83,14 @@ class DumpNode:
         with urllib.request.urlopen(f"http://127.0.0.1:{m.group(1)}/metrics", timeout=5) as resp:
             text = resp.read().decode()
         return next(line for line in text.splitlines() if line.startswith("topolet_info{"))
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples of `name` with `labels` on the running agent's /metrics."""
+        import re
+
+        m = re.search(r"serving /metrics and /healthz on [^:]*:(\d+)", self.logs[-1].read_text())
+        assert m, "agent serves no metrics yet"
+        return metric_sum(int(m.group(1)), name, **labels)
 
     def create_running_pod(self, name: str, resources: dict[str, str] | None,
                            annotations: dict[str, str] | None = None) -> str:
@@ -157,6 +166,8 @@ def test_agent_without_enforcement_publishes_what_it_would_pin(dump_node: DumpNo
 
     after = wait_for(one_zone_lost_four, "the NRT to count the pinned pod's 4 CPUs")
     assert sorted(after.values()) == [12, 16, 16, 16], after
+    assert node.metric("topolet_cpus", state="exclusive") == 4  # the state now, read when scraped
+    assert node.metric("topolet_allocations_total", result="allocated") == 1
     (alloc,) = node.state().allocations
     assert alloc.owner.pod_uid == uid and len(alloc.cpus) == 4
     assert alloc.owner.pod_uid != shared
@@ -168,6 +179,10 @@ def test_agent_without_enforcement_publishes_what_it_would_pin(dump_node: DumpNo
     wait_for(lambda: node.available("cpu") == before, "the NRT to give the CPUs back")
     assert node.available("memory") == memory_before
     assert not node.state().allocations
+    assert node.metric("topolet_cpus", state="exclusive") == 0
+    assert node.metric("topolet_allocations_total", result="released") == 1
+    assert node.metric("topolet_allocations_total", result="refused") == 0
+    assert node.metric("topolet_allocations_total", result="error") == 0
     assert "Traceback" not in node.log_text()
 
 
@@ -187,3 +202,6 @@ def test_controller_zone_is_where_the_pod_is_pinned(dump_node: DumpNode) -> None
         return [e.reason for e in events]
 
     assert wait_for(reasons, "an Event for the pod whose zone does not exist") == ["AllocationFailed"]
+    # The node cannot place it in a zone it does not have: a refusal (alignment), not an error.
+    assert node.metric("topolet_allocation_refusals_total", reason="alignment") == 1
+    assert node.metric("topolet_allocations_total", result="error") == 0

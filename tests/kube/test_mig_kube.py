@@ -321,9 +321,15 @@ def test_no_mig_change_before_the_node_is_read(mig_node: KubeNode, control_plane
             wait_for(lambda: (sample(metrics, "topolet_reconcile_duration_seconds_count") or 0) >= 3,
                      "three reconciles with the API down")
             assert not MUTATING & set(nvml.calls)
+            # Publishing failed, and says so (the NRT and labels need the API; they are retried).
+            for kind in ("nrt", "labels"):
+                assert (sample(metrics, "topolet_api_write_errors_total", kind=kind) or 0) >= 1, kind
+            assert sample(metrics, "topolet_api_writes_total", kind="nrt") == 0
             control_plane.start_apiserver()
             wait_for(lambda: node_labels(node).get(STATE_LABEL) == "success", "state success")
             assert nvml.layout(0) == [("7g.80gb", 0, 8)]
+            wait_for(lambda: (sample(metrics, "topolet_api_writes_total", kind="nrt") or 0) >= 1,
+                     "the NRT written once the API is back")
     finally:
         control_plane.start_apiserver()
 
