@@ -252,6 +252,21 @@ def _replay(cluster: Cluster, objects: workload.Cluster, topos: list[tuple[str, 
     return aligned
 
 
+def _report_unbound(cluster: Cluster, want: int) -> None:
+    """What holds the pods that never bound: a few of them, with the scheduler's last word."""
+    api = KubeClient(cluster.plane.client())
+    try:
+        pods = api.list(f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
+    finally:
+        api.close()
+    unbound = [p for p in pods if not p["spec"].get("nodeName")]
+    print(f"# {len(pods)} of {want} pods exist, {len(unbound)} unbound; the first of them:")
+    for p in unbound[:5]:
+        why = [c.get("message", "") for c in p.get("status", {}).get("conditions") or []]
+        print(f"#   {p['metadata']['name']}: gates {p['spec'].get('schedulingGates')}, node selector "
+              f"{p['spec'].get('nodeSelector')}, annotations {p['metadata'].get('annotations')}, {why}")
+
+
 def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[str, Topology]],
          stream: list[Gang], *, controller: bool) -> ApiRun:
     cluster = start_cluster(workdir)
@@ -288,6 +303,8 @@ def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[
                 time.sleep(0.1)
             bound = len(watch.bound)
             wall = (watch.last_bind if bound else time.monotonic()) - start
+            if bound < want:
+                _report_unbound(cluster, want)
             print(f"# {name}: Jobs created after {created - start:.1f} s, the last pod after "
                   f"{watch.last_created - start:.1f} s, the last bind after {wall:.1f} s", flush=True)
             used = {k: v - cpu_before.get(k, 0.0) for k, v in _cpu_by_component().items()}

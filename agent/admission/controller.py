@@ -355,7 +355,7 @@ class Controller:
         self.events = JobEvents(kube, self.identity, on_drop=metrics.events_dropped.inc)
         self.changed = threading.Event()
         self.jobs = Reflector(kube, resource_path("batch", "v1", "jobs"), "queued Jobs", self.changed,
-                              {"labelSelector": jobs.QUEUE_LABEL})
+                              {"labelSelector": jobs.QUEUE_LABEL}, matters=_job_change_matters)
         self.pods = Reflector(kube, resource_path("", "v1", "pods"), "pods", self.changed,
                               matters=_pod_change_matters)
         self.nodes = Reflector(kube, resource_path("", "v1", "nodes"), "nodes", self.changed)
@@ -822,6 +822,15 @@ def _still_pending(job: Mapping[str, Any], fresh: Mapping[str, Any],
                    record: AdmissionRecord) -> dict[str, Any] | None:
     """`patch(fresh, record)` when the re-read Job is still the one decided on; else None."""
     return patch(fresh, record) if placing.still_undecided(job, fresh) else None
+
+
+def _job_change_matters(kind: str, job: Mapping[str, Any]) -> bool:
+    """Whether a queued Job's watch event calls for a pass: a Job new, gone, undecided, suspended or
+    finished.  The Job controller's status updates of a running admitted Job (most events on a busy
+    cluster) change nothing a pass reads."""
+    if kind in ("ADDED", "DELETED") or jobs.job_suspended(job) or jobs.job_finished(job):
+        return True
+    return jobs.ADMISSION_ANNOTATION not in _dict(_meta(job).get("annotations"))
 
 
 def _pod_change_matters(kind: str, pod: Mapping[str, Any]) -> bool:
