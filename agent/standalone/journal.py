@@ -16,7 +16,10 @@ from dataclasses import dataclass
 JOURNAL_NAME = "events.jsonl"
 _MAX_LINE = 512  # below PIPE_BUF, so concurrent appends never interleave
 _MAX_BYTES = 1 << 20  # without an agent draining it, the journal stops growing here
-_RENAMED = {"success": "allocated"}  # what an exec of an older version wrote
+# An allocation is written "success" on disk, as before the metric's result was renamed: agents of
+# the earlier version and bench/pin.py read that word.
+_ON_DISK = {"allocated": "success"}
+_FROM_DISK = {"success": "allocated"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,8 +32,8 @@ class Event:
 
 def append_event(folder: str, event: Event) -> None:
     """Append one event (best effort: a full disk must not fail a workload that is already pinned)."""
-    doc: dict[str, object] = {"result": event.result, "latency_seconds": event.latency_seconds,
-                              "state_writes": event.state_writes}
+    doc: dict[str, object] = {"result": _ON_DISK.get(event.result, event.result),
+                              "latency_seconds": event.latency_seconds, "state_writes": event.state_writes}
     if event.reason:
         doc["reason"] = event.reason
     line = json.dumps(doc, separators=(",", ":")) + "\n"
@@ -66,7 +69,8 @@ def drain_events(folder: str) -> list[Event]:
             doc = json.loads(raw)
             latency = doc.get("latency_seconds")
             result = str(doc["result"])
-            events.append(Event(_RENAMED.get(result, result), float(latency) if latency is not None else None,
+            events.append(Event(_FROM_DISK.get(result, result),
+                                float(latency) if latency is not None else None,
                                 int(doc.get("state_writes", 0)), str(doc.get("reason") or "")))
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
