@@ -151,6 +151,8 @@ def _device_lines(dev: PCIDevice) -> tuple[str, ...] | None:
     kind = _DEVICE_KINDS.get(dev.class_code >> 8) or _DEVICE_CLASSES.get(dev.class_code >> 16)
     if kind is None:
         return None
+    if dev.vendor < 0 and dev.device < 0:  # ids the dump does not give
+        return (f"{kind} {dev.address}",)
     vendor = f"{dev.vendor:04x}" if dev.vendor >= 0 else "????"
     device = f"{dev.device:04x}" if dev.device >= 0 else "????"
     name = _VENDORS.get(dev.vendor, "")

@@ -203,6 +203,10 @@ def test_text_from_the_machine_cannot_break_the_svg(topologies: dict[str, Topolo
 
 def test_readme_picture_is_the_current_rendering(dump_root) -> None:  # type: ignore[no-untyped-def]
     docs = Path(__file__).resolve().parents[2] / "docs"
-    for svg in sorted(docs.glob("topology-*.svg")):
+    pictures = sorted(docs.glob("topology-*.svg"))
+    assert pictures
+    for svg in pictures:
         name = svg.name[len("topology-"): -len(".svg")]
+        # On a layout change, redraw it: topolet discover --fsroot <the dump's root> --format svg
+        # --output docs/topology-<dump>.svg (tests/conftest.py: extract_dump unpacks the dump).
         assert svg.read_text() == render_svg(layout(discover(str(dump_root(name))))), svg
