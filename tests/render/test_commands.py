@@ -26,8 +26,8 @@ DUMP = "32em64t-2n8c+dax+nvme+mic+dimms"
 UID = "6f1c2a44-93b1-4d0e-8a52-0c1d2e3f4a5b"
 
 
-def _run(*words: str, **kw: object) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([topolet_bin(), *words], capture_output=True, timeout=120, check=False, **kw)  # type: ignore[call-overload]
+def _run(*words: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([topolet_bin(), *words], capture_output=True, timeout=120, check=False)
 
 
 def test_discover_svg_is_the_dumps_picture(dump_root) -> None:  # type: ignore[no-untyped-def]
@@ -64,8 +64,8 @@ def _machine_state(state_dir: Path) -> tuple[State, CPUSet, CPUSet]:
     cpus = discover("/").cpus.sorted()
     held = CPUSet([cpus[-1]])
     reserved = CPUSet([cpus[0]]) if len(cpus) > 1 else CPUSet()
-    alloc = Allocation(f"pod-{UID}.main", held, CPUSet(), f"kubepods/pod{UID}/c1", Owner(pod_uid=UID, container="main"),
-                       "single-numa-node/full-cores", 1.0)
+    alloc = Allocation(f"pod-{UID}.main", held, CPUSet(), f"kubepods/pod{UID}/c1",
+                       Owner(pod_uid=UID, container="main"), "single-numa-node/full-cores", 1.0)
     state = State((alloc,), reserved)
     sf = StateFile(str(state_dir))
     with sf.lock():
@@ -102,8 +102,8 @@ def _frames(proc: subprocess.Popen[bytes], count: int, deadline: float) -> list[
 
 def test_watch_redraws_frames_from_the_state_until_interrupted(tmp_path: Path) -> None:
     state, held, reserved = _machine_state(tmp_path)
-    proc = subprocess.Popen([topolet_bin(), "status", "--watch", "--interval", "0.2", "--state-dir", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    words = ["status", "--watch", "--interval", "0.2", "--state-dir", str(tmp_path)]
+    proc = subprocess.Popen([topolet_bin(), *words], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         first = _frames(proc, 2, time.monotonic() + 60)
         assert len(first) == 2, first
@@ -139,14 +139,15 @@ def test_watch_refuses_bad_options(tmp_path: Path, words: list[str], why: str) -
 def test_frame_shows_each_numa_nodes_cpus_and_who_holds_them() -> None:
     data = {
         "generation": 9, "reserved": "15",
-        "numa": [{"numa": 0, "cpus": "0-7", "reserved": "", "exclusive": "0-3,6", "free": "4-5,7", "free_count": 3},
+        "numa": [{"numa": 0, "cpus": "0-7", "reserved": "", "exclusive": "0-3,6", "free": "4-5,7",
+                  "free_count": 3},
                  {"numa": 1, "cpus": "8-15", "reserved": "15", "exclusive": "8-9", "free": "10-14",
                   "free_count": 5}],
         "allocations": [
-            {"id": f"pod-{UID}.main", "cpus": "0-3", "mems": "0", "cgroup": "kubepods/x", "gpus": [], "pid": None,
-             "pod_uid": UID, "policy": "single-numa-node/any", "alive": True},
-            {"id": "exec-42-7", "cpus": "6,8-9", "mems": "", "cgroup": "topolet/exec-42-7", "gpus": [], "pid": 42,
-             "pod_uid": None, "policy": "exec best-effort/any", "alive": False},
+            {"id": f"pod-{UID}.main", "cpus": "0-3", "mems": "0", "cgroup": "kubepods/x", "gpus": [],
+             "pid": None, "pod_uid": UID, "policy": "single-numa-node/any", "alive": True},
+            {"id": "exec-42-7", "cpus": "6,8-9", "mems": "", "cgroup": "topolet/exec-42-7", "gpus": [],
+             "pid": 42, "pod_uid": None, "policy": "exec best-effort/any", "alive": False},
         ],
     }
     lines = render_frame(data, "12:00:00", 2.0).splitlines()
