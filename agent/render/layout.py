@@ -5,7 +5,7 @@ Boxes nest as lstopo draws a machine: Machine, Package, NUMA node, caches (L3, L
 PU, in whatever order the CPU sets nest on the machine at hand (a NUMA node wider than a package
 holds its packages; one inside a package sits in it).  A memory-only NUMA node is a box in the row
 at the top of the smallest Machine/Package/NUMA box that holds its local CPUs; GPUs, NICs and other
-devices people place work by sit in a column beside the CPUs of their NUMA node.  With a `Usage`,
+devices people place work by sit in columns beside the CPUs of their NUMA node.  With a `Usage`,
 each holder's PUs take its colour and a legend under the machine names the holders.
 """
 
@@ -24,8 +24,9 @@ LINE_PX = 14
 PAD = 5
 GAP = 6
 PU_MIN_W = 52
-CORE_ROW_MAX = 8  # a core's threads share one row up to this many
+ROW_MAX = 8  # threads of a core, or cores, share one row up to this many
 ASPECT = 1.6  # the width:height a grid of sibling boxes aims at
+RAGGED_COST = 0.3  # against a grid's aspect score, per share of its last row left empty
 
 # Fill colours per kind (box, header band).
 FILLS = {
@@ -122,7 +123,7 @@ class _Node:
     """A box being laid out: its content, then its size, then (top-down) its place."""
 
     __slots__ = ("key", "kind", "rank", "cpus", "lines", "fill", "band", "children", "memory",
-                 "devices", "w", "h", "band_h", "columns")
+                 "devices", "w", "h", "band_h", "columns", "dev_columns", "cores")
 
     def __init__(self, key: str, kind: str, rank: int, cpus: CPUSet, lines: Sequence[str]) -> None:
         self.key = key
@@ -134,7 +135,8 @@ class _Node:
         self.children: list[_Node] = []
         self.memory: list[_Node] = []
         self.devices: list[_Node] = []
-        self.w = self.h = self.band_h = self.columns = 0
+        self.w = self.h = self.band_h = self.columns = self.dev_columns = 0
+        self.cores = 1 if kind == "core" else 0  # cores drawn in this box, once measured
 
 
 def _text_w(lines: Iterable[str]) -> int:
@@ -260,12 +262,15 @@ def _grid(nodes: Sequence[_Node], columns: int) -> tuple[int, int]:
 
 def _columns(node: _Node) -> int:
     n = len(node.children)
-    if node.kind == "core":  # a core's threads side by side, as lstopo shows them
-        return n if n <= CORE_ROW_MAX else math.ceil(n / math.ceil(n / CORE_ROW_MAX))
+    if node.kind == "core" or all(c.cores <= 1 for c in node.children):
+        # A core's threads, and cores (under their caches), side by side as lstopo shows them,
+        # in even rows of at most ROW_MAX.
+        return n if n <= ROW_MAX else math.ceil(n / math.ceil(n / ROW_MAX))
     best, best_score = n, math.inf
     for c in range(n, 0, -1):
         w, h = _grid(node.children, c)
-        score = abs(math.log(w / h / ASPECT))
+        empty = -n % c  # cells left over in the last row: 2 x 2 reads better than 3 + 1
+        score = abs(math.log(w / h / ASPECT)) + RAGGED_COST * empty / c
         if score < best_score - 1e-9:
             best, best_score = c, score
     return best
@@ -281,6 +286,7 @@ def _measure(node: _Node) -> None:
     """Size `node` at its smallest (its boxes first); `_place` stretches it to its cell."""
     for child in (*node.children, *node.memory, *node.devices):
         _measure(child)
+    node.cores += sum(c.cores for c in node.children)
     text_w = _text_w(node.lines) + 2 * PAD
     if not (node.children or node.memory or node.devices):
         node.w = max(text_w, PU_MIN_W if node.kind == "pu" else 0)
@@ -295,10 +301,16 @@ def _measure(node: _Node) -> None:
     node.columns = _columns(node) if node.children else 0
     grid_w, grid_h = _grid(node.children, node.columns) if node.children else (0, 0)
     inner_w = max(text_w - 2 * PAD, sum(m.w + GAP for m in node.memory) - GAP)
-    dev_w = max((d.w for d in node.devices), default=0)
-    dev_h = sum(d.h + GAP for d in node.devices) - GAP if node.devices else 0
-    if node.children and node.devices:
-        dev_w += GAP
+    dev_w = dev_h = 0
+    if node.devices:
+        # Devices in as many columns as keep them no taller than the CPUs beside them.
+        cell_w, cell_h = max(d.w for d in node.devices), max(d.h for d in node.devices)
+        for d in node.devices:
+            d.w, d.h = cell_w, cell_h
+        rows = max(1, (grid_h + GAP) // (cell_h + GAP))
+        node.dev_columns = math.ceil(len(node.devices) / rows)
+        dev_w, dev_h = _grid(node.devices, node.dev_columns)
+        dev_w += GAP if node.children else 0
     node.w = max(inner_w, grid_w + dev_w) + 2 * PAD
     node.h = node.band_h + PAD + _memory_h(node) + max(grid_h, dev_h) + PAD
 
@@ -339,12 +351,10 @@ def _place(node: _Node, parent: str, x: int, y: int, w: int, h: int,
             cx = x + PAD + sum(cols[:c]) + GAP * c
             cy = top + sum(rows[:r]) + GAP * r
             _place(child, node.key, cx, cy, cols[c], rows[r], fills, out)
-    dy = top
     dx = x + PAD + grid_w + (GAP if node.children else 0)
-    dev_w = max((d.w for d in node.devices), default=0)
-    for d in node.devices:
-        _place(d, node.key, dx, dy, dev_w, d.h, fills, out)
-        dy += d.h + GAP
+    for i, d in enumerate(node.devices):
+        c, r = i % node.dev_columns, i // node.dev_columns
+        _place(d, node.key, dx + c * (d.w + GAP), top + r * (d.h + GAP), d.w, d.h, fills, out)
 
 
 def layout(topo: Topology, usage: Usage | None = None) -> Picture:
