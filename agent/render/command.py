@@ -7,18 +7,23 @@ machine and the state, and writes.  Without a terminal, watch frames are separat
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from agent.errors import ConfigError, TopoletError
 from agent.render.holders import usage_of
 from agent.render.layout import Usage, layout
 from agent.render.svg import render_svg
 from agent.render.terminal import render_frame
-from agent.topology.model import Topology
 
+if TYPE_CHECKING:  # `discover --format svg` takes the argparse-free path (agent/cli.py)
+    import argparse
+
+    from agent.topology.model import Topology
+
+PICTURE_FORMATS = ("svg", "png")
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, erase the screen
 FRAME_BREAK = "\f\n"
 
@@ -52,11 +57,22 @@ def run_discover_picture(args: argparse.Namespace) -> int:
     from agent.topology.discover import discover
     from agent.topology.report import printable
 
+    if args.format not in PICTURE_FORMATS:
+        raise ConfigError("--output is for the pictures: --format svg or png")
     topo = discover(args.fsroot)
     for warning in topo.warnings:
         sys.stderr.write(f"topolet discover: warning: {printable(warning)}\n")
     _write(_draw(topo, None, args.format), args.format, getattr(args, "output", None))
     return 0
+
+
+def run_status_view(args: argparse.Namespace) -> int:
+    """`topolet status` with `--watch`, `--format svg|png` or `--output`."""
+    if args.watch:
+        return run_status_watch(args)
+    if args.format not in PICTURE_FORMATS:
+        raise ConfigError("--output is for the pictures: --format svg or png")
+    return run_status_picture(args)
 
 
 def run_status_picture(args: argparse.Namespace) -> int:
@@ -76,8 +92,8 @@ def run_status_watch(args: argparse.Namespace) -> int:
     interval = float(args.interval)
     if not math.isfinite(interval) or interval <= 0:
         raise ConfigError(f"--interval must be a positive number of seconds, not {args.interval}")
-    if args.format != "table":
-        raise ConfigError("--watch draws the terminal view: leave out --format")
+    if args.format != "table" or args.output:
+        raise ConfigError("--watch draws the terminal view: leave out --format and --output")
     tty = sys.stdout.isatty()
     frames = 0
     try:
