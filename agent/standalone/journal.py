@@ -39,6 +39,7 @@ def append_event(folder: str, event: Event) -> None:
     line = json.dumps(doc, separators=(",", ":")) + "\n"
     data = line.encode()[:_MAX_LINE]
     try:
+        os.makedirs(folder, mode=0o755, exist_ok=True)  # as the state lock makes it: a refusal may come first
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
         fd = os.open(os.path.join(folder, JOURNAL_NAME), flags, 0o644)
     except OSError:

@@ -20,6 +20,7 @@ from agent.errors import AllocationError, ConfigError, TopoletError
 from agent.gpu.model import GPU
 from agent.gpu.visible import visible_devices_env
 from agent.standalone.engine import (
+    CAPACITY,
     INVALID,
     AllocationRefused,
     PinningEngine,
@@ -93,8 +94,13 @@ def run_exec(args: argparse.Namespace) -> int:
     layout = detect_layout(args.cgroup_root)
     state_file = StateFile(args.state_dir)
     reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
+    try:
+        inventory = _gpu_inventory(gpus, topo)
+    except AllocationError:  # no GPUs here to hand out: the node cannot satisfy it
+        append_event(args.state_dir, Event("refused", reason=CAPACITY))
+        raise
     # Every allocation this process releases (its own, or dead ones it reaps) is counted by the agent.
-    engine = PinningEngine(topo, layout, state_file, reserved, gpus=_gpu_inventory(gpus, topo),
+    engine = PinningEngine(topo, layout, state_file, reserved, gpus=inventory,
                            defer_rebuild=True,
                            on_release=lambda _id: append_event(args.state_dir, Event("released")))
     me = os.getpid()

@@ -29,7 +29,8 @@ from agent.errors import AllocationError
 from agent.gpu.discover import discover_gpus, gpus_from_topology
 from agent.gpu.model import GPU
 from agent.gpu.visible import visible_devices_env
-from agent.standalone.engine import PinningEngine
+from agent.standalone.engine import AllocationRefused, PinningEngine
+from agent.standalone.journal import Event, drain_events
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
 from agent.topology.model import Topology
@@ -123,8 +124,9 @@ def test_engine_records_gpus_with_the_cpus_and_frees_them_with_the_owner(node: N
         assert on_disk.get("gpu-a") == alloc and on_disk.held_gpus() == {inventory[0].pci_address}
         # A restarted engine (new object, same file) sees the GPU as held.
         again = PinningEngine(node.topology, node.layout, StateFile(node.state_dir), gpus=inventory)
-        with pytest.raises(AllocationError, match="1 of 2 free"):
+        with pytest.raises(AllocationRefused, match="1 of 2 free") as refused:
             again.allocate("gpu-b", Request(1), Owner.of_process(owner.pid), gpus=2)
+        assert refused.value.reason == "capacity"
         assert node.state() == on_disk  # the refusal wrote nothing
     finally:
         owner.kill()
@@ -144,8 +146,9 @@ def test_engine_records_gpus_with_the_cpus_and_frees_them_with_the_owner(node: N
 
 def test_engine_without_gpus_refuses_a_gpu_request(node: Node) -> None:
     engine = PinningEngine(node.topology, node.layout, StateFile(node.state_dir))
-    with pytest.raises(AllocationError, match="no GPUs"):
+    with pytest.raises(AllocationRefused, match="no GPUs") as refused:
         engine.allocate("gpu-x", Request(1), Owner.of_process(os.getpid()), gpus=1)
+    assert refused.value.reason == "capacity"
     assert StateFile(node.state_dir).load(missing_ok=True).allocations == ()
 
 
@@ -170,6 +173,7 @@ def test_exec_gpus_on_this_node(node: Node) -> None:
         assert result.stderr.splitlines() == [
             "topolet exec: --gpus 1: this node has no NVIDIA GPUs to hand out whole"]
         assert not out.exists()
+        assert drain_events(node.state_dir) == [Event("refused", reason="capacity")]  # for the agent
     else:
         assert result.returncode == 0, result.stderr
         env = json.loads(out.read_text())["env"]
