@@ -10,12 +10,16 @@ Two targets in the job `topolet-agent`:
   whose MIG layout cannot be applied (MIG mode is off and not ours to change): the MIG series, the
   failed state and enforcement off. No GPU exists here; NVML is the one part played by a stand-in.
 
-No admission controller and no kube-state-metrics run here: queries that need them are checked to
-evaluate without error, and listed (`needs()` says which and why).
+`test_prometheus_on_the_cluster` does the same for the admission controller: its two replicas on the
+test cluster (real kube-apiserver, kube-controller-manager, kube-scheduler; tests/controlplane) with
+simulated nodes served by real in-cluster agents, a gang admitted, one rejected, one waiting, the
+leader killed, then the standby stopped. No kube-state-metrics runs in either: the queries that need it
+are checked to evaluate without error only (`needs()` says what each query needs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -26,7 +30,8 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +42,11 @@ from agent.cli import build_parser
 from agent.enforce.cgroup import read_cpus, write_cpuset
 from agent.metrics import Metrics, MetricsServer, staleness_health
 from agent.standalone.daemon import StandaloneAgent
+from tests.admission.test_controller import gang_job
 from tests.conftest import REPO, require
+from tests.controlplane.cluster import Cluster
+from tests.controlplane.fixtures import cluster as cluster  # noqa: F401 - fixture
+from tests.controlplane.fixtures import cluster_session as cluster_session  # noqa: F401 - fixture
 from tests.gpu.fake_nvml import h100_node
 from tests.gpu.sysfs_fixture import build_hgx
 from tests.standalone.conftest import Held, Node, wait_for
@@ -63,15 +72,16 @@ def free_port() -> int:
 
 
 class Prometheus:
-    """Debian's `prometheus` on a temp config and TSDB, scraping `targets` as job topolet-agent."""
+    """Debian's `prometheus` on a temp config and TSDB, scraping `jobs` (job name: its targets)."""
 
-    def __init__(self, binary: str, tmp: Path, targets: list[str]) -> None:
+    def __init__(self, binary: str, tmp: Path, jobs: dict[str, list[str]]) -> None:
         tmp.mkdir()
         config = {
             "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "evaluation_interval": f"{SCRAPE_SECONDS}s",
                        "scrape_timeout": f"{SCRAPE_SECONDS}s"},
             "rule_files": [str(RULES)],
-            "scrape_configs": [{"job_name": "topolet-agent", "static_configs": [{"targets": targets}]}],
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}
+                               for job, targets in jobs.items()],
         }
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.port = free_port()
@@ -210,6 +220,13 @@ def check_alerts(prom: Prometheus, expected: dict[str, set[str]], what: str) -> 
     assert not diff, f"{what}: alert expressions (got, expected): {diff}"
 
 
+def check_rules_healthy(prom: Prometheus) -> None:
+    """Every rule's last evaluation went without error (no many-to-many join, no bad types)."""
+    for group in prom.api("rules")["groups"]:
+        for rule in group["rules"]:
+            assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
+
+
 # ---- the dashboards --------------------------------------------------------------------------------
 
 def panels(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -278,9 +295,11 @@ def has_data(result: Result) -> bool:
     return any(not math.isnan(float(v)) for s in result for _, v in s["values"])
 
 
-def check_dashboards(prom: Prometheus, start: float, end: float, pick: dict[str, list[str]]) -> list[str]:
-    """Every panel query of every dashboard over [start, end]; returns the ones that need what is not
-    running here (each checked to evaluate without error), fails on any other without data."""
+def check_dashboards(prom: Prometheus, start: float, end: float, pick: dict[str, list[str]],
+                     running: tuple[str, ...] = ("the agents",)) -> list[str]:
+    """Every panel query of every dashboard over [start, end] (each must evaluate without error); fails
+    on any without data whose needs (`needs()`, "the agents" when nothing else) are in `running`, and
+    returns the others."""
     empty, skipped = [], []
     files = sorted(DASHBOARDS.glob("*.json"))
     assert files
@@ -296,10 +315,11 @@ def check_dashboards(prom: Prometheus, start: float, end: float, pick: dict[str,
                 where = f"{path.name}: {panel.get('title')!r} {target.get('refId', '')}"
                 if has_data(result):
                     continue
-                if needs(expr):
-                    skipped.append(f"{where} (needs {needs(expr)})")
-                else:
+                need = needs(expr) or "the agents"
+                if need in running:
                     empty.append(f"{where}: {expr}")
+                else:
+                    skipped.append(f"{where} (needs {need})")
     assert not empty, "panel queries without data:\n" + "\n".join(empty)
     return skipped
 
@@ -341,7 +361,7 @@ def test_prometheus_alerts_and_dashboards_on_real_agents(node: Node, mig_agent: 
     assert binary is not None
     port = free_port()
     instance, mig = f"127.0.0.1:{port}", mig_agent.instance
-    prom = Prometheus(binary, tmp_path / "prometheus", [instance, mig])
+    prom = Prometheus(binary, tmp_path / "prometheus", {"topolet-agent": [instance, mig]})
     try:
         start = time.time()
         agent = start_agent(node, port)
@@ -391,17 +411,96 @@ def test_prometheus_alerts_and_dashboards_on_real_agents(node: Node, mig_agent: 
                 "the held allocation, recovered")
         check_alerts(prom, {**healthy, "TopoletCgroupDriftRepeated": {instance}}, "after the restart")
 
-        # Every rule evaluated without error all along (no many-to-many joins, no bad types).
-        for group in prom.api("rules")["groups"]:
-            for rule in group["rules"]:
-                assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
+        check_rules_healthy(prom)
 
         end = time.time()
         skipped = check_dashboards(prom, start, end, {})
         # The same with both nodes picked by name, as a multi-value selection.
         assert check_dashboards(prom, start, end, {"node": sorted([nodename, NODENAME])}) == skipped
-        # Only what needs kube-state-metrics or the controller goes without data here.
+        # Only what needs kube-state-metrics or the controller (test_prometheus_on_the_cluster) goes
+        # without data here.
         assert all("needs kube-state-metrics" in s or "needs the admission controller" in s for s in skipped)
         assert held.stop() == 0
     finally:
         prom.stop()
+
+
+# ---- the admission controller ----------------------------------------------------------------------
+
+DUMP = "64fake-4n2s2ca2c2t"  # 4 NUMA zones of 16 CPUs per node (tests/admission's nodes)
+
+
+@pytest.fixture
+def cluster_nodes(cluster: Cluster, dump_root: Callable[[str], Path]) -> tuple[str, dict[str, str]]:
+    """Two simulated nodes, each served by a real in-cluster agent listening on a port of its own:
+    (the label only this test's Jobs select, {instance: node name})."""
+    label = f"test.topolet.io/{uuid.uuid4().hex[:8]}"
+    agents = {}
+    for i in range(2):
+        port = free_port()
+        node = cluster.add_node(f"prom-{label[-8:]}-{i}", dump_root(DUMP), labels={label: "true"},
+                                agent_args=["--listen", f"127.0.0.1:{port}"])
+        agents[f"127.0.0.1:{port}"] = node.name
+    for name in agents.values():
+        wait_for(lambda n=name: cluster.nrt(n), f"the NRT of {name}", PROMETHEUS_WAIT)
+    return label, agents
+
+
+def test_prometheus_on_the_cluster(cluster: Cluster, cluster_nodes: tuple[str, dict[str, str]],
+                                   tmp_path: Path) -> None:
+    """The admission controller's two replicas and the in-cluster agents under the real Prometheus: a
+    gang admitted, one rejected, one waiting, then the leader killed and, last, the standby too."""
+    from agent.kube.client import KubeClient
+
+    binary = shutil.which("prometheus")
+    require(binary is not None, "needs prometheus (Debian's package: make deps)")
+    assert binary is not None
+    label, agents = cluster_nodes
+    ports = [free_port(), free_port()]
+    replicas = [f"127.0.0.1:{p}" for p in ports]
+    prom = Prometheus(binary, tmp_path / "prometheus", {"topolet-agent": list(agents),
+                                                        "topolet-controller": replicas})
+    api = KubeClient(cluster.plane.client())
+    namespace = f"t-{uuid.uuid4().hex[:10]}"
+    try:
+        start = time.time()
+        # A short Lease, so the standby takes over within seconds.
+        election = ("--leader-elect", "--lease-duration", "6", "--renew-deadline", "4", "--retry-period", "1")
+        procs = [cluster.start_controller("--listen", f"127.0.0.1:{p}", "--resync-seconds", "2", *election)
+                 for p in ports]
+        scraped(prom, 'count(up{job="topolet-controller"} == 1) == 2', "both replicas up")
+        scraped(prom, 'count(up{job="topolet-agent"} == 1) == 2', "both agents up")
+        scraped(prom, 'sum(topolet_admission_leader{job="topolet-controller"}) == 1', "one leader")
+
+        api.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+        jobs = f"/apis/batch/v1/namespaces/{namespace}/jobs"
+        api.create(jobs, gang_job("a", 4, label))  # fits: admitted
+        api.create(jobs, gang_job("huge", 1, label, cpu=20))  # 20 CPUs in a zone of 16: rejected
+        api.create(jobs, gang_job("wide", 8, label))  # needs every zone while a holds 4: waiting
+        for result in ("admitted", "rejected", "waiting"):
+            scraped(prom, f'sum(topolet_admission_decisions_total{{result="{result}"}}) >= 1', result)
+        scraped(prom, 'max(topolet_admission_queue_depth{queue="q"}) == 1', "wide queued")
+        check_alerts(prom, {}, "with both replicas and both agents up")
+
+        # The leader dies: the standby takes the Lease; one replica down is no alert.
+        (leader,) = prom.query('topolet_admission_leader{job="topolet-controller"} == 1')
+        killed = replicas.index(leader["metric"]["instance"])
+        procs[killed].popen.kill()
+        procs[killed].popen.wait(20)
+        standby = replicas[1 - killed]
+        scraped(prom, f'topolet_admission_leader{{instance="{standby}"}} == 1', "the standby leading")
+        check_alerts(prom, {}, "after the leader was killed")
+        check_rules_healthy(prom)
+        end = time.time()
+        skipped = check_dashboards(prom, start, end, {}, running=("the admission controller",))
+        assert not any("needs the admission controller" in s for s in skipped)
+
+        # The last replica stops: no controller is up.
+        procs[1 - killed].stop()
+        scraped(prom, f'up{{instance="{standby}"}} == 0', "the last replica gone")
+        check_alerts(prom, {"TopoletControllerDown": {""}}, "with no replica up")
+    finally:
+        prom.stop()
+        with contextlib.suppress(Exception):
+            api.request("DELETE", f"/api/v1/namespaces/{namespace}")
+        api.close()
