@@ -6,6 +6,11 @@ API: warnings go out through a callback the publisher drains.  With `enforce=Fal
 --enforcement off`, over an `agent.kube.recording.RecordingEngine`) it looks for no cgroup: a
 container the pod status lists running with an ID is taken as started.
 
+What it counts (`agent.metrics`): `allocated`; `refused` with its reason (no room, a NUMA policy or
+zone that cannot be met, invalid annotations) once per container and reason, however often it is
+retried; `error` (the state or a cgroup could not be written) at every attempt.  Releases are
+counted by the engine's `on_release`, which the agent wires to the metrics.
+
 Which warnings become Events is decided here (`WarningLimiter`), how an Event is written in
 `agent.kube.events`.  A pod's owner controls its annotations, and so the text of its warnings: a
 pod cycling bad values must cost a bounded number of Events and bounded memory.  Each distinct
