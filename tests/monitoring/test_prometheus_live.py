@@ -8,7 +8,8 @@ Two targets in the job `topolet-agent`:
 - `topolet agent` on this host as root, in the test's private cpuset cgroup (tests/standalone's `node`);
 - an agent run in this process on the HGX sysfs fixture with the NVML stand-in (tests/gpu/fake_nvml.py),
   whose MIG layout cannot be applied (MIG mode is off and not ours to change): the MIG series, the
-  failed state and enforcement off. No GPU exists here; NVML is the one part played by a stand-in.
+  failed state and enforcement off; the test also hangs its reconcile loop while /metrics answers. No
+  GPU exists here; NVML is the one part played by a stand-in.
 
 `test_prometheus_on_the_cluster` does the same for the admission controller: its two replicas on the
 test cluster (real kube-apiserver, kube-controller-manager, kube-scheduler; tests/controlplane) with
@@ -33,7 +34,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -42,9 +43,7 @@ from agent.cli import build_parser
 from agent.enforce.cgroup import read_cpus, write_cpuset
 from agent.metrics import Metrics, MetricsServer, staleness_health
 from agent.standalone.daemon import StandaloneAgent
-from tests.admission.test_controller import gang_job
 from tests.conftest import REPO, require
-from tests.controlplane.cluster import Cluster
 from tests.controlplane.fixtures import cluster as cluster  # noqa: F401 - fixture
 from tests.controlplane.fixtures import cluster_session as cluster_session  # noqa: F401 - fixture
 from tests.gpu.fake_nvml import h100_node
@@ -52,6 +51,9 @@ from tests.gpu.sysfs_fixture import build_hgx
 from tests.standalone.conftest import Held, Node, wait_for
 from tests.standalone.conftest import node as node  # noqa: F401 - fixture
 from tests.standalone.conftest import topology as topology  # noqa: F401 - fixture
+
+if TYPE_CHECKING:
+    from tests.controlplane.cluster import Cluster
 
 RULES = REPO / "daemonset" / "monitoring" / "topolet.rules.yaml"
 DASHBOARDS = REPO / "daemonset" / "dashboards"
@@ -158,12 +160,23 @@ class MigAgent:
         self.server = MetricsServer(self.metrics, "127.0.0.1:0", staleness_health(self.metrics, 15.0))
         self.server.start()
         self.stopped = threading.Event()
+        self.running = threading.Event()
+        self.running.set()
         self.thread = threading.Thread(target=self._loop, name="mig-agent", daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
         while not self.stopped.wait(1.0):
-            self.agent.reconcile()
+            if self.running.is_set():
+                self.agent.reconcile()
+
+    def health(self) -> int:
+        """The HTTP status of its /healthz."""
+        try:
+            with urllib.request.urlopen(f"http://{self.instance}/healthz", timeout=5) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
 
     @property
     def instance(self) -> str:
@@ -387,6 +400,15 @@ def test_prometheus_alerts_and_dashboards_on_real_agents(node: Node, mig_agent: 
         healthy = {"TopoletMIGConfigFailed": {mig}, "TopoletControllerDown": {""}}
         check_alerts(prom, healthy, "after a pin, a refusal and one drift repair")
 
+        # A reconcile loop that hangs while /metrics still answers: stale past the /healthz deadline,
+        # and /healthz says so too by then (the alert reads the age at the last scrape, /healthz now).
+        mig_agent.running.clear()
+        check_alerts(prom, {**healthy, "TopoletReconcileStale": {mig}}, "with the MIG agent's loop hung")
+        assert mig_agent.health() == 503
+        mig_agent.running.set()
+        check_alerts(prom, healthy, "with its loop back")
+        assert mig_agent.health() == 200
+
         # Another writer that keeps rewriting: the drift alert's expression names this agent.
         for _ in range(3):
             rewrite_cpuset(node, held)
@@ -451,6 +473,7 @@ def test_prometheus_on_the_cluster(cluster: Cluster, cluster_nodes: tuple[str, d
     """The admission controller's two replicas and the in-cluster agents under the real Prometheus: a
     gang admitted, one rejected, one waiting, then the leader killed and, last, the standby too."""
     from agent.kube.client import KubeClient
+    from tests.admission.test_controller import gang_job
 
     binary = shutil.which("prometheus")
     require(binary is not None, "needs prometheus (Debian's package: make deps)")
