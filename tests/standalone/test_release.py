@@ -13,6 +13,7 @@ import pytest
 from agent.alloc.request import Request
 from agent.enforce.cgroup import exists, list_children, read_cpus, read_procs
 from agent.enforce.state import Owner
+from agent.standalone.journal import drain_events
 from agent.topology.cpuset import CPUSet
 from tests.standalone.conftest import Node, kill_and_reap, orphan_children, proc_cpus, proc_field, wait_for
 
@@ -73,6 +74,10 @@ def test_both_sigkilled_is_freed_by_the_next_pass(node: Node, freer: str) -> Non
     assert node.state().allocations == ()
     assert node.workload_cgroups() == []
     assert node.pool() == node.allowed
+    if freer == "next-exec":  # told to the agent through the journal: each release once
+        results = [e.result for e in drain_events(node.state_dir)]
+        assert results.count("allocated") == 2  # the dead one and the next
+        assert results.count("released") == 2  # the dead one, reaped by the next exec, and its own
 
 
 def test_shared_launcher_sigkilled_leaves_a_cgroup_the_next_pass_collects(node: Node) -> None:
