@@ -233,11 +233,17 @@ def check_alerts(prom: Prometheus, expected: dict[str, set[str]], what: str) -> 
     assert not diff, f"{what}: alert expressions (got, expected): {diff}"
 
 
-def check_rules_healthy(prom: Prometheus) -> None:
-    """Every rule's last evaluation went without error (no many-to-many join, no bad types)."""
-    for group in prom.api("rules")["groups"]:
+def check_rules_healthy(prom: Prometheus, start: float, fed: str) -> None:
+    """Every rule's last evaluation went without error (no many-to-many join, no bad types), and every
+    recording rule of the group `fed` recorded data since `start`."""
+    groups = prom.api("rules")["groups"]
+    assert fed in {g["name"] for g in groups}
+    for group in groups:
         for rule in group["rules"]:
             assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
+            if group["name"] == fed and rule["type"] == "recording":
+                recorded = prom.query_range(rule["name"], start, time.time())
+                assert has_data(recorded), f"{rule['name']} recorded nothing"
 
 
 # ---- the dashboards --------------------------------------------------------------------------------
@@ -433,7 +439,7 @@ def test_prometheus_alerts_and_dashboards_on_real_agents(node: Node, mig_agent: 
                 "the held allocation, recovered")
         check_alerts(prom, {**healthy, "TopoletCgroupDriftRepeated": {instance}}, "after the restart")
 
-        check_rules_healthy(prom)
+        check_rules_healthy(prom, start, "topolet-agent.records")
 
         end = time.time()
         skipped = check_dashboards(prom, start, end, {})
@@ -513,7 +519,7 @@ def test_prometheus_on_the_cluster(cluster: Cluster, cluster_nodes: tuple[str, d
         standby = replicas[1 - killed]
         scraped(prom, f'topolet_admission_leader{{instance="{standby}"}} == 1', "the standby leading")
         check_alerts(prom, {}, "after the leader was killed")
-        check_rules_healthy(prom)
+        check_rules_healthy(prom, start, "topolet-controller")
         end = time.time()
         skipped = check_dashboards(prom, start, end, {}, running=("the admission controller",))
         assert not any("needs the admission controller" in s for s in skipped)
