@@ -290,6 +290,13 @@ def variable_values(prom: Prometheus, dashboard: dict[str, Any], start: float, e
         if var["type"] == "datasource":
             values[name] = "prometheus"
             continue
+        if var["type"] in ("custom", "interval", "textbox", "constant"):
+            # Their values are written in the dashboard: the saved one, else the first listed.
+            current = var.get("current", {}).get("value")
+            listed = [v.strip() for v in str(var.get("query", "")).split(",") if v.strip()]
+            chosen = [current] if isinstance(current, str) else list(current or listed[:1])
+            values[name] = regex_value(listed) if chosen == ["$__all"] else regex_value(chosen)
+            continue
         assert var["type"] == "query", f"variable {name}: type {var['type']} not handled here"
         query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
         m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", substitute(query, values).strip())
