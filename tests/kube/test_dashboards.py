@@ -364,7 +364,9 @@ def test_stale_means_older_than_the_healthz_deadline() -> None:
     title = "Seconds since last reconcile"
     for dashboard in (fleet, load(NODE)):
         p = panel(dashboard, title)
-        assert "time() - topolet_last_reconcile_timestamp_seconds{" in p["targets"][0]["expr"]
+        # The age when last scraped, as the stale alert measures it: `time() - x` grows between
+        # scrapes and would show a healthy agent red at any scrape interval above the deadline.
+        assert "(timestamp(topolet_last_reconcile_timestamp_seconds{" in p["targets"][0]["expr"]
         assert p["fieldConfig"]["defaults"]["unit"] == "s"
         assert red_from(p) == deadline, title
 
@@ -580,11 +582,11 @@ _SHOWS: list[tuple[str, str, list[tuple[str, float]]]] = [
     (FLEET, "Agents missing", [("{}", 2)]),  # b is down and d never started
     (FLEET, "Agents down", [("{}", 1)]),
     (FLEET, "Agents gone quiet", [("{}", 1)]),  # b; e's node has its new agent
-    (FLEET, "Agents stale", [("{}", 1)]),  # c: alive, its last reconcile 470 s old
+    (FLEET, "Agents stale", [("{}", 1)]),  # c: alive, its last reconcile 465 s old at its last scrape
     (FLEET, "Enforcement off", [("{}", 1)]),
     (FLEET, "Allocation errors", [("{}", 0)]),  # 0, not 'No data'
     (FLEET, "API write errors", [("{}", 0)]),  # no series at all yet: still 0
-    (FLEET, "Seconds since last reconcile", [(A_, 5), (C_, 470), (E_, 5)]),
+    (FLEET, "Seconds since last reconcile", [(A_, 0), (C_, 465), (E_, 0)]),  # as of each last scrape
     (FLEET, "Agent up by node", [(A_, 1), (B_, 0), (C_, 1), (E_, 1)]),
     (FLEET, "Agents gone quiet by node", [('{nodename="n2"}', 290)]),  # b's last reconcile: 5 min
     (FLEET, "Versions", [('{version="0"}', 1), ('{version="1"}', 2)]),
