@@ -6,7 +6,9 @@ a series from the start for each of its known label values (so `increase()` sees
 no `*_created` series are exported, and the registry carries the process metrics (`process_*`).
 
 Values that live elsewhere are read when scraped, not copied in: `watch_cpus(source)` makes
-`topolet_cpus` the engine's CPU states at scrape time, `watch_mig(source)` exports the MIG applier's
+`topolet_cpus` the engine's CPU states at scrape time, `watch_gpus(source)` makes `topolet_gpus{numa,
+state}` (whole GPUs, allocated or free) and `topolet_mig_devices{numa, profile, state}` the GPUs'
+per-zone figures the NRT publishes, at scrape time, `watch_mig(source)` exports the MIG applier's
 totals (`MIG_APPLY_TOTALS`).  `topolet_info` carries `nodename` (never `node`, which scrape configs
 add as a target label).
 
@@ -72,6 +74,10 @@ MIG_APPLY_TOTALS = {
 }
 
 CPURows = Iterable[tuple[int, str, int]]  # (numa, state, count)
+# {numa id (-1: unknown): {resource: (capacity, available)}}: agent.kube.nrt_build.zone_gpus's answer.
+GPUZones = Mapping[int, Mapping[str, tuple[int, int]]]
+GPU_STATES = ("allocated", "free")
+WHOLE_GPU_RESOURCE, MIG_RESOURCE_PREFIX = "nvidia.com/gpu", "nvidia.com/mig-"  # the NRT's names
 
 
 class _CPUStates(Collector):
@@ -112,7 +118,48 @@ class _MigTotals(Collector):
                 for name, text in MIG_APPLY_TOTALS.items()]
 
 
+class _GPUZones(Collector):
+    """`topolet_gpus` and `topolet_mig_devices` from the node's GPUs and holds at scrape time (no GPUs
+    known: no series)."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], GPUZones] | None = None
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (GaugeMetricFamily("topolet_gpus", _GPUS_HELP, labels=("numa", "state")),
+                GaugeMetricFamily("topolet_mig_devices", _MIG_DEVICES_HELP,
+                                  labels=("numa", "profile", "state")))
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return self._families()
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        gpus, mig = self._families()
+        source = self.source
+        zones: GPUZones = {}
+        if source is not None:
+            try:
+                zones = source()
+            except Exception as exc:  # noqa: BLE001 - a scrape must answer whatever the state file holds
+                log.debug("topolet_gpus not read: %s", exc)
+        for numa, resources in sorted(zones.items()):
+            for resource, (capacity, available) in sorted(resources.items()):
+                counts = zip(GPU_STATES, (capacity - available, available), strict=True)
+                if resource == WHOLE_GPU_RESOURCE:
+                    for state, count in counts:
+                        gpus.add_metric((str(numa), state), count)
+                elif resource.startswith(MIG_RESOURCE_PREFIX):
+                    profile = resource[len(MIG_RESOURCE_PREFIX):]
+                    for state, count in counts:
+                        mig.add_metric((str(numa), profile, state), count)
+        return [gpus, mig]
+
+
 _CPUS_HELP = "CPUs by NUMA node and state (exclusive, shared, reserved), read from the state when scraped"
+_GPUS_HELP = ("Whole GPUs (not in MIG mode) by NUMA node (-1: unknown) and state (allocated, free), read "
+              "when scraped")
+_MIG_DEVICES_HELP = ("MIG devices by NUMA node of their GPU, profile (as in nvidia.com/mig-<profile>) and "
+                     "state (allocated, free), read when scraped")
 
 
 def new_registry() -> CollectorRegistry:
@@ -173,6 +220,8 @@ class Metrics:
                                       ["state"], registry=r)
         self._mig_totals = _MigTotals()
         r.register(self._mig_totals)
+        self._gpus = _GPUZones()
+        r.register(self._gpus)
         for result in ALLOCATION_RESULTS:
             self.allocations.labels(result=result)
         for reason in REFUSAL_REASONS:
@@ -203,6 +252,11 @@ class Metrics:
     def watch_cpus(self, source: Callable[[], CPURows] | None) -> None:
         """Serve `topolet_cpus` from `source()` at each scrape (called on the scraping thread)."""
         self._cpus.source = source
+
+    def watch_gpus(self, source: Callable[[], GPUZones] | None) -> None:
+        """Serve `topolet_gpus` and `topolet_mig_devices` from `source()` at each scrape (on the
+        scraping thread); `source` answers as `agent.kube.nrt_build.zone_gpus` does."""
+        self._gpus.source = source
 
     def watch_mig(self, source: Callable[[], Mapping[str, int] | None] | None) -> None:
         """Serve the MIG applier's totals from `source()` (None: no applier yet, all 0) at each scrape."""

@@ -58,13 +58,13 @@ from agent.enforce import detect_layout
 from agent.enforce.state import StateFile
 from agent.errors import EnforcementError, TopoletError
 from agent.kube.mig_status import MigConfigChanged, MigStatus
-from agent.kube.nrt_build import MemoryRequests, Snapshot, kubelet_gpus
+from agent.kube.nrt_build import MemoryRequests, Snapshot, kubelet_gpus, zone_gpus
 from agent.kube.pinner import PodPinner, alloc_id
 from agent.kube.pods import ContainerPlan, PodPlan
 from agent.kube.publisher import RETRY_MAX_SECONDS, Publisher
 from agent.kube.recording import RecordingEngine
 from agent.kube.watch import PodChange, PodWatcher
-from agent.metrics import Metrics, MetricsServer, staleness_health
+from agent.metrics import GPUZones, Metrics, MetricsServer, staleness_health
 from agent.standalone.engine import PinningEngine, cpu_rows
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
@@ -138,6 +138,13 @@ class KubeAgent:
         self.memory_requests: MemoryRequests = {}  # likewise: allocation id → memory it asked for
         self.mig_inventory: MigInventory | None = None  # likewise: NVML's MIG instances, once read
         metrics.set_node(self.node, self.enforce, mode="kubernetes")
+        metrics.watch_gpus(self._gpu_zones if self.gpus else None)
+
+    def _gpu_zones(self) -> GPUZones:
+        """What the NRT would say of the GPUs now: the state file read at scrape time, the kubelet's
+        assignments and the MIG instances as last read (after every pod change and reconcile)."""
+        snap = self.snapshot()
+        return zone_gpus(snap.state, self.gpus, snap.assigned_gpus, snap.mig)
 
     def _gpu_numa_source(self, args: argparse.Namespace
                          ) -> Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None:

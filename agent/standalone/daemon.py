@@ -14,8 +14,11 @@ from typing import Any
 from agent.enforce import detect_layout
 from agent.enforce.state import StateFile
 from agent.errors import EnforcementError, TopoletError
-from agent.gpu.discover import load_nvml
+from agent.gpu.capacity import MigInventory, read_mig_inventory
+from agent.gpu.discover import discover_gpus, load_nvml, nvidia_functions
+from agent.gpu.model import GPU
 from agent.gpu.reconcile import MigReconciler
+from agent.kube.nrt_build import zone_gpus
 from agent.labels import build_labels
 from agent.labels.features_file import write_features_file
 from agent.metrics import (
@@ -23,6 +26,7 @@ from agent.metrics import (
     INVALID,
     REFUSAL_REASONS,
     REFUSED,
+    GPUZones,
     Metrics,
     MetricsServer,
     staleness_health,
@@ -56,6 +60,11 @@ class StandaloneAgent:
             log.warning("CPU pinning disabled: %s", exc)
         engine = self.engine
         metrics.watch_cpus(None if engine is None else lambda: cpu_rows(engine.usage()))
+        # GPUs as `topolet exec --gpus` finds them (once, at start), for topolet_gpus and
+        # topolet_mig_devices: their holds are read from the state file at each scrape.
+        self.gpus = _node_gpus(self.topology, args.fsroot, nvml)
+        self.mig_inventory: MigInventory | None = None  # MIG instances, read after each MIG pass
+        metrics.watch_gpus(self._gpu_zones if self.gpus else None)
         # MIG only when a config is asked; `nvml` (pynvml or a stand-in, initialised) else loads here.
         self.mig: MigReconciler | None = None
         if getattr(args, "mig_config", ""):
@@ -77,6 +86,20 @@ class StandaloneAgent:
         self.metrics.watch_mig(lambda: mig.counters)
         return mig
 
+    def _gpu_zones(self) -> GPUZones:
+        """Whole GPUs less those allocations hold (the state file now), MIG instances as last read."""
+        return zone_gpus(self.state_file.load(missing_ok=True), self.gpus, (), self.mig_inventory)
+
+    def _read_mig_inventory(self, mig: MigReconciler) -> None:
+        """The GPUs' MIG instances for the metrics (in use: a process runs on them); the last read
+        stands when NVML fails."""
+        if not any(g.mig_capable for g in self.gpus):
+            return
+        try:
+            self.mig_inventory = read_mig_inventory(mig.applier, {})
+        except Exception as exc:  # noqa: BLE001 - NVML may fail in any way; the last inventory stands
+            log.warning("MIG instances not read: %s", exc)
+
     def _on_mig_state(self, state: str) -> None:
         """Track the MIG state; publish "pending" at once, as a change starts, not a pass later."""
         self.metrics.set_mig_config_state(state)
@@ -96,6 +119,7 @@ class StandaloneAgent:
             log.warning("MIG reconcile skipped: %s", exc)
             return
         self.metrics.set_mig_config_state(mig.reconcile(self.args.mig_config, held_gpus=held))
+        self._read_mig_inventory(mig)
 
     def _labels(self, topo: Topology) -> dict[str, str]:
         """Every registered source's labels, plus the MIG config and its state when one is managed."""
@@ -149,6 +173,17 @@ class StandaloneAgent:
             log.error("reconcile failed: %s", exc)
         finally:
             self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+
+def _node_gpus(topology: Topology, fsroot: str, nvml: Any) -> tuple[GPU, ...]:
+    """This node's GPUs, through `nvml` when given; none (logged) when discovery fails."""
+    if nvml is None and not nvidia_functions(topology, fsroot)[0]:
+        return ()  # no NVIDIA GPU on the PCI bus: NVML is not loaded for nothing
+    try:
+        return discover_gpus(topology, fsroot, nvml=nvml).gpus
+    except TopoletError as exc:  # GPU figures are a report: pinning goes on without them
+        log.warning("GPU discovery failed; no GPU metrics: %s", exc)
+        return ()
 
 
 def run_agent(args: argparse.Namespace) -> int:

@@ -513,6 +513,18 @@ def test_capacity_panels_say_what_the_issue_asks() -> None:
     # Free CPUs per NUMA zone, from the agents' shared pools.
     zones = panel(dashboard, "Free CPUs by NUMA zone")["targets"][0]["expr"]
     assert f"sum by ({NODE_LABEL}, numa) (topolet_cpus{{" in zones and 'state="shared"' in zones
+    # Free GPUs per NUMA zone and free MIG devices by profile and zone, from the agents.
+    from agent.metrics import GPU_STATES
+
+    gpu_panels = (("Free GPUs by NUMA zone", "topolet_gpus", "numa"),
+                  ("Free MIG devices by profile and zone", "topolet_mig_devices", "numa, profile"))
+    for title, family, by in gpu_panels:
+        found = panel(dashboard, title)
+        (expr,) = [t["expr"] for t in found["targets"]]
+        assert f"sum by ({NODE_LABEL}, {by}) ({family}{{" in expr and 'state="free"' in expr, expr
+        assert "free" in GPU_STATES and expr.endswith(" or on () vector(0)"), expr
+        defaults = found["fieldConfig"]["defaults"]
+        assert (defaults["unit"], defaults["min"], defaults["decimals"]) == ("none", 0, 0), title
 
 
 def test_capacity_gauges_count_the_leader_only() -> None:
@@ -652,6 +664,16 @@ _CONTROLLERS = [
     ('topolet_cpus{job="topolet-agent", instance="a:9470", numa="0", state="shared"}', "3x40"),
     ('topolet_cpus{job="topolet-agent", instance="a:9470", numa="1", state="shared"}', "5x40"),
     ('topolet_cpus{job="topolet-agent", instance="a:9470", numa="1", state="exclusive"}', "4x40"),
+    ('topolet_gpus{job="topolet-agent", instance="a:9470", numa="0", state="free"}', "3x40"),
+    ('topolet_gpus{job="topolet-agent", instance="a:9470", numa="0", state="allocated"}', "1x40"),
+    ('topolet_gpus{job="topolet-agent", instance="a:9470", numa="1", state="free"}', "4x40"),
+    ('topolet_gpus{job="topolet-agent", instance="a:9470", numa="1", state="allocated"}', "0x40"),
+    ('topolet_mig_devices{job="topolet-agent", instance="a:9470", numa="0", profile="1g.10gb", state="free"}',
+     "6x40"),
+    ('topolet_mig_devices{job="topolet-agent", instance="a:9470", numa="0", profile="1g.10gb", '
+     'state="allocated"}', "1x40"),
+    ('topolet_mig_devices{job="topolet-agent", instance="a:9470", numa="1", profile="3g.40gb", state="free"}',
+     "2x40"),
 ]
 _CAPACITY_SHOWS: list[tuple[str, str, list[tuple[str, float]]]] = [
     (CAPACITY, "Replicas leading", [("{}", 1)]),
@@ -662,8 +684,22 @@ _CAPACITY_SHOWS: list[tuple[str, str, list[tuple[str, float]]]] = [
     (CAPACITY, "Pods patched", [("{}", 0)]),
     (CAPACITY, "Free CPUs by NUMA zone", [('{nodename="n1", numa="0"}', 3),
                                           ('{nodename="n1", numa="1"}', 5)]),
+    (CAPACITY, "Free GPUs by NUMA zone", [('{nodename="n1", numa="0"}', 3),
+                                          ('{nodename="n1", numa="1"}', 4)]),  # no 0 beside them
+    (CAPACITY, "Free MIG devices by profile and zone", [('{nodename="n1", numa="0", profile="1g.10gb"}', 6),
+                                                        ('{nodename="n1", numa="1", profile="3g.40gb"}', 2)]),
+]
+# An agent on a node without GPUs: it exports neither GPU family.
+_NO_GPUS = [s for s in _CONTROLLERS if not s[0].startswith(("topolet_gpus", "topolet_mig_devices"))]
+_NO_GPUS_SHOWS: list[tuple[str, str, list[tuple[str, float]]]] = [
+    (CAPACITY, "Free GPUs by NUMA zone", [("{}", 0)]),  # 0, not 'No data'
+    (CAPACITY, "Free MIG devices by profile and zone", [("{}", 0)]),
 ]
 
 
 def test_capacity_panels_count_the_leader_once() -> None:
     evaluate(_CONTROLLERS, _CAPACITY_SHOWS, CONTROLLER_JOB)
+
+
+def test_gpu_panels_read_0_without_gpus() -> None:
+    evaluate(_NO_GPUS, _NO_GPUS_SHOWS, CONTROLLER_JOB)
