@@ -68,7 +68,7 @@ from typing import Any
 from agent.admission import jobs, placing
 from agent.admission.jobs import JobSpecError
 from agent.admission.metrics import AdmissionMetrics
-from agent.admission.model import ClusterView, Gang, Placement, Refusal
+from agent.admission.model import ClusterView, Gang, Placement, Refusal, Resources
 from agent.admission.placing import AdmissionRecord, SlotPlacement
 from agent.admission.queues import Blocked, Pending, admission_pass
 from agent.errors import KubeAPIError
@@ -386,6 +386,9 @@ class Controller:
         self._placing_lock = threading.Lock()
         self._records: dict[str, AdmissionRecord] = {}  # annotation text -> decoded record
         self._records_seen: set[str] = set()  # texts read this pass
+        # A pod's requests by (uid, resourceVersion): parsing quantities is most of a view's build.
+        self._requests: dict[tuple[str, str], Resources | None] = {}
+        self._pins: dict[tuple[str, str], bool] = {}  # whether the node's agent pins a pod, likewise
         self._writes: list[Future[Any]] = []  # this pass's writes in flight (drained before it ends)
         self._written = 0  # writes submitted this pass (logged)
         self._conflicts = 0  # writes refused with 409 since the start (logged; under _placing_lock)
@@ -779,8 +782,8 @@ class Controller:
     def _view(self, admitted: list[tuple[dict[str, Any], AdmissionRecord]],
               pods: list[dict[str, Any]]) -> ClusterView:
         """The engine's view of the cluster now, after the ledger of admitted Jobs' slots."""
-        from agent.admission.ledger import Entry
-        from agent.admission.view import build_view
+        from agent.admission.ledger import Entry, agent_pins
+        from agent.admission.view import build_view, pod_requests
 
         now = self.clock()
         live = {jobs.job_key(job) for job, _ in admitted}
@@ -797,13 +800,35 @@ class Controller:
                       for slot, p in sorted(record.slots.items())]
         if added:
             self.ledger = replace(self.ledger, entries=self.ledger.entries + tuple(added))
+        pins_seen: dict[tuple[str, str], bool] = {}
+
+        def pinned(pod: Mapping[str, Any]) -> bool:
+            meta = _meta(pod)
+            key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
+            if key not in self._pins:
+                self._pins[key] = agent_pins(pod)
+            pins_seen[key] = self._pins[key]
+            return pins_seen[key]
+
         self.ledger = self.ledger.settle(self.nrts.snapshot(), pods, now, live_gangs=live,
-                                         slot_of=self._slot_of)
+                                         slot_of=self._slot_of, pinned=pinned)
+        self._pins = pins_seen  # only the pod versions this settle read
         self._ledgered = {k for k in self._ledgered if k[0] in live}
         self.metrics.ledger_entries.set(len(self.ledger))
         nodes = self.nodes.snapshot()
+        seen: dict[tuple[str, str], Resources | None] = {}
+
+        def requests_of(pod: Mapping[str, Any]) -> Resources | None:
+            meta = _meta(pod)
+            key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
+            if key not in self._requests:
+                self._requests[key] = pod_requests(pod)
+            seen[key] = self._requests[key]
+            return seen[key]
+
         view, left_out = build_view(nodes, self.nrts.snapshot(), pods, self.ledger, now,
-                                    slot_of=self._slot_of)
+                                    slot_of=self._slot_of, requests_of=requests_of)
+        self._requests = seen  # only the pod versions this view read
         counts = {"usable": len(view.nodes), "stale": 0, "not_ready": 0}
         for node in nodes:
             if str(_meta(node).get("name")) in left_out:

@@ -15,8 +15,9 @@ Public API:
 - `job_slot(pod) -> (gang, slot) | None`: the default way a pod names its entry: gang
   `<namespace>/<job name>` (label `batch.kubernetes.io/job-name`, else `job-name`), slot its
   completion index (annotation `batch.kubernetes.io/job-completion-index`), else the pod's name.
-- `pinned_eligible(pods, node) -> tuple[(namespace, name), ...]`: the pods bound to `node` that the
-  node's agent pins (running, not terminal, with a container owed exclusive CPUs).
+- `agent_pins(pod) -> bool`: whether the node's agent pins the pod (running, not terminal, with a
+  container owed exclusive CPUs); `pinned_eligible(pods, node, pinned=None) -> tuple[(namespace,
+  name), ...]`: the pods bound to `node` it pins (`pinned`: a cache of `agent_pins`).
 
 When an entry clears (each rule is checked in order by `settle`):
 
@@ -101,7 +102,7 @@ def _terminal(pod: Mapping[str, Any]) -> bool:
     return _str_map(pod.get("status")).get("phase") in TERMINAL_PHASES
 
 
-def _pinned(pod: Mapping[str, Any]) -> bool:
+def agent_pins(pod: Mapping[str, Any]) -> bool:
     """Whether the node's agent holds exclusive CPUs for this pod (it pins running containers)."""
     if _terminal(pod) or _meta(pod).get("deletionTimestamp"):
         return False
@@ -112,11 +113,14 @@ def _pinned(pod: Mapping[str, Any]) -> bool:
     return any(c.exclusive for c in plan.containers)
 
 
-def pinned_eligible(pods: Iterable[Mapping[str, Any]], node: str) -> tuple[tuple[str, str], ...]:
-    """(namespace, name) of the pods bound to `node` that its agent pins, sorted."""
+def pinned_eligible(pods: Iterable[Mapping[str, Any]], node: str,
+                    pinned: Callable[[Mapping[str, Any]], bool] | None = None) -> tuple[tuple[str, str], ...]:
+    """(namespace, name) of the pods bound to `node` that its agent pins, sorted (`pinned`: a cache
+    of whether the agent pins a pod, by default worked out each time)."""
+    pins = pinned or agent_pins
     out = []
     for pod in pods:
-        if _node_of(pod) == node and _pinned(pod):
+        if _node_of(pod) == node and pins(pod):
             meta = _meta(pod)
             out.append((str(meta.get("namespace")), str(meta.get("name"))))
     return tuple(sorted(out))
@@ -166,7 +170,8 @@ class Ledger:
 
     def settle(self, nrts: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
                now: float, live_gangs: Collection[str] | None = None,
-               slot_of: SlotOf = job_slot) -> Ledger:
+               slot_of: SlotOf = job_slot,
+               pinned: Callable[[Mapping[str, Any]], bool] | None = None) -> Ledger:
         """This ledger less the entries that cleared (see the module docstring for the rule)."""
         if not self.entries:
             return self
@@ -203,7 +208,7 @@ class Ledger:
                             for pod in pod_list:
                                 if (node := _node_of(pod)) is not None:
                                     by_node.setdefault(node, []).append(pod)
-                        seen[e.node] = pinned_eligible(by_node.get(e.node, ()), e.node)
+                        seen[e.node] = pinned_eligible(by_node.get(e.node, ()), e.node, pinned)
                     eligible = seen[e.node]
                     meta = _meta(mine)
                     me = (str(meta.get("namespace")), str(meta.get("name")))

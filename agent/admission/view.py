@@ -32,7 +32,7 @@ or zone.  `view.empty` is the same nodes with allocatable figures and nothing us
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -243,8 +243,12 @@ def _less_zone(zone: Zone, r: Resources) -> Zone:
 def build_view(nodes: Iterable[Mapping[str, Any]], nrts: Iterable[Mapping[str, Any]],
                pods: Iterable[Mapping[str, Any]], ledger: Ledger, now: float,
                gpu_mix: tuple[tuple[Resources, float], ...] = (),
-               slot_of: SlotOf = job_slot) -> tuple[ClusterView, dict[str, str]]:
-    """The view of `nodes` (with their NRTs, bound pods and the ledger) and the nodes left out."""
+               slot_of: SlotOf = job_slot,
+               requests_of: Callable[[Mapping[str, Any]], Resources | None] = pod_requests,
+               ) -> tuple[ClusterView, dict[str, str]]:
+    """The view of `nodes` (with their NRTs, bound pods and the ledger) and the nodes left out.
+
+    `requests_of` is `pod_requests` or a cache of it (the controller keeps one per pod version)."""
     del now  # the ledger was settled by the caller at `now`; the view itself is timeless
     by_name: dict[str, Mapping[str, Any]] = {}
     for nrt in nrts:
@@ -264,7 +268,7 @@ def build_view(nodes: Iterable[Mapping[str, Any]], nrts: Iterable[Mapping[str, A
             continue
         if _map(pod.get("status")).get("phase") in TERMINAL_PHASES:
             continue
-        r = pod_requests(pod)
+        r = requests_of(pod)
         if r is None:
             bad_pods[node] = f"pod {_map(pod.get('metadata')).get('name')} has malformed requests"
             continue
