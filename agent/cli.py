@@ -28,10 +28,14 @@ else:
         def __init__(self, **values: object) -> None:
             self.__dict__.update(values)
 
-DISCOVER_FORMATS = ("table", "json", "yaml", "labels", "conformance")
+DISCOVER_FORMATS = ("table", "json", "yaml", "labels", "conformance", "svg", "png")
 
 
 def _discover(args: argparse.Namespace) -> int:
+    if args.format in ("svg", "png") or args.output:
+        from agent.render.command import run_discover_picture
+
+        return run_discover_picture(args)
     from agent.topology.report import run_discover
 
     return run_discover(args)
@@ -70,6 +74,10 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    if args.watch or args.format in ("svg", "png") or args.output:
+        from agent.render.command import run_status_view
+
+        return run_status_view(args)
     from agent.standalone.launch import run_status
 
     return run_status(args)
@@ -87,7 +95,7 @@ def plain_discover_args(words: Sequence[str]) -> argparse.Namespace | None:
     None sends the words to argparse, which parses them the same way or words the error, so this
     path accepts only what argparse would accept, with the same values.
     """
-    values: dict[str, object] = {"fsroot": "/", "format": "table", "gfd_compat": False}
+    values: dict[str, object] = {"fsroot": "/", "format": "table", "gfd_compat": False, "output": None}
     i = 0
     while i < len(words):
         word = words[i]
@@ -120,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--fsroot", default="/", help="file-system root to read (a sysfs dump), default /")
     d.add_argument("--format", default="table", choices=DISCOVER_FORMATS,
                    help="table (default), json or yaml (the model; json feeds `alloc --topology`), labels "
-                        "(the node labels), conformance (what the hwloc conformance grader compares)")
+                        "(the node labels), conformance (what the hwloc conformance grader compares), svg or "
+                        "png (a picture of the machine, as lstopo draws it)")
+    d.add_argument("--output", default=None, help="with --format svg or png: write the picture to this file")
     d.add_argument("--gfd-compat", action="store_true",
                    help="also print GPU Feature Discovery's nvidia.com/* labels")
     d.set_defaults(handler=_discover)
@@ -216,8 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of the allocation state file, default /var/lib/topolet")
     s.add_argument("--cgroup-root", default=None,
                    help="cgroup (cpuset) folder to read (default: auto-detected)")
-    s.add_argument("--format", default="table", choices=["table", "json"],
-                   help="table (default) or json")
+    s.add_argument("--format", default="table", choices=["table", "json", "svg", "png"],
+                   help="table (default), json, or svg or png (the machine, each allocation's CPUs coloured)")
+    s.add_argument("--output", default=None, help="with --format svg or png: write the picture to this file")
+    s.add_argument("--watch", action="store_true",
+                   help="a live view: per NUMA node the CPUs exclusive, shared and reserved and who holds "
+                        "them, redrawn until Ctrl-C (frames separated by a form feed when not a terminal)")
+    s.add_argument("--interval", type=float, default=2.0,
+                   help="seconds between --watch frames, default 2")
     s.set_defaults(handler=_status)
 
     c = sub.add_parser("controller", help="run the central admission controller (gangs of queued Jobs)")
