@@ -158,3 +158,50 @@ def test_frame_shows_each_numa_nodes_cpus_and_who_holds_them() -> None:
     assert "      8  BB.....#" in lines
     assert f"  A  pod {UID}/main  CPUs 0-3  mems 0" in lines
     assert "  B  pid 42 (exec-42-7), gone  CPUs 6,8-9" in lines
+
+
+def test_png_without_pillow_says_how_to_get_it(dump_root, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import sys
+
+    code = ("import sys; sys.modules['PIL'] = None; from agent.cli import main; "
+            f"sys.exit(main(['discover', '--fsroot', {str(dump_root(DUMP))!r}, '--format', 'png', "
+            f"'--output', {str(tmp_path / 'x.png')!r}]))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 2
+    why = "topolet discover: PNG output needs Pillow: pip install pillow (or use --format svg)\n"
+    assert result.stderr.endswith(why)
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("command", ["discover", "status"])
+def test_output_goes_with_a_picture_format_only(command: str, tmp_path: Path) -> None:
+    result = _run(command, "--format", "json", "--output", str(tmp_path / "x"))
+    assert result.returncode == 2
+    assert "--output is for the pictures" in result.stderr.decode()
+    assert not (tmp_path / "x").exists()
+
+
+def test_watch_on_a_terminal_clears_the_screen_for_each_frame(tmp_path: Path) -> None:
+    import pty
+
+    _, held, _ = _machine_state(tmp_path)
+    main, sub = pty.openpty()
+    words = ["status", "--watch", "--interval", "0.2", "--state-dir", str(tmp_path)]
+    proc = subprocess.Popen([topolet_bin(), *words], stdout=sub, stderr=subprocess.PIPE)
+    os.close(sub)
+    buf = b""
+    try:
+        deadline = time.monotonic() + 60
+        while buf.count(b"\x1b[H\x1b[2J") < 3 and time.monotonic() < deadline:
+            if select.select([main], [], [], 0.5)[0]:
+                buf += os.read(main, 65536)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        os.close(main)
+    assert proc.returncode == 0, err
+    frames = buf.decode().split("\x1b[H\x1b[2J")
+    assert frames[0] == "" and len(frames) >= 4
+    assert b"\f" not in buf
+    assert all(f"pod {UID}/main  CPUs {held.cpulist()}" in f for f in frames[1:3])
