@@ -162,6 +162,22 @@ class Reflector:
             if old is None or _rv(obj) >= _rv(old):
                 self.items[key] = obj
 
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        """One watch event into the store.
+
+        A write's response may already be stored (`put`) when the watch delivers an older version of
+        the object: the newer one stays.  Else an admitted Job would look undecided for a pass, its
+        ledger entries would be dropped, and its capacity could be given twice."""
+        key = _key(obj)
+        with self._lock:
+            if kind == "DELETED":
+                self.items.pop(key, None)
+            elif kind in ("ADDED", "MODIFIED"):
+                old = self.items.get(key)
+                if (old is None or _rv(obj) >= _rv(old)
+                        or _meta(old).get("uid") != _meta(obj).get("uid")):
+                    self.items[key] = obj
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"watch-{self.what}", daemon=True)
         self._thread.start()
@@ -238,12 +254,7 @@ class Reflector:
                     self._rv = rv
                 if kind == "BOOKMARK":
                     continue
-                key = _key(obj)
-                with self._lock:
-                    if kind == "DELETED":
-                        self.items.pop(key, None)
-                    elif kind in ("ADDED", "MODIFIED"):
-                        self.items[key] = obj
+                self.apply(str(kind), obj)
                 if self.matters(str(kind), obj):
                     self.changed.set()
         finally:

@@ -137,6 +137,31 @@ def test_events_are_queued_bounded_and_sent_off_the_pass(api: KubeClient, namesp
     assert sorted(events(api, namespace, "ev")) == ["Admitted", "Waiting"]
 
 
+def test_the_store_keeps_a_written_version_over_an_older_watch_event(api: KubeClient) -> None:
+    """A write's response stored first, then the watch delivering the version before it: the Job must
+    not look undecided again (its ledger entries would be dropped and its capacity given twice)."""
+    import threading
+
+    from agent.admission.controller import Reflector
+
+    store = Reflector(api, "/apis/batch/v1/jobs", "jobs", threading.Event())
+    job = {"metadata": {"namespace": "ns", "name": "g", "uid": "u1", "resourceVersion": "10"}}
+    admitted = {"metadata": {**job["metadata"], "resourceVersion": "12",
+                             "annotations": {ADMISSION: "{}"}}}
+    store.put(admitted)
+    store.apply("MODIFIED", job)  # the Job controller's status write, older than ours
+    assert store.snapshot() == [admitted]
+    newer = {"metadata": {**admitted["metadata"], "resourceVersion": "13"}}
+    store.apply("MODIFIED", newer)
+    assert store.snapshot() == [newer]
+    # The same name with another uid is another object: it replaces whatever version is stored.
+    again = {"metadata": {"namespace": "ns", "name": "g", "uid": "u2", "resourceVersion": "5"}}
+    store.apply("ADDED", again)
+    assert store.snapshot() == [again]
+    store.apply("DELETED", again)
+    assert store.snapshot() == []
+
+
 @pytest.mark.parametrize(("zones", "largest", "ratio"), [
     ((), 0.0, 0.0),
     (_zones((16, 16), (16, 16)), 16.0, 0.0),  # every free CPU in an empty zone
