@@ -54,6 +54,18 @@ class DumpNode:
     def state_dir(self) -> str:
         return str(self.tmp / "state")
 
+    def in_process_args(self, pod_resources: str, reconcile_seconds: float) -> Any:
+        """`topolet agent` arguments for an in-process KubeAgent on this node (enforcement off, no
+        labels, metrics on a free port) that asks `pod_resources` for the kubelet's assignments."""
+        from agent.cli import build_parser
+
+        return build_parser().parse_args([
+            "agent", "--mode", "kubernetes", "--kubeconfig", str(self.tmp / "agent.kubeconfig"),
+            "--node-name", self.name, "--state-dir", self.state_dir, "--fsroot", str(self.fsroot),
+            "--enforcement", "off", "--features-dir", str(self.tmp / "features.d"),
+            "--listen", "127.0.0.1:0", "--label-sink", "none", "--reconcile-seconds", str(reconcile_seconds),
+            "--pod-resources-socket", pod_resources])
+
     def start_agent(self, *extra: str) -> None:
         from tests.conftest import REPO, topolet_bin
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from agent.cli import build_parser
 from agent.kube.daemon import KubeAgent
 from agent.kube.podresources.client import Device
 from agent.metrics import Metrics, MetricsServer
@@ -44,12 +43,7 @@ def test_a_pods_gpu_and_mig_device_are_allocated_in_the_next_scrape(
     nvml.create_instance(0, "1g.10gb", 1)
     nvml.create_instance(1, "3g.40gb", 0)
     with PodResourcesStandIn() as kubelet:
-        args = build_parser().parse_args([
-            "agent", "--mode", "kubernetes", "--kubeconfig", str(node.tmp / "agent.kubeconfig"),
-            "--node-name", node.name, "--state-dir", node.state_dir, "--fsroot", str(node.fsroot),
-            "--enforcement", "off", "--features-dir", str(node.tmp / "features.d"),
-            "--listen", "127.0.0.1:0", "--label-sink", "none", "--reconcile-seconds", "3600",
-            "--pod-resources-socket", kubelet.path])
+        args = node.in_process_args(kubelet.path, 3600)
         metrics = Metrics()
         agent = KubeAgent(args, metrics, nvml=nvml, gpus=GPUS)
         server = MetricsServer(metrics, "127.0.0.1:0", lambda: (True, "ok"))

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from agent.cli import build_parser
 from agent.enforce.state import State
 from agent.gpu.applier import MigApplier
 from agent.gpu.capacity import MigInventory, read_mig_inventory
@@ -125,12 +124,7 @@ def test_agent_publishes_mig_instances_less_those_the_kubelet_assigned(
     nvml.create_instance(0, "1g.10gb", 1)
     nvml.create_instance(1, "3g.40gb", 0)
     with PodResourcesStandIn() as kubelet:
-        args = build_parser().parse_args([
-            "agent", "--mode", "kubernetes", "--kubeconfig", str(node.tmp / "agent.kubeconfig"),
-            "--node-name", node.name, "--state-dir", node.state_dir, "--fsroot", str(node.fsroot),
-            "--enforcement", "off", "--features-dir", str(node.tmp / "features.d"),
-            "--listen", "127.0.0.1:0", "--label-sink", "none", "--reconcile-seconds", "0.3",
-            "--pod-resources-socket", kubelet.path])
+        args = node.in_process_args(kubelet.path, 0.3)
         agent = KubeAgent(args, Metrics(), nvml=nvml, gpus=GPUS[:2])
         stop = threading.Event()
         thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)

@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import signal
+import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -89,6 +90,16 @@ def _value(samples: Samples, name: str, **labels: str) -> float | None:
     return None
 
 
+def listening_port(agent: subprocess.Popen[bytes], err: Path) -> int:
+    """The port an agent started with `--listen 127.0.0.1:0` serves on, from its log."""
+    def port() -> int | None:
+        m = re.search(r"serving /metrics and /healthz on [^ ]*:(\d+)", err.read_text())
+        if agent.poll() is not None:
+            pytest.fail(f"agent exited {agent.returncode}: {err.read_text()}")
+        return int(m.group(1)) if m else None
+
+    return int(str(wait_for(port, "the agent to listen")))
+
 def test_agent_serves_metrics_health_and_labels_and_stops_on_sigterm(node: Node) -> None:
     # Work done before the agent runs reaches it through the event journal.
     node.run_reporter(1)
@@ -98,14 +109,7 @@ def test_agent_serves_metrics_health_and_labels_and_stops_on_sigterm(node: Node)
     agent, err = node.start(node.topolet(
         "agent", "--state-dir", node.state_dir, "--features-dir", node.features_dir,
         "--cgroup-root", node.root, "--listen", "127.0.0.1:0", "--reconcile-seconds", "0.2"))
-
-    def port() -> int | None:
-        m = re.search(r"serving /metrics and /healthz on [^ ]*:(\d+)", err.read_text())
-        if agent.poll() is not None:
-            pytest.fail(f"agent exited {agent.returncode}: {err.read_text()}")
-        return int(m.group(1)) if m else None
-
-    p = int(str(wait_for(port, "the agent to listen")))
+    p = listening_port(agent, err)
     status, body = _scrape(p, "/healthz")
     assert status == 200, body
 
@@ -196,14 +200,7 @@ def test_cpu_gauge_is_current_at_scrape_time_between_reconciles(node: Node) -> N
     agent, err = node.start(node.topolet(
         "agent", "--state-dir", node.state_dir, "--features-dir", node.features_dir,
         "--cgroup-root", node.root, "--listen", "127.0.0.1:0", "--reconcile-seconds", "3600"))
-
-    def port() -> int | None:
-        m = re.search(r"serving /metrics and /healthz on [^ ]*:(\d+)", err.read_text())
-        if agent.poll() is not None:
-            pytest.fail(f"agent exited {agent.returncode}: {err.read_text()}")
-        return int(m.group(1)) if m else None
-
-    p = int(str(wait_for(port, "the agent to listen")))
+    p = listening_port(agent, err)
 
     def now() -> tuple[float, float]:
         s = _samples(_scrape(p, "/metrics")[1])

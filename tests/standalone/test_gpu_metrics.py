@@ -10,7 +10,6 @@ state file, which the agent reads at each scrape — no reconcile runs in betwee
 
 from __future__ import annotations
 
-import argparse
 import os
 import urllib.request
 from collections.abc import Iterator
@@ -21,28 +20,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.alloc.request import Request
-from agent.cli import build_parser
 from agent.enforce.state import Owner
 from agent.kube.recording import RecordingEngine
 from agent.metrics import Metrics, MetricsServer
 from agent.standalone.daemon import StandaloneAgent
 from tests.gpu.fake_nvml import FakeNVML, h100_node
-from tests.gpu.sysfs_fixture import build_hgx
+from tests.standalone.test_mig_agent import agent_args
+from tests.standalone.test_mig_agent import hgx as hgx  # noqa: F401 - fixture
 
 Series = dict[tuple[tuple[str, str], ...], float]
 
 
-@pytest.fixture(scope="module")
-def hgx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_hgx(tmp_path_factory.mktemp("hgx"))
-
-
-def agent_args(tmp_path: Path, fsroot: Path, *extra: str) -> argparse.Namespace:
-    features = tmp_path / "features.d"
-    features.mkdir(exist_ok=True)
-    return build_parser().parse_args([
-        "agent", "--fsroot", str(fsroot), "--state-dir", str(tmp_path / "state"),
-        "--features-dir", str(features), "--cgroup-root", str(tmp_path / "not-a-cgroup"), *extra])
 
 
 def fake(gpus: int, **kw: Any) -> FakeNVML:
