@@ -63,7 +63,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from agent.admission import jobs, placing
 from agent.admission.jobs import JobSpecError
@@ -76,6 +76,7 @@ from agent.kube.client import KubeClient, WatchStream, resource_path
 from agent.kube.leader import LeaderElector
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 COMPONENT = "topolet.io/controller"
 LEASE_NAME = "topolet-controller"
@@ -263,6 +264,28 @@ class Reflector:
         return False
 
 
+class PodVersionCache(Generic[T]):
+    """`compute(pod)` once per pod version (uid, resourceVersion); `forget_unread()` drops the
+    versions not read since the last call, so it holds one entry per live pod."""
+
+    def __init__(self, compute: Callable[[Mapping[str, Any]], T]) -> None:
+        self.compute = compute
+        self._held: dict[tuple[str, str], T] = {}
+        self._read: dict[tuple[str, str], T] = {}
+
+    def of(self, pod: Mapping[str, Any]) -> T:
+        meta = _meta(pod)
+        key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
+        if key in self._read:
+            return self._read[key]
+        value = self._held[key] if key in self._held else self.compute(pod)
+        self._read[key] = value
+        return value
+
+    def forget_unread(self) -> None:
+        self._held, self._read = self._read, {}
+
+
 # -- Events on Jobs ---------------------------------------------------------------------------------
 
 class JobEvents:
@@ -397,9 +420,13 @@ class Controller:
         self._placing_lock = threading.Lock()
         self._records: dict[str, AdmissionRecord] = {}  # annotation text -> decoded record
         self._records_seen: set[str] = set()  # texts read this pass
-        # A pod's requests by (uid, resourceVersion): parsing quantities is most of a view's build.
-        self._requests: dict[tuple[str, str], Resources | None] = {}
-        self._pins: dict[tuple[str, str], bool] = {}  # whether the node's agent pins a pod, likewise
+        # A pod's requests, and whether its node's agent pins it, by pod version: parsing quantities
+        # and planning pods is most of a view's build on a big cluster.
+        from agent.admission.ledger import agent_pins
+        from agent.admission.view import pod_requests
+
+        self._requests: PodVersionCache[Resources | None] = PodVersionCache(pod_requests)
+        self._pins: PodVersionCache[bool] = PodVersionCache(agent_pins)
         self._writes: list[Future[Any]] = []  # this pass's writes in flight (drained before it ends)
         self._written = 0  # writes submitted this pass (logged)
         self._conflicts = 0  # writes refused with 409 since the start (logged; under _placing_lock)
@@ -793,8 +820,8 @@ class Controller:
     def _view(self, admitted: list[tuple[dict[str, Any], AdmissionRecord]],
               pods: list[dict[str, Any]]) -> ClusterView:
         """The engine's view of the cluster now, after the ledger of admitted Jobs' slots."""
-        from agent.admission.ledger import Entry, agent_pins
-        from agent.admission.view import build_view, pod_requests
+        from agent.admission.ledger import Entry
+        from agent.admission.view import build_view
 
         now = self.clock()
         live = {jobs.job_key(job) for job, _ in admitted}
@@ -811,35 +838,15 @@ class Controller:
                       for slot, p in sorted(record.slots.items())]
         if added:
             self.ledger = replace(self.ledger, entries=self.ledger.entries + tuple(added))
-        pins_seen: dict[tuple[str, str], bool] = {}
-
-        def pinned(pod: Mapping[str, Any]) -> bool:
-            meta = _meta(pod)
-            key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
-            if key not in self._pins:
-                self._pins[key] = agent_pins(pod)
-            pins_seen[key] = self._pins[key]
-            return pins_seen[key]
-
         self.ledger = self.ledger.settle(self.nrts.snapshot(), pods, now, live_gangs=live,
-                                         slot_of=self._slot_of, pinned=pinned)
-        self._pins = pins_seen  # only the pod versions this settle read
+                                         slot_of=self._slot_of, pinned=self._pins.of)
+        self._pins.forget_unread()
         self._ledgered = {k for k in self._ledgered if k[0] in live}
         self.metrics.ledger_entries.set(len(self.ledger))
         nodes = self.nodes.snapshot()
-        seen: dict[tuple[str, str], Resources | None] = {}
-
-        def requests_of(pod: Mapping[str, Any]) -> Resources | None:
-            meta = _meta(pod)
-            key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
-            if key not in self._requests:
-                self._requests[key] = pod_requests(pod)
-            seen[key] = self._requests[key]
-            return seen[key]
-
         view, left_out = build_view(nodes, self.nrts.snapshot(), pods, self.ledger, now,
-                                    slot_of=self._slot_of, requests_of=requests_of)
-        self._requests = seen  # only the pod versions this view read
+                                    slot_of=self._slot_of, requests_of=self._requests.of)
+        self._requests.forget_unread()
         counts = {"usable": len(view.nodes), "stale": 0, "not_ready": 0}
         for node in nodes:
             if str(_meta(node).get("name")) in left_out:

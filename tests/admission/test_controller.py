@@ -11,7 +11,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +135,29 @@ def test_events_are_queued_bounded_and_sent_off_the_pass(api: KubeClient, namesp
     sender.stop()
     assert sender.writes == 2 and sender.failures == 0
     assert sorted(events(api, namespace, "ev")) == ["Admitted", "Waiting"]
+
+
+def test_pod_version_cache_computes_once_per_version_and_forgets_unread_ones() -> None:
+    from agent.admission.controller import PodVersionCache
+
+    calls: list[str] = []
+
+    def compute(pod: Mapping[str, Any]) -> int:
+        calls.append(pod["metadata"]["resourceVersion"])
+        return len(calls)
+
+    cache = PodVersionCache(compute)
+
+    def pod(rv: str, uid: str = "u") -> dict[str, Any]:
+        return {"metadata": {"uid": uid, "resourceVersion": rv}}
+
+    assert cache.of(pod("1")) == 1 and cache.of(pod("1")) == 1
+    cache.forget_unread()
+    assert cache.of(pod("1")) == 1 and cache.of(pod("2", "v")) == 2  # kept; a new version computed
+    cache.forget_unread()
+    cache.forget_unread()  # nothing read in between: everything forgotten
+    assert cache.of(pod("1")) == 3
+    assert calls == ["1", "2", "1"]
 
 
 def test_the_store_keeps_a_written_version_over_an_older_watch_event(api: KubeClient) -> None:
