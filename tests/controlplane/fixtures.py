@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -102,6 +103,16 @@ def cluster(cluster_session: Cluster) -> Iterator[Cluster]:
     """The test cluster: .add_node(name, fsroot, labels=, taints=, reserved_cpus=, agent=), .nodes,
     .nrt(name), .set_ready(name, ready), .plane (the ControlPlane), .logs(); the nodes a test adds are
     removed after it, and the components' and agents' logs are printed when it fails."""
+    plane = cluster_session.plane
+    if not plane.apiserver_running():
+        # An earlier test (or a process outside this session) took the cluster's API server down; say
+        # so with its log's tail, and bring it back on the same port and data as the shared plane's
+        # fixture does, rather than failing every later test of the session.
+        log = plane.workdir / "kube-apiserver.log"
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+        print(f"the test cluster's API server was down; restarting it. Its log ends:\n{tail}",
+              file=sys.stderr)
+        plane.start_apiserver()
     before = set(cluster_session.nodes)
     yield cluster_session
     # Captured output: pytest shows it only for a failing test.
