@@ -163,6 +163,11 @@ class Node:
     tmp: Path
     launched: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _count: int = 0
+    earlier: set[int] = field(default_factory=set)  # this process's children before the test
+
+    def orphans(self) -> list[int]:
+        """Children handed to this process during the test that no Popen of it accounts for."""
+        return orphan_children({p.pid for p in self.launched} | self.earlier)
 
     @property
     def capacity(self) -> int:
@@ -274,8 +279,11 @@ def node(tmp_path: Path, topology: Topology) -> Iterator[Node]:
     create_cgroup(system, name, cpus=cpus, mems=mems)
     root = system.abspath(name)
     _set_subreaper(True)
+    # Children this process had before the test (another fixture's control plane, say) are not the
+    # test's orphans: only those that appear during it are reaped.
+    earlier = set(orphan_children(set()))
     n = Node(root, detect_layout(root), topology, cpus & topology.cpus, mems,
-             str(tmp_path / "state"), str(tmp_path / "features.d"), tmp_path)
+             str(tmp_path / "state"), str(tmp_path / "features.d"), tmp_path, earlier=earlier)
     try:
         yield n
     finally:
@@ -284,6 +292,6 @@ def node(tmp_path: Path, topology: Topology) -> Iterator[Node]:
                 p.kill()
             p.wait()
         _remove_tree(system, name)
-        for pid in orphan_children({p.pid for p in n.launched}):
+        for pid in n.orphans():
             kill_and_reap(pid)
         _set_subreaper(False)

@@ -14,7 +14,7 @@ from functools import partial
 from agent.enforce.cgroup import list_children, read_cpus, read_procs
 from agent.enforce.state import State, StateFile
 from agent.topology.cpuset import CPUSet
-from tests.standalone.conftest import Node, kill_and_reap, orphan_children, proc_cpus, proc_field, wait_for
+from tests.standalone.conftest import Node, kill_and_reap, proc_cpus, proc_field, wait_for
 
 CYCLES = 200
 KILLS = 25
@@ -138,7 +138,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_double_assigns_nothing(node
         before = StateFile(node.state_dir).load(missing_ok=True)
         _check_after_reconcile(node, journal, before)
         # End the round: every orphaned sleeper dies, and one pass gives every CPU back.
-        for pid in orphan_children({p.pid for p in node.launched}):
+        for pid in node.orphans():
             kill_and_reap(pid)
         state = _check_after_reconcile(node, journal, before)
         assert state.allocations == (), f"seed {seed}: {state.allocations} outlived their processes"

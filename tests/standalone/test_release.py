@@ -15,7 +15,7 @@ from agent.enforce.cgroup import exists, list_children, read_cpus, read_procs
 from agent.enforce.state import Owner
 from agent.standalone.journal import drain_events
 from agent.topology.cpuset import CPUSet
-from tests.standalone.conftest import Node, kill_and_reap, orphan_children, proc_cpus, proc_field, wait_for
+from tests.standalone.conftest import Node, kill_and_reap, proc_cpus, proc_field, wait_for
 
 
 def _cgroup(node: Node, alloc_id: str) -> str:
@@ -99,7 +99,7 @@ def test_launcher_sigkilled_at_random_moments_leaves_nothing_after_one_pass(node
         state = node.state() if os.path.exists(os.path.join(node.state_dir, "state.json")) else None
         if state is not None:
             assert len(state.allocations) <= 1
-        for pid in orphan_children({p.pid for p in node.launched}):
+        for pid in node.orphans():
             kill_and_reap(pid)
         node.engine().reconcile()
         assert node.state().allocations == ()
