@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -120,3 +121,25 @@ def cluster(cluster_session: Cluster) -> Iterator[Cluster]:
     cluster_session.stop_controllers()
     for name in set(cluster_session.nodes) - before:
         cluster_session.remove_node(name)
+
+
+@pytest.fixture
+def api(cluster: Cluster) -> Iterator[object]:
+    """A KubeClient on the test cluster (admin credentials), closed after the test."""
+    from agent.kube.client import KubeClient
+
+    client = KubeClient(cluster.plane.client())
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def namespace(api: object) -> Iterator[str]:
+    """A fresh namespace on the test cluster, deleted after the test."""
+    from agent.kube.client import KubeClient
+
+    assert isinstance(api, KubeClient)
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    api.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    yield name
+    api.request("DELETE", f"/api/v1/namespaces/{name}")

@@ -5,14 +5,14 @@ pinning of a pod bound there."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.controlplane.cluster import Cluster, node_resources
-from tests.controlplane.fixtures import IN_CI, cluster, cluster_session
+from tests.controlplane.fixtures import IN_CI, api, cluster, cluster_session, namespace
 from tests.kube.kubelet_standin import wait_for
 
 try:
@@ -23,26 +23,13 @@ except ImportError:
         raise
     pytest.skip("the `kubernetes` Python client is not installed", allow_module_level=True)
 
-__all__ = ["cluster", "cluster_session"]
+__all__ = ["api", "cluster", "cluster_session", "namespace"]
 
 DUMP = "64fake-4n2s2ca2c2t"  # 64 CPUs in 4 NUMA nodes of 16
 
 
 
 
-@pytest.fixture
-def api(cluster: Cluster) -> Iterator[KubeClient]:
-    client = KubeClient(cluster.plane.client())
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def namespace(api: KubeClient) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    api.create("/api/v1/namespaces", {"metadata": {"name": name}})
-    yield name
-    api.request("DELETE", f"/api/v1/namespaces/{name}")
 
 
 def indexed_job(name: str, count: int, node_label: str, cpu: str) -> dict[str, Any]:
