@@ -24,6 +24,7 @@ from tests.kube.kubelet_standin import wait_for
 from tests.kube.podresources_standin import PodResourcesStandIn
 from tests.kube.test_enforcement_off import DumpNode, dump_node
 from tests.kube.test_nrt import gpu
+from tests.kube.test_nrt_mig import three_instances
 from tests.standalone.test_gpu_metrics import gpus, mig, scrape
 
 __all__ = ["dump_node"]
@@ -38,10 +39,7 @@ def test_a_pods_gpu_and_mig_device_are_allocated_in_the_next_scrape(
     monkeypatch.setenv("POD_NAMESPACE", node.namespace)
     nvml: Any = h100_node(3)
     nvml.gpus[2].mig_current = nvml.gpus[2].mig_pending = 0  # GPU 2: not in MIG mode
-    nvml.nvmlInit()
-    first = nvml.create_instance(0, "1g.10gb", 0)
-    nvml.create_instance(0, "1g.10gb", 1)
-    nvml.create_instance(1, "3g.40gb", 0)
+    first = three_instances(nvml)
     with PodResourcesStandIn() as kubelet:
         args = node.in_process_args(kubelet.path, 3600)
         metrics = Metrics()

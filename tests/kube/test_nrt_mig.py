@@ -62,6 +62,16 @@ ROWS: list[tuple[str, MigInventory | None, dict[str, dict[str, tuple[str, str, s
 ]
 
 
+def three_instances(nvml: Any) -> int:
+    """Initialise the NVML stand-in and make two 1g.10gb instances on GPU 0 (NUMA 0) and a 3g.40gb
+    one on GPU 1; the first instance's id."""
+    nvml.nvmlInit()
+    first: int = nvml.create_instance(0, "1g.10gb", 0)
+    nvml.create_instance(0, "1g.10gb", 1)
+    nvml.create_instance(1, "3g.40gb", 0)
+    return first
+
+
 @pytest.mark.parametrize(("inventory", "want"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
 def test_mig_resources_per_zone(inventory: MigInventory | None,
                                 want: dict[str, dict[str, tuple[str, str, str]]]) -> None:
@@ -119,10 +129,7 @@ def test_agent_publishes_mig_instances_less_those_the_kubelet_assigned(
     node = dump_node
     monkeypatch.setenv("POD_NAMESPACE", node.namespace)
     nvml: Any = h100_node(2)
-    nvml.nvmlInit()
-    first = nvml.create_instance(0, "1g.10gb", 0)
-    nvml.create_instance(0, "1g.10gb", 1)
-    nvml.create_instance(1, "3g.40gb", 0)
+    first = three_instances(nvml)
     with PodResourcesStandIn() as kubelet:
         args = node.in_process_args(kubelet.path, 0.3)
         agent = KubeAgent(args, Metrics(), nvml=nvml, gpus=GPUS[:2])
