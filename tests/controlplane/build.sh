@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the test control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) and its client (kubectl, kustomize built in) from
+# Builds the test control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), its client
+# (kubectl, kustomize built in) and the real node's kubelet (tests/realnode/) from
 # the Go module proxy, once per version.
 #
 # Usage: tests/controlplane/build.sh [COMPONENT...]   (every component when none named)
@@ -18,14 +19,16 @@ go_version="$(go env GOVERSION)"
 
 # component -> module dir, Go package to build, module whose version names the cache entry.
 declare -A module_dir=([etcd]=etcd [kube-apiserver]=apiserver [kubectl]=kubectl
-                       [kube-controller-manager]=apiserver [kube-scheduler]=apiserver)
+                       [kube-controller-manager]=apiserver [kube-scheduler]=apiserver
+                       [kubelet]=kubelet)
 declare -A package=([etcd]=. [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
                     [kubectl]=k8s.io/kubernetes/cmd/kubectl
                     [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
-                    [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler)
+                    [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
+                    [kubelet]=k8s.io/kubernetes/cmd/kubelet)
 declare -A version_of=([etcd]=go.etcd.io/etcd/server/v3 [kube-apiserver]=k8s.io/kubernetes
                        [kubectl]=k8s.io/kubernetes [kube-controller-manager]=k8s.io/kubernetes
-                       [kube-scheduler]=k8s.io/kubernetes)
+                       [kube-scheduler]=k8s.io/kubernetes [kubelet]=k8s.io/kubernetes)
 
 # The version of module $2 as required by the go.mod in directory $1.
 required_version() {
@@ -50,7 +53,7 @@ build_one() {
         flock "$lock"
         if [[ ! -x "$binary" ]]; then
             local ldflags="-s -w"
-            if [[ "$component" == kube-* || "$component" == kubectl ]]; then
+            if [[ "$component" == kube* ]]; then
                 # What `kubectl version` and /version report; upstream's build stamps the same variables.
                 local major minor
                 major="$(echo "$version" | sed -E 's/^v([0-9]+)\..*/\1/')"
