@@ -84,7 +84,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _controller(args: argparse.Namespace) -> int:
-    from agent.admission.controller import run_controller
+    from agent.admission.command import run_controller
 
     return run_controller(args)
 

@@ -1,4 +1,4 @@
-"""`topolet controller`: admits queued Jobs as gangs and pins their pods through scheduling gates.
+"""The decision loop of `topolet controller`: admits queued Jobs as gangs, pins their pods through gates.
 
 Public API:
 
@@ -7,7 +7,10 @@ Public API:
   (queued Jobs, pods, Nodes, NRTs, PriorityClasses) into an in-memory store; `.run(stop)` runs a
   decision pass after every change (debounced) and every `resync_seconds`, while leading;
   `.decide_once()` runs one pass now (its pod patches may still be in flight when it returns).
-- `run_controller(args) -> int`: the `topolet controller` sub-command.
+
+The pieces it is built from: `store` (list+watch into memory), `capacity` (the ledger and the
+engine's view across passes), `events` (Events off the pass), `placing`/`jobs`/`queues` (pure), and
+`command` (the `topolet controller` sub-command around it).
 
 A pass, in order (each step is idempotent and re-derived from the API objects, so a controller
 killed at any point finishes the work on restart and never decides a Job twice):
@@ -50,10 +53,8 @@ suspended) or `after-pod-patch`.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import queue
 import signal
 import socket
 import threading
@@ -61,24 +62,24 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import Any
 
 from agent.admission import jobs, placing
+from agent.admission.capacity import Capacity
+from agent.admission.events import ObjectEvents, timestamp
 from agent.admission.jobs import JobSpecError
 from agent.admission.metrics import AdmissionMetrics
 from agent.admission.model import ClusterView, Gang, Placement, Refusal, Resources
 from agent.admission.placing import AdmissionRecord, SlotPlacement
 from agent.admission.queues import Blocked, Pending, admission_pass
+from agent.admission.store import Reflector, as_dict, metadata_of, object_key
 from agent.errors import KubeAPIError
-from agent.kube.client import KubeClient, WatchStream, resource_path
+from agent.kube.client import KubeClient, resource_path
 from agent.kube.leader import LeaderElector
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-COMPONENT = "topolet.io/controller"
 LEASE_NAME = "topolet-controller"
 CRASH_ENV = "TOPOLET_CONTROLLER_CRASH_AT"
 CRASH_STEPS = ("after-decision", "after-unsuspend", "after-pod-patch")
@@ -87,34 +88,10 @@ VIEW_REFRESH_SECONDS = 30.0  # how stale the capacity metrics may get while no g
 # API writes in flight at once during a pass (Job patches), and pod patches apart: each waits ~0.1 s
 # on a busy API server, so this many keep up with Jobs created at a few hundred per second.
 WRITERS = 32
-EVENT_QUEUE = 10_000  # Events waiting to be sent before new ones are dropped
 CONFLICT_RETRIES = 3  # a Job write re-read and retried this often on 409 before the next pass
-WATCH_TIMEOUT_SECONDS = 300
-LIST_TIMEOUT = (5.0, 120.0)
 NRT_GROUP, NRT_VERSION, NRT_PLURAL = "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies"
 
 
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
-    return _dict(obj.get("metadata"))
-
-
-def _key(obj: Mapping[str, Any]) -> str:
-    meta = _meta(obj)
-    ns = meta.get("namespace")
-    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
-
-
-def _rv(obj: Mapping[str, Any]) -> int:
-    text = _meta(obj).get("resourceVersion")
-    return int(text) if isinstance(text, str) and text.isdigit() else -1
-
-
-def _timestamp(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _crash_point(step: str) -> None:
@@ -123,244 +100,6 @@ def _crash_point(step: str) -> None:
         log.warning("%s=%s: killing myself", CRASH_ENV, step)
         os.kill(os.getpid(), signal.SIGKILL)
 
-
-# -- list + watch into a store ----------------------------------------------------------------------
-
-class Reflector:
-    """Lists then watches one collection into `items` (key -> object); `changed` is set on every change
-    that `matters`.
-
-    A collection whose API is not served (404: e.g. the NRT CRD is not installed) counts as empty and
-    synced, and is listed again on the next retry.
-    """
-
-    def __init__(self, kube: KubeClient, path: str, what: str, changed: threading.Event,
-                 query: Mapping[str, object] | None = None,
-                 matters: Callable[[str, dict[str, Any]], bool] = lambda kind, obj: True) -> None:
-        self.kube = kube
-        self.matters = matters  # whether a watch event (type, object) should set `changed`
-        self.path = path
-        self.what = what
-        self.query = dict(query or {})
-        self.changed = changed
-        self.items: dict[str, dict[str, Any]] = {}
-        self.synced = threading.Event()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._stream: WatchStream | None = None
-        self._thread: threading.Thread | None = None
-        self._rv: str | None = None
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self.items.values())
-
-    def put(self, obj: dict[str, Any]) -> None:
-        """Store `obj` (a write's response) unless the store already holds a newer version."""
-        key = _key(obj)
-        with self._lock:
-            old = self.items.get(key)
-            if old is None or _rv(obj) >= _rv(old):
-                self.items[key] = obj
-
-    def apply(self, kind: str, obj: dict[str, Any]) -> None:
-        """One watch event into the store.
-
-        A write's response may already be stored (`put`) when the watch delivers an older version of
-        the object: the newer one stays.  Else an admitted Job would look undecided for a pass, its
-        ledger entries would be dropped, and its capacity could be given twice."""
-        key = _key(obj)
-        with self._lock:
-            if kind == "DELETED":
-                self.items.pop(key, None)
-            elif kind in ("ADDED", "MODIFIED"):
-                old = self.items.get(key)
-                if (old is None or _rv(obj) >= _rv(old)
-                        or _meta(old).get("uid") != _meta(obj).get("uid")):
-                    self.items[key] = obj
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"watch-{self.what}", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        stream = self._stream
-        if stream is not None:
-            stream.shutdown()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        delay = 0.2
-        need_list = True
-        while not self._stop.is_set():
-            try:
-                if need_list:
-                    self._list()
-                    need_list = False
-                if self._rv is None:  # API not served: list again later
-                    need_list = True
-                    self._stop.wait(10)
-                    continue
-                need_list = self._watch()
-                delay = 0.2
-            except Exception as exc:  # noqa: BLE001 - the API may fail in any way; we keep trying
-                if self._stop.is_set():
-                    break
-                if getattr(exc, "status", None) == 410:
-                    need_list = True
-                    continue
-                log.warning("%s: %s; retrying in %.1fs", self.what, exc, delay)
-                self._stop.wait(delay)
-                delay = min(delay * 2, 5.0)
-
-    def _list(self) -> None:
-        try:
-            body = self.kube.list(self.path, self.query, timeout=LIST_TIMEOUT, what=f"list {self.what}")
-        except KubeAPIError as exc:
-            if not exc.not_found:
-                raise
-            with self._lock:
-                self.items = {}
-            self._rv = None
-            self.synced.set()
-            self.changed.set()
-            return
-        items = {_key(o): o for o in body.get("items") or [] if isinstance(o, dict)}
-        with self._lock:
-            self.items = items
-        self._rv = str(_meta(body).get("resourceVersion") or "") or None
-        self.synced.set()
-        self.changed.set()
-
-    def _watch(self) -> bool:
-        """One watch from the last resourceVersion; True when a relist is needed."""
-        stream = self.kube.watch(self.path, {**self.query, "resourceVersion": self._rv,
-                                             "allowWatchBookmarks": True,
-                                             "timeoutSeconds": WATCH_TIMEOUT_SECONDS},
-                                 timeout=(5.0, WATCH_TIMEOUT_SECONDS + 30), what=f"watch {self.what}")
-        self._stream = stream
-        try:
-            for event in stream:
-                if self._stop.is_set():
-                    return False
-                if event is None:
-                    continue
-                kind, obj = event.get("type"), _dict(event.get("object"))
-                if kind == "ERROR":
-                    return True  # 410 Gone and the like: start over from a list
-                rv = _meta(obj).get("resourceVersion")
-                if isinstance(rv, str) and rv:
-                    self._rv = rv
-                if kind == "BOOKMARK":
-                    continue
-                self.apply(str(kind), obj)
-                if self.matters(str(kind), obj):
-                    self.changed.set()
-        finally:
-            self._stream = None
-            stream.close()
-        return False
-
-
-class PodVersionCache(Generic[T]):
-    """`compute(pod)` once per pod version (uid, resourceVersion); `forget_unread()` drops the
-    versions not read since the last call, so it holds one entry per live pod."""
-
-    def __init__(self, compute: Callable[[Mapping[str, Any]], T]) -> None:
-        self.compute = compute
-        self._held: dict[tuple[str, str], T] = {}
-        self._read: dict[tuple[str, str], T] = {}
-
-    def of(self, pod: Mapping[str, Any]) -> T:
-        meta = _meta(pod)
-        key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
-        if key in self._read:
-            return self._read[key]
-        value = self._held[key] if key in self._held else self.compute(pod)
-        self._read[key] = value
-        return value
-
-    def forget_unread(self) -> None:
-        self._held, self._read = self._read, {}
-
-
-# -- Events on Jobs ---------------------------------------------------------------------------------
-
-class JobEvents:
-    """core/v1 Events on Jobs from `topolet.io/controller`, sent by one thread the pass never waits on.
-
-    Best effort: `record` only queues the Event; when the queue already holds `capacity` Events the new
-    one is dropped and counted (`on_drop`), and a failed write is logged."""
-
-    def __init__(self, kube: KubeClient, instance: str, on_drop: Callable[[], None] = lambda: None,
-                 capacity: int = EVENT_QUEUE) -> None:
-        self.kube = kube
-        self.instance = instance
-        self.on_drop = on_drop
-        self.writes = 0
-        self.failures = 0
-        self.dropped = 0
-        # None is the stop sign, queued behind the Events already there so they are sent first.
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(capacity)
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="admission-events", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Send what is queued (for at most `timeout` seconds), then end the thread."""
-        if self._thread is None:
-            return
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            log.warning("event queue still full after %.0f s; %d Events not sent",
-                        timeout, self._queue.qsize())
-            return
-        self._thread.join(timeout)
-        self._thread = None
-
-    def record(self, job: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
-        """Queue an Event on `job`; never blocks."""
-        meta = _meta(job)
-        ns, name = str(meta.get("namespace")), str(meta.get("name"))
-        stamp = _timestamp(time.time())
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": ns},
-            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "namespace": ns, "name": name,
-                               "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
-            "reason": reason, "message": message[:1024], "type": kind,
-            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-        }
-        try:
-            self._queue.put_nowait(body)
-        except queue.Full:
-            self.dropped += 1
-            self.on_drop()
-            log.warning("event queue full: %s on Job %s/%s dropped", reason, ns, name)
-
-    def _run(self) -> None:
-        while (body := self._queue.get()) is not None:
-            self._send(body)
-
-    def _send(self, body: Mapping[str, Any]) -> None:
-        job = _dict(body.get("involvedObject"))
-        ns, name = str(job.get("namespace")), str(job.get("name"))
-        try:
-            self.kube.create(resource_path("", "v1", "events", namespace=ns), body,
-                             what=f"create Event on Job {ns}/{name}")
-            self.writes += 1
-        except KubeAPIError as exc:
-            self.failures += 1
-            log.warning("event %s on Job %s/%s not recorded: %s", body.get("reason"), ns, name, exc)
-
-
-# -- the controller ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ControllerConfig:
@@ -386,7 +125,7 @@ class Controller:
         self.leader = leader
         self.clock = clock
         self.identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
-        self.events = JobEvents(kube, self.identity, on_drop=metrics.events_dropped.inc)
+        self.events = ObjectEvents(kube, self.identity, on_drop=metrics.events_dropped.inc)
         self.changed = threading.Event()
         self.jobs = Reflector(kube, resource_path("batch", "v1", "jobs"), "queued Jobs", self.changed,
                               {"labelSelector": jobs.QUEUE_LABEL}, matters=_job_change_matters)
@@ -401,14 +140,8 @@ class Controller:
         # and (uid, resourceVersion) of Jobs already told they are malformed.
         self._waiting: dict[str, str] = {}
         self._invalid: set[tuple[str, str]] = set()
-        from agent.admission.ledger import Ledger
-
-        # The ledger lives across passes; every admitted Job's decision is added once (on start: every
-        # admitted Job there is, which is the rebuild) and entries leave by the ledger's own rule.
-        self.ledger = Ledger(timeout=config.ledger_timeout_seconds)
-        self._ledgered: set[tuple[str, str]] = set()  # (Job key, decision id) already in the ledger
+        self.capacity = Capacity(self.nodes, self.nrts, metrics, config.ledger_timeout_seconds, clock)
         self._pod_slots: dict[str, tuple[str, str]] = {}  # pod uid -> (Job key, slot), this pass
-        self._left_out: dict[str, str] = {}  # node -> why the view leaves it out (logged on change)
         self.passes = 0
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="admission-write")
         # Pod patches run on their own pool and outlive the pass that sent them, so the next pass
@@ -420,13 +153,6 @@ class Controller:
         self._placing_lock = threading.Lock()
         self._records: dict[str, AdmissionRecord] = {}  # annotation text -> decoded record
         self._records_seen: set[str] = set()  # texts read this pass
-        # A pod's requests, and whether its node's agent pins it, by pod version: parsing quantities
-        # and planning pods is most of a view's build on a big cluster.
-        from agent.admission.ledger import agent_pins
-        from agent.admission.view import pod_requests
-
-        self._requests: PodVersionCache[Resources | None] = PodVersionCache(pod_requests)
-        self._pins: PodVersionCache[bool] = PodVersionCache(agent_pins)
         self._writes: list[Future[Any]] = []  # this pass's writes in flight (drained before it ends)
         self._written = 0  # writes submitted this pass (logged)
         self._conflicts = 0  # writes refused with 409 since the start (logged; under _placing_lock)
@@ -572,16 +298,16 @@ class Controller:
         self._reap()
         self._check_leader()
         self.passes += 1
-        all_jobs = sorted(self.jobs.snapshot(), key=_key)
+        all_jobs = sorted(self.jobs.snapshot(), key=object_key)
         pods = self.pods.snapshot()
         by_owner: dict[str, list[dict[str, Any]]] = {}
         for pod in pods:
-            for ref in _meta(pod).get("ownerReferences") or []:
-                ref = _dict(ref)
+            for ref in metadata_of(pod).get("ownerReferences") or []:
+                ref = as_dict(ref)
                 if ref.get("kind") == "Job" and ref.get("controller"):
                     by_owner.setdefault(str(ref.get("uid")), []).append(pod)
-        priorities = {str(_meta(p).get("name")): int(p.get("value") or 0) for p in self.priorities.snapshot()
-                      if isinstance(p.get("value"), int)}
+        priorities = {str(metadata_of(p).get("name")): int(p.get("value") or 0)
+                      for p in self.priorities.snapshot() if isinstance(p.get("value"), int)}
         admitted: list[tuple[dict[str, Any], AdmissionRecord]] = []
         pending: list[Pending] = []
         jobs_by_key: dict[str, dict[str, Any]] = {}
@@ -608,8 +334,8 @@ class Controller:
                 self._invalid_job(job, "InvalidJob", str(exc))
                 continue
             jobs_by_key[gang.key] = job
-            pending.append(Pending(gang, queue, str(_meta(job).get("creationTimestamp") or ""),
-                                   str(_meta(job).get("name"))))
+            pending.append(Pending(gang, queue, str(metadata_of(job).get("creationTimestamp") or ""),
+                                   str(metadata_of(job).get("name"))))
 
         # With no gang to decide, a pass only hands gated pods their slots: rebuilding the whole view
         # (seconds on a big cluster) would delay those patches, so it is refreshed for the capacity
@@ -618,7 +344,7 @@ class Controller:
         build = bool(pending) or self._view_at is None or t_view - self._view_at >= VIEW_REFRESH_SECONDS
         self._pod_slots = {}
         for job, record in admitted:
-            held = self._finish_admitted(job, record, by_owner.get(str(_meta(job).get("uid")), []),
+            held = self._finish_admitted(job, record, by_owner.get(str(metadata_of(job).get("uid")), []),
                                          slots_needed=build)
             self._pod_slots.update({uid: (jobs.job_key(job), str(slot)) for uid, slot in held.items()})
 
@@ -627,7 +353,8 @@ class Controller:
             depths[p.queue] = depths.get(p.queue, 0) + 1
         t_view = time.perf_counter()
         if build:
-            view = self._view(admitted, pods)
+            holding = [(jobs.job_key(job), record, _requests_of(job)) for job, record in admitted]
+            view = self.capacity.view(holding, pods, self._slot_of)
             self._view_at = time.perf_counter()
             self.metrics.set_view(view)
         else:
@@ -657,10 +384,10 @@ class Controller:
             if isinstance(result, Placement):
                 self._check_leader()
                 decided.append((outcome.pending.queue, self._submit(self._admit, job, result)))
-            elif isinstance(result, Refusal) and result.kind == "never" and self._left_out:
+            elif isinstance(result, Refusal) and result.kind == "never" and self.capacity.left_out:
                 # "Never" counts only the usable nodes: with some left out (NotReady, stale NRT) the
                 # gang may fit once they are back, so it waits instead of being rejected for good.
-                self._wait(job, f"{result.reason}; {len(self._left_out)} nodes are left out now")
+                self._wait(job, f"{result.reason}; {len(self.capacity.left_out)} nodes are left out now")
             elif isinstance(result, Refusal) and result.kind == "never":
                 self._check_leader()
                 decided.append((outcome.pending.queue, self._submit(self._reject, job, result.reason)))
@@ -677,7 +404,7 @@ class Controller:
                 depths[queue] -= 1
         self.metrics.set_queue_depths(depths)
         # Forget what was said about Jobs that are gone, so the memory stays bounded by the queue.
-        uids = {str(_meta(job).get("uid")) for job in all_jobs}
+        uids = {str(metadata_of(job).get("uid")) for job in all_jobs}
         self._waiting = {uid: why for uid, why in self._waiting.items() if uid in uids}
         self._records = {t: r for t, r in self._records.items() if t in self._records_seen}
         self._records_seen = set()
@@ -687,7 +414,7 @@ class Controller:
     def _record_of(self, job: Mapping[str, Any]) -> AdmissionRecord | None:
         """`placing.record_of(job)`, decoded once per annotation text (every pass reads every
         admitted Job's record; the cache holds those seen in the last pass)."""
-        text = _dict(_meta(job).get("annotations")).get(jobs.ADMISSION_ANNOTATION)
+        text = as_dict(metadata_of(job).get("annotations")).get(jobs.ADMISSION_ANNOTATION)
         if not isinstance(text, str):
             return placing.record_of(job)
         record = self._records.get(text)
@@ -702,7 +429,7 @@ class Controller:
         policies = set()
         for nrt in self.nrts.snapshot():
             for attr in nrt.get("attributes") or []:
-                attr = _dict(attr)
+                attr = as_dict(attr)
                 if attr.get("name") == "topologyManagerPolicy":
                     policies.add(str(attr.get("value")))
         if len(policies) == 1:
@@ -713,7 +440,7 @@ class Controller:
 
     def _invalid_job(self, job: Mapping[str, Any], reason: str, message: str) -> None:
         """A Warning Event once per Job version; the Job itself is left as it is."""
-        meta = _meta(job)
+        meta = metadata_of(job)
         key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
         if key in self._invalid:
             return
@@ -724,13 +451,13 @@ class Controller:
         self.events.record(job, "Warning", reason, message)
 
     def _job_path(self, job: Mapping[str, Any]) -> str:
-        meta = _meta(job)
+        meta = metadata_of(job)
         return resource_path("batch", "v1", "jobs", str(meta.get("name")),
                              namespace=str(meta.get("namespace")))
 
     def _admit(self, job: dict[str, Any], placement: Placement) -> bool:
         pods = sorted(placement.pods, key=lambda p: (p.pod_set, p.index))
-        record = AdmissionRecord("admitted", uuid.uuid4().hex, _timestamp(self.clock()),
+        record = AdmissionRecord("admitted", uuid.uuid4().hex, timestamp(self.clock()),
                                  {i: SlotPlacement(p.node, p.zone) for i, p in enumerate(pods)})
         out = self._patch(self.jobs, self._job_path(job), placing.decision_patch(job, record),
                           f"record the admission of Job {jobs.job_key(job)}",
@@ -741,7 +468,7 @@ class Controller:
         _crash_point("after-decision")
         _crash_point("after-unsuspend")
         self.metrics.decisions.labels(result="admitted").inc()
-        self._waiting.pop(str(_meta(job).get("uid")), None)
+        self._waiting.pop(str(metadata_of(job).get("uid")), None)
         nodes = sorted({p.node for p in pods})
         self.events.record(out, "Normal", "Admitted",
                            f"{len(pods)} pods placed on {len(nodes)} nodes ({', '.join(nodes[:8])}"
@@ -754,7 +481,7 @@ class Controller:
             _crash_point("after-unsuspend")
 
     def _reject(self, job: dict[str, Any], reason: str) -> bool:
-        record = AdmissionRecord("rejected", uuid.uuid4().hex, _timestamp(self.clock()), reason=reason)
+        record = AdmissionRecord("rejected", uuid.uuid4().hex, timestamp(self.clock()), reason=reason)
         out = self._patch(self.jobs, self._job_path(job), placing.reject_patch(job, record),
                           f"record the rejection of Job {jobs.job_key(job)}",
                           again=lambda fresh: _still_pending(job, fresh, placing.reject_patch, record))
@@ -766,7 +493,7 @@ class Controller:
 
     def _wait(self, job: dict[str, Any], reason: str) -> None:
         self.metrics.decisions.labels(result="waiting").inc()
-        uid = str(_meta(job).get("uid"))
+        uid = str(metadata_of(job).get("uid"))
         if self._waiting.get(uid) == reason:
             return
         self._waiting[uid] = reason
@@ -785,7 +512,7 @@ class Controller:
             return {}
         assignment = placing.assign_slots(record.slots, pods, jobs.job_indexed(job))
         for pod, slot in assignment.place:
-            uid = str(_meta(pod).get("uid"))
+            uid = str(metadata_of(pod).get("uid"))
             with self._placing_lock:
                 if uid in self._placing:
                     continue  # its patch is still in flight
@@ -798,12 +525,12 @@ class Controller:
         return dict(assignment.held)
 
     def _place_pod(self, pod: Mapping[str, Any], slot: int, place: SlotPlacement) -> None:
-        meta = _meta(pod)
+        meta = metadata_of(pod)
         try:
             out = self._patch(self.pods, resource_path("", "v1", "pods", str(meta.get("name")),
                                                        namespace=str(meta.get("namespace"))),
                               placing.pod_patch(pod, place.node, place.zone),
-                              f"place pod {_key(pod)} (slot {slot}) on {place.node}")
+                              f"place pod {object_key(pod)} (slot {slot}) on {place.node}")
         finally:
             with self._placing_lock:
                 self._placing.discard(str(meta.get("uid")))
@@ -815,49 +542,7 @@ class Controller:
 
     def _slot_of(self, pod: Mapping[str, Any]) -> tuple[str, str] | None:
         """A pod's ledger entry: (Job key, the slot it holds this pass); None when it holds none."""
-        return self._pod_slots.get(str(_meta(pod).get("uid")))
-
-    def _view(self, admitted: list[tuple[dict[str, Any], AdmissionRecord]],
-              pods: list[dict[str, Any]]) -> ClusterView:
-        """The engine's view of the cluster now, after the ledger of admitted Jobs' slots."""
-        from agent.admission.ledger import Entry
-        from agent.admission.view import build_view
-
-        now = self.clock()
-        live = {jobs.job_key(job) for job, _ in admitted}
-        added = []
-        for job, record in admitted:
-            key = (jobs.job_key(job), record.decision)
-            if key in self._ledgered:
-                continue
-            self._ledgered.add(key)
-            # A rebuilt entry keeps its decision time, so a restart does not extend its timeout.
-            at = _parse_time(record.time, now)
-            request = jobs.gang_requests(job)
-            added += [Entry(key[0], str(slot), p.node, p.zone, request, at)
-                      for slot, p in sorted(record.slots.items())]
-        if added:
-            self.ledger = replace(self.ledger, entries=self.ledger.entries + tuple(added))
-        self.ledger = self.ledger.settle(self.nrts.snapshot(), pods, now, live_gangs=live,
-                                         slot_of=self._slot_of, pinned=self._pins.of)
-        self._pins.forget_unread()
-        self._ledgered = {k for k in self._ledgered if k[0] in live}
-        self.metrics.ledger_entries.set(len(self.ledger))
-        nodes = self.nodes.snapshot()
-        view, left_out = build_view(nodes, self.nrts.snapshot(), pods, self.ledger, now,
-                                    slot_of=self._slot_of, requests_of=self._requests.of)
-        self._requests.forget_unread()
-        counts = {"usable": len(view.nodes), "stale": 0, "not_ready": 0}
-        for node in nodes:
-            if str(_meta(node).get("name")) in left_out:
-                counts["not_ready" if not _node_ready(node) else "stale"] += 1
-        if left_out != self._left_out:
-            for name, why in sorted(left_out.items()):
-                if self._left_out.get(name) != why:
-                    log.warning("node %s left out: %s", name, why)
-            self._left_out = left_out
-        self.metrics.set_nodes(counts)
-        return view
+        return self._pod_slots.get(str(metadata_of(pod).get("uid")))
 
 
 def _still_pending(job: Mapping[str, Any], fresh: Mapping[str, Any],
@@ -873,7 +558,7 @@ def _job_change_matters(kind: str, job: Mapping[str, Any]) -> bool:
     cluster) change nothing a pass reads."""
     if kind in ("ADDED", "DELETED") or jobs.job_suspended(job) or jobs.job_finished(job):
         return True
-    return jobs.ADMISSION_ANNOTATION not in _dict(_meta(job).get("annotations"))
+    return jobs.ADMISSION_ANNOTATION not in as_dict(metadata_of(job).get("annotations"))
 
 
 def _pod_change_matters(kind: str, pod: Mapping[str, Any]) -> bool:
@@ -882,94 +567,9 @@ def _pod_change_matters(kind: str, pod: Mapping[str, Any]) -> bool:
     pass already counted, and on a busy cluster they are most events (the resync covers the rest)."""
     if kind == "DELETED" or placing.pod_gated(pod):
         return True
-    return _dict(pod.get("status")).get("phase") in ("Succeeded", "Failed")
+    return as_dict(pod.get("status")).get("phase") in ("Succeeded", "Failed")
 
 
-def _node_ready(node: Mapping[str, Any]) -> bool:
-    """Ready unless a Ready condition says otherwise (the view's rule)."""
-    for cond in _dict(node.get("status")).get("conditions") or []:
-        cond = _dict(cond)
-        if cond.get("type") == "Ready":
-            return cond.get("status") == "True"
-    return True
-
-
-def _parse_time(text: str, default: float) -> float:
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return default
-
-
-# -- the sub-command --------------------------------------------------------------------------------
-
-def run_controller(args: argparse.Namespace) -> int:
-    """`topolet controller`: serve metrics, elect a leader if asked, and run until SIGTERM/SIGINT."""
-    from agent.admission.queues import parse_queue_modes
-    from agent.kube.client import agent_namespace, load_api_client
-    from agent.metrics import MetricsServer
-
-    if args.crash_at:
-        os.environ[CRASH_ENV] = args.crash_at
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = ControllerConfig(namespace=agent_namespace(args.namespace),
-                              queue_modes=parse_queue_modes(args.queue or []),
-                              resync_seconds=args.resync_seconds,
-                              ledger_timeout_seconds=args.ledger_timeout_seconds,
-                              identity=args.identity or os.environ.get("POD_NAME", ""))
-    api = load_api_client(args.kubeconfig)
-    # Five watches, the Lease and the two write pools each hold a connection at once: a pool smaller than
-    # that discards connections and pays a TLS handshake on most writes.
-    api.configuration.connection_pool_maxsize = 2 * WRITERS + 16
-    api.rest_client = type(api.rest_client)(api.configuration)
-    kube = KubeClient(api)
-    metrics = AdmissionMetrics()
-    stop = threading.Event()
-    leader = None
-    identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
-    if args.leader_elect:
-        leader = LeaderElector(kube, config.namespace, LEASE_NAME, identity,
-                               lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
-                               retry_period=args.retry_period)
-    controller = Controller(kube, replace(config, identity=identity), metrics, leader)
-    max_age = max(3 * config.resync_seconds, 30.0)
-
-    def health() -> tuple[bool, str]:
-        last = metrics.last_pass._value.get()  # noqa: SLF001 - prometheus_client keeps no getter
-        if not last:
-            return False, "no pass yet"
-        age = time.time() - last
-        return age <= max_age, f"last pass {age:.1f}s ago"
-
-    server = MetricsServer(metrics, args.listen, health)  # type: ignore[arg-type]
-    server.start()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-        controller.changed.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
-    def on_change(leading: bool) -> None:
-        metrics.leader.set(1 if leading else 0)
-        controller.changed.set()
-
-    if leader is not None:
-        leader.start(stop, on_change)
-    else:
-        metrics.leader.set(1)
-    controller.start()
-    log.info("topolet controller %s: namespace %s, queues %s, metrics on %s", identity, config.namespace,
-             dict(config.queue_modes) or "all BestEffortFIFO", args.listen)
-    try:
-        controller.run(stop)
-    finally:
-        controller.stop()
-        if leader is not None:
-            leader.join(timeout=5)
-            leader.release()
-        server.stop()
-        kube.close()
-    return 0
+def _requests_of(job: Mapping[str, Any]) -> Callable[[], Resources]:
+    """One pod's requests of an admitted Job, read when the ledger first takes its decision."""
+    return lambda: jobs.gang_requests(job)

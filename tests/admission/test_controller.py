@@ -123,10 +123,10 @@ def _zones(*pairs: tuple[int, int]) -> tuple[Zone, ...]:
 
 def test_events_are_queued_bounded_and_sent_off_the_pass(api: KubeClient, namespace: str) -> None:
     """`record` never waits on the API: it queues; a full queue drops (counted); the thread sends the rest."""
-    from agent.admission.controller import JobEvents
+    from agent.admission.events import ObjectEvents
 
     dropped: list[int] = []
-    sender = JobEvents(api, "test", on_drop=lambda: dropped.append(1), capacity=2)
+    sender = ObjectEvents(api, "test", on_drop=lambda: dropped.append(1), capacity=2)
     job = {"metadata": {"namespace": namespace, "name": "ev", "uid": str(uuid.uuid4())}}
     for reason in ("Waiting", "Admitted", "Rejected"):  # the thread is not started: the third is dropped
         sender.record(job, "Normal", reason, reason.lower())
@@ -138,7 +138,7 @@ def test_events_are_queued_bounded_and_sent_off_the_pass(api: KubeClient, namesp
 
 
 def test_pod_version_cache_computes_once_per_version_and_forgets_unread_ones() -> None:
-    from agent.admission.controller import PodVersionCache
+    from agent.admission.store import PodVersionCache
 
     calls: list[str] = []
 
@@ -165,7 +165,7 @@ def test_the_store_keeps_a_written_version_over_an_older_watch_event(api: KubeCl
     not look undecided again (its ledger entries would be dropped and its capacity given twice)."""
     import threading
 
-    from agent.admission.controller import Reflector
+    from agent.admission.store import Reflector
 
     store = Reflector(api, "/apis/batch/v1/jobs", "jobs", threading.Event())
     job = {"metadata": {"namespace": "ns", "name": "g", "uid": "u1", "resourceVersion": "10"}}

@@ -1,0 +1,205 @@
+"""List+watch stores of API objects for `topolet controller`, and small readers of object dicts.
+
+Public API:
+
+- `Reflector(kube, path, what, changed, params=None, matters=None)`: lists then watches one collection
+  into memory; `.snapshot()`, `.put(obj)` (a write's response), `.synced`, `.start()`, `.stop()`.
+- `PodVersionCache(compute)`: `compute(pod)` memoised by the pod's uid and resourceVersion.
+- `as_dict`, `metadata_of`, `object_key`, `resource_version`: tolerant readers of API object dicts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+from agent.errors import KubeAPIError
+from agent.kube.client import KubeClient, WatchStream
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+WATCH_TIMEOUT_SECONDS = 300
+LIST_TIMEOUT = (5.0, 120.0)
+
+
+def as_dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def metadata_of(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return as_dict(obj.get("metadata"))
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    m = metadata_of(obj)
+    ns = m.get("namespace")
+    return f"{ns}/{m.get('name')}" if ns else str(m.get("name"))
+
+
+def resource_version(obj: Mapping[str, Any]) -> int:
+    text = metadata_of(obj).get("resourceVersion")
+    return int(text) if isinstance(text, str) and text.isdigit() else -1
+
+
+
+class Reflector:
+    """Lists then watches one collection into `items` (key -> object); `changed` is set on every change
+    that `matters`.
+
+    A collection whose API is not served (404: e.g. the NRT CRD is not installed) counts as empty and
+    synced, and is listed again on the next retry.
+    """
+
+    def __init__(self, kube: KubeClient, path: str, what: str, changed: threading.Event,
+                 query: Mapping[str, object] | None = None,
+                 matters: Callable[[str, dict[str, Any]], bool] = lambda kind, obj: True) -> None:
+        self.kube = kube
+        self.matters = matters  # whether a watch event (type, object) should set `changed`
+        self.path = path
+        self.what = what
+        self.query = dict(query or {})
+        self.changed = changed
+        self.items: dict[str, dict[str, Any]] = {}
+        self.synced = threading.Event()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._stream: WatchStream | None = None
+        self._thread: threading.Thread | None = None
+        self._rv: str | None = None
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.items.values())
+
+    def put(self, obj: dict[str, Any]) -> None:
+        """Store `obj` (a write's response) unless the store already holds a newer version."""
+        key = object_key(obj)
+        with self._lock:
+            old = self.items.get(key)
+            if old is None or resource_version(obj) >= resource_version(old):
+                self.items[key] = obj
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        """One watch event into the store.
+
+        A write's response may already be stored (`put`) when the watch delivers an older version of
+        the object: the newer one stays.  Else an admitted Job would look undecided for a pass, its
+        ledger entries would be dropped, and its capacity could be given twice."""
+        key = object_key(obj)
+        with self._lock:
+            if kind == "DELETED":
+                self.items.pop(key, None)
+            elif kind in ("ADDED", "MODIFIED"):
+                old = self.items.get(key)
+                if (old is None or resource_version(obj) >= resource_version(old)
+                        or metadata_of(old).get("uid") != metadata_of(obj).get("uid")):
+                    self.items[key] = obj
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"watch-{self.what}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        stream = self._stream
+        if stream is not None:
+            stream.shutdown()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        delay = 0.2
+        need_list = True
+        while not self._stop.is_set():
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                if self._rv is None:  # API not served: list again later
+                    need_list = True
+                    self._stop.wait(10)
+                    continue
+                need_list = self._watch()
+                delay = 0.2
+            except Exception as exc:  # noqa: BLE001 - the API may fail in any way; we keep trying
+                if self._stop.is_set():
+                    break
+                if getattr(exc, "status", None) == 410:
+                    need_list = True
+                    continue
+                log.warning("%s: %s; retrying in %.1fs", self.what, exc, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _list(self) -> None:
+        try:
+            body = self.kube.list(self.path, self.query, timeout=LIST_TIMEOUT, what=f"list {self.what}")
+        except KubeAPIError as exc:
+            if not exc.not_found:
+                raise
+            with self._lock:
+                self.items = {}
+            self._rv = None
+            self.synced.set()
+            self.changed.set()
+            return
+        items = {object_key(o): o for o in body.get("items") or [] if isinstance(o, dict)}
+        with self._lock:
+            self.items = items
+        self._rv = str(metadata_of(body).get("resourceVersion") or "") or None
+        self.synced.set()
+        self.changed.set()
+
+    def _watch(self) -> bool:
+        """One watch from the last resourceVersion; True when a relist is needed."""
+        stream = self.kube.watch(self.path, {**self.query, "resourceVersion": self._rv,
+                                             "allowWatchBookmarks": True,
+                                             "timeoutSeconds": WATCH_TIMEOUT_SECONDS},
+                                 timeout=(5.0, WATCH_TIMEOUT_SECONDS + 30), what=f"watch {self.what}")
+        self._stream = stream
+        try:
+            for event in stream:
+                if self._stop.is_set():
+                    return False
+                if event is None:
+                    continue
+                kind, obj = event.get("type"), as_dict(event.get("object"))
+                if kind == "ERROR":
+                    return True  # 410 Gone and the like: start over from a list
+                rv = metadata_of(obj).get("resourceVersion")
+                if isinstance(rv, str) and rv:
+                    self._rv = rv
+                if kind == "BOOKMARK":
+                    continue
+                self.apply(str(kind), obj)
+                if self.matters(str(kind), obj):
+                    self.changed.set()
+        finally:
+            self._stream = None
+            stream.close()
+        return False
+
+
+class PodVersionCache(Generic[T]):
+    """`compute(pod)` once per pod version (uid, resourceVersion); `forget_unread()` drops the
+    versions not read since the last call, so it holds one entry per live pod."""
+
+    def __init__(self, compute: Callable[[Mapping[str, Any]], T]) -> None:
+        self.compute = compute
+        self._held: dict[tuple[str, str], T] = {}
+        self._read: dict[tuple[str, str], T] = {}
+
+    def of(self, pod: Mapping[str, Any]) -> T:
+        meta = metadata_of(pod)
+        key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
+        if key in self._read:
+            return self._read[key]
+        value = self._held[key] if key in self._held else self.compute(pod)
+        self._read[key] = value
+        return value
+
+    def forget_unread(self) -> None:
+        self._held, self._read = self._read, {}
