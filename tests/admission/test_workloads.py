@@ -1,0 +1,211 @@
+"""`agent.admission.workloads`: Kueue Workloads as gangs and the topology-fit check's bodies (pure)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from agent.admission.model import Gang, Placement, PodPlacement, PodSet, Resources, Toleration
+from agent.admission.placing import SlotPlacement
+from agent.admission.workloads import (
+    CONTROLLER_NAME,
+    FAILSAFE_LABEL,
+    WorkloadSpecError,
+    active_status,
+    check_active,
+    gang_from_workload,
+    holding,
+    our_checks,
+    parse_placements,
+    pod_set_updates,
+    ready_state,
+    record_of_state,
+    retry_after,
+    retry_state,
+    status_apply,
+    to_decide,
+)
+
+GiB = 1024**3
+
+
+def workload(count: int = 2, *, cpu: str = "4", policy: str | None = "single-numa-node",
+             checks: dict[str, str] | None = None, conditions: tuple[str, ...] = ("QuotaReserved",),
+             flavors: dict[str, str] | None = None, admitted_count: int | None = None,
+             extra_spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Workload as Kueue's Job integration writes it, one pod set "main"."""
+    res = {"cpu": cpu, "memory": "1Gi"}
+    annotations = {"topolet.io/numa-policy": policy} if policy else {}
+    pod_spec: dict[str, Any] = {"containers": [{"name": "c", "image": "x",
+                                                "resources": {"requests": res, "limits": res}}],
+                                **(extra_spec or {})}
+    assignment: dict[str, Any] = {"name": "main", "flavors": flavors or {"cpu": "default"}}
+    if admitted_count is not None:
+        assignment["count"] = admitted_count
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": {"name": "job-a-1", "namespace": "ns", "uid": "u-1", "resourceVersion": "7",
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "a",
+                                          "uid": "job-uid", "controller": True}]},
+        "spec": {"queueName": "lq", "priority": 3,
+                 "podSets": [{"name": "main", "count": count,
+                              "template": {"metadata": {"annotations": annotations}, "spec": pod_spec}}]},
+        "status": {
+            "conditions": [{"type": c, "status": "True"} for c in conditions],
+            "admission": {"clusterQueue": "cq", "podSetAssignments": [assignment]},
+            "admissionChecks": [{"name": n, "state": s, "message": ""} for n, s in (checks or {}).items()],
+        },
+    }
+
+
+# -- reading ----------------------------------------------------------------------------------------
+
+def test_gang_from_workload_reads_the_pod_template_as_a_job_would() -> None:
+    toleration = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
+    wl = workload(3, extra_spec={"nodeSelector": {"pool": "a"}, "tolerations": [toleration]})
+    gang = gang_from_workload(wl, {"default": {"zone": "z1"}})
+    assert gang == Gang(key="workload:ns/job-a-1", priority=3, pod_sets=(PodSet(
+        name="main", count=3, requests=Resources(cpu_milli=4000, memory=GiB), numa_policy="single-numa-node",
+        node_selector={"pool": "a", "zone": "z1"},
+        tolerations=(Toleration(key="gpu", operator="Exists", effect="NoSchedule"),)),))
+
+
+@pytest.mark.parametrize(("policy", "guaranteed", "expected"), [
+    ("restricted", "single-numa-node", "restricted"),  # the annotation wins
+    (None, "single-numa-node", "single-numa-node"),    # Guaranteed whole CPUs: the nodes' policy
+    (None, "none", "none"),
+])
+def test_numa_policy(policy: str | None, guaranteed: str, expected: str) -> None:
+    assert gang_from_workload(workload(policy=policy), {}, guaranteed).pod_sets[0].numa_policy == expected
+
+
+def test_partial_admission_count_wins_and_a_priority_class_need_not_exist() -> None:
+    wl = workload(8, admitted_count=5, extra_spec={"priorityClassName": "gone"})
+    assert gang_from_workload(wl, {}).pod_sets[0].count == 5
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda wl: wl["spec"].update(podSets=[]), "no podSets"),
+    (lambda wl: wl["spec"]["podSets"][0].update(count=0), "count must be a positive integer"),
+    (lambda wl: wl["spec"]["podSets"][0]["template"]["metadata"].update(
+        annotations={"topolet.io/numa-policy": "tight"}), "topolet.io/numa-policy must be one of"),
+    (lambda wl: wl["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"].update(
+        requests={"cpu": "lots"}), "invalid quantity"),
+    (lambda wl: wl["status"]["admission"]["podSetAssignments"][0].update(
+        flavors={"cpu": "a", "memory": "b"}), "flavors disagree on node label pool"),
+])
+def test_malformed_workloads_say_why(change: Any, message: str) -> None:
+    wl = workload()
+    change(wl)
+    with pytest.raises(WorkloadSpecError, match=message):
+        gang_from_workload(wl, {"a": {"pool": "x"}, "b": {"pool": "y"}})
+
+
+@pytest.mark.parametrize(("checks", "conditions", "active", "decide", "holds"), [
+    ({"fit": "Pending"}, ("QuotaReserved",), True, "fit", None),
+    ({"fit": "Pending"}, (), True, None, None),                         # no quota yet: Kueue first
+    ({"fit": "Pending"}, ("QuotaReserved",), False, None, None),        # deactivated
+    ({"fit": "Pending"}, ("QuotaReserved", "Finished"), True, None, None),
+    ({"other": "Pending"}, ("QuotaReserved",), True, None, None),       # not our check
+    ({"fit": "Ready"}, ("QuotaReserved", "Admitted"), True, None, "fit"),
+    ({"fit": "Ready"}, ("QuotaReserved", "Admitted", "Finished"), True, None, None),
+    ({"fit": "Ready"}, ("Evicted",), True, None, None),                 # evicted: quota released
+    ({"fit": "Retry"}, ("QuotaReserved",), True, None, None),
+])
+def test_what_to_decide_and_what_holds_capacity(checks: dict[str, str], conditions: tuple[str, ...],
+                                                 active: bool, decide: str | None, holds: str | None) -> None:
+    wl = workload(checks=checks, conditions=conditions)
+    wl["spec"]["active"] = active
+    assert to_decide(wl, ("fit",)) == decide
+    assert holding(wl, ("fit",)) == holds
+
+
+def test_our_checks_and_active() -> None:
+    acs = [{"metadata": {"name": n, "generation": 2}, "spec": {"controllerName": c}}
+           for n, c in (("b", CONTROLLER_NAME), ("x", "kueue.x-k8s.io/provisioning-request"),
+                        ("a", CONTROLLER_NAME))]
+    assert our_checks(acs) == ("a", "b")
+    ac = acs[0]
+    assert not check_active(ac)
+    body = active_status(ac, "2026-01-01T00:00:00Z")
+    ac["status"] = body["status"]
+    assert check_active(ac)
+    ac["metadata"]["generation"] = 3  # a changed spec wants a new observation
+    assert not check_active(ac)
+
+
+# -- deciding ---------------------------------------------------------------------------------------
+
+def _placement(slots: list[tuple[str, int | None]], pod_set: str = "main") -> Placement:
+    return Placement("workload:ns/job-a-1",
+                     tuple(PodPlacement(pod_set, i, n, z) for i, (n, z) in enumerate(slots)))
+
+
+def test_one_slot_pins_through_the_node_selector_and_needs_no_policy() -> None:
+    gang = gang_from_workload(workload(3), {})
+    updates = pod_set_updates(gang, _placement([("n1", 2)] * 3), lambda _: False)
+    assert updates == [{"name": "main", "nodeSelector": {"kubernetes.io/hostname": "n1"},
+                        "annotations": {"topolet.io/numa-zone": "2"}}]
+    node_only = pod_set_updates(gang, _placement([("n1", None)] * 3), lambda _: False)
+    assert node_only == [{"name": "main", "nodeSelector": {"kubernetes.io/hostname": "n1"}}]
+
+
+def test_many_slots_go_by_completion_index_behind_the_failsafe_selector() -> None:
+    gang = gang_from_workload(workload(3), {})
+    slots = [("n1", 0), ("n2", 1), ("n1", 1)]
+    updates = pod_set_updates(gang, _placement(slots), lambda _: True)
+    assert updates == [{"name": "main", "annotations": {"topolet.io/placements": "n1:0,n2:1,n1:1"},
+                        "nodeSelector": {FAILSAFE_LABEL[0]: FAILSAFE_LABEL[1]}}]
+    with pytest.raises(WorkloadSpecError, match="make it an Indexed Job"):
+        pod_set_updates(gang, _placement(slots), lambda _: False)
+
+
+@pytest.mark.parametrize("slots", [[("n1", 0), ("n2", 1), ("n1", None)], [("n1", 3)] * 4])
+def test_the_record_comes_back_from_the_ready_state(slots: list[tuple[str, int | None]]) -> None:
+    wl = workload(len(slots), checks={"fit": "Pending"})
+    gang = gang_from_workload(wl, {})
+    placement = _placement(slots)
+    state = ready_state("fit", gang, placement, pod_set_updates(gang, placement, lambda _: True),
+                        "2026-01-01T00:00:00Z")
+    record = record_of_state(wl, state)
+    assert record.slots == {i: SlotPlacement(n, z) for i, (n, z) in enumerate(slots)}
+    assert record.time == "2026-01-01T00:00:00Z"
+    again = record_of_state(copy.deepcopy(wl), copy.deepcopy(state))
+    assert again.decision == record.decision  # the same on every read (a restart ledgers it once)
+    later = record_of_state(wl, {**state, "lastTransitionTime": "2026-01-01T00:05:00Z"})
+    assert later.decision != record.decision  # a re-admission is a new decision
+
+
+@pytest.mark.parametrize(("state", "message"), [
+    ({"name": "fit", "podSetUpdates": []}, "no placement for pod set main"),
+    ({"name": "fit", "podSetUpdates": [{"name": "main"}]}, "has no node"),
+    ({"name": "fit", "podSetUpdates": [{"name": "main", "annotations": {"topolet.io/placements": "n1:x"}}]},
+     "bad entry 0"),
+])
+def test_unreadable_ready_states(state: dict[str, Any], message: str) -> None:
+    with pytest.raises(WorkloadSpecError, match=message):
+        record_of_state(workload(), state)
+
+
+def test_parse_placements() -> None:
+    expected = [SlotPlacement("a", 0), SlotPlacement("b"), SlotPlacement("c", 12)]
+    assert parse_placements("a:0,b:,c:12") == expected
+    for bad in ("", "a", ":1", "a:-1"):
+        with pytest.raises(WorkloadSpecError):
+            parse_placements(bad)
+
+
+@pytest.mark.parametrize(("count", "seconds"), [(0, 5), (1, 10), (3, 40), (6, 300), (10**6, 300), (-1, 5)])
+def test_retry_backoff_doubles_up_to_a_cap(count: int, seconds: int) -> None:
+    assert retry_after(count) == seconds
+
+
+def test_retry_names_the_constraint_and_the_apply_body_carries_the_version() -> None:
+    state = retry_state("fit", "pod needs 16 CPUs in one zone; largest free zone has 12", 2, "t")
+    assert state["state"] == "Retry" and state["requeueAfterSeconds"] == 20
+    assert "largest free zone has 12" in state["message"]
+    body = status_apply(workload(), [state])
+    assert body["metadata"] == {"name": "job-a-1", "namespace": "ns", "resourceVersion": "7"}
+    assert body["status"] == {"admissionChecks": [state]}
