@@ -278,6 +278,10 @@ class ControlPlane:
             "--service-cluster-ip-range", "10.96.0.0/16",
             # Loopback cannot be a Service endpoint, so the kubernetes Service keeps no endpoints.
             "--endpoint-reconciler-type", "none",
+            # Webhook (and CRD conversion) Services resolve to their EndpointSlices' addresses, not their
+            # ClusterIP: with no kube-proxy nothing routes a ClusterIP, so Kueue's webhook Service gets a
+            # selector-less EndpointSlice on a local non-loopback address (tests/controlplane/kueue.py).
+            "--enable-aggregator-routing=true",
             # ValidatingAdmissionPolicy and MutatingAdmissionPolicy are on by default; these add the
             # node checks a DaemonSet's credentials meet in a real cluster.
             "--enable-admission-plugins", "NodeRestriction",
