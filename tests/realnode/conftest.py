@@ -1,0 +1,58 @@
+"""Fixtures for the real-node tests: a real kubelet, containerd and runc here (tests/realnode/node.py).
+
+`real_node` (module scope) is a `RealNode` with `cpuManagerPolicy: none` registered with the session's
+test cluster (`cluster_session`: its own control plane, kube-controller-manager, kube-scheduler);
+`realnode_parts` the binaries and image.  They need root, writable cgroups, the Debian packages of
+`make deps` (containerd, runc, containernetworking-plugins, busybox-static) and the kubelet build:
+without them the tests skip, and fail under CI=true.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import require
+from tests.controlplane.cluster import Cluster
+from tests.controlplane.fixtures import api, cluster, cluster_session, namespace
+from tests.realnode.node import RealNode, RealNodeError, RealNodeParts, find_parts
+
+__all__ = ["api", "cluster", "cluster_session", "namespace", "realnode_parts", "real_node"]
+
+_parts: RealNodeParts | None = None
+_parts_failure: str | None = None
+
+
+@pytest.fixture(scope="session")
+def realnode_parts() -> RealNodeParts:
+    """The kubelet (built once), containerd, runc, the CNI plugins and the busybox image."""
+    global _parts, _parts_failure
+    require(os.geteuid() == 0, "a real node needs root (cgroups, mounts, network namespaces)")
+    if _parts is None and _parts_failure is None:
+        try:
+            _parts = find_parts()
+        except RealNodeError as exc:
+            _parts_failure = str(exc)
+    require(_parts is not None, f"no real node: {_parts_failure}")
+    assert _parts is not None
+    return _parts
+
+
+def start_node(cluster: Cluster, parts: RealNodeParts, **kw: str) -> RealNode:
+    """A started RealNode (a failure to start is a test failure, with the daemons' logs)."""
+    node = RealNode(cluster, parts, **kw)
+    node.start()
+    return node
+
+
+@pytest.fixture(scope="module")
+def real_node(cluster_session: Cluster, realnode_parts: RealNodeParts) -> Iterator[RealNode]:
+    """A real node with `cpuManagerPolicy: none`, stopped (everything cleaned up) after the module."""
+    node = start_node(cluster_session, realnode_parts)
+    try:
+        yield node
+    finally:
+        print(node.logs())
+        node.stop()

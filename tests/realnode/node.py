@@ -1,0 +1,653 @@
+"""A real node for the tests and bench/: Debian's containerd and runc, a kubelet built from k8s.io/kubernetes.
+
+`RealNode(cluster, parts)` runs, next to a `tests.controlplane.cluster.Cluster` (whose control plane
+has a real kube-controller-manager and kube-scheduler):
+
+- containerd 1.6 with its own root, state, socket, runc root, CNI config (the `ptp` plugin, a /24 of
+  its own, host-local addresses kept in its folder) and network namespaces under its state folder,
+  the image of `tests.realnode.images` imported with `ctr -n k8s.io images import` and used as the
+  sandbox ("pause") image;
+- the kubelet (`tests/controlplane/build.sh kubelet`, v1.37.2) with its own --root-dir (so its own
+  pod-resources socket and cpu_manager_state), the cgroupfs driver and a cgroup root of its own,
+  `topolet-rn-<pid>-<tag>`, created in every cgroup hierarchy, so nothing it or runc makes can meet
+  the host's other tests (tests/enforce writes the cpuset hierarchy too).  It registers a Node
+  named `rn-<tag>` with admin credentials.  The recipe that works on hosts like this one:
+  `failCgroupV1: false`, `failSwapOn: false`, containerd's `restrict_oom_score_adj` (these hosts
+  withhold CAP_SYS_RESOURCE: runc fails "can't get final child's PID from pipe" without it);
+  the kubelet's "RuntimeConfig unimplemented" and image-filesystem stats errors are not fatal.
+
+Both daemons (and so every shim and container) run in a mount namespace of the node's own, made by
+a holder process (`unshare --mount`): their mounts never reach the host's, and in it the six kernel
+settings the kubelet would otherwise rewrite on the host at start (vm.overcommit_memory,
+kernel.panic, ...) are bind-mounted files already holding the values it wants.  With
+`makeIPTablesUtilChains: false` it adds no iptables chains either.
+
+The cluster's controller manager runs no node lifecycle controller, so the harness does its one part
+that matters here: once the kubelet reports the Node Ready, it lifts the `not-ready` taint the API
+server put on the new Node.
+
+Everything lives under `/run/topolet-realnode/<pid>-<tag>/` (short: unix socket paths are limited
+to 108 bytes).  `stop()` kills the kubelet, containerd, every shim started for this containerd and
+every process in the node's cgroups, unmounts everything mounted below the folder (overlay
+snapshots, sandbox shm, network namespaces), removes the node's cgroups in every hierarchy and the
+folder, and deletes the Node; it is idempotent and runs after a failed test too.  `sweep()` does the
+same for nodes of test processes that no longer exist (a killed run).
+
+`restart_kubelet()` and `restart_containerd()` stop only the daemon: containers keep running under
+their shims, as on a real node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.controlplane.cluster import Cluster
+from tests.controlplane.harness import ControlPlaneError, _Process, build_components, free_port
+from tests.realnode.images import IMAGE, busybox_image
+
+BASE = Path("/run/topolet-realnode")
+CGROUP_MOUNT = Path("/sys/fs/cgroup")
+CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
+READY_TIMEOUT_S = 120.0
+MNT_DETACH = 2
+# What the kubelet's container manager sets at start (pkg/kubelet/cm/container_manager_linux.go,
+# setupKernelTunables); in the node's mount namespace these files already say so.
+KUBELET_SYSCTLS = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10",
+                   "kernel/panic_on_oops": "1", "kernel/keys/root_maxkeys": "1000000",
+                   "kernel/keys/root_maxbytes": "25000000"}
+SHIM_SOCKETS = "/run/containerd/s/"  # containerd 1.6 puts every shim's socket here, whatever its state dir
+
+
+class RealNodeError(ControlPlaneError):
+    """A part of the real node is missing or did not come up (its log's tail in the message)."""
+
+
+@dataclass(frozen=True)
+class RealNodeParts:
+    """The binaries and the image a real node runs."""
+
+    kubelet: Path
+    containerd: str
+    runc: str
+    ctr: str
+    cni_bin: str
+    image: Path
+
+
+def find_parts() -> RealNodeParts:
+    """Build (or find in the cache) the kubelet and the image; find containerd, runc, ctr and the
+    CNI plugins (Debian packages: `make deps`).  RealNodeError names what is missing."""
+    missing = [name for name in ("containerd", "runc", "ctr") if shutil.which(name) is None]
+    cni = next((d for d in CNI_BIN_DIRS if os.path.exists(os.path.join(d, "ptp"))), None)
+    if cni is None:
+        missing.append("the CNI plugins (containernetworking-plugins)")
+    if not os.path.exists("/bin/busybox"):
+        missing.append("/bin/busybox (busybox-static)")
+    if missing:
+        raise RealNodeError(f"missing: {', '.join(missing)} (make deps installs them)")
+    kubelet = build_components("kubelet")["kubelet"]
+    return RealNodeParts(kubelet, str(shutil.which("containerd")), str(shutil.which("runc")),
+                         str(shutil.which("ctr")), str(cni), busybox_image())
+
+
+def hierarchies() -> list[Path]:
+    """Every mounted cgroup hierarchy: the v1 controllers' and the unified one."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-")
+            if fields[sep + 1] in ("cgroup", "cgroup2"):
+                out.append(Path(fields[4]))
+    return sorted(set(out))
+
+
+def _v1_cpuset_mount() -> Path | None:
+    for h in hierarchies():
+        if (h / "cpuset.cpus").exists() and (h / "tasks").exists():
+            return h
+    return None
+
+
+def _kill_pids(pids: set[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _pids_in_tree(root: Path) -> set[int]:
+    pids: set[int] = set()
+    for dirpath, _, files in os.walk(root):
+        if "cgroup.procs" in files:
+            with contextlib.suppress(OSError), open(os.path.join(dirpath, "cgroup.procs")) as f:
+                pids.update(int(p) for p in f.read().split())
+    return pids
+
+
+def _remove_cgroup_tree(root: Path) -> None:
+    """Kill what runs in `root` and remove it bottom-up (an exiting process lingers for a moment)."""
+    if not root.exists():
+        return
+    for _ in range(300):
+        _kill_pids(_pids_in_tree(root))
+        dirs = sorted((Path(d) for d, _, _ in os.walk(root)), key=lambda p: -len(p.parts))
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if not root.exists():
+            return
+        time.sleep(0.05)
+    raise RealNodeError(f"cannot remove cgroup {root}: {sorted(_pids_in_tree(root))}")
+
+
+def _mounts_under(folder: Path) -> list[str]:
+    prefix = str(folder) + "/"
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].replace("\\040", " ")
+            if point.startswith(prefix) or point == str(folder):
+                out.append(point)
+    return out
+
+
+def _unmount_under(folder: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    for _ in range(20):
+        points = _mounts_under(folder)
+        if not points:
+            return
+        for point in sorted(points, key=lambda p: -p.count("/")):
+            libc.umount2(point.encode(), MNT_DETACH)
+    raise RealNodeError(f"mounts left under {folder}: {_mounts_under(folder)}")
+
+
+def _processes_mentioning(text: str) -> set[int]:
+    """Pids whose command line contains `text` (the shims name their containerd's socket)."""
+    needle = text.encode()
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as f:
+            if needle in f.read():
+                out.add(int(entry))
+    out.discard(os.getpid())
+    return out
+
+
+def _shim_sockets(pids: set[int]) -> set[str]:
+    """Paths of the unix sockets these processes listen on under containerd's shim folder: a shim
+    killed with SIGKILL leaves its socket file behind."""
+    inodes = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    m = re.fullmatch(r"socket:\[(\d+)\]", os.readlink(f"/proc/{pid}/fd/{fd}"))
+                    if m:
+                        inodes.add(m.group(1))
+    out = set()
+    with contextlib.suppress(OSError), open("/proc/net/unix") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 8 and fields[6] in inodes and fields[7].startswith(SHIM_SOCKETS):
+                out.add(fields[7])
+    return out
+
+
+def _clean_folder(folder: Path, cgroup_name: str) -> None:
+    """Tear down what a node left in `folder` and its cgroups, whoever started it."""
+    shims = _processes_mentioning(str(folder) + "/")
+    sockets = _shim_sockets(shims)
+    _kill_pids(shims)
+    for path in sockets:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    for h in hierarchies():
+        _remove_cgroup_tree(h / cgroup_name)
+    _kill_pids(_processes_mentioning(str(folder) + "/"))
+    _unmount_under(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def sweep() -> list[str]:
+    """Clean up the nodes of test processes that are gone; the tags cleaned."""
+    cleaned: list[str] = []
+    if not BASE.exists():
+        return cleaned
+    for entry in BASE.iterdir():
+        m = re.fullmatch(r"(\d+)-[0-9a-f]+", entry.name)
+        if m is None or Path(f"/proc/{m.group(1)}").exists():
+            continue
+        _clean_folder(entry, f"topolet-rn-{entry.name}")
+        cleaned.append(entry.name)
+    return cleaned
+
+
+class RealNode:
+    """One real node (containerd + kubelet) registered with `cluster`; start() it, stop() it."""
+
+    def __init__(self, cluster: Cluster, parts: RealNodeParts, *, cpu_manager_policy: str = "none",
+                 reserved_cpus: str = "") -> None:
+        hexid = uuid.uuid4().hex[:8]
+        self.cluster = cluster
+        self.parts = parts
+        self.cpu_manager_policy = cpu_manager_policy
+        self.reserved_cpus = reserved_cpus
+        self.tag = f"{os.getpid()}-{hexid}"
+        self.name = f"rn-{hexid}"
+        self.dir = BASE / self.tag
+        self.cgroup_name = f"topolet-rn-{self.tag}"
+        self.containerd_socket = self.dir / "containerd.sock"
+        self.kubelet_root = self.dir / "kubelet"
+        self.subnet = f"10.251.{random.randrange(256)}.0/24"
+        self.namespace_holder: _Process | None = None
+        self.containerd: _Process | None = None
+        self.kubelet: _Process | None = None
+        self._kubelet_port = free_port()
+        self._healthz_port = free_port()
+
+    # ---- where things are ------------------------------------------------------------------------
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        """The kubelet's pod-resources gRPC socket."""
+        return self.kubelet_root / "pod-resources" / "kubelet.sock"
+
+    @property
+    def cpuset_root(self) -> Path:
+        """The kubelet's cgroup root in the cpuset hierarchy (the agent's --cgroup-root)."""
+        mount = _v1_cpuset_mount()
+        return (mount if mount is not None else CGROUP_MOUNT) / self.cgroup_name
+
+    @property
+    def cpu_manager_state(self) -> Path:
+        return self.kubelet_root / "cpu_manager_state"
+
+    def logs(self, chars: int = 3000) -> str:
+        """The tail of containerd's and the kubelet's logs."""
+        parts = []
+        for proc in (self.containerd, self.kubelet):
+            if proc is not None:
+                parts.append(f"--- {proc.name} {self.name} ---\n{proc.log_tail(chars)}")
+        return "\n".join(parts)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start containerd (image imported) and the kubelet; return once the Node is Ready."""
+        sweep()
+        self.dir.mkdir(parents=True)
+        try:
+            self._make_cgroup_root()
+            self._start_namespace()
+            self._write_containerd_config()
+            self.start_containerd()
+            self._ctr("images", "import", str(self.parts.image))
+            self._write_kubelet_config()
+            self.start_kubelet()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop everything and remove every process, mount, cgroup and file of this node (idempotent)."""
+        for proc in (self.kubelet, self.containerd, self.namespace_holder):
+            if proc is not None:
+                proc.stop()
+        self.kubelet = self.containerd = self.namespace_holder = None
+        _clean_folder(self.dir, self.cgroup_name)
+        from agent.errors import KubeAPIError
+
+        with contextlib.suppress(KubeAPIError, Exception), self.api() as api:
+            api.request("DELETE", f"/api/v1/nodes/{self.name}")
+
+    def _make_cgroup_root(self) -> None:
+        for h in hierarchies():
+            path = h / self.cgroup_name
+            path.mkdir()
+            if (path / "cpuset.cpus").exists():
+                # A v1 cpuset starts empty and its children copy it: give it the whole machine.
+                for f in ("cpus", "mems"):
+                    (path / f"cpuset.{f}").write_text((h / f"cpuset.effective_{f}").read_text())
+
+    def _start_namespace(self) -> None:
+        """The holder of the node's mount namespace, the kubelet's kernel settings bound in it."""
+        values = self.dir / "sysctl"
+        values.mkdir()
+        binds = []
+        for name, value in KUBELET_SYSCTLS.items():
+            f = values / name.replace("/", ".")
+            f.write_text(value + "\n")
+            binds.append(f"mount --bind {f} /proc/sys/{name}")
+        ready = self.dir / "namespace.ready"
+        script = " && ".join([*binds, f"touch {ready}", "exec sleep 2147483647"])
+        self.namespace_holder = _Process("mount-namespace", ["unshare", "--mount", "--propagation", "private",
+                                                             "--", "sh", "-c", script],
+                                         self.dir / "namespace.log")
+        self._wait(ready.exists, "the node's mount namespace", self.namespace_holder, timeout=30)
+
+    def _in_namespace(self, argv: list[str]) -> list[str]:
+        assert self.namespace_holder is not None and self.namespace_holder.running()
+        return ["nsenter", f"--target={self.namespace_holder.popen.pid}", "--mount", "--", *argv]
+
+    def start_containerd(self) -> None:
+        """Start containerd and wait until it answers on its socket."""
+        assert self.containerd is None or not self.containerd.running()
+        argv = [self.parts.containerd, "--config", str(self.dir / "containerd.toml")]
+        self.containerd = _Process("containerd", self._in_namespace(argv), self.dir / "containerd.log")
+        self._wait(lambda: self._ctr_ok("version"), "containerd to answer", self.containerd)
+
+    def stop_containerd(self) -> None:
+        """Stop containerd alone (its shims and their containers keep running)."""
+        if self.containerd is not None:
+            self.containerd.popen.send_signal(signal.SIGTERM)
+            self.containerd.popen.wait(30)
+            self.containerd = None
+
+    def restart_containerd(self) -> None:
+        self.stop_containerd()
+        self.start_containerd()
+
+    def start_kubelet(self) -> None:
+        """Start the kubelet and wait until its healthz answers."""
+        assert self.kubelet is None or not self.kubelet.running()
+        kubeconfig = self.cluster.plane.write_kubeconfig(self.dir / "kubelet.kubeconfig",
+                                                         self.cluster.plane.admin_token)
+        argv = [str(self.parts.kubelet), "--config", str(self.dir / "kubelet.json"),
+                "--kubeconfig", str(kubeconfig), "--root-dir", str(self.kubelet_root),
+                "--cert-dir", str(self.dir / "kubelet-pki"), "--hostname-override", self.name, "--v", "2"]
+        self.kubelet = _Process("kubelet", self._in_namespace(argv), self.dir / "kubelet.log")
+        self._wait(self._kubelet_healthy, "the kubelet's healthz", self.kubelet)
+
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet alone (containers keep running)."""
+        if self.kubelet is not None:
+            self.kubelet.stop()
+            self.kubelet = None
+
+    def restart_kubelet(self) -> None:
+        self.stop_kubelet()
+        self.start_kubelet()
+
+    def _kubelet_healthy(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self._healthz_port}/healthz", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def _wait(self, check: Callable[[], bool], what: str, proc: _Process | None,
+              timeout: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if proc is not None and not proc.running():
+                raise RealNodeError(f"{proc.name} exited with {proc.popen.returncode} waiting for {what}:\n"
+                                    f"{proc.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RealNodeError(f"timed out after {timeout:.0f} s waiting for {what}:\n{self.logs()}")
+            time.sleep(0.2)
+
+    def wait_ready(self) -> None:
+        """Wait for the Node to be Ready, then lift the not-ready taint (the lifecycle controller's part)."""
+        def ready() -> bool:
+            node = self.node_object()
+            if node is None:
+                return False
+            conds = {c["type"]: c["status"] for c in (node.get("status") or {}).get("conditions") or []}
+            return conds.get("Ready") == "True"
+
+        self._wait(ready, f"Node {self.name} Ready", self.kubelet)
+        with self.api() as api:
+            node = api.get(f"/api/v1/nodes/{self.name}")
+            taints = [t for t in (node.get("spec") or {}).get("taints") or []
+                      if not t["key"].startswith("node.kubernetes.io/not-ready")]
+            api.patch(f"/api/v1/nodes/{self.name}", {"spec": {"taints": taints or None}},
+                      "application/merge-patch+json")
+
+    # ---- configuration ---------------------------------------------------------------------------
+
+    def _write_containerd_config(self) -> None:
+        d = self.dir
+        cni_conf = d / "cni"
+        cni_conf.mkdir()
+        (cni_conf / "10-topolet-rn.conflist").write_text(json.dumps({
+            "cniVersion": "0.4.0", "name": self.cgroup_name,
+            "plugins": [{"type": "ptp", "ipMasq": False, "ipam": {
+                "type": "host-local", "ranges": [[{"subnet": self.subnet}]],
+                "dataDir": str(d / "cni-ipam")}}]}))
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        (d / "containerd.toml").write_text(f"""version = 2
+root = "{d}/containerd-root"
+state = "{d}/containerd-state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = ""
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/containerd-opt"
+[{cri}]
+  sandbox_image = "{IMAGE}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  netns_mounts_under_state_dir = true
+  stream_server_port = "0"
+  [{cri}.cni]
+    bin_dir = "{self.parts.cni_bin}"
+    conf_dir = "{cni_conf}"
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        BinaryName = "{self.parts.runc}"
+        Root = "{d}/runc"
+        SystemdCgroup = false
+""")
+
+    def _write_kubelet_config(self) -> None:
+        config: dict[str, Any] = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "failCgroupV1": False, "failSwapOn": False,
+            "cgroupDriver": "cgroupfs", "cgroupRoot": f"/{self.cgroup_name}",
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "address": "127.0.0.1", "port": self._kubelet_port, "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1", "healthzPort": self._healthz_port,
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "cpuManagerPolicy": self.cpu_manager_policy,
+            "cpuManagerReconcilePeriod": "10s",
+            "podLogsDir": str(self.dir / "pod-logs"),
+            "oomScoreAdj": 0,  # no CAP_SYS_RESOURCE here to lower it
+            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
+                             "imagefs.available": "1%"},
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "registerNode": True,
+            "makeIPTablesUtilChains": False,  # no chains in the host's iptables
+            "serializeImagePulls": False,
+            "nodeStatusReportFrequency": "10s",
+        }
+        if self.reserved_cpus:
+            config["reservedSystemCPUs"] = self.reserved_cpus
+        (self.dir / "kubelet.json").write_text(json.dumps(config, indent=1))
+
+    # ---- tools -----------------------------------------------------------------------------------
+
+    def _ctr(self, *args: str) -> str:
+        done = subprocess.run([self.parts.ctr, "--address", str(self.containerd_socket), "-n", "k8s.io",
+                               *args], capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise RealNodeError(f"ctr {' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def _ctr_ok(self, *args: str) -> bool:
+        try:
+            self._ctr(*args)
+            return True
+        except (RealNodeError, subprocess.TimeoutExpired):
+            return False
+
+    def task_pids(self) -> dict[str, int]:
+        """Container id → pid of its task, from containerd (`ctr task ls`)."""
+        out: dict[str, int] = {}
+        for line in self._ctr("tasks", "ls").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 3 and fields[2] == "RUNNING":
+                out[fields[0]] = int(fields[1])
+        return out
+
+    @contextlib.contextmanager
+    def api(self) -> Iterator[Any]:
+        """A KubeClient on the cluster (admin), closed afterwards."""
+        from agent.kube.client import KubeClient
+
+        client = KubeClient(self.cluster.plane.client())
+        try:
+            yield client
+        finally:
+            client.close()
+
+    def node_object(self) -> dict[str, Any] | None:
+        from agent.errors import KubeAPIError
+
+        with self.api() as api:
+            try:
+                return dict(api.get(f"/api/v1/nodes/{self.name}"))
+            except KubeAPIError as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+
+# ---- pods and the agent on a real node ----------------------------------------------------------
+
+def guaranteed_pod(name: str, node: str, cpu: str = "1", memory: str = "64Mi",
+                   annotations: dict[str, str] | None = None, limits: bool = True) -> dict[str, Any]:
+    """A one-container pod of the busybox image that sleeps, placed on `node` by the scheduler
+    (a nodeSelector on the hostname label); Guaranteed with `limits`, else Burstable."""
+    res: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
+    if limits:
+        res["limits"] = dict(res["requests"])
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                     "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 1,
+                     "enableServiceLinks": False,
+                     "containers": [{"name": "c", "image": IMAGE, "imagePullPolicy": "Never",
+                                     "command": ["/bin/sleep", "2147483647"], "resources": res}]}}
+
+
+def container_id(pod: dict[str, Any], name: str = "c") -> str | None:
+    """The bare runtime id of a running container of `pod` (None until it runs)."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == name and "running" in (cs.get("state") or {}) and cs.get("containerID"):
+            return str(cs["containerID"]).partition("://")[2]
+    return None
+
+
+def proc_cgroup(pid: int, controller: str = "cpuset") -> str:
+    """The cgroup of `pid` in the v1 hierarchy of `controller` (or the unified one), from /proc."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if controller in controllers.split(",") or (controller == "" and controllers == ""):
+                return path
+    raise RealNodeError(f"process {pid} has no {controller} cgroup")
+
+
+def proc_affinity(pid: int) -> str:
+    """`Cpus_allowed_list` of `pid`."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Cpus_allowed_list:"):
+                return line.split(":", 1)[1].strip()
+    raise RealNodeError(f"no affinity for {pid}")
+
+
+def cpuset_of(pid: int) -> tuple[Path, str]:
+    """(cgroup folder, its cpuset.cpus) of the cgroup the runtime put `pid` in."""
+    mount = _v1_cpuset_mount()
+    base = mount if mount is not None else CGROUP_MOUNT
+    folder = base / proc_cgroup(pid, "cpuset" if mount is not None else "").lstrip("/")
+    return folder, (folder / "cpuset.cpus").read_text().strip()
+
+
+class NodeAgent:
+    """`topolet agent` as a host process against a real node: its kubelet's pod-resources socket, its
+    cgroups (the kubelet's cgroup root as the agent's --cgroup-root), the Node's labels (sink `node`)."""
+
+    def __init__(self, node: RealNode, *extra: str) -> None:
+        self.node = node
+        self.extra = extra
+        self.state_dir = node.dir / "topolet-state"
+        self.proc: _Process | None = None
+
+    def start(self, *more: str) -> _Process:
+        from tests.conftest import REPO, topolet_bin
+
+        assert self.proc is None or not self.proc.running()
+        kc = self.node.cluster.plane.write_kubeconfig(self.node.dir / "agent.kubeconfig",
+                                                      self.node.cluster.plane.admin_token)
+        argv = [topolet_bin(), "agent", "--mode", "kubernetes", "--kubeconfig", str(kc),
+                "--node-name", self.node.name, "--state-dir", str(self.state_dir),
+                "--cgroup-root", str(self.node.cpuset_root),
+                "--pod-resources-socket", str(self.node.pod_resources_socket),
+                "--label-sink", "node", "--listen", "127.0.0.1:0", "--reconcile-seconds", "1",
+                *self.extra, *more]
+        self.proc = _Process("agent", argv, self.node.dir / "agent.log",
+                             env={"POD_NAMESPACE": "default", "PYTHONPATH": str(REPO)})
+        return self.proc
+
+    def kill(self) -> None:
+        """SIGKILL the agent (a crash: no clean-up of its own)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.popen.pid, signal.SIGKILL)
+            self.proc.popen.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
+
+    def log(self) -> str:
+        return self.proc.log_tail(1 << 20) if self.proc is not None else (
+            (self.node.dir / "agent.log").read_text(errors="replace")
+            if (self.node.dir / "agent.log").exists() else "")
+
+    def metrics_port(self) -> int | None:
+        m = re.findall(r"serving /metrics and /healthz on [^:]*:(\d+)", self.log())
+        return int(m[-1]) if m else None
+
+    def state(self) -> Any:
+        """The agent's allocation state (agent.enforce.state.State)."""
+        from agent.enforce.state import StateFile
+
+        return StateFile(str(self.state_dir)).load(missing_ok=True)
