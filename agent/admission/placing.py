@@ -16,7 +16,7 @@ Public API:
 - `placements_value(record, indexed)`: the slots as the placement policy reads them (see below).
 - `assign_slots(slots, pods, indexed) -> SlotAssignment`: which live pod holds which slot, and which
   gated pod gets which free slot (see `assign_slots`).
-- `pod_gated(pod)`, `pod_live(pod)`, `pod_target(pod)`, `completion_index(pod)`.
+- `pod_gated(pod)`, `pod_live(pod)`, `pod_target(pod)`, `completion_index(pod)`, `node_affinity(node)`.
 - `still_undecided(job, fresh) -> bool`: whether a decision made on `job` may still be written onto
   its re-read version `fresh` (after a 409).
 
@@ -24,11 +24,12 @@ Two routes to a pinned pod.  The decision patch of an Indexed Job also writes th
 template's annotation `topolet.io/placements` ("node:zone" per completion index, comma-separated;
 the zone empty when the slot has none).  Where the MutatingAdmissionPolicy `topolet-placement`
 (daemonset/controller/placement-policy.yaml) is installed, the API server pins each pod as the Job
-controller creates it: node selector and zone from its index's entry, our gate and the placements
-annotation removed.  No pod write by the controller, no second scheduling pass.  Wherever the policy
-is absent, fails or does not apply (a non-indexed Job; a value over PLACEMENTS_MAX_CHARS), the pod is
-created gated and the controller pins it with `pod_patch`, which removes the placements annotation
-too, so the node's agent never sees it.
+controller creates it: node selector (and required node affinity on the node's name, `node_affinity`)
+and zone from its index's entry, our gate and the placements annotation removed.  No pod write by
+the controller, no second scheduling pass.  Wherever the policy is absent, fails or does not apply (a
+non-indexed Job; a value over PLACEMENTS_MAX_CHARS), the pod is created gated and the controller
+pins it with `pod_patch`, which removes the placements annotation too, so the node's agent never
+sees it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ PLACEMENTS_ANNOTATION = "topolet.io/placements"
 # Past this the value is not written (pods are patched instead): every pod of the Job carries it
 # until the policy strips it, and an object's annotations may total 256 KiB.
 PLACEMENTS_MAX_CHARS = 64 * 1024
+REQUIRED_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
 RESULTS = ("admitted", "rejected")
 RECORD_VERSION = 1
 
@@ -208,12 +210,15 @@ def pod_patch(pod: Mapping[str, Any], node: str, zone: int | None) -> dict[str, 
 
     Only what the node and the scheduler read: no annotation of our own beside the zone (the node's
     agent refuses a pod with a `topolet.io/` annotation it does not know), so a pod's slot is found
-    again by `assign_slots`; the placements annotation the template gave it is removed."""
+    again by `assign_slots`; the placements annotation the template gave it is removed.  A pod with no
+    required node affinity also gets one on the node's name (`node_affinity`)."""
     spec = as_dict(pod.get("spec"))
     gates = [g for g in _gates(spec) if g.get("name") != GATE]
     body: dict[str, Any] = {
         "metadata": {"resourceVersion": meta_of(pod).get("resourceVersion")},
         "spec": {"nodeSelector": {HOSTNAME_LABEL: node}, "schedulingGates": gates or None}}
+    if not as_dict(as_dict(spec.get("affinity")).get("nodeAffinity")).get(REQUIRED_AFFINITY):
+        body["spec"]["affinity"] = {"nodeAffinity": node_affinity(node)}
     annotations: dict[str, str | None] = {}
     if PLACEMENTS_ANNOTATION in as_dict(meta_of(pod).get("annotations")):
         annotations[PLACEMENTS_ANNOTATION] = None
@@ -222,6 +227,14 @@ def pod_patch(pod: Mapping[str, Any], node: str, zone: int | None) -> dict[str, 
     if annotations:
         body["metadata"]["annotations"] = annotations
     return body
+
+
+def node_affinity(node: str) -> dict[str, Any]:
+    """Required node affinity on the node's name, beside the hostname selector: the same node, but the
+    scheduler's NodeAffinity PreFilter narrows a pod with a `metadata.name` field term to that one
+    node, where a label selector makes it filter every node of the cluster to find it."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {REQUIRED_AFFINITY: {"nodeSelectorTerms": [term]}}
 
 
 def completion_index(pod: Mapping[str, Any]) -> int | None:

@@ -301,8 +301,27 @@ def test_the_placement_policy_pins_indexed_pods_and_the_controller_patches_the_r
     cluster.start_controller("--listen", f"127.0.0.1:{port}", "--resync-seconds", "2")
     api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("indexed", 2, label))
     api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("plain", 2, label, indexed=False))
-    for name in ("indexed", "plain"):
+    # Node affinity of the template's own: a required one is kept as it is; beside a preferred one the
+    # policy adds the required term on the node's name.
+    own = gang_job("own-affinity", 2, label, cpu=4)
+    own["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": label, "operator": "Exists"}]}]}}}
+    preferred = gang_job("preferred", 2, label, cpu=4)
+    preferred["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "preference": {"matchExpressions": [{"key": label, "operator": "Exists"}]}}]}}
+    for body in (own, preferred):
+        api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", body)
+    for name in ("indexed", "plain", "own-affinity", "preferred"):
         wait_for(lambda n=name: all_bound_as_recorded(api, namespace, n, 2), f"gang {name} bound")
+    for pod in job_pods(api, namespace, "own-affinity"):
+        assert pod["spec"]["affinity"] == own["spec"]["template"]["spec"]["affinity"]
+    for pod in job_pods(api, namespace, "preferred"):
+        affinity = pod["spec"]["affinity"]["nodeAffinity"]
+        assert affinity["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 1
+        assert affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+            "matchFields"][0]["values"] == [pod["spec"]["nodeName"]]
     job = get_job(api, namespace, "indexed")
     slots = job["spec"]["template"]["metadata"]["annotations"]["topolet.io/placements"].split(",")
     rec = record(api, namespace, "indexed")
@@ -314,6 +333,12 @@ def test_the_placement_policy_pins_indexed_pods_and_the_controller_patches_the_r
     for name in ("indexed", "plain"):
         for pod in job_pods(api, namespace, name):  # the node's agent never sees the slots annotation
             assert "topolet.io/placements" not in pod["metadata"]["annotations"]
+            # Both routes also pin by the node's name, which the scheduler narrows to that one node.
+            node = pod["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+            terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            assert terms["nodeSelectorTerms"] == [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+            assert pod["spec"]["nodeName"] == node
     status, text = scrape(port)
     assert status == 200
     assert metric(text, "topolet_admission_pods_patched_total") == 2  # plain's two, none of indexed's

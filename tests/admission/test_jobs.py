@@ -199,11 +199,18 @@ def test_pod_patch_pins_and_ungates() -> None:
     pod: dict[str, Any] = {"metadata": {"resourceVersion": "3", "annotations": {}},
            "spec": {"schedulingGates": [{"name": GATE}], "nodeSelector": {"pool": "a"}}}
     patch = pod_patch(pod, "n1", 1)
-    assert patch["spec"] == {"nodeSelector": {HOSTNAME_LABEL: "n1"}, "schedulingGates": None}
+    on_n1 = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}
+    assert patch["spec"] == {"nodeSelector": {HOSTNAME_LABEL: "n1"}, "schedulingGates": None,
+                             "affinity": {"nodeAffinity": on_n1}}
     assert patch["metadata"] == {"resourceVersion": "3", "annotations": {NUMA_ZONE_ANNOTATION: "1"}}
     pod["spec"]["schedulingGates"].append({"name": "keep"})
     assert pod_patch(pod, "n1", None)["spec"]["schedulingGates"] == [{"name": "keep"}]
     assert "annotations" not in pod_patch(pod, "n1", None)["metadata"]
+    # Required node affinity of the pod's own is left as it is (a gated pod's may only be narrowed).
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "Exists"}]}]}}}
+    assert "affinity" not in pod_patch(pod, "n1", 1)["spec"]
     # A pod the placement policy did not pin still carries the template's placements: removed.
     pod["metadata"]["annotations"][PLACEMENTS_ANNOTATION] = "n1:1"
     assert pod_patch(pod, "n1", 1)["metadata"]["annotations"] == {PLACEMENTS_ANNOTATION: None,
