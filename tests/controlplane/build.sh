@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the test control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), its client
-# (kubectl, kustomize built in) and the real node's kubelet (tests/realnode/) from
-# the Go module proxy, once per version.
+# (kubectl, kustomize built in), the real node's kubelet (tests/realnode/) and Kueue's manager (kueue,
+# tests/controlplane/kueue.py) from the Go module proxy, once per version.
 #
 # Usage: tests/controlplane/build.sh [COMPONENT...]   (every component when none named)
 # Prints one `<component>=<absolute path of the binary>` line per component on stdout; progress and
@@ -20,15 +20,17 @@ go_version="$(go env GOVERSION)"
 # component -> module dir, Go package to build, module whose version names the cache entry.
 declare -A module_dir=([etcd]=etcd [kube-apiserver]=apiserver [kubectl]=kubectl
                        [kube-controller-manager]=apiserver [kube-scheduler]=apiserver
-                       [kubelet]=kubelet)
+                       [kubelet]=kubelet [kueue]=kueue)
 declare -A package=([etcd]=. [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
                     [kubectl]=k8s.io/kubernetes/cmd/kubectl
                     [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
                     [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
-                    [kubelet]=k8s.io/kubernetes/cmd/kubelet)
+                    [kubelet]=k8s.io/kubernetes/cmd/kubelet
+                    [kueue]=sigs.k8s.io/kueue/cmd/kueue)
 declare -A version_of=([etcd]=go.etcd.io/etcd/server/v3 [kube-apiserver]=k8s.io/kubernetes
                        [kubectl]=k8s.io/kubernetes [kube-controller-manager]=k8s.io/kubernetes
-                       [kube-scheduler]=k8s.io/kubernetes [kubelet]=k8s.io/kubernetes)
+                       [kube-scheduler]=k8s.io/kubernetes [kubelet]=k8s.io/kubernetes
+                       [kueue]=sigs.k8s.io/kueue)
 
 # The version of module $2 as required by the go.mod in directory $1.
 required_version() {
@@ -61,6 +63,9 @@ build_one() {
                 local pkg=k8s.io/component-base/version
                 ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
                 ldflags+=" -X $pkg.gitTreeState=clean"
+            elif [[ "$component" == kueue ]]; then
+                # What Kueue logs at start; upstream's Makefile stamps the same variable.
+                ldflags+=" -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version"
             fi
             echo "build.sh: building $component $version (cold builds take minutes)" >&2
             local start=$SECONDS
@@ -75,7 +80,7 @@ build_one() {
 }
 
 components=("$@")
-[[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kubectl kube-controller-manager kube-scheduler)
+[[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kubectl kube-controller-manager kube-scheduler kueue)
 for c in "${components[@]}"; do
     [[ -n "${module_dir[$c]:-}" ]] || { echo "build.sh: unknown component '$c'" >&2; exit 2; }
     build_one "$c"
