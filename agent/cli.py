@@ -260,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ledger-timeout-seconds", type=float, default=120.0,
                    help="seconds a placement counts against capacity while the NRT does not show it "
                         "(default 120)")
+    c.add_argument("--kueue", default="auto", choices=["auto", "on", "off"],
+                   help="also act as the Kueue AdmissionCheck controller topolet.io/topology-fit: on, off, "
+                        "or auto (the default: on when the API serves Kueue's v1beta2 to this controller)")
     c.add_argument("--crash-at", default=None,
                    choices=["after-decision", "after-unsuspend", "after-pod-patch"],
                    help="for the restart tests only: SIGKILL this process the first time it reaches the step")

@@ -19,6 +19,20 @@ from agent.kube.leader import LeaderElector
 log = logging.getLogger(__name__)
 
 
+def _kueue_mode(kube: KubeClient, mode: str) -> bool:
+    """Whether to run the Kueue AdmissionCheck (`--kueue`): auto turns it on when Kueue's v1beta2 is
+    served and we may read it (else its reflectors would never sync and hold up every pass)."""
+    if mode != "auto":
+        return mode == "on"
+    from agent.admission.kueue import kueue_served
+
+    served = kueue_served(kube)
+    if served is None:
+        log.warning("Kueue's API is served but this controller may not read AdmissionChecks: the "
+                    "topolet.io/topology-fit check stays off (apply daemonset/components/kueue)")
+    return served is True
+
+
 def run_controller(args: argparse.Namespace) -> int:
     """`topolet controller`: serve metrics, elect a leader if asked, and run until SIGTERM/SIGINT."""
     from agent.admission.queues import parse_queue_modes
@@ -39,6 +53,7 @@ def run_controller(args: argparse.Namespace) -> int:
     api.configuration.connection_pool_maxsize = 2 * WRITERS + 16
     api.rest_client = type(api.rest_client)(api.configuration)
     kube = KubeClient(api)
+    config = replace(config, kueue=_kueue_mode(kube, args.kueue))
     metrics = AdmissionMetrics()
     stop = threading.Event()
     leader = None
@@ -77,8 +92,9 @@ def run_controller(args: argparse.Namespace) -> int:
     else:
         metrics.leader.set(1)
     controller.start()
-    log.info("topolet controller %s: namespace %s, queues %s, metrics on %s", identity, config.namespace,
-             dict(config.queue_modes) or "all BestEffortFIFO", args.listen)
+    log.info("topolet controller %s: namespace %s, queues %s, metrics on %s, Kueue check %s", identity,
+             config.namespace, dict(config.queue_modes) or "all BestEffortFIFO", args.listen,
+             "on" if config.kueue else "off")
     try:
         controller.run(stop)
     finally:

@@ -48,7 +48,12 @@ once.
 For the kill tests, env `TOPOLET_CONTROLLER_CRASH_AT=<step>` (or `--crash-at <step>`) makes the
 process SIGKILL itself the first time it reaches `<step>`: `after-decision`, `after-unsuspend` (both
 right after the one admitting write; `after-unsuspend` also after unsuspending a Job admitted but left
-suspended) or `after-pod-patch`.
+suspended) or `after-pod-patch`; with `--kueue`, `after-decision` also right after a Workload's Ready
+write.
+
+With `ControllerConfig.kueue`, the pass also decides the `topolet.io/topology-fit` Kueue AdmissionCheck
+(`agent.admission.kueue`): its Ready Workloads join the ledger of admitted Jobs and its pending ones
+are decided after the Job queues, on the same view.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ from agent.admission import jobs, placing
 from agent.admission.capacity import Capacity
 from agent.admission.events import ObjectEvents, timestamp
 from agent.admission.jobs import JobSpecError
+from agent.admission.kueue import KueueCheck
 from agent.admission.metrics import AdmissionMetrics
 from agent.admission.model import ClusterView, Gang, Placement, Refusal, Resources
 from agent.admission.placing import AdmissionRecord, SlotPlacement
@@ -108,6 +114,7 @@ class ControllerConfig:
     resync_seconds: float = 30.0
     ledger_timeout_seconds: float = 120.0
     identity: str = ""
+    kueue: bool = False  # also decide the topolet.io/topology-fit AdmissionCheck (agent.admission.kueue)
 
 
 class NotLeader(Exception):
@@ -135,7 +142,13 @@ class Controller:
         self.nrts = Reflector(kube, resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL), "NRTs", self.changed)
         self.priorities = Reflector(kube, resource_path("scheduling.k8s.io", "v1", "priorityclasses"),
                                     "PriorityClasses", self.changed)
-        self.reflectors = (self.jobs, self.pods, self.nodes, self.nrts, self.priorities)
+        self.reflectors: tuple[Reflector, ...] = (self.jobs, self.pods, self.nodes, self.nrts,
+                                                  self.priorities)
+        self.kueue: KueueCheck | None = None
+        if config.kueue:
+            self.kueue = KueueCheck(kube, self.changed, metrics, self._submit, self._check_leader, clock,
+                                    self._guaranteed_policy, _crash_point)
+            self.reflectors += self.kueue.reflectors
         # Said once per state, so Events are not repeated every pass: Job uid -> last waiting reason,
         # and (uid, resourceVersion) of Jobs already told they are malformed.
         self._waiting: dict[str, str] = {}
@@ -340,9 +353,11 @@ class Controller:
         # With no gang to decide, a pass only hands gated pods their slots: rebuilding the whole view
         # (seconds on a big cluster) would delay those patches, so it is refreshed for the capacity
         # metrics at most every VIEW_REFRESH_SECONDS then.
+        kueue = self.kueue.collect(pods) if self.kueue is not None else None
         t_view = time.perf_counter()
-        build = bool(pending) or self._view_at is None or t_view - self._view_at >= VIEW_REFRESH_SECONDS
-        self._pod_slots = {}
+        build = (bool(pending) or bool(kueue and kueue.pending) or self._view_at is None
+                 or t_view - self._view_at >= VIEW_REFRESH_SECONDS)
+        self._pod_slots = dict(kueue.pod_slots) if kueue is not None else {}
         for job, record in admitted:
             held = self._finish_admitted(job, record, by_owner.get(str(metadata_of(job).get("uid")), []),
                                          slots_needed=build)
@@ -354,6 +369,7 @@ class Controller:
         t_view = time.perf_counter()
         if build:
             holding = [(jobs.job_key(job), record, _requests_of(job)) for job, record in admitted]
+            holding += kueue.admitted if kueue is not None else []
             view = self.capacity.view(holding, pods, self._slot_of)
             self._view_at = time.perf_counter()
             self.metrics.set_view(view)
@@ -397,6 +413,9 @@ class Controller:
                 self._wait(job, f"behind {result.head}, the head of StrictFIFO queue {outcome.pending.queue}")
             if outcome.pending.gang.key in started:
                 self.metrics.decision_seconds.observe(time.perf_counter() - started[outcome.pending.gang.key])
+        if self.kueue is not None and kueue is not None:
+            # Kueue's Workloads on the same view, after the Job queues: one ledger, no double booking.
+            self.kueue.decide(kueue, decide, self.capacity.left_out)
         self._timings = (t_decide - t_view, time.perf_counter() - t_decide)
         self._drain()
         for queue, landed in decided:

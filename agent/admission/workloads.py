@@ -18,7 +18,7 @@ Public API:
   PodSet, read by `agent.admission.jobs`' own pod-template readers; raises `WorkloadSpecError`.
 - `pod_set_updates(gang, placement, indexed) -> list[dict]`: the podSetUpdates of a Ready state;
   raises `WorkloadSpecError` when a pod set needs completion indexes it does not have.
-- `record_of_state(wl, state) -> AdmissionRecord | None`: the decision back from a Ready state.
+- `records_of_state(wl, state) -> {pod set: AdmissionRecord}`: the decision back from a Ready state.
 - `ready_state`, `retry_state`, `rejected_state`, `status_apply(wl, states)`; `retry_after(count)`.
 
 How a Ready Workload's pods land on the engine's exact slots, with no webhook server of ours: Kueue
@@ -276,16 +276,19 @@ def parse_placements(text: str) -> list[SlotPlacement]:
     return out
 
 
-def record_of_state(wl: Mapping[str, Any], state: Mapping[str, Any]) -> AdmissionRecord:
-    """The decision a Ready state of ours carries, as the ledger takes it: slots numbered across the
-    Workload's pod sets in order (a pod set's completion index, plus the counts of the sets before
-    it); decision: a digest of the Workload's uid, the state's time and its podSetUpdates (the same
-    on every read, new on every new decision); time: the state's lastTransitionTime.
+def records_of_state(wl: Mapping[str, Any], state: Mapping[str, Any]) -> dict[str, AdmissionRecord]:
+    """The decision a Ready state of ours carries, per pod set, as the ledger takes it: slots numbered
+    by completion index within the pod set; decision: a digest of the Workload's uid, the state's time
+    and its podSetUpdates (the same on every read, new on every new decision); time: the state's
+    lastTransitionTime.
 
     WorkloadSpecError when the state does not say where every pod goes."""
     updates = {str(as_dict(u).get("name")): as_dict(u) for u in as_list(state.get("podSetUpdates"))}
     assignments = _assignments(wl)
-    slots: dict[int, SlotPlacement] = {}
+    time = str(state.get("lastTransitionTime") or "")
+    digest = hashlib.sha256(json.dumps([meta_of(wl).get("uid"), time, state.get("podSetUpdates")],
+                                       sort_keys=True).encode()).hexdigest()[:32]
+    out: dict[str, AdmissionRecord] = {}
     for raw in as_list(as_dict(wl.get("spec")).get("podSets")):
         raw = as_dict(raw)
         name = str(raw.get("name"))
@@ -303,12 +306,8 @@ def record_of_state(wl: Mapping[str, Any], state: Mapping[str, Any]) -> Admissio
                 raise WorkloadSpecError(f"Ready state {state.get('name')}: pod set {name} has no node")
             numa = int(zone) if isinstance(zone, str) and zone.isdigit() else None
             mine = [SlotPlacement(node, numa)] * count
-        offset = len(slots)
-        slots.update({offset + k: s for k, s in enumerate(mine)})
-    time = str(state.get("lastTransitionTime") or "")
-    digest = hashlib.sha256(json.dumps([meta_of(wl).get("uid"), time, state.get("podSetUpdates")],
-                                       sort_keys=True).encode()).hexdigest()[:32]
-    return AdmissionRecord("admitted", digest, time, slots)
+        out[name] = AdmissionRecord("admitted", digest, time, dict(enumerate(mine)))
+    return out
 
 
 def retry_after(retry_count: int) -> int:

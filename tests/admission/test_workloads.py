@@ -21,7 +21,7 @@ from agent.admission.workloads import (
     parse_placements,
     pod_set_updates,
     ready_state,
-    record_of_state,
+    records_of_state,
     retry_after,
     retry_state,
     status_apply,
@@ -169,12 +169,12 @@ def test_the_record_comes_back_from_the_ready_state(slots: list[tuple[str, int |
     placement = _placement(slots)
     state = ready_state("fit", gang, placement, pod_set_updates(gang, placement, lambda _: True),
                         "2026-01-01T00:00:00Z")
-    record = record_of_state(wl, state)
+    (record,) = records_of_state(wl, state).values()
     assert record.slots == {i: SlotPlacement(n, z) for i, (n, z) in enumerate(slots)}
     assert record.time == "2026-01-01T00:00:00Z"
-    again = record_of_state(copy.deepcopy(wl), copy.deepcopy(state))
+    (again,) = records_of_state(copy.deepcopy(wl), copy.deepcopy(state)).values()
     assert again.decision == record.decision  # the same on every read (a restart ledgers it once)
-    later = record_of_state(wl, {**state, "lastTransitionTime": "2026-01-01T00:05:00Z"})
+    (later,) = records_of_state(wl, {**state, "lastTransitionTime": "2026-01-01T00:05:00Z"}).values()
     assert later.decision != record.decision  # a re-admission is a new decision
 
 
@@ -186,7 +186,7 @@ def test_the_record_comes_back_from_the_ready_state(slots: list[tuple[str, int |
 ])
 def test_unreadable_ready_states(state: dict[str, Any], message: str) -> None:
     with pytest.raises(WorkloadSpecError, match=message):
-        record_of_state(workload(), state)
+        records_of_state(workload(), state)
 
 
 def test_parse_placements() -> None:

@@ -1,0 +1,285 @@
+"""The `topolet.io/topology-fit` Kueue AdmissionCheck, decided inside the controller's pass.
+
+Public API:
+
+- `KueueCheck(kube, changed, metrics, submit, check_leader, clock, guaranteed_policy, crash_point)`:
+  `.reflectors` (AdmissionChecks, Workloads, ResourceFlavors; the controller starts, stops and waits
+  for them with its own),
+  `.collect(pods) -> Round` and `.decide(round, decide, left_out)`.
+- `Round`: what one pass knows of Kueue: `admitted` (the ledger's `(gang key, record, requests)` of
+  every Ready Workload, one per pod set), `pod_slots` (pod uid -> (gang key, slot) for their pods) and
+  `pending` (Workloads to decide, in the order Kueue reserved their quota).
+- `kueue_served(kube) -> bool | None`: whether the API serves Kueue's v1beta2 to us (None: served but
+  forbidden).
+
+A pass (`agent.admission.controller`): `collect` keeps every AdmissionCheck whose controllerName is
+ours at `Active=True` and reads the Workloads; the controller puts `admitted` into the view's ledger
+next to its admitted Jobs (one ledger, so the two routes never double-book) and `pod_slots` into its
+slot map; after its own queue it calls `decide` with the engine call it uses for Jobs (`place` then
+`commit` on the same view).  Each decision is one server-side apply of `status.admissionChecks[<our
+check>]` (field manager `topolet.io/topology-fit`) carrying the resourceVersion it was decided on:
+Ready with podSetUpdates (`agent.admission.workloads`), Retry with requeueAfterSeconds, or Rejected.
+
+Restart safety: the decision lives only in the Ready state's podSetUpdates, so the ledger is rebuilt
+from the Workloads on the first pass (`workloads.records_of_state`).  A kill before the write leaves
+the check Pending (decided again); after it, the Workload is Ready and holds its slots.  A stale
+store makes the write fail (409) instead of deciding twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from agent.admission import jobs, placing, workloads
+from agent.admission.events import timestamp
+from agent.admission.metrics import AdmissionMetrics
+from agent.admission.model import Gang, Placement, Refusal, Resources
+from agent.admission.placing import AdmissionRecord
+from agent.admission.store import Reflector, as_dict, metadata_of, object_key
+from agent.admission.workloads import CONTROLLER_NAME, KUEUE_GROUP, KUEUE_VERSION, WorkloadSpecError
+from agent.errors import KubeAPIError
+from agent.kube.client import KubeClient, resource_path
+
+log = logging.getLogger(__name__)
+
+PODSET_LABEL = "kueue.x-k8s.io/podset"  # Kueue labels each pod with its pod set's name
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A Workload waiting for our decision: which of our checks, and the gang read from it."""
+
+    workload: dict[str, Any]
+    check: str
+    gang: Gang | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one pass knows of Kueue (see the module docstring)."""
+
+    admitted: list[tuple[str, AdmissionRecord, Callable[[], Resources]]]
+    pod_slots: dict[str, tuple[str, str]]
+    pending: list[Pending]
+
+
+def kueue_served(kube: KubeClient) -> bool | None:
+    """True when we may list Kueue's AdmissionChecks (v1beta2), False when the API does not serve them,
+    None when it does but refuses us (no RBAC for them)."""
+    try:
+        kube.list(resource_path(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks"), {"limit": 1},
+                  what="look for Kueue's AdmissionChecks")
+    except KubeAPIError as exc:
+        if exc.not_found:
+            return False
+        if exc.status == 403:
+            return None
+        raise
+    return True
+
+
+def _ledger_key(wl: Mapping[str, Any], pod_set: str) -> str:
+    """The ledger's gang key of one pod set of a Workload (the ledger takes one request per gang)."""
+    return f"{workloads.gang_key(wl)}/{pod_set}"
+
+
+def _quota_time(wl: Mapping[str, Any]) -> str:
+    for cond in as_dict(wl.get("status")).get("conditions") or []:
+        if as_dict(cond).get("type") == "QuotaReserved":
+            return str(as_dict(cond).get("lastTransitionTime") or "")
+    return ""
+
+
+class KueueCheck:
+    """The check's store and its part of a pass (see the module docstring)."""
+
+    def __init__(self, kube: KubeClient, changed: Any, metrics: AdmissionMetrics,
+                 submit: Callable[..., Future[Any]], check_leader: Callable[[], None],
+                 clock: Callable[[], float], guaranteed_policy: Callable[[], str],
+                 crash_point: Callable[[str], None] = lambda step: None) -> None:
+        self.kube = kube
+        self.metrics = metrics
+        self.submit = submit
+        self.check_leader = check_leader
+        self.clock = clock
+        self.guaranteed_policy = guaranteed_policy
+        self.crash_point = crash_point  # the kill tests' hook: "after-decision" after a Ready write
+        self.checks = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks"),
+                                "AdmissionChecks", changed)
+        self.workloads = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "workloads"),
+                                   "Workloads", changed)
+        self.flavors = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "resourceflavors"),
+                                 "ResourceFlavors", changed)
+        self.reflectors = (self.checks, self.workloads, self.flavors)
+        self._indexed: dict[str, bool] = {}  # owner Job uid -> completionMode Indexed (immutable)
+        self._unreadable: set[tuple[str, str]] = set()  # (uid, resourceVersion) logged once
+
+    # -- reading --------------------------------------------------------------------------------------
+
+    def collect(self, pods: Sequence[Mapping[str, Any]]) -> Round:
+        """Activate our AdmissionChecks; read the Ready Workloads' slots and the Workloads to decide."""
+        checks = self.checks.snapshot()
+        for ac in checks:
+            if (as_dict(ac.get("spec")).get("controllerName") == CONTROLLER_NAME
+                    and not workloads.check_active(ac)):
+                self.check_leader()
+                self.submit(self._activate, ac)
+        names = workloads.our_checks(checks)
+        round_ = Round([], {}, [])
+        if not names:
+            return round_
+        by_owner: dict[str, list[Mapping[str, Any]]] = {}
+        for pod in pods:
+            for ref in metadata_of(pod).get("ownerReferences") or []:
+                ref = as_dict(ref)
+                if ref.get("controller"):
+                    by_owner.setdefault(str(ref.get("uid")), []).append(pod)
+        flavors = {str(metadata_of(f).get("name")): as_dict(as_dict(f.get("spec")).get("nodeLabels"))
+                   for f in self.flavors.snapshot()}
+        for wl in sorted(self.workloads.snapshot(), key=object_key):
+            held = workloads.holding(wl, names)
+            if held is not None:
+                self._hold(wl, held, by_owner.get(workloads.owner_uid(wl) or "", []), round_)
+                continue
+            check = workloads.to_decide(wl, names)
+            if check is None:
+                continue
+            try:
+                gang = workloads.gang_from_workload(wl, flavors, self.guaranteed_policy())
+                round_.pending.append(Pending(wl, check, gang))
+            except WorkloadSpecError as exc:
+                round_.pending.append(Pending(wl, check, None, str(exc)))
+        # First come, first served among those Kueue already gave quota to.
+        round_.pending.sort(key=lambda p: (_quota_time(p.workload), object_key(p.workload)))
+        return round_
+
+    def _hold(self, wl: dict[str, Any], check: str, pods: list[Mapping[str, Any]], round_: Round) -> None:
+        state = workloads.check_state(wl, check) or {}
+        try:
+            records = workloads.records_of_state(wl, state)
+        except WorkloadSpecError as exc:
+            version = (str(metadata_of(wl).get("uid")), str(metadata_of(wl).get("resourceVersion")))
+            if version not in self._unreadable:
+                self._unreadable.add(version)
+                log.warning("Workload %s: %s; its capacity is not counted", object_key(wl), exc)
+            return
+        templates = {str(as_dict(ps).get("name")): as_dict(as_dict(ps).get("template"))
+                     for ps in as_dict(wl.get("spec")).get("podSets") or []}
+        indexed = self._indexed.get(workloads.owner_uid(wl) or "", False)
+        for pod_set, record in records.items():
+            key = _ledger_key(wl, pod_set)
+            job = {"spec": {"template": templates.get(pod_set, {})}}
+            round_.admitted.append((key, record, partial(jobs.gang_requests, job)))
+            mine = pods if len(records) == 1 else [
+                p for p in pods if as_dict(metadata_of(p).get("labels")).get(PODSET_LABEL) == pod_set]
+            assignment = placing.assign_slots(record.slots, mine, indexed)
+            round_.pod_slots.update({uid: (key, str(slot)) for uid, slot in assignment.held.items()})
+
+    # -- deciding -------------------------------------------------------------------------------------
+
+    def decide(self, round_: Round, decide: Callable[[Gang], Placement | Refusal],
+               left_out: Mapping[str, str]) -> None:
+        """Decide each pending Workload on the pass's view and send its state (on the pass's writers)."""
+        for p in round_.pending:
+            now = timestamp(self.clock())
+            if p.gang is None:
+                self._send(p, "rejected", workloads.rejected_state(p.check, f"unreadable: {p.error}", now))
+                continue
+            result = decide(p.gang)
+            if isinstance(result, Placement):
+                self.check_leader()
+                self.submit(self._ready, p, result)
+            elif result.kind == "never" and not left_out:
+                self._send(p, "rejected", workloads.rejected_state(p.check, result.reason, now))
+            else:
+                reason = result.reason
+                if result.kind == "never":
+                    # "Never" counts only the usable nodes: one left out may come back.
+                    reason = f"{reason}; {len(left_out)} nodes are left out now"
+                count = workloads.retry_count(p.workload, p.check)
+                self._send(p, "waiting", workloads.retry_state(p.check, reason, count, now))
+
+    def _send(self, p: Pending, result: str, state: dict[str, Any]) -> None:
+        self.check_leader()
+        self.submit(self._apply, p.workload, [state], result)
+
+    def _ready(self, p: Pending, placement: Placement) -> None:
+        """Write Ready with the podSetUpdates; Rejected when they cannot pin the pods (runs on a writer)."""
+        assert p.gang is not None
+        now = timestamp(self.clock())
+        try:
+            updates = workloads.pod_set_updates(p.gang, placement, lambda _: self._owner_indexed(p.workload))
+        except WorkloadSpecError as exc:
+            self._apply(p.workload, [workloads.rejected_state(p.check, str(exc), now)], "rejected")
+            return
+        self._apply(p.workload, [workloads.ready_state(p.check, p.gang, placement, updates, now)], "admitted")
+
+    def _owner_indexed(self, wl: Mapping[str, Any]) -> bool:
+        """Whether the Workload's pods carry completion indexes: its owner is an Indexed batch/v1 Job."""
+        for ref in as_dict(metadata_of(wl)).get("ownerReferences") or []:
+            ref = as_dict(ref)
+            if not ref.get("controller"):
+                continue
+            uid = str(ref.get("uid"))
+            if ref.get("apiVersion") != "batch/v1" or ref.get("kind") != "Job":
+                return False
+            if uid not in self._indexed:
+                try:
+                    job = self.kube.get(resource_path("batch", "v1", "jobs", str(ref.get("name")),
+                                                      namespace=str(metadata_of(wl).get("namespace"))),
+                                        what=f"read the Job of Workload {object_key(wl)}")
+                except KubeAPIError as exc:
+                    if exc.status != 404:
+                        raise
+                    return False
+                if as_dict(metadata_of(job)).get("uid") != uid:
+                    return False
+                self._indexed[uid] = jobs.job_indexed(job)
+            return self._indexed[uid]
+        return False
+
+    def _apply(self, wl: Mapping[str, Any], states: list[dict[str, Any]], result: str) -> bool:
+        """Server-side apply our check states onto the Workload's status; False when it moved on."""
+        self.check_leader()
+        meta = metadata_of(wl)
+        path = resource_path(KUEUE_GROUP, KUEUE_VERSION, "workloads", str(meta.get("name")),
+                             namespace=str(meta.get("namespace")), subresource="status")
+        try:
+            out = self.kube.apply(path, workloads.status_apply(wl, states), CONTROLLER_NAME,
+                                  what=f"set {states[0]['name']} {states[0]['state']} on Workload "
+                                       f"{object_key(wl)}")
+        except KubeAPIError as exc:
+            if exc.status not in (404, 409):
+                raise
+            if exc.status == 409:
+                self.metrics.write_conflicts.inc()
+            log.info("Workload %s: %s (decided again on the next pass)", object_key(wl), exc)
+            return False
+        self.workloads.put(out)
+        if result == "admitted":
+            self.crash_point("after-decision")
+        self.metrics.decisions.labels(result=result).inc()
+        log.info("Workload %s: %s %s: %s", object_key(wl), states[0]["name"], states[0]["state"],
+                 states[0]["message"])
+        return True
+
+    def _activate(self, ac: Mapping[str, Any]) -> None:
+        self.check_leader()
+        name = str(metadata_of(ac).get("name"))
+        try:
+            out = self.kube.apply(resource_path(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks", name,
+                                                subresource="status"),
+                                  workloads.active_status(ac, timestamp(self.clock())), CONTROLLER_NAME,
+                                  what=f"set AdmissionCheck {name} Active")
+        except KubeAPIError as exc:
+            if exc.status not in (404, 409):
+                raise
+            return
+        self.checks.put(out)
+        log.info("AdmissionCheck %s: Active", name)
