@@ -28,6 +28,15 @@ The container's cgroup is the kubelet's (`agent.enforce.kubepods`); the cgroup d
 looking for `kubepods.slice` (systemd) or `kubepods` (cgroupfs) under the cpuset hierarchy, and per
 pod when neither exists yet at startup.
 
+The kubelet's CPU manager: topolet pins only where the kubelet runs `cpuManagerPolicy: none`.  With
+`static` the kubelet pins Guaranteed pods itself and reconciles every container's cpuset, and two
+writers on one cpuset fight forever, so with enforcement on the agent refuses to run there
+(ConfigError, exit 2, the message says what to change).  It asks the kubelet's pod-resources API:
+`GetAllocatableResources` offers CPUs for exclusive use under `static` and none under `none`.  It asks
+at start and again whenever the socket is a new one (the kubelet makes it afresh at every start, so a
+kubelet restarted with `static` under a running agent stops it); with no socket or no answer it goes
+on (asking again a minute later), as it would without the kubelet's word on devices.
+
 With `--enforcement off` the agent discovers, decides, records allocations in its state file and
 publishes labels and the NRT exactly as with enforcement on, but reads and writes no cgroup
 (`agent.kube.recording.RecordingEngine`) and needs no writable cpuset hierarchy.  A container then
@@ -56,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.enforce import detect_layout
 from agent.enforce.state import StateFile
-from agent.errors import EnforcementError, TopoletError
+from agent.errors import ConfigError, EnforcementError, TopoletError
 from agent.kube.mig_status import MigConfigChanged, MigStatus
 from agent.kube.nrt_build import MemoryRequests, Snapshot, kubelet_gpus, zone_gpus
 from agent.kube.pinner import PodPinner, alloc_id
@@ -76,6 +85,7 @@ if TYPE_CHECKING:
     from agent.gpu.reconcile import MigReconciler
 
 log = logging.getLogger("topolet.kube")
+CPU_MANAGER_RETRY_SECONDS = 60.0  # a kubelet socket that gave no answer on its CPU manager is asked again
 PENDING_RETRY_SECONDS = 0.2  # a running container whose cgroup is not there yet is looked for again
 
 
@@ -99,6 +109,13 @@ class KubeAgent:
         reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
         self.enforce = getattr(args, "enforcement", "on") != "off"
         self.state_file = StateFile(args.state_dir, on_write=metrics.state_writes.inc)
+        self.cpu_manager_refusal = ""  # set when the kubelet turns out to pin CPUs itself
+        self._cpu_manager_asked: tuple[int, int] | None = None  # the socket last answered
+        self._cpu_manager_retry_at = 0.0
+        if self.enforce:  # before any cgroup is touched: never one cpuset written where the kubelet pins
+            self.check_cpu_manager()
+            if self.cpu_manager_refusal:
+                raise ConfigError(self.cpu_manager_refusal)
         if self.enforce:
             layout = detect_layout(args.cgroup_root)
             if not os.access(layout.root, os.W_OK):
@@ -189,6 +206,41 @@ class KubeAgent:
                     client = PodResourcesClient(socket)
             self._podres.append(client)
         return self._podres[0]
+
+    def check_cpu_manager(self) -> None:
+        """Ask the kubelet whether its CPU manager hands out exclusive CPUs (`static`); if so, set
+        `cpu_manager_refusal` to the reason topolet must not pin here.
+
+        Asked again only when the kubelet's socket is a new one: the kubelet makes it afresh at every
+        start, and its policy changes only with a restart."""
+        socket = str(getattr(self.args, "pod_resources_socket", "") or "")
+        try:
+            st = os.stat(socket) if socket else None
+        except OSError:
+            st = None
+        if st is None:
+            return
+        identity = (st.st_ino, st.st_mtime_ns)
+        if identity == self._cpu_manager_asked or time.monotonic() < self._cpu_manager_retry_at:
+            return
+        from agent.kube.podresources.exclusive import kubelet_exclusive_cpus
+
+        cpus = kubelet_exclusive_cpus(socket)
+        if cpus is None:
+            self._cpu_manager_retry_at = time.monotonic() + CPU_MANAGER_RETRY_SECONDS
+            log.warning("the kubelet's pod-resources socket %s gave no answer on its CPU manager; "
+                        "asking again in %.0f s", socket, CPU_MANAGER_RETRY_SECONDS)
+            return
+        self._cpu_manager_asked = identity
+        if cpus:
+            self.cpu_manager_refusal = (
+                f"the kubelet runs cpuManagerPolicy: static (its pod-resources API offers CPUs "
+                f"{cpus.cpulist()} for exclusive use): it pins Guaranteed pods itself and topolet would "
+                "fight it over their cpusets. Set cpuManagerPolicy: none in this node's kubelet "
+                "configuration (drain the node and remove its cpu_manager_state file), or run topolet "
+                "with --enforcement off")
+        else:
+            log.info("kubelet's CPU manager: policy none (no exclusive CPUs offered): topolet pins")
 
     def refresh_devices(self) -> None:
         """Read which GPUs the kubelet handed to containers; the publisher hears of a change.
@@ -360,6 +412,10 @@ class KubeAgent:
                 self.topology = self.engine.topology = topo
                 self.publisher.notify()
             self.refresh_devices()
+            if self.enforce:
+                self.check_cpu_manager()
+                if self.cpu_manager_refusal:
+                    return  # run() stops with it before writing another cpuset
             result = self.engine.reconcile()
             if result.drift_repaired:
                 self.metrics.drift.inc(result.drift_repaired)
@@ -384,6 +440,8 @@ class KubeAgent:
         next_retry = 0.0
         try:
             while not stop.is_set():
+                if self.cpu_manager_refusal:
+                    raise ConfigError(self.cpu_manager_refusal)
                 now = time.monotonic()
                 wait = next_reconcile - now
                 if self.pinner.pending:
@@ -429,6 +487,8 @@ class KubeAgent:
             except queue.Empty:
                 break
         self.reconcile()
+        if self.cpu_manager_refusal:
+            raise ConfigError(self.cpu_manager_refusal)
         ok = self.publisher.publish_once()
         kicked = False
         while True:  # the Node's MIG layout, read by that publish: apply it and say how it went

@@ -48,6 +48,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -547,11 +548,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
 # ---- pods and the agent on a real node ----------------------------------------------------------
 
-def guaranteed_pod(name: str, node: str, cpu: str = "1", memory: str = "64Mi",
+def guaranteed_pod(name: str, node: str, cpu: str | None = "1", memory: str = "64Mi",
                    annotations: dict[str, str] | None = None, limits: bool = True) -> dict[str, Any]:
     """A one-container pod of the busybox image that sleeps, placed on `node` by the scheduler
-    (a nodeSelector on the hostname label); Guaranteed with `limits`, else Burstable."""
-    res: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
+    (a nodeSelector on the hostname label); Guaranteed with `limits`, else Burstable (`cpu` None:
+    no CPU request)."""
+    res: dict[str, Any] = {"requests": {"memory": memory, **({"cpu": cpu} if cpu is not None else {})}}
     if limits:
         res["limits"] = dict(res["requests"])
     return {"apiVersion": "v1", "kind": "Pod",
@@ -624,6 +626,9 @@ class NodeAgent:
                              env={"POD_NAMESPACE": "default", "PYTHONPATH": str(REPO)})
         return self.proc
 
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.running()
+
     def kill(self) -> None:
         """SIGKILL the agent (a crash: no clean-up of its own)."""
         if self.proc is not None:
@@ -651,3 +656,51 @@ class NodeAgent:
         from agent.enforce.state import StateFile
 
         return StateFile(str(self.state_dir)).load(missing_ok=True)
+
+
+class WriteCounter:
+    """Counts writes to files (cgroup files included) with inotify, read promptly on a thread so that
+    consecutive writes are not merged into one event.  `with WriteCounter(paths) as w: ...; w.counts`."""
+
+    IN_MODIFY = 0x2
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self._fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        self._paths: dict[int, Path] = {}
+        for p in paths:
+            wd = self._libc.inotify_add_watch(self._fd, str(p).encode(), self.IN_MODIFY)
+            if wd < 0:
+                raise OSError(ctypes.get_errno(), f"inotify_add_watch {p}")
+            self._paths[wd] = p
+        self.counts: dict[Path, int] = dict.fromkeys(paths, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="write-counter", daemon=True)
+
+    def _run(self) -> None:
+        import select
+        import struct
+
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self._fd], [], [], 0.1)
+            if not ready:
+                continue
+            with contextlib.suppress(BlockingIOError):
+                data = os.read(self._fd, 1 << 16)
+                off = 0
+                while off + 16 <= len(data):
+                    wd, _mask, _cookie, length = struct.unpack_from("iIII", data, off)
+                    off += 16 + length
+                    if wd in self._paths:
+                        self.counts[self._paths[wd]] += 1
+
+    def __enter__(self) -> WriteCounter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        os.close(self._fd)

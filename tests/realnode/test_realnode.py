@@ -46,7 +46,8 @@ def agent(real_node: RealNode) -> Iterator[NodeAgent]:
     a = NodeAgent(real_node)
     a.start()
     try:
-        wait_for(lambda: nrt(real_node) is not None, "the agent's first NodeResourceTopology")
+        wait_for(lambda: nrt(real_node) is not None or not a.running(), "the agent's first NRT")
+        assert a.running(), a.log()
         yield a
     finally:
         print(f"--- agent ---\n{a.log()[-4000:]}")
@@ -163,3 +164,86 @@ def test_guaranteed_pod_gets_exclusive_cpus_in_the_runtimes_cgroup(real_node: Re
     wait_for(lambda: not agent.state().allocations, "the allocation released")
     wait_for(lambda: CPUSet.parse(cpuset_of(shared_pid)[1]) == everything, "the pool to grow back")
     wait_for(lambda: nrt_available_cpus(real_node) == before, "the NRT to free the CPU")
+
+
+def pinned_everywhere(node: RealNode, agent: NodeAgent, pids: dict[str, int]) -> dict[str, CPUSet]:
+    """Check no CPU is held twice (state and kernel agree) and return each pod's pinned CPUs."""
+    state = agent.state()
+    held: dict[str, CPUSet] = {}
+    for a in state.allocations:
+        assert a.owner.pod_uid is not None
+        held[a.owner.pod_uid] = a.cpus
+    seen = CPUSet()
+    for cpus in held.values():
+        assert not cpus & seen, f"a CPU is held twice: {held}"
+        seen |= cpus
+    for uid, pid in pids.items():
+        got = CPUSet.parse(cpuset_of(pid)[1])
+        if uid in held:
+            assert got == held[uid] == CPUSet.parse(proc_affinity(pid))
+        else:
+            assert not got & seen, f"pod {uid} on the pool runs on exclusive CPUs {got & seen}"
+    return held
+
+
+def test_agent_kubelet_and_containerd_restarts_lose_nothing(real_node: RealNode, agent: NodeAgent,
+                                                           pods: list[str]) -> None:
+    """(d) Killing the agent, restarting the kubelet and restarting containerd each keep the pin of a
+    running pod and assign no CPU twice, also to a Guaranteed pod that arrives afterwards."""
+    everything = all_cpus(real_node)
+    shared, shared_pid = run(real_node, pods, "pool", cpu="100m", limits=False)
+    pod, pid = run(real_node, pods, "held")
+    uid = pod["metadata"]["uid"]
+    pinned = wait_for(lambda: exclusive_cpus(pid), "the first pin")
+    pids = {uid: pid, shared["metadata"]["uid"]: shared_pid}
+    wait_for(lambda: CPUSet.parse(cpuset_of(shared_pid)[1]) == everything - pinned, "the pool to shrink")
+
+    def unchanged(after: str) -> None:
+        time.sleep(3.0)  # a few of the agent's reconcile passes (1 s) and the kubelet's sync
+        assert real_node.task_pids().get(str(container_id(pod))) == pid, f"container restarted by {after}"
+        held = pinned_everywhere(real_node, agent, pids)
+        assert held == {uid: pinned}, f"after {after}: {held}"
+
+    agent.kill()
+    agent.start()
+    wait_for(lambda: agent.metrics_port() is not None, "the restarted agent serving")
+    unchanged("an agent crash")
+    real_node.restart_kubelet()
+    real_node.wait_ready()
+    unchanged("a kubelet restart")
+    real_node.restart_containerd()
+    unchanged("a containerd restart")
+
+    # A second Guaranteed pod (room made for it on a 2-CPU node): there the last CPU stays shared (the
+    # agent keeps one for the pool) and the pod runs on it; on a bigger node it gets a CPU of its own.
+    # Never the first pod's.
+    with real_node.api() as api:
+        delete_pod(api, "pool")
+        wait_for(lambda: get_pod(api, "pool") is None, "the pool pod gone")
+    del pids[shared["metadata"]["uid"]]
+    second, second_pid = run(real_node, pods, "second")
+    pids[second["metadata"]["uid"]] = second_pid
+    time.sleep(3.0)
+    held = pinned_everywhere(real_node, agent, pids)
+    assert held[uid] == pinned
+    assert len(held) == min(2, len(everything) - 1)
+
+
+def test_agent_reads_the_kubelets_pod_resources(real_node: RealNode, agent: NodeAgent,
+                                                pods: list[str]) -> None:
+    """(e) The agent's pod-resources client gets the real kubelet's answers: List names the running
+    containers, GetAllocatableResources offers no exclusive CPUs under `cpuManagerPolicy: none`."""
+    from agent.kube.podresources.client import PodResourcesClient
+
+    run(real_node, pods, "listed")
+    client = PodResourcesClient(str(real_node.pod_resources_socket), timeout=5.0)
+    try:
+        listed = wait_for(lambda: (NS, "listed", "c") in client.list() and client.list(),
+                          "the pod in the kubelet's List")
+        assert listed[(NS, "listed", "c")] == []  # no devices here
+        allocatable = client.allocatable()
+        assert allocatable is not None and allocatable.cpu_ids == frozenset()
+        assert client.failures == 0
+    finally:
+        client.close()
+    assert "CPU manager" in agent.log()

@@ -1,0 +1,93 @@
+"""topolet and the kubelet's own CPU manager on a real kubelet: `none` topolet pins, `static` it refuses.
+
+DESIGN.md: with `cpuManagerPolicy: static` the kubelet owns the cpusets of every container (it pins
+Guaranteed pods and reconciles all of them every `cpuManagerReconcilePeriod`), so topolet must never
+write them.  The agent asks the kubelet's pod-resources API (`GetAllocatableResources` offers CPUs
+only under `static`) and refuses to start, with a message that says what to change.  The `none` side
+is tests/realnode/test_realnode.py, where the agent pins.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.topology.cpuset import CPUSet
+from tests.controlplane.cluster import Cluster
+from tests.realnode.conftest import start_node
+from tests.realnode.node import (
+    NodeAgent,
+    RealNode,
+    RealNodeParts,
+    WriteCounter,
+    cpuset_of,
+    proc_affinity,
+)
+from tests.realnode.test_realnode import all_cpus, delete_pod, get_pod, run, wait_for
+
+WATCH_SECONDS = 60.0  # six of the kubelet's reconcile periods (10 s)
+
+
+@pytest.fixture(scope="module")
+def static_node(cluster_session: Cluster, realnode_parts: RealNodeParts) -> Iterator[RealNode]:
+    """A real node whose kubelet runs `cpuManagerPolicy: static` with CPU 0 reserved."""
+    node = start_node(cluster_session, realnode_parts, cpu_manager_policy="static", reserved_cpus="0")
+    try:
+        yield node
+    finally:
+        print(node.logs())
+        node.stop()
+
+
+@pytest.fixture
+def static_pods(static_node: RealNode) -> Iterator[list[str]]:
+    names: list[str] = []
+    yield names
+    with static_node.api() as api:
+        for name in names:
+            delete_pod(api, name)
+        for name in names:
+            wait_for(lambda n=name: get_pod(api, n) is None, f"pod {name} gone")
+
+
+def test_agent_refuses_a_static_cpu_manager_and_no_cpuset_is_written_twice(
+        static_node: RealNode, static_pods: list[str]) -> None:
+    everything = all_cpus(static_node)
+    _, pinned_pid = run(static_node, static_pods, "pinned")
+    # No CPU request: the only allocatable CPU (CPU 0 is reserved) is the pinned pod's.
+    _, shared_pid = run(static_node, static_pods, "shared", cpu=None, limits=False)
+    # The kubelet pinned the Guaranteed container itself, away from its reserved CPU 0.
+    pinned = CPUSet.parse(wait_for(lambda: (c := cpuset_of(pinned_pid)[1]) != everything.cpulist() and c,
+                                   "the kubelet's own pin"))
+    assert 0 not in pinned and len(pinned) == 1
+    assert CPUSet.parse(proc_affinity(pinned_pid)) == pinned
+
+    agent = NodeAgent(static_node)
+    proc = agent.start()
+    try:
+        proc.popen.wait(60)
+    finally:
+        agent.stop()
+    log = agent.log()
+    assert proc.popen.returncode == 2, log
+    offered = (everything - CPUSet([0])).cpulist()
+    assert "cpuManagerPolicy: static" in log and f"offers CPUs {offered}" in log, log
+    assert "Traceback" not in log
+    assert not (static_node.cpuset_root / "topolet").exists()  # it made no cgroup of its own either
+
+    # Every cpuset of the node's pods, the pods' and the kubelet's QoS cgroups: written at most once
+    # in a minute (a second writer would rewrite them at every kubelet reconcile).
+    files = [Path(d) / "cpuset.cpus" for d, _, fs in os.walk(static_node.cpuset_root / "kubepods")
+             if "cpuset.cpus" in fs]
+    assert len(files) >= 5  # kubepods, 2 QoS, 2 pods and their 4 containers at least
+    with WriteCounter(files) as writes:
+        agent.start()  # a restart of the DaemonSet's pod: refused again, nothing written
+        time.sleep(WATCH_SECONDS)
+        agent.stop()
+    twice = {str(p.relative_to(static_node.cpuset_root)): n for p, n in writes.counts.items() if n > 1}
+    assert not twice, twice
+    assert cpuset_of(pinned_pid)[1] == pinned.cpulist()
