@@ -30,6 +30,13 @@ deps:
 	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    prometheus >/dev/null; \
 	fi
+	@# The real node of tests/realnode: Debian's containerd and runc, the CNI plugins, and busybox-static
+	@# (its image, built there). Installed, never started here as services: the tests run their own.
+	@if ! command -v containerd >/dev/null || ! command -v runc >/dev/null || ! test -x /usr/lib/cni/ptp \
+	    || ! test -x /bin/busybox; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    containerd runc containernetworking-plugins busybox-static >/dev/null; \
+	fi
 
 run: install
 	mkdir -p $(RUN_DIR)/state $(RUN_DIR)/features.d
