@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -11,6 +12,7 @@ import pytest
 
 from tests.controlplane.cluster import Cluster, start_cluster
 from tests.controlplane.harness import ControlPlane, ControlPlaneError, build_binaries
+from tests.controlplane.kueue import Kueue, KueueScope, start_kueue
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -143,3 +145,61 @@ def namespace(api: object) -> Iterator[str]:
     api.create("/api/v1/namespaces", {"metadata": {"name": name}})
     yield name
     api.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+# One Kueue per session, on a control plane and cluster of its own: its webhooks (failurePolicy Fail)
+# would refuse every Job and pod create of the tests sharing `cluster` whenever it is down.
+_kueue: Kueue | None = None
+_kueue_failure: str | None = None
+
+
+@pytest.fixture(scope="session")
+def kueue_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kueue]:
+    """The session's Kueue (see tests/controlplane/kueue.py); tests use `kueue`."""
+    global _kueue, _kueue_failure
+    from tests.conftest import require
+
+    if _kueue is None and _kueue_failure is None:
+        try:
+            import kubernetes  # noqa: F401
+
+            started = time.monotonic()
+            _kueue = start_kueue(tmp_path_factory.mktemp("kueue"))
+            print(f"kueue: cluster and Kueue up in {time.monotonic() - started:.1f} s, Kueue ready "
+                  f"{_kueue.ready_seconds:.1f} s after its start", file=sys.stderr)
+        except ImportError:
+            _kueue_failure = "the `kubernetes` Python client is not installed (pip install '.[kube]')"
+        except ControlPlaneError as exc:
+            _kueue_failure = str(exc)
+    require(_kueue is not None, f"Kueue could not be built or started: {_kueue_failure}")
+    assert _kueue is not None
+    mine = _kueue
+    yield mine
+    if _kueue is mine:
+        mine.stop_all()
+        _kueue = None
+
+
+@pytest.fixture
+def kueue(kueue_session: Kueue) -> Iterator[KueueScope]:
+    """Real Kueue v0.17 on its own test cluster, as a KueueScope: .kueue (the process: .log_tail(),
+    .restart(), .ready_seconds), .cluster, .api, .namespace(), .resource_flavor(), .cluster_queue(),
+    .local_queue(), .admission_check(), .set_check_active(), .create_job(), .workload_of(), .add_node().
+    What the test creates through it is deleted after it; Kueue's and the cluster's logs are printed
+    when it fails, and a Kueue that died is restarted for the next test."""
+    if not kueue_session.running():
+        print(f"Kueue was down; restarting it. Its log ends:\n{kueue_session.log_tail(2000)}",
+              file=sys.stderr)
+        kueue_session.start()
+    cluster = kueue_session.cluster
+    before = set(cluster.nodes)
+    scope = KueueScope(kueue_session)
+    try:
+        yield scope
+    finally:
+        # Captured output: pytest shows it only for a failing test.
+        print(scope.logs())
+        cluster.stop_controllers()
+        scope.close()
+        for name in set(cluster.nodes) - before:
+            cluster.remove_node(name)
