@@ -9,20 +9,32 @@ Figures, each beside a reference measured in the same run:
 - agent RSS with 500 pods on the node (target < 60 MiB); reference: the RSS of a bare interpreter that
   imports the same modules.
 
+`--real-node` measures on a real node instead (tests/realnode/node.py: kubelet v1.37.2, containerd,
+runc, the agent as a host process against its pod-resources socket and cgroups), side by side:
+- container started (its process in the cgroup runc made) -> cpuset written, p50/p99 over Guaranteed
+  pods created one by one; reference: the kubelet's own pod creation -> Running (phase seen on a
+  watch) for the same pods;
+- the agent's memory (RSS of the host process; against the DaemonSet container's 128Mi limit);
+- the agent image's size, from R1's `make image` (build/image/image.env), "n/a" before it is built.
+Last line: `real node: started->pinned p99 X ms | agent memory Y MiB | image Z MiB`.
+
 Needs root, a writable cpuset hierarchy and the control plane build (tests/controlplane/build.sh).
 Run: `.venv/bin/python bench/kube.py [--exclusive 200 --shared 500 --steady-seconds 60]`;
-a quick RSS probe (~30 s): `... bench/kube.py --exclusive 0 --shared 20 --steady-seconds 0`.
+a quick RSS probe (~30 s): `... bench/kube.py --exclusive 0 --shared 20 --steady-seconds 0`;
+the real node (~2 min): `... bench/kube.py --real-node [--pods 30]`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -69,7 +81,12 @@ def main() -> int:
     ap.add_argument("--steady-seconds", type=float, default=60.0)
     ap.add_argument("--agent-arg", action="append", default=[],
                     help="extra `topolet agent` argument, repeatable: --agent-arg=--pod-resources-socket=")
+    ap.add_argument("--real-node", action="store_true",
+                    help="measure on a real kubelet + containerd + runc node (tests/realnode) instead")
+    ap.add_argument("--pods", type=int, default=30, help="--real-node: Guaranteed pods to time, default 30")
     args = ap.parse_args()
+    if args.real_node:
+        return real_node_main(args)
 
     work = Path(tempfile.mkdtemp(prefix="topolet-bench-kube-"))
     plane = ControlPlane(build_binaries(), work / "cp")
@@ -163,6 +180,136 @@ def wait_cpus_len1(layout: CgroupLayout, rel: str, timeout: float = 30.0) -> flo
             raise SystemExit(f"timed out waiting for {rel} to be pinned")
         time.sleep(0.0005)
     return time.monotonic()
+
+
+AGENT_MEMORY_LIMIT_MIB = 128  # daemonset/agent.yaml's memory limit
+
+
+def image_mib() -> str:
+    """The agent image's unpacked size from `make image` (build/image/image.env), or "n/a"."""
+    env = REPO / "build" / "image" / "image.env"
+    if not env.exists():
+        return "n/a"
+    values = dict(line.split("=", 1) for line in env.read_text().splitlines() if "=" in line)
+    size = values.get("IMAGE_UNPACKED_BYTES", "")
+    return f"{int(size) / 2**20:.0f}" if size.isdigit() else "n/a"
+
+
+class PodTimes:
+    """When each pod (by name) was first seen Running, from a watch on a thread."""
+
+    def __init__(self, api: object, namespace: str) -> None:
+        import threading
+
+        self.api = api
+        self.namespace = namespace
+        self.running: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._stream: object = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from agent.errors import KubeAPIError
+
+        api: Any = self.api
+        while not self._stop.is_set():
+            try:
+                with api.watch(f"/api/v1/namespaces/{self.namespace}/pods", {"timeoutSeconds": 60},
+                               timeout=(5.0, 90.0)) as stream:
+                    self._stream = stream
+                    for event in stream:
+                        if self._stop.is_set():
+                            return
+                        obj = (event or {}).get("object") or {}
+                        name = obj.get("metadata", {}).get("name")
+                        if (obj.get("status") or {}).get("phase") == "Running" and name not in self.running:
+                            self.running[name] = time.monotonic()
+            except KubeAPIError:
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        stream: Any = self._stream
+        if stream is not None:
+            stream.shutdown()
+
+
+def started_to_pinned(pod_dir: Path, timeout: float = 60.0) -> tuple[float, float]:
+    """Poll a pod's cgroup until a container in it runs on one CPU: (when its process was first seen
+    in its cgroup, when its cpuset was first seen narrowed)."""
+    started: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            children = [e for e in os.scandir(pod_dir) if e.is_dir()]
+        except FileNotFoundError:
+            children = []
+        for child in children:
+            try:
+                with open(os.path.join(child.path, "cgroup.procs")) as f:
+                    if child.name not in started and f.read().strip():
+                        started[child.name] = time.monotonic()
+                with open(os.path.join(child.path, "cpuset.cpus")) as f:
+                    text = f.read().strip()
+            except FileNotFoundError:
+                continue
+            if child.name in started and text and len(CPUSet.parse(text)) == 1:
+                return started[child.name], time.monotonic()
+        time.sleep(0.0005)
+    raise SystemExit(f"timed out waiting for a pinned container under {pod_dir}")
+
+
+def real_node_main(args: argparse.Namespace) -> int:
+    """The --real-node figures: a test cluster, a real node on it, the agent against that node."""
+    from tests.controlplane.cluster import start_cluster
+    from tests.realnode.node import NodeAgent, RealNode, find_parts, guaranteed_pod
+
+    work = Path(tempfile.mkdtemp(prefix="topolet-bench-realnode-"))
+    cluster = start_cluster(work)
+    node = RealNode(cluster, find_parts())
+    agent = NodeAgent(node, "--reconcile-seconds", "5", *args.agent_arg)
+    try:
+        node.start()
+        proc = agent.start()
+        wait_for(lambda: cluster.nrt(node.name) is not None, "the agent's first NRT")
+        with node.api() as api:
+            times = PodTimes(api, "default")
+            pinned: list[float] = []
+            running: list[float] = []
+            try:
+                for i in range(args.pods):
+                    name = f"bench-{i}"
+                    made = api.create("/api/v1/namespaces/default/pods", guaranteed_pod(name, node.name))
+                    created = time.monotonic()
+                    pod_dir = node.cpuset_root / "kubepods" / f"pod{made['metadata']['uid']}"
+                    t_started, t_pinned = started_to_pinned(pod_dir)
+                    pinned.append(t_pinned - t_started)
+                    wait_for(lambda n=name: n in times.running, f"{name} Running")
+                    running.append(times.running[name] - created)
+                    api.request("DELETE", f"/api/v1/namespaces/default/pods/{name}")
+                    wait_for(lambda d=pod_dir: not d.exists(), f"{name}'s cgroup removed", timeout=90)
+                    wait_for(lambda: not agent.state().allocations, f"{name}'s CPU released")
+            finally:
+                times.stop()
+        memory = rss_mib(proc.popen.pid)
+    finally:
+        agent.stop()
+        node.stop()
+        cluster.stop()
+    image = image_mib()
+    ms = 1e3
+    print(f"topolet real-node bench: kubelet v1.37.2 + containerd + runc, node {node.name}, {args.pods} pods")
+    print(f"  reference: kubelet pod created -> Running   p50 {statistics.median(running) * ms:8.2f} ms"
+          f"  p99 {pct(running, 0.99) * ms:8.2f} ms  (n={len(running)})")
+    print(f"  container started -> cpuset written         p50 {statistics.median(pinned) * ms:8.2f} ms"
+          f"  p99 {pct(pinned, 0.99) * ms:8.2f} ms  (n={len(pinned)}; target p99 < 100 ms)")
+    print(f"  agent memory (host process RSS): {memory:.1f} MiB"
+          f"  (DaemonSet limit {AGENT_MEMORY_LIMIT_MIB} Mi)")
+    print(f"  image: {image} MiB unpacked (build/image/image.env)")
+    print(f"real node: started->pinned p99 {pct(pinned, 0.99) * ms:.1f} ms | agent memory {memory:.0f} MiB"
+          f" | image {image} MiB")
+    return 0
 
 
 if __name__ == "__main__":
