@@ -19,7 +19,7 @@ from tests.controlplane.cluster import Cluster
 from tests.controlplane.fixtures import api, cluster, cluster_session, namespace
 from tests.realnode.node import RealNode, RealNodeError, RealNodeParts, find_parts
 
-__all__ = ["api", "cluster", "cluster_session", "namespace", "realnode_parts", "real_node"]
+__all__ = ["api", "cluster", "cluster_session", "namespace", "pods", "realnode_parts", "real_node"]
 
 _parts: RealNodeParts | None = None
 _parts_failure: str | None = None
@@ -56,3 +56,17 @@ def real_node(cluster_session: Cluster, realnode_parts: RealNodeParts) -> Iterat
     finally:
         print(node.logs())
         node.stop()
+
+
+@pytest.fixture
+def pods(real_node: RealNode) -> Iterator[list[str]]:
+    """Names of pods a test creates in `default` on the real node; deleted (and waited for) after it."""
+    from tests.realnode.test_realnode import delete_pod, get_pod, wait_for
+
+    names: list[str] = []
+    yield names
+    with real_node.api() as api:
+        for name in names:
+            delete_pod(api, name)
+        for name in names:
+            wait_for(lambda n=name: get_pod(api, n) is None, f"pod {name} gone")

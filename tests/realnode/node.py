@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import REPO
 from tests.controlplane.cluster import Cluster
 from tests.controlplane.harness import ControlPlaneError, _Process, build_components, free_port
 from tests.realnode.images import IMAGE, busybox_image
@@ -704,3 +705,139 @@ class WriteCounter:
         self._stop.set()
         self._thread.join()
         os.close(self._fd)
+
+
+# ---- the DaemonSet's own pod on a real node ------------------------------------------------------
+
+IMAGE_ENV = REPO / "build" / "image" / "image.env"
+AGENT_NS = "topolet-system"
+
+
+def image_env() -> dict[str, str]:
+    """What `make image` wrote (image/build.sh: IMAGE_REF, IMAGE_ARCHIVE, sizes); {} before it ran."""
+    if not IMAGE_ENV.exists():
+        return {}
+    return dict(line.split("=", 1) for line in IMAGE_ENV.read_text().splitlines() if "=" in line)
+
+
+def start_daemonset_controller(cluster: Cluster) -> _Process:
+    """A kube-controller-manager that runs only the DaemonSet controller, on the cluster's plane."""
+    plane = cluster.plane
+
+    def argv(port: int) -> list[str]:
+        kc = plane.write_kubeconfig(cluster.workdir / "kcm-daemonset.kubeconfig",
+                                    plane.controller_manager_token, user="kube-controller-manager")
+        return [str(cluster.binaries.kube_controller_manager), "--kubeconfig", str(kc),
+                "--bind-address", "127.0.0.1", "--secure-port", str(port),
+                "--cert-dir", str(cluster.workdir / "kcm-daemonset-certs"), "--leader-elect=false",
+                "--controllers", "daemonset-controller", "--use-service-account-credentials=true",
+                "--service-account-private-key-file", str(plane.pki / "sa.key"),
+                "--root-ca-file", str(plane.ca_file), "--profiling=false"]
+
+    return cluster._start("kube-controller-manager-daemonset", argv)
+
+
+def write_overlay(folder: Path, node: RealNode, image_ref: str, metrics_port: int) -> Path:
+    """An overlay of daemonset/ for `node` (see the module docstring)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    name, _, tag = image_ref.rpartition(":")
+    base = os.path.relpath(REPO / "daemonset", folder)
+    api_port = node.cluster.plane.url.rsplit(":", 1)[1]
+    state, features = node.dir / "agent-state", node.dir / "agent-features.d"
+    spec, c = "/spec/template/spec", "/spec/template/spec/containers/0"
+    host = {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}
+    ops: list[dict[str, Any]] = [
+        {"op": "add", "path": f"{spec}/nodeSelector", "value": {"kubernetes.io/hostname": node.name}},
+        {"op": "add", "path": f"{spec}/hostNetwork", "value": True},
+        {"op": "add", "path": f"{c}/env/-", "value": host},
+        {"op": "add", "path": f"{c}/env/-", "value": {"name": "KUBERNETES_SERVICE_PORT", "value": api_port}},
+        {"op": "add", "path": f"{c}/args/-", "value": f"--cgroup-root={node.cpuset_root}"},
+        {"op": "add", "path": f"{c}/args/-", "value": f"--listen=0.0.0.0:{metrics_port}"},
+        {"op": "add", "path": f"{c}/args/-", "value": "--reserved-cpus="},
+        {"op": "add", "path": f"{c}/args/-", "value": "--reconcile-seconds=1"},
+        {"op": "replace", "path": f"{c}/ports/0/containerPort", "value": metrics_port},
+        {"op": "replace", "path": "/spec/template/spec/volumes/3/hostPath/path", "value": str(state)},
+        {"op": "replace", "path": "/spec/template/spec/volumes/4/hostPath/path", "value": str(features)},
+        {"op": "replace", "path": "/spec/template/spec/volumes/5/hostPath/path",
+         "value": str(node.kubelet_root / "pod-resources")},
+    ]
+    (folder / "kustomization.yaml").write_text(json.dumps({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [base], "images": [{"name": "topolet", "newName": name, "newTag": tag}],
+        "patches": [{"target": {"kind": "DaemonSet", "name": "topolet-agent"}, "patch": json.dumps(ops)}],
+    }, indent=1))
+    return folder
+
+
+class DaemonSetAgent:
+    """The agent as the DaemonSet's pod on `node`, from the image of `make image` (see write_overlay):
+    start() imports the image, starts a DaemonSet controller, `kubectl apply -k`s the overlay and waits
+    for the pod to run; stop() deletes the DaemonSet and the namespace."""
+
+    def __init__(self, node: RealNode, env: dict[str, str]) -> None:
+        self.node = node
+        self.env = env
+        self.pod: dict[str, Any] | None = None
+        self._controller: _Process | None = None
+        self._kubectl: Any = None
+
+    def start(self) -> dict[str, Any]:
+        from tests.controlplane.kubectl import Kubectl, build_kubectl
+
+        node = self.node
+        node._ctr("images", "import", self.env["IMAGE_ARCHIVE"])
+        self._controller = start_daemonset_controller(node.cluster)
+        self._kubectl = Kubectl(build_kubectl(), node.cluster.plane.kubeconfig)
+        overlay = write_overlay(node.dir / "overlay", node, self.env["IMAGE_REF"], free_port())
+        self._kubectl.run("apply", "-k", str(overlay))
+
+        found: list[dict[str, Any]] = []
+
+        def running() -> bool:
+            with node.api() as api:
+                found[:] = [p for p in api.list(f"/api/v1/namespaces/{AGENT_NS}/pods")["items"]
+                            if p["spec"].get("nodeName") == node.name and container_id(p, "agent")]
+            return bool(found)
+
+        node._wait(running, "the DaemonSet's pod running on the real node", None, timeout=180)
+        self.pod = found[0]
+        return self.pod
+
+    def pid(self) -> int:
+        """The agent container's process (its task in containerd)."""
+        assert self.pod is not None
+        cid = str(container_id(self.pod, "agent"))
+        pids: dict[str, int] = {}
+
+        def started() -> bool:
+            pids.update(self.node.task_pids())
+            return cid in pids
+
+        self.node._wait(started, "the agent's task", None, timeout=60)
+        return pids[cid]
+
+    def memory_bytes(self) -> int:
+        """The agent container's memory use as its cgroup counts it (memory.current on cgroup v2,
+        memory.usage_in_bytes on v1): what its 128Mi limit is held against."""
+        pid = self.pid()
+        mount = next((h for h in hierarchies() if (h / "memory.usage_in_bytes").exists()), None)
+        if mount is not None:
+            return int((mount / proc_cgroup(pid, "memory").lstrip("/") / "memory.usage_in_bytes").read_text())
+        return int((CGROUP_MOUNT / proc_cgroup(pid, "").lstrip("/") / "memory.current").read_text())
+
+    def logs(self) -> str:
+        if self._kubectl is None:
+            return ""
+        done = self._kubectl.run("logs", "-n", AGENT_NS, "daemonset/topolet-agent", "--tail=60", check=False)
+        return f"--- DaemonSet agent ---\n{done.stdout}{done.stderr}"
+
+    def stop(self) -> None:
+        if self._kubectl is not None:
+            self._kubectl.run("delete", "-n", AGENT_NS, "daemonset/topolet-agent", "--ignore-not-found",
+                              "--wait=true", "--timeout=60s", check=False)
+            self._kubectl.run("delete", "namespace", AGENT_NS, "--ignore-not-found", "--wait=false",
+                              check=False)
+            self._kubectl = None
+        if self._controller is not None:
+            self._controller.stop()
+            self._controller = None

@@ -54,23 +54,11 @@ def agent(real_node: RealNode) -> Iterator[NodeAgent]:
         a.stop()
 
 
-@pytest.fixture
-def pods(real_node: RealNode) -> Iterator[list[str]]:
-    """Names of pods a test creates in `default`; deleted (and waited for) after it."""
-    names: list[str] = []
-    yield names
-    with real_node.api() as api:
-        for name in names:
-            delete_pod(api, name)
-        for name in names:
-            wait_for(lambda n=name: get_pod(api, n) is None, f"pod {name} gone")
-
-
-def get_pod(api: Any, name: str) -> dict[str, Any] | None:
+def get_pod(api: Any, name: str, namespace: str = NS) -> dict[str, Any] | None:
     from agent.errors import KubeAPIError
 
     try:
-        return dict(api.get(f"/api/v1/namespaces/{NS}/pods/{name}"))
+        return dict(api.get(f"/api/v1/namespaces/{namespace}/pods/{name}"))
     except KubeAPIError as exc:
         if exc.status == 404:
             return None
