@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Builds the agent's OCI image (`make image`) from this repository alone: the project's wheel and its
+# locked dependencies (image/requirements.txt) installed by image/install.sh through image/Containerfile,
+# on a base that is either the offline debootstrap rootfs (image/base.sh, the default) or a public one.
+#
+# Usage: image/build.sh
+# Environment:
+#   IMAGE_BASE      a base image to build on instead of the debootstrap rootfs, e.g.
+#                   docker.io/library/debian:bookworm-slim (pulled, so it needs a registry)
+#   IMAGE_OUT       output directory (default build/image)
+#   IMAGE_TREE      a commit to build from (git archive) instead of the working tree
+#   IMAGE_CONTEXT_ONLY=1  only prepare IMAGE_OUT/context (install.sh and wheels/) for another builder:
+#                   docker build -f image/Containerfile --build-arg BASE=debian:bookworm-slim build/image/context
+#   SOURCE_DATE_EPOCH  every timestamp in the image (default: the built commit's time)
+#
+# Writes, under IMAGE_OUT:
+#   topolet-<version>.tar   docker-archive tarball tagged localhost/topolet:<version>, for
+#                           `ctr -n k8s.io images import`, `docker load` and `podman load`
+#   oci/                    the same image as an OCI layout (gzip layers), ref <version>
+#   image.env               IMAGE_REF, IMAGE_ARCHIVE, IMAGE_OCI, IMAGE_DIGEST (OCI manifest digest),
+#                           IMAGE_ID (config digest), size figures: shell-sourceable, read by tests/image
+# and prints the digest, the sizes (compressed layer and unpacked) and the biggest directories.
+# The same inputs (tree, lock, base, SOURCE_DATE_EPOCH) give the same digest: see image/README.md.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache_root="${TOPOLET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topolet}/image"
+out="$(realpath -m "${IMAGE_OUT:-$repo/build/image}")"
+python="${PYTHON:-$repo/.venv/bin/python}"
+
+context_only="${IMAGE_CONTEXT_ONLY:-}"
+for tool in git ${context_only:-buildah}; do
+    command -v "$tool" >/dev/null || { echo "build.sh: $tool is not installed (make image-deps)" >&2; exit 2; }
+done
+[[ -n "$context_only" || "$(id -u)" == 0 ]] \
+    || { echo "build.sh: buildah's chroot isolation and vfs storage need root" >&2; exit 2; }
+"$python" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null \
+    || { echo "build.sh: $python must be CPython 3.11, the image's interpreter" >&2; exit 2; }
+
+tree="${IMAGE_TREE:-}"
+revision="$(git -C "$repo" rev-parse "${tree:-HEAD}^{commit}")"
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct "$revision")}"
+version="$(sed -nE 's/^version = "([^"]+)"/\1/p' "$repo/pyproject.toml" | head -1)"
+name=localhost/topolet
+ref="$name:$version"
+start=$SECONDS
+step() { echo "build.sh: [$((SECONDS - start)) s] $*" >&2; }
+
+# One build at a time per output directory: the storage and context below are rebuilt from nothing.
+mkdir -p "$out"
+exec {lock}>"$out/.lock"
+flock "$lock"
+
+# Private container storage, emptied on every build: nothing from an earlier build (or from other
+# buildah users on this machine) can leak into this one. vfs because overlay mounts are not available
+# everywhere this runs; chroot isolation because user namespaces are not either.
+storage="$out/storage"
+buildah_() {
+    nice -n 19 buildah --root "$storage/root" --runroot "$storage/run" --storage-driver vfs "$@"
+}
+cleanup() {
+    buildah_ rm --all >/dev/null 2>&1 || true
+    rm -rf "$storage" "$out/context" "$out/src"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+rm -rf "$storage" "$out/context" "$out/src"
+mkdir -p "$out/context/wheels"
+
+step "wheels"
+# 1. Dependency wheels, verified against the lock's hashes, downloaded once per lock.
+lock_hash="$(sha256sum "$repo/image/requirements.txt" | cut -c1-12)"
+wheels="$cache_root/wheels-$lock_hash"
+if [[ ! -f "$wheels/.complete" ]]; then
+    echo "build.sh: downloading the locked wheels into $wheels" >&2
+    mkdir -p "$wheels"
+    # For this interpreter's tags (CPython 3.11, glibc x86_64, as the image's): the lock's hashes name
+    # exactly the wheels pip picks for those, and a mismatch fails here rather than in the image.
+    "$python" -m pip download -q --disable-pip-version-check --no-deps --require-hashes \
+        --only-binary=:all: -r "$repo/image/requirements.txt" -d "$wheels" >&2
+    touch "$wheels/.complete"
+fi
+cp "$wheels"/*.whl "$out/context/wheels/"
+
+step "topolet wheel"
+# 2. The project's wheel, built from a copy of the tree at a fixed path, so no stale build/ output and
+# no path of the caller's reaches the compiled helper: the working tree (tracked and untracked files,
+# less what git ignores), or with IMAGE_TREE the files of that commit alone.
+mkdir -p "$out/src"
+if [[ -n "$tree" ]]; then
+    git -C "$repo" archive "$revision" | tar -x -C "$out/src"
+else
+    (cd "$repo" && git ls-files -z --cached --others --exclude-standard \
+        | while IFS= read -r -d '' f; do [[ -e "$f" ]] && printf '%s\0' "$f"; done \
+        | cpio -0 -pdm --quiet "$out/src")
+fi
+# -g0: pyenv's and Debian's CFLAGS carry -g, whose DWARF names the build directory.
+CFLAGS="-g0 -ffile-prefix-map=$out/src=." nice -n 19 "$python" -m pip wheel -q --disable-pip-version-check \
+    --no-deps --no-build-isolation -w "$out/context/wheels" "$out/src" >"$out/wheel.log" 2>&1 \
+    || { cat "$out/wheel.log" >&2; echo "build.sh: building the topolet wheel failed" >&2; exit 1; }
+cp "$repo/image/install.sh" "$out/context/"
+if [[ -n "$context_only" ]]; then
+    rm -rf "$out/src"
+    trap - EXIT
+    step "context ready: $out/context (build it with image/Containerfile and --build-arg BASE=<image>)"
+    exit 0
+fi
+
+step "base"
+# 3. The base: the debootstrap rootfs committed as a local image, or the named public one.
+if [[ -n "${IMAGE_BASE:-}" ]]; then
+    base="$IMAGE_BASE"
+    pull=--pull=missing
+else
+    tarball="$("$repo/image/base.sh")"
+    base="localhost/topolet-base:bookworm-$(basename "$tarball" .tar | sed 's/^base-bookworm-//')"
+    ctr="$(buildah_ from scratch)"
+    tar -C "$(buildah_ mount "$ctr")" --numeric-owner --xattrs -xpf "$tarball"
+    buildah_ umount "$ctr" >/dev/null
+    buildah_ commit -q --timestamp "$SOURCE_DATE_EPOCH" "$ctr" "$base" >/dev/null
+    buildah_ rm "$ctr" >/dev/null
+    pull=--pull=never
+fi
+
+# 4. The one recipe. --squash: one layer, so what install.sh deletes (docs, apt lists, the wheels'
+# bind mount) is gone from the image rather than hidden by a later layer; --timestamp: the image's
+# created time and every file's mtime are SOURCE_DATE_EPOCH.
+step "building $ref on $base"
+buildah_ build -q --isolation chroot --squash $pull --timestamp "$SOURCE_DATE_EPOCH" \
+    --layers=false --build-arg BASE="$base" --build-arg VERSION="$version" \
+    --build-arg REVISION="$revision" \
+    -f "$repo/image/Containerfile" -t "$ref" "$out/context" >/dev/null
+
+step "export"
+# 5. Export: an OCI layout (gzip layers, the form a registry serves: its manifest digest is the image's
+# digest) and a docker-archive for containerd's `ctr images import`, which names the image after its tag.
+archive="$out/topolet-$version.tar"
+rm -rf "$out/oci" "$archive"
+buildah_ push -q --format oci --digestfile "$out/digest" "$ref" "oci:$out/oci:$version" >/dev/null
+buildah_ push -q --format docker "$ref" "docker-archive:$archive:$ref" >/dev/null
+digest="$(cat "$out/digest")"
+rm -f "$out/digest"
+image_id="sha256:$(buildah_ inspect --type image --format '{{.FromImageID}}' "$ref")"
+
+step "sizes"
+# Sizes: the compressed layer as a registry serves it, the unpacked layer, and the biggest directories.
+manifest_blob="$out/oci/blobs/sha256/${digest#sha256:}"
+compressed="$("$python" -c 'import json,sys; m=json.load(open(sys.argv[1])); print(sum(l["size"] for l in m["layers"]))' "$manifest_blob")"
+ctr="$(buildah_ from --pull=never "$ref")"
+rootfs="$(buildah_ mount "$ctr")"
+unpacked="$(du -sb --apparent-size "$rootfs" | cut -f1)"
+(cd "$rootfs" && du -s -m --apparent-size usr/local/lib/python3.11/dist-packages/* usr/lib/python3.11 \
+    usr/lib/x86_64-linux-gnu usr/bin usr/sbin usr/share/* var etc) | sort -rn >"$out/du.txt"
+biggest="$(head -10 "$out/du.txt")"
+rm -f "$out/du.txt"
+buildah_ umount "$ctr" >/dev/null
+
+mib() { "$python" -c "import sys; print(f'{int(sys.argv[1]) / 2**20:.1f}')" "$1"; }
+cat >"$out/image.env" <<EOF
+IMAGE_REF=$ref
+IMAGE_ARCHIVE=$archive
+IMAGE_OCI=$out/oci:$version
+IMAGE_DIGEST=$digest
+IMAGE_ID=$image_id
+IMAGE_BASE=$base
+IMAGE_COMPRESSED_BYTES=$compressed
+IMAGE_UNPACKED_BYTES=$unpacked
+SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH
+EOF
+{
+    echo "image $ref on $base (SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH), built in $((SECONDS - start)) s"
+    echo "  digest   $digest"
+    echo "  id       $image_id"
+    echo "  archive  $archive"
+    echo "  biggest directories (MiB):"
+    echo "$biggest" | sed 's/^/    /'
+    echo "image size: $(mib "$compressed") MiB compressed | $(mib "$unpacked") MiB unpacked"
+} >&2
