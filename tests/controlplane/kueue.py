@@ -69,6 +69,7 @@ NAME_PREFIX = "kueue-"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 CHECK_CONTROLLER = "topolet.io/topology-fit"
 READY_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 5.0
 # Kueue's manager reads a Configuration of this version (v1beta1 is still read too).
 CONFIG_API_VERSION = "config.kueue.x-k8s.io/v1beta2"
 # Upstream's manager config (config/components/manager/controller_manager_config.yaml) sets these.
@@ -275,7 +276,8 @@ class Kueue:
     def stop(self) -> None:
         """Stop Kueue's manager (idempotent); what it installed stays on the cluster."""
         if self._process is not None:
-            self._process.stop()
+            # Kueue drains for up to 30 s on SIGTERM; nothing here needs its Lease released or work finished.
+            self._process.stop(STOP_TIMEOUT_S)
             self._process = None
         if self._volume is not None:
             self._volume.stop()
@@ -429,7 +431,9 @@ class Kueue:
                 time.sleep(0.2)
         finally:
             api.close()
-        raise ControlPlaneError(f"kueue not ready after {READY_TIMEOUT_S:.0f} s ({last}):\n{self.log_tail()}")
+        volume = self._volume.errors[-3:] if self._volume is not None else []
+        raise ControlPlaneError(f"kueue not ready in time ({last}); secret volume errors {volume}:\n"
+                                f"{self.log_tail()}")
 
     def _probe_ready(self) -> bool:
         try:

@@ -188,3 +188,21 @@ def test_admission_check_gates_the_cluster_queue(kueue: KueueScope) -> None:
     wait_for("the Workload admitted", lambda: _workload_with(kueue, ns, uid, "Admitted", "True"),
              context=kueue.logs)
     wait_for("the Job unsuspended", lambda: not _suspended(kueue, ns, name), context=kueue.logs)
+
+
+def test_kueue_down_refuses_queued_jobs_and_restarts(kueue: KueueScope) -> None:
+    """The API server really depends on Kueue's webhooks (failurePolicy Fail): with Kueue stopped a queued
+    Job is refused; started again on the same cluster (its cert Secret kept), Kueue serves and admits again."""
+    ns, _cq, lq = _queue(kueue, {"cpu": "2", "memory": "1Gi"})
+    kueue.kueue.stop()
+    assert not kueue.kueue.running()
+    with pytest.raises(KubeAPIError) as refused:
+        kueue.create_job(ns, job(_name("refused"), lq))
+    assert 'failed calling webhook "mjob.kb.io"' in str(refused.value)
+
+    kueue.kueue.start()
+    assert kueue.kueue.running() and kueue.kueue.ready_seconds is not None
+    made = kueue.create_job(ns, job(_name("after"), lq, suspend=False))
+    assert made["spec"]["suspend"] is True
+    wait_for("the Job admitted after the restart",
+             lambda: _workload_with(kueue, ns, made["metadata"]["uid"], "Admitted", "True"), context=kueue.logs)
