@@ -192,7 +192,7 @@ def test_admission_check_gates_the_cluster_queue(kueue: KueueScope) -> None:
 
 def test_kueue_down_refuses_queued_jobs_and_restarts(kueue: KueueScope) -> None:
     """The API server really depends on Kueue's webhooks (failurePolicy Fail): with Kueue stopped a queued
-    Job is refused; started again on the same cluster (its cert Secret kept), Kueue serves and admits again."""
+    Job is refused; started again on the same cluster (its cert Secret kept), it serves and admits again."""
     ns, _cq, lq = _queue(kueue, {"cpu": "2", "memory": "1Gi"})
     kueue.kueue.stop()
     assert not kueue.kueue.running()
@@ -205,4 +205,5 @@ def test_kueue_down_refuses_queued_jobs_and_restarts(kueue: KueueScope) -> None:
     made = kueue.create_job(ns, job(_name("after"), lq, suspend=False))
     assert made["spec"]["suspend"] is True
     wait_for("the Job admitted after the restart",
-             lambda: _workload_with(kueue, ns, made["metadata"]["uid"], "Admitted", "True"), context=kueue.logs)
+             lambda: _workload_with(kueue, ns, made["metadata"]["uid"], "Admitted", "True"),
+             context=kueue.logs)
