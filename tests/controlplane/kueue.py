@@ -22,12 +22,17 @@ What `Kueue.start()` puts on the cluster (idempotent, so a restart reuses it):
   management fills, and the Service `kueue-webhook-service` without a selector, plus an EndpointSlice
   for it on a non-loopback address of this host (`webhook_address()`). The API server runs with
   `--enable-aggregator-routing=true` (harness.py), so it calls webhooks at the EndpointSlice's address;
-  the Service's ClusterIP is never dialled (nothing routes it without kube-proxy), and loopback
+  the Service's ClusterIP is never dialled (with no kube-proxy it leads nowhere near Kueue), and loopback
   addresses are refused in endpoints;
 - the webhook configurations of `config/components/webhook/manifests.yaml` with that component's
   kustomization patches, named and pointed as upstream's `config/default` names them
   (`kueue-mutating-webhook-configuration`, `kueue-validating-webhook-configuration`). Kueue injects
   its CA into them and into the CRDs at start.
+
+Kueue's internal cert management writes its CA and serving cert into that Secret and then waits for a
+kubelet to mount it at its cert dir; `SecretVolume` (a thread of the test process) plays that part.
+The webhook route was proven both ways: without `--enable-aggregator-routing` the API server dials the
+Service's ClusterIP, which nothing here serves, and Kueue never becomes ready.
 
 Kueue runs with the `batch/job` integration only, its webhooks on the address above, leader election
 off unless asked (then on a Lease in `kueue-system`), the visibility API server off, metrics and
