@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import shutil
 import sys
 import tempfile
@@ -57,6 +58,7 @@ from tests.controlplane.cluster import (  # noqa: E402
     Cluster,
     start_cluster,
 )
+from tests.controlplane.harness import PROFILING_ENV  # noqa: E402
 
 NAMESPACE = "bench"
 FILLER_NAMESPACE = "filler"  # bench/admission_workload.py's filler pods live there
@@ -67,6 +69,8 @@ STALL_S = 120.0
 PROGRESS_S = 15.0  # a progress line this often while pods are being bound
 WORKERS = 8  # parallel object writers while setting up and creating Jobs
 KEEP_LOGS: Path | None = None  # --keep-logs: copy each cluster's component logs here
+PROFILE: Path | None = None  # --profile: the API server's CPU profile of each run's first seconds, here
+PROFILE_SECONDS = 30
 LEDGER_TIMEOUT_S = 24 * 3600  # longer than any run: static NRTs never show the controller's placements
 
 
@@ -267,6 +271,33 @@ def _report_unbound(cluster: Cluster, want: int) -> None:
               f"{p['spec'].get('nodeSelector')}, annotations {p['metadata'].get('annotations')}, {why}")
 
 
+def _profile_api_server(cluster: Cluster, name: str) -> threading.Thread:
+    """Start taking the API server's CPU profile (pprof, PROFILE_SECONDS from now) into PROFILE; read it
+    with `go tool pprof -top <kube-apiserver binary> <file>`."""
+    assert PROFILE is not None
+    dest = PROFILE / f"{name.replace(' ', '-')}-kube-apiserver.pprof"
+
+    def take() -> None:
+        api = KubeClient(cluster.plane.client())
+        try:
+            resp = api._send("GET", "/debug/pprof/profile", {"seconds": PROFILE_SECONDS}, None, None,  # noqa: SLF001
+                             (5.0, PROFILE_SECONDS + 60.0), "API server CPU profile")
+            try:
+                dest.write_bytes(resp.data)
+            finally:
+                resp.release_conn()
+            print(f"# {name}: API server CPU profile of the first {PROFILE_SECONDS} s in {dest}", flush=True)
+        except KubeAPIError as exc:
+            print(f"# {name}: no API server profile: {exc}", flush=True)
+        finally:
+            api.close()
+
+    PROFILE.mkdir(parents=True, exist_ok=True)
+    thread = threading.Thread(target=take, name="pprof", daemon=True)
+    thread.start()
+    return thread
+
+
 def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[str, Topology]],
          stream: list[Gang], *, controller: bool) -> ApiRun:
     cluster = start_cluster(workdir)
@@ -285,6 +316,7 @@ def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[
                              _job(item[1], item[0], queued=controller))
 
         try:
+            profiler = _profile_api_server(cluster, name) if PROFILE is not None else None
             cpu_before = _cpu_by_component()
             start = time.monotonic()
             _parallel(list(enumerate(stream)), create)
@@ -313,6 +345,8 @@ def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[
                   flush=True)
         finally:
             watch.close()
+            if profiler is not None:
+                profiler.join()
         aligned = _replay(cluster, objects, topos)
         return ApiRun(name, want, bound, wall, aligned)
     except BaseException:
@@ -363,9 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dumps", type=Path, default=None)
     parser.add_argument("--keep-logs", type=Path, default=None,
                         help="copy each run's component logs (the controller's timing lines) here")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help=f"the API server's CPU profile of each run's first {PROFILE_SECONDS} s, here")
     args = parser.parse_args(argv)
-    global KEEP_LOGS
-    KEEP_LOGS = args.keep_logs
+    global KEEP_LOGS, PROFILE
+    KEEP_LOGS, PROFILE = args.keep_logs, args.profile
+    if PROFILE is not None:
+        os.environ[PROFILING_ENV] = "1"
     print(last_line(*through_api(args.nodes, args.gangs, args.seed, args.dumps)))
     return 0
 

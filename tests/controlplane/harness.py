@@ -30,6 +30,7 @@ BUILD_SCRIPT = HERE / "build.sh"
 BUILD_TIMEOUT_S = 60 * 60
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
+PROFILING_ENV = "TOPOLET_API_PROFILING"  # set: the API server serves /debug/pprof (benchmarks only)
 ADMIN_USER = "admin"
 UNPRIVILEGED_USER = "nobody"
 # The identities kubeadm gives these components (their certificates' CNs); RBAC's default bindings
@@ -285,7 +286,8 @@ class ControlPlane:
             # ValidatingAdmissionPolicy and MutatingAdmissionPolicy are on by default; these add the
             # node checks a DaemonSet's credentials meet in a real cluster.
             "--enable-admission-plugins", "NodeRestriction",
-            "--profiling=false",
+            # /debug/pprof only when a benchmark asks for the API server's profile (bench/admission_api.py).
+            f"--profiling={'true' if os.environ.get(PROFILING_ENV) else 'false'}",
             "--cert-dir", str(self.workdir / "apiserver-certs"),
         ]
 
