@@ -91,3 +91,48 @@ def test_agent_refuses_a_static_cpu_manager_and_no_cpuset_is_written_twice(
     twice = {str(p.relative_to(static_node.cpuset_root)): n for p, n in writes.counts.items() if n > 1}
     assert not twice, twice
     assert cpuset_of(pinned_pid)[1] == pinned.cpulist()
+
+
+# ---- the question itself, against the pod-resources stand-in (no real node needed) --------------
+
+@pytest.mark.parametrize("in_process", [False, True])
+def test_exclusive_cpus_question_answers_what_the_socket_offers(in_process: bool) -> None:
+    """Asked from a child process (a node without GPUs: grpc not loaded) or in this one."""
+    from agent.kube.podresources.exclusive import kubelet_exclusive_cpus
+    from tests.kube.podresources_standin import PodResourcesStandIn
+
+    with PodResourcesStandIn(allocatable_cpus=[1, 2, 5]) as static:
+        assert kubelet_exclusive_cpus(static.path, in_process) == CPUSet([1, 2, 5])
+        assert static.calls == ["GetAllocatableResources"]
+    with PodResourcesStandIn() as none:
+        assert kubelet_exclusive_cpus(none.path, in_process) == CPUSet()
+    with PodResourcesStandIn(mode="garbage") as garbage:
+        assert kubelet_exclusive_cpus(garbage.path, in_process) is None
+    assert kubelet_exclusive_cpus("/nonexistent/kubelet.sock", in_process) is None
+
+
+def test_agent_refuses_to_start_when_the_kubelet_offers_exclusive_cpus(tmp_path: Path) -> None:
+    """The refusal as the DaemonSet's pod would show it: exit 2, one line saying what to change, and
+    nothing written (no state, no cgroup) before it."""
+    import subprocess
+
+    from tests.conftest import REPO, topolet_bin
+    from tests.kube.podresources_standin import PodResourcesStandIn
+
+    kubeconfig = tmp_path / "kubeconfig"  # never read: the refusal comes before any API call
+    kubeconfig.write_text('{"apiVersion": "v1", "kind": "Config", "clusters": [{"name": "c", "cluster": '
+                          '{"server": "https://127.0.0.1:1"}}], "users": [{"name": "u", "user": {}}], '
+                          '"contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}], '
+                          '"current-context": "c"}')
+    with PodResourcesStandIn(allocatable_cpus=[1]) as static:
+        done = subprocess.run(
+            [topolet_bin(), "agent", "--mode", "kubernetes", "--kubeconfig", str(kubeconfig),
+             "--node-name", "n1", "--state-dir", str(tmp_path / "state"), "--label-sink", "none",
+             "--cgroup-root", str(tmp_path / "no-cgroup"), "--pod-resources-socket", static.path,
+             "--listen", "127.0.0.1:0"],
+            capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2, done.stderr
+    assert "cpuManagerPolicy: static" in done.stderr and "offers CPUs 1 " in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "state" / "state.json").exists()

@@ -29,9 +29,14 @@ def _ask(socket: str) -> CPUSet | None:
     return None if allocatable is None else CPUSet(allocatable.cpu_ids)
 
 
-def kubelet_exclusive_cpus(socket: str) -> CPUSet | None:
-    """The CPUs the kubelet's CPU manager may give exclusively (empty: policy none); None = no answer."""
-    if "grpc" in sys.modules:
+def kubelet_exclusive_cpus(socket: str, in_process: bool | None = None) -> CPUSet | None:
+    """The CPUs the kubelet's CPU manager may give exclusively (empty: policy none); None = no answer.
+
+    `in_process`: ask from this process (True) or a child (False); None: here only if grpc is loaded.
+    """
+    if in_process is None:
+        in_process = "grpc" in sys.modules
+    if in_process:
         return _ask(socket)
     try:
         done = subprocess.run([sys.executable, "-m", __name__, socket], capture_output=True, text=True,
