@@ -92,7 +92,7 @@ if [[ -n "$tree" ]]; then
 else
     (cd "$repo" && git ls-files -z --cached --others --exclude-standard \
         | while IFS= read -r -d '' f; do [[ -e "$f" ]] && printf '%s\0' "$f"; done \
-        | cpio -0 -pdm --quiet "$out/src")
+        | tar --null --no-recursion -T - -cf -) | tar -x -C "$out/src"
 fi
 # -g0: pyenv's and Debian's CFLAGS carry -g, whose DWARF names the build directory.
 CFLAGS="-g0 -ffile-prefix-map=$out/src=." nice -n 19 "$python" -m pip wheel -q --disable-pip-version-check \
