@@ -6,6 +6,7 @@ For Kueue's tests (`tests/kueue/`), the topology-fit check's tests and `bench/ku
     kueue.cluster                             # tests/controlplane/cluster.py: nodes, logs, the plane
     kueue.ready_seconds                       # process start -> its webhooks answer through the API server
     kueue.log_tail(), kueue.running(), kueue.restart(), kueue.stop(), kueue.stop_all()
+    kueue.metrics_text()                      # Kueue's own /metrics (Prometheus text)
 
     Kueue(cluster, build_kueue(), workdir).start()   # on a cluster you started (installs what it needs)
 
@@ -46,6 +47,7 @@ import contextlib
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import threading
 import time
@@ -320,6 +322,16 @@ class Kueue:
         from agent.kube.client import KubeClient
 
         return KubeClient(self.cluster.plane.client())
+
+    def metrics_text(self) -> str:
+        """Kueue's Prometheus metrics (/metrics over HTTPS behind token review; the admin's token)."""
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # controller-runtime's self-signed metrics certificate
+        req = urllib.request.Request(f"https://127.0.0.1:{self.metrics_port}/metrics",
+                                     headers={"Authorization": f"Bearer {self.cluster.plane.admin_token}"})
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
+            return str(resp.read().decode())
 
     # ---- what it is given ------------------------------------------------------------------------
 

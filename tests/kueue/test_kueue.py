@@ -140,6 +140,8 @@ def test_queued_job_is_admitted_and_its_pods_bound(kueue: KueueScope) -> None:
     pods = wait_for("both pods bound by the scheduler", lambda: _bound_pods(kueue, ns, first_name, 2),
                     context=kueue.logs)
     assert {p["spec"]["nodeName"] for p in pods} == {node}
+    # Kueue's own metrics count the admission (what bench/kueue.py may read).
+    assert f'kueue_admitted_workloads_total{{cluster_queue="{cq}"' in kueue.kueue.metrics_text()
 
     # The second Job needs a third CPU of a 2-CPU quota: no quota reserved, the Job stays suspended.
     second = kueue.create_job(ns, job(_name("second"), lq, parallelism=1, requests=small))
