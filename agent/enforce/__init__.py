@@ -15,9 +15,11 @@ Workload cgroups:
     move_pid(layout, rel, pid)                                    writes cgroup.procs
     read_cpuset(layout, rel, effective=False) -> (cpus, mems); read_cpus; read_mems
     read_procs(layout, rel) -> [pid]; list_children(layout, rel) -> [rel]; exists(layout, rel)
+    read_partition(layout, rel) -> "member" | "root" | "isolated" | "root invalid (...)"   (v2)
     write_cpuset(layout, rel, cpus, mems=None)                    one cgroup, unordered
 Ordered changes (`agent.enforce.apply`):
     apply_assignment(layout, cpus={rel: CPUSet}, mems=None, remove=()) -> [CgroupWrite]
+        (v2: refuses cpus a sibling partition root holds, before any write)
     shared_pool(allowed, reserved, exclusive) -> CPUSet
     apply_with_shared_pool(layout, allowed=, reserved=, exclusive={rel: CPUSet}, shared=[rel], ...)
     find_drift(layout, cpus, mems=None) -> Drift; repair_drift(layout, cpus, mems=None) -> int
@@ -50,6 +52,7 @@ from agent.enforce.cgroup import (
     read_cpus,
     read_cpuset,
     read_mems,
+    read_partition,
     read_procs,
     remove_cgroup,
     write_cpuset,
@@ -87,6 +90,7 @@ __all__ = [
     "read_cpus",
     "read_cpuset",
     "read_mems",
+    "read_partition",
     "read_procs",
     "rebuild_from_cgroups",
     "remove_cgroup",

@@ -11,7 +11,9 @@ every child's current set.  `apply_assignment` reaches any consistent target in 
 
 A cgroup is never written an empty set as an intermediate (v1 refuses it while tasks are attached;
 v2 reads it as "inherit the parent's").  v2 does not constrain children, so there the children's
-sets play no part.
+sets play no part.  v2 takes any set and runs the cgroup on what its parent's effective set gives
+(which lacks the CPUs of partition roots below it), and a set that overlaps a sibling partition
+root quietly invalidates that partition: both are refused before anything is written.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from agent.enforce.cgroup import (
     parent_of,
     read_cpus,
     read_mems,
+    read_partition,
     read_procs,
     remove_cgroup,
     write_set,
@@ -65,6 +68,7 @@ class _Plan:
         self.targets = targets
         self.live: dict[str, CPUSet] = {}
         self.kids: dict[str, list[str]] = {}
+        self.partitions: dict[str, list[str]] = {}  # v2: parent -> its children that are partition roots
         # v1 binds a child to its parent's set; v2 intersects instead of refusing.
         self.nested = layout.version == 1
 
@@ -85,6 +89,26 @@ class _Plan:
     def held_by_children(self, rel: str) -> CPUSet:
         return EMPTY.union(*(self.live_of(c) for c in self.children(rel)))
 
+    def held_as_partition(self, rel: str) -> CPUSet:
+        """The cpus a valid v2 partition root holds: its own, taken out of its parent's effective set."""
+        if self.layout.version == 1 or not exists(self.layout, rel):
+            return EMPTY
+        held = self.live_of(rel)  # first: a cgroup without the cpuset files fails here, by name
+        return held if read_partition(self.layout, rel) in ("root", "isolated") else EMPTY
+
+    def partition_children(self, rel: str) -> list[str]:
+        """The children of `rel` that are valid v2 partition roots (each holds its cpus exclusively)."""
+        if rel not in self.partitions:
+            found = []
+            for child in list_children(self.layout, rel):
+                try:
+                    if read_partition(self.layout, child) in ("root", "isolated"):
+                        found.append(child)
+                except EnforcementError:
+                    continue  # no cpuset files (or gone): not a partition
+            self.partitions[rel] = found
+        return self.partitions[rel]
+
     def validate(self, removing: set[str]) -> None:
         """Refuse a target the kernel could never hold, before anything is written."""
         for rel, new in self.targets.items():
@@ -92,6 +116,16 @@ class _Plan:
                 raise EnforcementError(f"refusing to write an empty {self.key} set", self.layout.abspath(rel))
             up = parent_of(rel)
             bound = self.targets[up] if up in self.targets else self.read(up, effective=True)
+            if self.key == "cpus" and up not in self.targets:
+                bound |= self.held_as_partition(rel)
+            if self.key == "cpus" and self.layout.version == 2:
+                for other in self.partition_children(up):
+                    held = self.targets.get(other) or self.live_of(other)
+                    if other != rel and other not in removing and not new.isdisjoint(held):
+                        raise EnforcementError(
+                            f"cpus {new & held} belong to the partition root {other}; writing them "
+                            "here would invalidate it", self.layout.abspath(rel),
+                        )
             if not new <= bound:
                 raise EnforcementError(
                     f"{self.key} {new} not within the parent's {bound}", self.layout.abspath(rel)

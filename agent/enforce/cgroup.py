@@ -63,6 +63,10 @@ class CgroupLayout:
 
     def file(self, rel: str, key: str) -> str:
         """The file-system path of cpuset file `key` ("cpus", "mems", "effective_cpus", ...) of `rel`."""
+        if self.version == 2 and key in ("cpus", "mems") and not clean_path(rel):
+            # v2's root cgroup has no cpuset.cpus/mems: it always holds every CPU and node, which
+            # only its effective files say.
+            key = f"effective_{key}"
         return os.path.join(self.abspath(rel), _FILES[self.version][key])
 
     @property
@@ -168,7 +172,15 @@ def _read(path: str) -> str:
         raise EnforcementError(f"cannot read: {exc.strerror}", path) from exc
 
 
-def _write(path: str, value: str) -> None:
+_REFUSAL_HINTS = {
+    1: " (outside the parent's set, narrower than a child's, or offline)",
+    # v2 intersects with the parent instead of refusing; what it refuses is taking CPUs that a
+    # sibling partition root holds exclusively.
+    2: " (a sibling partition root holds some of these CPUs exclusively, or they are offline)",
+}
+
+
+def _write(path: str, value: str, refusal_hint: str = _REFUSAL_HINTS[1]) -> None:
     # os.write, not a buffered file: the kernel's refusal must surface here, not at close().
     try:
         fd = os.open(path, os.O_WRONLY)
@@ -181,7 +193,7 @@ def _write(path: str, value: str) -> None:
         if exc.errno == errno.ENOSPC:
             hint = " (the cpuset has no cpus or mems)"
         elif exc.errno == errno.EINVAL and os.path.basename(path).startswith("cpuset."):
-            hint = " (outside the parent's set, narrower than a child's, or offline)"
+            hint = refusal_hint
         raise EnforcementError(f"kernel refused {value!r}: {exc.strerror}{hint}", path) from exc
     finally:
         os.close(fd)
@@ -191,14 +203,27 @@ def _parse_set(text: str) -> CPUSet:
     return CPUSet.parse(text.strip())
 
 
+def _read_set(layout: CgroupLayout, rel: str, key: str) -> CPUSet:
+    path = layout.file(rel, key)
+    try:
+        return _parse_set(_read(path))
+    except EnforcementError:
+        if layout.version == 2 and os.path.isdir(layout.abspath(rel)) and not os.path.exists(path):
+            # v2 hands a cgroup the cpuset files only when its parent enables the controller for
+            # its children; a kubelet or runtime that did not leaves nothing here to pin.
+            raise EnforcementError("the cpuset controller is not enabled for this cgroup "
+                                   "(its parent's cgroup.subtree_control lacks cpuset)", path) from None
+        raise
+
+
 def read_cpus(layout: CgroupLayout, rel: str, *, effective: bool = False) -> CPUSet:
     """A cgroup's configured (or effective) cpus.  In v2 an empty configured set means "inherit"."""
-    return _parse_set(_read(layout.file(rel, "effective_cpus" if effective else "cpus")))
+    return _read_set(layout, rel, "effective_cpus" if effective else "cpus")
 
 
 def read_mems(layout: CgroupLayout, rel: str, *, effective: bool = False) -> CPUSet:
     """A cgroup's configured (or effective) memory nodes."""
-    return _parse_set(_read(layout.file(rel, "effective_mems" if effective else "mems")))
+    return _read_set(layout, rel, "effective_mems" if effective else "mems")
 
 
 def read_cpuset(layout: CgroupLayout, rel: str, *, effective: bool = False) -> tuple[CPUSet, CPUSet]:
@@ -206,11 +231,19 @@ def read_cpuset(layout: CgroupLayout, rel: str, *, effective: bool = False) -> t
     return read_cpus(layout, rel, effective=effective), read_mems(layout, rel, effective=effective)
 
 
+def read_partition(layout: CgroupLayout, rel: str) -> str:
+    """A v2 cgroup's `cpuset.cpus.partition` ("member", "root", "isolated", "root invalid (...)");
+    "member" on v1 and for the v2 root, which have no such file."""
+    if layout.version == 1 or not clean_path(rel):
+        return "member"
+    return _read(os.path.join(layout.abspath(rel), "cpuset.cpus.partition")).strip()
+
+
 def write_set(layout: CgroupLayout, rel: str, key: str, value: CPUSet) -> None:
     """Write one cpuset file ("cpus" or "mems") of one cgroup, as it is: no ordering, no checks."""
     if key not in ("cpus", "mems"):
         raise EnforcementError(f"not a writable cpuset file: {key}")
-    _write(layout.file(rel, key), value.cpulist())
+    _write(layout.file(rel, key), value.cpulist(), _REFUSAL_HINTS[layout.version])
 
 
 def write_cpuset(layout: CgroupLayout, rel: str, cpus: CPUSet, mems: CPUSet | None = None) -> None:

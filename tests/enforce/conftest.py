@@ -51,9 +51,10 @@ def _cpuset_layout(version: int | None) -> CgroupLayout:
     except EnforcementError as exc:
         require_or_skip(False, f"needs a cpuset cgroup hierarchy: {exc}")
         raise
-    if version is not None:
-        found = f"needs cgroup v{version} cpuset (found v{layout.version})"
-        require_or_skip(layout.version == version, found)
+    if version is not None and layout.version != version:
+        # Not a missing requirement: the other version's run covers it (this host's v1, and v2 in
+        # the guest of tests/vm, which checks that its v2 tests ran).
+        pytest.skip(f"cgroup v{version} behaviour (this machine has v{layout.version})")
     require_or_skip(os.access(layout.root, os.W_OK), f"cpuset hierarchy {layout.root} is not writable")
     return layout
 
@@ -83,6 +84,14 @@ def cpuset_root() -> Iterator[CgroupLayout]:
 def cpuset_v1() -> Iterator[CgroupLayout]:
     """As `cpuset_root`, for tests of v1's parent/child rules."""
     layout = _cpuset_layout(1)
+    yield layout
+    _remove_tree(layout, layout.parent)
+
+
+@pytest.fixture
+def cpuset_v2() -> Iterator[CgroupLayout]:
+    """As `cpuset_root`, for tests of v2's rules (partitions, effective sets)."""
+    layout = _cpuset_layout(2)
     yield layout
     _remove_tree(layout, layout.parent)
 

@@ -97,3 +97,21 @@ def test_detect_this_machine(require: Require) -> None:
 def test_path_arithmetic(rel: str, parent: str, depth: int) -> None:
     assert parent_of(rel) == parent
     assert depth_of(rel) == depth
+
+
+@pytest.mark.parametrize(
+    ("version", "rel", "key", "name"),
+    [
+        (1, "", "cpus", "cpuset.cpus"),
+        (1, "a", "effective_cpus", "cpuset.effective_cpus"),
+        (2, "a", "cpus", "cpuset.cpus"),
+        (2, "a/b", "effective_mems", "cpuset.mems.effective"),
+        # v2's root has no cpuset.cpus/mems: its own set is its effective one
+        (2, "", "cpus", "cpuset.cpus.effective"),
+        (2, "/", "mems", "cpuset.mems.effective"),
+        (2, "", "effective_cpus", "cpuset.cpus.effective"),
+    ],
+)
+def test_cpuset_file_names(version: int, rel: str, key: str, name: str) -> None:
+    layout = CgroupLayout(version, "/cg", "p")
+    assert layout.file(rel, key) == os.path.join(layout.abspath(rel), name)
