@@ -44,10 +44,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
+import ipaddress
 import json
 import os
 import shutil
+import socket
 import ssl
+import struct
 import subprocess
 import threading
 import time
@@ -84,6 +88,8 @@ GROUP_KIND_CONCURRENCY = {
     "Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 5, "LocalQueue.kueue.x-k8s.io": 1,
     "Cohort.kueue.x-k8s.io": 1, "ClusterQueue.kueue.x-k8s.io": 1, "ResourceFlavor.kueue.x-k8s.io": 1,
 }
+# netdevice(7): an interface's flags and its (first) IPv4 address.
+_SIOCGIFFLAGS, _SIOCGIFADDR, _IFF_UP = 0x8913, 0x8915, 0x1
 # A bench queues thousands of Jobs; Kueue's default client limit (20/s) would measure the limiter.
 DEFAULT_API_QPS = 500
 
@@ -110,18 +116,19 @@ def module_dir() -> Path:
 
 
 def webhook_address() -> str:
-    """A non-loopback, non-link-local IPv4 address of this host: where Kueue serves its webhooks.
-
-    The API server validates Endpoints and EndpointSlices and refuses loopback and link-local ones.
-    """
-    done = subprocess.run(["ip", "-j", "-4", "addr", "show", "up"], capture_output=True, text=True,
-                          check=False)
-    if done.returncode != 0:
-        raise ControlPlaneError(f"`ip -j -4 addr` failed: {done.stderr.strip()}")
-    for link in json.loads(done.stdout or "[]"):
-        for addr in link.get("addr_info") or []:
-            if addr.get("scope") == "global" and not addr["local"].startswith(("127.", "169.254.")):
-                return str(addr["local"])
+    """A non-loopback, non-link-local IPv4 address of an interface of this host that is up: where Kueue
+    serves its webhooks. The API server refuses loopback and link-local addresses in EndpointSlices."""
+    for _index, name in socket.if_nameindex():
+        request = struct.pack("256s", name.encode()[:15])
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            try:
+                flags = struct.unpack_from("H", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, request), 16)[0]
+                packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
+            except OSError:  # no IPv4 address on this interface
+                continue
+        address = ipaddress.IPv4Address(packed[20:24])
+        if flags & _IFF_UP and not (address.is_loopback or address.is_link_local or address.is_unspecified):
+            return str(address)
     raise ControlPlaneError("this host has no non-loopback IPv4 address for Kueue's webhook endpoint")
 
 
