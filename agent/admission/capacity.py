@@ -21,8 +21,8 @@ from agent.admission.ledger import Entry, Ledger, agent_pins
 from agent.admission.metrics import AdmissionMetrics
 from agent.admission.model import ClusterView, Resources
 from agent.admission.placing import AdmissionRecord
-from agent.admission.store import PodVersionCache, Reflector, as_dict, metadata_of
-from agent.admission.view import build_view, pod_requests
+from agent.admission.store import Reflector, VersionCache, as_dict, metadata_of
+from agent.admission.view import build_view, node_allocatable, nrt_zones, pod_requests
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,12 @@ class Capacity:
         self.ledger = Ledger(timeout=ledger_timeout)
         self.left_out: dict[str, str] = {}
         self._ledgered: set[tuple[str, str]] = set()  # (gang key, decision id) already in the ledger
-        # A pod's requests, and whether its node's agent pins it, by pod version: parsing quantities
-        # and planning pods is most of a view's build on a big cluster.
-        self._requests: PodVersionCache[Resources | None] = PodVersionCache(pod_requests)
-        self._pins: PodVersionCache[bool] = PodVersionCache(agent_pins)
+        # A pod's requests, whether its node's agent pins it, an NRT's zones and a Node's allocatable, by
+        # object version: parsing quantities and planning pods is most of a view's build on a big cluster.
+        self._requests: VersionCache[Resources | None] = VersionCache(pod_requests)
+        self._pins: VersionCache[bool] = VersionCache(agent_pins)
+        self._zones = VersionCache(nrt_zones)
+        self._allocatable = VersionCache(node_allocatable)
 
     def view(self, admitted: Iterable[Admitted], pods: list[dict[str, Any]], slot_of: SlotOf) -> ClusterView:
         """The engine's view of the cluster now, after the ledger of admitted gangs' slots."""
@@ -72,8 +74,10 @@ class Capacity:
         self.metrics.ledger_entries.set(len(self.ledger))
         nodes = self.nodes.snapshot()
         view, left_out = build_view(nodes, self.nrts.snapshot(), pods, self.ledger, now,
-                                    slot_of=slot_of, requests_of=self._requests.of)
-        self._requests.forget_unread()
+                                    slot_of=slot_of, requests_of=self._requests.of,
+                                    zones_of=self._zones.of, allocatable_of=self._allocatable.of)
+        for cache in (self._requests, self._zones, self._allocatable):
+            cache.forget_unread()
         counts = {"usable": len(view.nodes), "stale": 0, "not_ready": 0}
         for node in nodes:
             if str(metadata_of(node).get("name")) in left_out:

@@ -4,7 +4,7 @@ Public API:
 
 - `Reflector(kube, path, what, changed, params=None, matters=None)`: lists then watches one collection
   into memory; `.snapshot()`, `.put(obj)` (a write's response), `.synced`, `.start()`, `.stop()`.
-- `PodVersionCache(compute)`: `compute(pod)` memoised by the pod's uid and resourceVersion.
+- `VersionCache(compute)`: `compute(obj)` memoised by the object's uid and resourceVersion.
 - `as_dict`, `metadata_of`, `object_key`, `resource_version`: tolerant readers of API object dicts.
 """
 
@@ -183,21 +183,22 @@ class Reflector:
         return False
 
 
-class PodVersionCache(Generic[T]):
-    """`compute(pod)` once per pod version (uid, resourceVersion); `forget_unread()` drops the
-    versions not read since the last call, so it holds one entry per live pod."""
+class VersionCache(Generic[T]):
+    """`compute(obj)` once per object version (uid, resourceVersion): for objects as the API serves
+    them (pods, Nodes, NRTs), which all carry both.  `forget_unread()` drops the versions not read
+    since the last call, so it holds one entry per live object."""
 
     def __init__(self, compute: Callable[[Mapping[str, Any]], T]) -> None:
         self.compute = compute
         self._held: dict[tuple[str, str], T] = {}
         self._read: dict[tuple[str, str], T] = {}
 
-    def of(self, pod: Mapping[str, Any]) -> T:
-        meta = metadata_of(pod)
+    def of(self, obj: Mapping[str, Any]) -> T:
+        meta = metadata_of(obj)
         key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
         if key in self._read:
             return self._read[key]
-        value = self._held[key] if key in self._held else self.compute(pod)
+        value = self._held[key] if key in self._held else self.compute(obj)
         self._read[key] = value
         return value
 

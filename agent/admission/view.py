@@ -9,6 +9,8 @@ Public API:
   with `Ledger.settle`; the view itself does not depend on the clock.
 - `pod_requests(pod) -> Resources | None`: what a pod asks of its node, counted as the scheduler
   does (None when its requests are malformed).
+- `nrt_zones(nrt)`, `node_allocatable(node)`: an NRT's zones and a Node's allocatable, as the view
+  reads them (BadObject when they cannot be read); `build_view` takes caches of them.
 
 What each node's figures are:
 
@@ -186,8 +188,9 @@ def _taints(spec: Mapping[str, Any]) -> tuple[Taint, ...]:
     return tuple(out)
 
 
-def _zones(nrt: Mapping[str, Any]) -> tuple[tuple[Zone, ...], tuple[Zone, ...]]:
-    """(zones with available figures, zones with allocatable figures) of an NRT."""
+def nrt_zones(nrt: Mapping[str, Any]) -> tuple[tuple[Zone, ...], tuple[Zone, ...]]:
+    """(zones with available figures, zones with allocatable figures) of an NRT; BadObject when one
+    cannot be read."""
     now: list[Zone] = []
     empty: list[Zone] = []
     for z in _list(nrt.get("zones")):
@@ -220,6 +223,13 @@ def _zones(nrt: Mapping[str, Any]) -> tuple[tuple[Zone, ...], tuple[Zone, ...]]:
     return tuple(now[k] for k in order), tuple(empty[k] for k in order)
 
 
+def node_allocatable(node: Mapping[str, Any]) -> tuple[Resources, int]:
+    """A Node's `status.allocatable` and how many pods it takes; BadObject when it cannot be read."""
+    allocatable = _map(_map(node.get("status")).get("allocatable"))
+    alloc, max_pods = _resources(allocatable, "allocatable")
+    return alloc, (max_pods if "pods" in allocatable else DEFAULT_MAX_PODS)
+
+
 def _stale(nrt: Mapping[str, Any], uid: str) -> bool:
     for ref in _list(_map(nrt.get("metadata")).get("ownerReferences")):
         ref = _map(ref)
@@ -245,10 +255,14 @@ def build_view(nodes: Iterable[Mapping[str, Any]], nrts: Iterable[Mapping[str, A
                gpu_mix: tuple[tuple[Resources, float], ...] = (),
                slot_of: SlotOf = job_slot,
                requests_of: Callable[[Mapping[str, Any]], Resources | None] = pod_requests,
+               zones_of: Callable[[Mapping[str, Any]], tuple[tuple[Zone, ...], tuple[Zone, ...]]] = nrt_zones,
+               allocatable_of: Callable[[Mapping[str, Any]], tuple[Resources, int]] = node_allocatable,
                ) -> tuple[ClusterView, dict[str, str]]:
     """The view of `nodes` (with their NRTs, bound pods and the ledger) and the nodes left out.
 
-    `requests_of` is `pod_requests` or a cache of it (the controller keeps one per pod version)."""
+    `requests_of`, `zones_of` and `allocatable_of` are `pod_requests`, `nrt_zones` and
+    `node_allocatable`, or caches of them (the controller keeps one per object version: reading
+    quantities is most of a view's build on a big cluster)."""
     del now  # the ledger was settled by the caller at `now`; the view itself is timeless
     by_name: dict[str, Mapping[str, Any]] = {}
     for nrt in nrts:
@@ -297,11 +311,7 @@ def build_view(nodes: Iterable[Mapping[str, Any]], nrts: Iterable[Mapping[str, A
             if name in bad_pods:
                 raise BadObject(bad_pods[name])
             spec = _map(obj.get("spec"))
-            status = _map(obj.get("status"))
-            allocatable = _map(status.get("allocatable"))
-            alloc, max_pods = _resources(allocatable, "allocatable")
-            if "pods" not in allocatable:
-                max_pods = DEFAULT_MAX_PODS
+            alloc, max_pods = allocatable_of(obj)
             labels = {str(k): str(v) for k, v in _map(meta.get("labels")).items()}
             topo = by_name.get(name)
             zones: tuple[Zone, ...] = ()
@@ -309,7 +319,7 @@ def build_view(nodes: Iterable[Mapping[str, Any]], nrts: Iterable[Mapping[str, A
             if topo is not None:
                 if _stale(topo, str(meta.get("uid") or "")):
                     raise BadObject("stale NRT: its owner is another Node uid")
-                zones, zones_empty = _zones(topo)
+                zones, zones_empty = zones_of(topo)
             zones = tuple(_zone_after(name, z, on_zone) for z in zones)
             a = _Amounts(cpu=alloc.cpu_milli, memory=alloc.memory, gpus=alloc.gpus, pods=max_pods,
                          hugepages=dict(alloc.hugepages), mig=dict(alloc.mig))

@@ -138,7 +138,7 @@ def test_events_are_queued_bounded_and_sent_off_the_pass(api: KubeClient, namesp
 
 
 def test_pod_version_cache_computes_once_per_version_and_forgets_unread_ones() -> None:
-    from agent.admission.store import PodVersionCache
+    from agent.admission.store import VersionCache
 
     calls: list[str] = []
 
@@ -146,7 +146,7 @@ def test_pod_version_cache_computes_once_per_version_and_forgets_unread_ones() -
         calls.append(pod["metadata"]["resourceVersion"])
         return len(calls)
 
-    cache = PodVersionCache(compute)
+    cache = VersionCache(compute)
 
     def pod(rv: str, uid: str = "u") -> dict[str, Any]:
         return {"metadata": {"uid": uid, "resourceVersion": rv}}
