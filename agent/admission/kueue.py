@@ -142,7 +142,8 @@ class KueueCheck:
                     by_owner.setdefault(str(ref.get("uid")), []).append(pod)
         flavors = {str(metadata_of(f).get("name")): as_dict(as_dict(f.get("spec")).get("nodeLabels"))
                    for f in self.flavors.snapshot()}
-        for wl in sorted(self.workloads.snapshot(), key=object_key):
+        every = sorted(self.workloads.snapshot(), key=object_key)
+        for wl in every:
             held = workloads.holding(wl, names)
             if held is not None:
                 self._hold(wl, held, by_owner.get(workloads.owner_uid(wl) or "", []), round_)
@@ -155,6 +156,9 @@ class KueueCheck:
                 round_.pending.append(Pending(wl, check, gang))
             except WorkloadSpecError as exc:
                 round_.pending.append(Pending(wl, check, None, str(exc)))
+        live = {(str(metadata_of(wl).get("uid")), str(metadata_of(wl).get("resourceVersion")))
+                for wl in every}
+        self._unreadable &= live  # bounded by the Workloads there are
         # First come, first served among those Kueue already gave quota to.
         round_.pending.sort(key=lambda p: (_quota_time(p.workload), object_key(p.workload)))
         return round_

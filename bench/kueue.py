@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""Kueue with and without the `topolet.io/topology-fit` check: the same gangs through real Kueue, twice.
+
+Each run gets a fresh test cluster (tests/controlplane/cluster.py: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler) with real Kueue v0.17.0 on it (tests/controlplane/kueue.py:
+its manager, webhooks and batch/Job integration).  Both runs hold the same objects from
+`bench/admission_workload.py`: `--nodes` Node objects with their NRTs and the bound filler pods that
+hold the NRTs' allocations (as bench/admission_api.py sets them up; no agent processes at this
+scale), and `--gangs` Indexed Jobs of single-numa-node pods in Kueue's tas pod-count mix, queued on
+a LocalQueue whose ClusterQueue has quota for all of them (quota never holds a gang back here, so
+what differs is only the check):
+
+- without the check: Kueue admits on quota, the kube-scheduler binds the pods on node totals;
+- with the check: the ClusterQueue also lists the AdmissionCheck `topology-fit`, and
+  `topolet controller --kueue on` decides it; the kueue component's placement policy pins each pod
+  to the node and zone the check chose, and the scheduler binds it there.
+
+Per run: admission latency per Workload (from just before its Job's create call until a watch sees
+the Workload's Admitted condition true), p50 and p99; the pods bound; and the share of bound pods
+their node can pin in one zone, replayed per node through `agent.alloc.allocate` after the node's
+fillers (bench/admission_api.py's replay: inside the zone the check named, when it named one).  NRTs
+are static (no agents), so the controller runs with a ledger timeout longer than the run.
+
+Last line: `kueue: aligned 100.0% with check vs X.X% without; admission p99 with/without = R.RR`.
+Quick run: `--nodes 20 --gangs 30`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import admission_workload as workload  # noqa: E402
+from admission import percentile  # noqa: E402
+from admission_api import LEDGER_TIMEOUT_S, NAMESPACE, BindWatch, _job, _parallel, _populate, _replay  # noqa: E402
+
+from agent.admission.model import Gang  # noqa: E402
+from agent.errors import KubeAPIError  # noqa: E402
+from agent.kube.client import KubeClient  # noqa: E402
+from agent.topology.model import Topology  # noqa: E402
+from tests.controlplane.kueue import QUEUE_LABEL, KueueObjects, kueue_path, start_kueue  # noqa: E402
+from tests.kueue.test_check import install_policy  # noqa: E402
+
+CHECK = "topology-fit"
+STALL_S = 120.0  # no admission or bind for this long ends a run (some gangs never get in)
+PROGRESS_S = 15.0
+KEEP_LOGS: Path | None = None  # --keep-logs: copy each run's logs here
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run through Kueue."""
+
+    name: str
+    workloads: int
+    admitted: int
+    latencies: tuple[float, ...]  # seconds, per admitted Workload
+    pods: int
+    bound: int
+    aligned: int
+
+    @property
+    def aligned_share(self) -> float:
+        return self.aligned / self.bound if self.bound else 1.0
+
+    def p(self, q: float) -> float:
+        return percentile(list(self.latencies), q) if self.latencies else float("nan")
+
+
+class AdmitWatch:
+    """When each Workload of NAMESPACE was first seen Admitted (monotonic), by its Job's name."""
+
+    def __init__(self, api: KubeClient) -> None:
+        self.api = api
+        self.admitted: dict[str, float] = {}
+        self.last = time.monotonic()
+        self._stop = threading.Event()
+        self._stream: Any = None
+        self._rv = api.list(kueue_path("workloads", namespace=NAMESPACE))["metadata"]["resourceVersion"]
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self.api.watch(kueue_path("workloads", namespace=NAMESPACE),
+                                    {"resourceVersion": self._rv, "allowWatchBookmarks": True,
+                                     "timeoutSeconds": 60}, timeout=(5.0, 90.0)) as stream:
+                    self._stream = stream
+                    for event in stream:
+                        obj = (event or {}).get("object") or {}
+                        self._rv = (obj.get("metadata") or {}).get("resourceVersion", self._rv)
+                        owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+                        conditions = (obj.get("status") or {}).get("conditions") or []
+                        if owners and any(c.get("type") == "Admitted" and c.get("status") == "True"
+                                          for c in conditions):
+                            self.admitted.setdefault(owners[0]["name"], time.monotonic())
+                            self.last = time.monotonic()
+            except KubeAPIError:
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._stream is not None:
+            self._stream.shutdown()
+
+
+def _wait(what: str, done: Any, last: Any, start: float) -> None:
+    """Until `done()`, or until `last()` (the monotonic time of the latest progress) is STALL_S old."""
+    progress = time.monotonic()
+    while not done():
+        now = time.monotonic()
+        if now - max(last(), start) > STALL_S:
+            print(f"# {what}: no progress for {STALL_S:.0f} s, stopped waiting", flush=True)
+            return
+        if now - progress >= PROGRESS_S:
+            progress = now
+            print(f"# {what} after {now - start:.0f} s", flush=True)
+        time.sleep(0.1)
+
+
+def run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[str, Topology]],
+        stream: list[Gang], *, check: bool) -> Run:
+    kueue = start_kueue(workdir)
+    cluster = kueue.cluster
+    api = KubeClient(cluster.plane.client())
+    try:
+        _populate(cluster, objects)
+        kueue_objects = KueueObjects(api)
+        kueue_objects.resource_flavor("default")
+        if check:
+            install_policy(api)
+            kueue_objects.admission_check(CHECK)
+            cluster.start_controller("--ledger-timeout-seconds", str(LEDGER_TIMEOUT_S), "--kueue", "on")
+        cpus = sum(workload.gang_cpus(g) for g in stream)
+        kueue_objects.cluster_queue("cq", "default", {"cpu": str(cpus), "memory": f"{cpus}Gi"},
+                                    admission_checks=[CHECK] if check else [])
+        kueue_objects.local_queue(NAMESPACE, "lq", "cq")
+
+        def cq_active() -> bool:
+            cq = kueue_objects.get("clusterqueues", "cq")
+            return any(c["type"] == "Active" and c["status"] == "True"
+                       for c in cq.get("status", {}).get("conditions") or [])
+
+        deadline = time.monotonic() + 120
+        while not cq_active():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{name}: the ClusterQueue never became Active\n{kueue.log_tail()}")
+            time.sleep(0.2)
+
+        admits = AdmitWatch(KubeClient(cluster.plane.client()))
+        binds = BindWatch(cluster)
+        created: dict[str, float] = {}
+        local = threading.local()
+
+        def create(item: tuple[int, Gang]) -> None:
+            if not hasattr(local, "api"):
+                local.api = KubeClient(cluster.plane.client())
+            body = _job(item[1], item[0], queued=False)
+            body["metadata"]["labels"] = {QUEUE_LABEL: "lq"}
+            body["spec"]["suspend"] = True
+            created[body["metadata"]["name"]] = time.monotonic()
+            local.api.create(f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs", body)
+
+        want = sum(ps.count for g in stream for ps in g.pod_sets)
+        try:
+            start = time.monotonic()
+            _parallel(list(enumerate(stream)), create)
+            _wait(f"{name}: {len(admits.admitted)}/{len(stream)} Workloads admitted",
+                  lambda: len(admits.admitted) >= len(stream), lambda: admits.last, start)
+            _wait(f"{name}: {len(binds.bound)}/{want} pods bound",
+                  lambda: len(binds.bound) >= want, lambda: binds.last_bind, start)
+        finally:
+            admits.close()
+            binds.close()
+        latencies = tuple(admits.admitted[j] - created[j] for j in admits.admitted if j in created)
+        aligned = _replay(cluster, objects, topos)
+        return Run(name, len(stream), len(latencies), latencies, want, len(binds.bound), aligned)
+    except BaseException:
+        print(f"--- kueue ---\n{kueue.log_tail(2000)}\n{cluster.logs(2000)}")
+        raise
+    finally:
+        api.close()
+        kueue.stop_all()
+        if KEEP_LOGS is not None:  # Kueue's and the controller's logs, for profiling
+            dest = KEEP_LOGS / workdir.name
+            dest.mkdir(parents=True, exist_ok=True)
+            for log in [*cluster.workdir.glob("*.log"), kueue.workdir / "kueue.log"]:
+                if log.exists():
+                    shutil.copy(log, dest / log.name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--nodes", type=int, default=100, help="Node objects with NRTs (default 100)")
+    parser.add_argument("--gangs", type=int, default=150, help="Indexed Jobs queued (default 150)")
+    parser.add_argument("--seed", type=int, default=42, help="workload seed (default 42)")
+    parser.add_argument("--dumps", type=Path, default=None, help="where the hwloc dumps are extracted")
+    parser.add_argument("--keep-logs", type=Path, default=None,
+                        help="copy each run's Kueue, controller and cluster logs here")
+    args = parser.parse_args(argv)
+    global KEEP_LOGS
+    KEEP_LOGS = args.keep_logs
+    with tempfile.TemporaryDirectory(prefix="topolet-kueue-") as tmp:
+        topos = workload.topologies(args.dumps or Path(tmp) / "dumps")
+        objects = workload.cluster(args.nodes, topos, args.seed)
+        stream = workload.gangs(args.gangs, args.seed + 1)
+        print(f"# through Kueue: {args.nodes} nodes, {len(objects.pods)} filler pods, {args.gangs} gangs "
+              f"({sum(ps.count for g in stream for ps in g.pod_sets)} pods)", flush=True)
+        plain = run("Kueue alone", Path(tmp) / "plain", objects, topos, stream, check=False)
+        ours = run("Kueue + topology-fit", Path(tmp) / "check", objects, topos, stream, check=True)
+    print(f"{'run':<22} {'admitted':>9} {'p50 s':>7} {'p99 s':>7} {'pods':>6} {'bound':>6} {'aligned':>8}")
+    for r in (ours, plain):
+        print(f"{r.name:<22} {r.admitted:>4}/{r.workloads:<4} {r.p(0.5):>7.2f} {r.p(0.99):>7.2f} {r.pods:>6} "
+              f"{r.bound:>6} {r.aligned_share * 100:>7.1f}%")
+    if ours.admitted != plain.admitted:
+        print(f"# WARNING: {ours.admitted} Workloads admitted with the check, {plain.admitted} without: the "
+              "latency ratio compares unequal work")
+    ratio = ours.p(0.99) / plain.p(0.99) if plain.latencies else float("nan")
+    print(f"kueue: aligned {ours.aligned_share * 100:.1f}% with check vs {plain.aligned_share * 100:.1f}% "
+          f"without; admission p99 with/without = {ratio:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
