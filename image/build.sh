@@ -8,10 +8,12 @@
 #   IMAGE_BASE      a base image to build on instead of the debootstrap rootfs, e.g.
 #                   docker.io/library/debian:bookworm-slim (pulled, so it needs a registry)
 #   IMAGE_OUT       output directory (default build/image)
-#   IMAGE_TREE      a commit to build from (git archive) instead of the working tree
+#   IMAGE_TREE      a commit whose files the project's wheel is built from (git archive), instead of
+#                   the working tree; the recipe (image/) is always the working tree's
 #   IMAGE_CONTEXT_ONLY=1  only prepare IMAGE_OUT/context (install.sh and wheels/) for another builder:
 #                   docker build -f image/Containerfile --build-arg BASE=debian:bookworm-slim build/image/context
 #   SOURCE_DATE_EPOCH  every timestamp in the image (default: the built commit's time)
+# The image's revision label is the built commit (HEAD for the working tree, edited or not).
 #
 # Writes, under IMAGE_OUT:
 #   topolet-<version>.tar   docker-archive tarball tagged localhost/topolet:<version>, for
@@ -40,7 +42,11 @@ done
 tree="${IMAGE_TREE:-}"
 revision="$(git -C "$repo" rev-parse "${tree:-HEAD}^{commit}")"
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct "$revision")}"
-version="$(sed -nE 's/^version = "([^"]+)"/\1/p' "$repo/pyproject.toml" | head -1)"
+if [[ -n "$tree" ]]; then
+    version="$(git -C "$repo" show "$revision:pyproject.toml" | sed -nE 's/^version = "([^"]+)"/\1/p' | head -1)"
+else
+    version="$(sed -nE 's/^version = "([^"]+)"/\1/p' "$repo/pyproject.toml" | head -1)"
+fi
 name=localhost/topolet
 ref="$name:$version"
 start=$SECONDS
@@ -71,6 +77,9 @@ step "wheels"
 # 1. Dependency wheels, verified against the lock's hashes, downloaded once per lock.
 lock_hash="$(sha256sum "$repo/image/requirements.txt" | cut -c1-12)"
 wheels="$cache_root/wheels-$lock_hash"
+mkdir -p "$cache_root"
+exec {wheels_lock}>"$wheels.lock"
+flock "$wheels_lock"
 if [[ ! -f "$wheels/.complete" ]]; then
     echo "build.sh: downloading the locked wheels into $wheels" >&2
     mkdir -p "$wheels"
@@ -81,6 +90,7 @@ if [[ ! -f "$wheels/.complete" ]]; then
     touch "$wheels/.complete"
 fi
 cp "$wheels"/*.whl "$out/context/wheels/"
+exec {wheels_lock}>&-
 
 step "topolet wheel"
 # 2. The project's wheel, built from a copy of the tree at a fixed path, so no stale build/ output and

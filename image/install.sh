@@ -41,17 +41,15 @@ python3 "$(ls "$ctx"/wheels/pip-*.whl)/pip" install -q --no-index --find-links "
 # imports: the agent and the controller use the synchronous client (agent/kube/client.py), and
 # tests/image imports every agent module inside the image to prove nothing else needs them.
 rm -rf "$site/kubernetes/aio"
-python3 "$(ls "$ctx"/wheels/pip-*.whl)/pip" uninstall -q -y --break-system-packages --root-user-action=ignore \
-    --disable-pip-version-check aiohttp aiohttp-retry aiohappyeyeballs aiosignal attrs frozenlist multidict yarl propcache
+python3 "$(ls "$ctx"/wheels/pip-*.whl)/pip" uninstall -q -y --break-system-packages \
+    --root-user-action=ignore --disable-pip-version-check \
+    aiohttp aiohttp-retry aiohappyeyeballs aiosignal attrs frozenlist multidict yarl propcache
 
 # Bytecode now, because the agent's root file system is read-only and every start would otherwise
 # compile the kubernetes client again. Hash-based (no source mtimes inside) and with a fixed hash seed
-# (set and frozenset constants are marshalled in hash order; each worker process inherits the seed), so
-# the same sources give the same bytes;
-# unchecked because nothing edits an image's sources.
+# (set and frozenset constants are marshalled in hash order; each worker process inherits the seed),
+# so the same sources give the same bytes; unchecked because nothing edits an image's sources.
 PYTHONHASHSEED=0 python3 -m compileall -q -j 0 --invalidation-mode unchecked-hash "$site" >/dev/null
-# RECORD lists the files pip wrote; the .pyc files above are not among them, and no tool reads RECORD
-# to verify an image, so it stays as pip wrote it.
 
 # What no running agent reads: documentation, apt's lists and caches, logs, the installer's leftovers.
 find /usr/share/doc -mindepth 1 ! -type d ! -name copyright -delete 2>/dev/null || true
