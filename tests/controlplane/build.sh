@@ -80,7 +80,7 @@ build_one() {
 }
 
 components=("$@")
-[[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kubectl kube-controller-manager kube-scheduler kueue)
+[[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kueue)
 for c in "${components[@]}"; do
     [[ -n "${module_dir[$c]:-}" ]] || { echo "build.sh: unknown component '$c'" >&2; exit 2; }
     build_one "$c"
