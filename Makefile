@@ -8,7 +8,7 @@ HWLOC_DATA := tests/data/hwloc
 FUZZ_SECONDS ?= 30
 NATIVE_SRC := $(wildcard csrc/*.c csrc/*.h) agent/_native_build.py setup.py pyproject.toml
 
-.PHONY: run test deps install lint typecheck native-check fuzz conformance pytest bench clean controlplane
+.PHONY: run test deps install lint typecheck native-check fuzz conformance pytest bench clean controlplane vm
 
 $(STAMP): $(NATIVE_SRC)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,8 @@ install: $(STAMP)
 # System packages the tests need: hwloc's lstopo (the reference), clang + libFuzzer runtime (fuzzing),
 # and Prometheus with its promtool (the alert rules' unit tests and the live scrape test). Prometheus
 # without its recommended node exporter: the tests start the server themselves, on ports of their own.
+# qemu, debootstrap and cpio build and boot the cgroup-v2 guest (tests/vm); its kernel is fetched by
+# tests/vm/build.sh with `apt-get download`, never installed on this host.
 deps:
 	@if ! command -v lstopo-no-graphics >/dev/null || ! command -v clang >/dev/null \
 	    || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 \
@@ -29,6 +31,11 @@ deps:
 	    hwloc-nox clang libclang-rt-14-dev >/dev/null \
 	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    prometheus >/dev/null; \
+	fi
+	@if ! command -v qemu-system-x86_64 >/dev/null || ! command -v debootstrap >/dev/null \
+	    || ! command -v cpio >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    qemu-system-x86 debootstrap cpio >/dev/null; \
 	fi
 	@# The real node of tests/realnode: Debian's containerd and runc, the CNI plugins, and busybox-static
 	@# (its image, built there). Installed, never started here as services: the tests run their own.
@@ -63,7 +70,12 @@ conformance: install
 controlplane:
 	tests/controlplane/build.sh
 
-pytest: install controlplane
+# The throwaway cgroup-v2 guest for tests/vm (Debian's kernel + a minbase root file system), cached under
+# ~/.cache/topolet/vm (a cold build takes about 3 minutes, most of it debootstrap).
+vm: deps
+	tests/vm/build.sh
+
+pytest: install controlplane vm
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 test: deps install lint typecheck native-check fuzz conformance pytest
