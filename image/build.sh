@@ -31,7 +31,9 @@ out="$(realpath -m "${IMAGE_OUT:-$repo/build/image}")"
 python="${PYTHON:-$repo/.venv/bin/python}"
 
 context_only="${IMAGE_CONTEXT_ONLY:-}"
-for tool in git ${context_only:-buildah}; do
+tools=(git)
+[[ -n "$context_only" ]] || tools+=(buildah)
+for tool in "${tools[@]}"; do
     command -v "$tool" >/dev/null || { echo "build.sh: $tool is not installed (make image-deps)" >&2; exit 2; }
 done
 [[ -n "$context_only" || "$(id -u)" == 0 ]] \
