@@ -79,8 +79,8 @@ def test_agent_refuses_a_static_cpu_manager_and_no_cpuset_is_written_twice(
     assert "Traceback" not in log
     assert not (static_node.cpuset_root / "topolet").exists()  # it made no cgroup of its own either
 
-    # Every cpuset of the node's pods, the pods' and the kubelet's QoS cgroups: written at most once
-    # in a minute (a second writer would rewrite them at every kubelet reconcile).
+    # Every cpuset of the node's pods, the pods' and the kubelet's QoS cgroups, watched for a minute
+    # (six of the kubelet's reconcile periods): none written twice.
     files = [Path(d) / "cpuset.cpus" for d, _, fs in os.walk(static_node.cpuset_root / "kubepods")
              if "cpuset.cpus" in fs]
     assert len(files) >= 5  # kubepods, 2 QoS, 2 pods and their 4 containers at least
@@ -88,6 +88,9 @@ def test_agent_refuses_a_static_cpu_manager_and_no_cpuset_is_written_twice(
         agent.start()  # a restart of the DaemonSet's pod: refused again, nothing written
         time.sleep(WATCH_SECONDS)
         agent.stop()
+    # The kubelet writes a container's cpuset through the runtime when its decision for it is new to
+    # its reconcile loop (seen here: once, for the Burstable container), never again while nothing
+    # changes; the refused agent writes none.
     twice = {str(p.relative_to(static_node.cpuset_root)): n for p, n in writes.counts.items() if n > 1}
     assert not twice, twice
     assert cpuset_of(pinned_pid)[1] == pinned.cpulist()
