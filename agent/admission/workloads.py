@@ -133,8 +133,11 @@ def active_status(ac: Mapping[str, Any], now: str) -> dict[str, Any]:
 
 def to_decide(wl: Mapping[str, Any], names: Sequence[str]) -> str | None:
     """The first of our checks on the Workload that waits for a decision: quota reserved, check Pending,
-    the Workload neither finished nor deactivated."""
+    the Workload neither finished, deactivated nor being evicted (Kueue resets our check to Pending as
+    it evicts, before it releases the quota; a new reservation clears Evicted)."""
     if not condition_true(wl, "QuotaReserved") or condition_true(wl, "Finished"):
+        return None
+    if condition_true(wl, "Evicted"):
         return None
     if as_dict(wl.get("spec")).get("active") is False:
         return None

@@ -108,6 +108,7 @@ def test_malformed_workloads_say_why(change: Any, message: str) -> None:
     ({"fit": "Pending"}, (), True, None, None),                         # no quota yet: Kueue first
     ({"fit": "Pending"}, ("QuotaReserved",), False, None, None),        # deactivated
     ({"fit": "Pending"}, ("QuotaReserved", "Finished"), True, None, None),
+    ({"fit": "Pending"}, ("QuotaReserved", "Evicted"), True, None, None),  # quota not yet released
     ({"other": "Pending"}, ("QuotaReserved",), True, None, None),       # not our check
     ({"fit": "Ready"}, ("QuotaReserved", "Admitted"), True, None, "fit"),
     ({"fit": "Ready"}, ("QuotaReserved", "Admitted", "Finished"), True, None, None),

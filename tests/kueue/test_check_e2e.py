@@ -130,7 +130,8 @@ def test_quota_for_two_room_for_one(kueue: KueueScope, dump_root: Callable[[str]
     assert "does not fit now" in message and "zone" in message, message
 
     huge = s.submit("huge", 1, cpu="20")["metadata"]["uid"]
-    rejected = wait_for(lambda: s.state(huge).get("state") == "Rejected" and s.state(huge), "huge Rejected")
+    # Kueue resets the check to Pending as it deactivates the Workload: read the state once per try.
+    rejected = wait_for(lambda: (st := s.state(huge)).get("state") == "Rejected" and st, "huge Rejected")
     assert "can never fit" in rejected["message"]
     wait_for(lambda: s.workload(huge)["spec"].get("active") is False, "Kueue to deactivate huge")
 
