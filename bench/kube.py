@@ -188,13 +188,9 @@ def wait_cpus_len1(layout: CgroupLayout, rel: str, timeout: float = 30.0) -> flo
 AGENT_MEMORY_LIMIT_MIB = 128  # daemonset/agent.yaml's memory limit
 
 
-def image_mib() -> str:
+def image_mib(env: dict[str, str]) -> str:
     """The agent image's unpacked size from `make image` (build/image/image.env), or "n/a"."""
-    env = REPO / "build" / "image" / "image.env"
-    if not env.exists():
-        return "n/a"
-    values = dict(line.split("=", 1) for line in env.read_text().splitlines() if "=" in line)
-    size = values.get("IMAGE_UNPACKED_BYTES", "")
+    size = env.get("IMAGE_UNPACKED_BYTES", "")
     return f"{int(size) / 2**20:.0f}" if size.isdigit() else "n/a"
 
 
@@ -322,7 +318,7 @@ def real_node_main(args: argparse.Namespace) -> int:
         host_agent.stop()
         node.stop()
         cluster.stop()
-    image = image_mib()
+    image = image_mib(env)
     ms = 1e3
     print(f"topolet real-node bench: kubelet v1.37.2 + containerd + runc, node {node.name}, {args.pods} pods,"
           f" agent {'as the DaemonSet pod' if daemonset is not None else 'as a host process'}")

@@ -711,13 +711,29 @@ class WriteCounter:
 
 IMAGE_ENV = REPO / "build" / "image" / "image.env"
 AGENT_NS = "topolet-system"
+LOCAL_IMAGE = "localhost/topolet:0.1.0"  # what daemonset/components/local-image runs
+
+
+@contextlib.contextmanager
+def image_build_lock() -> Iterator[None]:
+    """Hold image/build.sh's lock (shared): a build under way finishes before its output is read."""
+    lock = IMAGE_ENV.parent / ".lock"
+    if not lock.exists():
+        yield
+        return
+    import fcntl
+
+    with open(lock) as f:
+        fcntl.flock(f, fcntl.LOCK_SH)
+        yield
 
 
 def image_env() -> dict[str, str]:
     """What `make image` wrote (image/build.sh: IMAGE_REF, IMAGE_ARCHIVE, sizes); {} before it ran."""
-    if not IMAGE_ENV.exists():
-        return {}
-    return dict(line.split("=", 1) for line in IMAGE_ENV.read_text().splitlines() if "=" in line)
+    with image_build_lock():
+        if not IMAGE_ENV.exists():
+            return {}
+        return dict(line.split("=", 1) for line in IMAGE_ENV.read_text().splitlines() if "=" in line)
 
 
 def start_daemonset_controller(cluster: Cluster) -> _Process:
@@ -738,9 +754,14 @@ def start_daemonset_controller(cluster: Cluster) -> _Process:
 
 
 def write_overlay(folder: Path, node: RealNode, image_ref: str, metrics_port: int) -> Path:
-    """An overlay of daemonset/ for `node` (see the module docstring)."""
+    """An overlay of daemonset/ for `node`: the base with its local-image component (the image imported
+    into the node's containerd, pull policy Never), and only what this test machine needs on top: a
+    nodeSelector on the node (a session's cluster also has simulated nodes); hostNetwork with
+    KUBERNETES_SERVICE_HOST/PORT set to the test API server, which listens on 127.0.0.1 only (no
+    kube-proxy routes the `kubernetes` Service here) and a free metrics port; the node's own host
+    paths (its kubelet's pod-resources folder, a state and a features.d folder); the kubelet's cgroup
+    root as --cgroup-root; no reserved CPU (a 2-CPU machine would have nothing to pin otherwise)."""
     folder.mkdir(parents=True, exist_ok=True)
-    name, _, tag = image_ref.rpartition(":")
     base = os.path.relpath(REPO / "daemonset", folder)
     api_port = node.cluster.plane.url.rsplit(":", 1)[1]
     state, features = node.dir / "agent-state", node.dir / "agent-features.d"
@@ -761,9 +782,11 @@ def write_overlay(folder: Path, node: RealNode, image_ref: str, metrics_port: in
         {"op": "replace", "path": "/spec/template/spec/volumes/5/hostPath/path",
          "value": str(node.kubelet_root / "pod-resources")},
     ]
+    if image_ref != LOCAL_IMAGE:
+        raise RealNodeError(f"the image is {image_ref}; daemonset/components/local-image runs {LOCAL_IMAGE}")
     (folder / "kustomization.yaml").write_text(json.dumps({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [base], "images": [{"name": "topolet", "newName": name, "newTag": tag}],
+        "resources": [base], "components": [f"{base}/components/local-image"],
         "patches": [{"target": {"kind": "DaemonSet", "name": "topolet-agent"}, "patch": json.dumps(ops)}],
     }, indent=1))
     return folder
@@ -785,7 +808,8 @@ class DaemonSetAgent:
         from tests.controlplane.kubectl import Kubectl, build_kubectl
 
         node = self.node
-        node._ctr("images", "import", self.env["IMAGE_ARCHIVE"])
+        with image_build_lock():
+            node._ctr("images", "import", self.env["IMAGE_ARCHIVE"])
         self._controller = start_daemonset_controller(node.cluster)
         self._kubectl = Kubectl(build_kubectl(), node.cluster.plane.kubeconfig)
         overlay = write_overlay(node.dir / "overlay", node, self.env["IMAGE_REF"], free_port())

@@ -1,12 +1,7 @@
 """The DaemonSet's own pod, from the image `make image` builds, on a real node: `kubectl apply -k` an overlay.
 
-The overlay of daemonset/ points the placeholder image at the locally built one (imported with
-`ctr -n k8s.io images import`) and adapts the pod to this test machine, nothing else:
-- a nodeSelector on the real node (the session's cluster also has simulated nodes without kubelets);
-- hostNetwork with KUBERNETES_SERVICE_HOST/PORT set to the test API server, which listens on
-  127.0.0.1 only (no kube-proxy routes the `kubernetes` Service here), and a free metrics port;
-- the node's own host paths: its kubelet's pod-resources folder, a state and a features.d folder, and
-  the kubelet's cgroup root as `--cgroup-root` (the node's kubepods live below it, not at the root).
+The overlay (tests/realnode/node.py: write_overlay) is daemonset/ with its local-image component, the
+image imported with `ctr -n k8s.io images import`, adapted to this test machine and nothing else.
 The cluster's kube-controller-manager runs no DaemonSet controller, so the test starts a second one
 with only `daemonset-controller` (same identity and flags); the real kube-scheduler binds the pod.
 """
