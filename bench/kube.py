@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -318,6 +319,7 @@ def real_node_main(args: argparse.Namespace) -> int:
         host_agent.stop()
         node.stop()
         cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)  # the cluster's etcd data and logs
     image = image_mib(env)
     ms = 1e3
     print(f"topolet real-node bench: kubelet v1.37.2 + containerd + runc, node {node.name}, {args.pods} pods,"
