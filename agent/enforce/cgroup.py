@@ -192,6 +192,9 @@ def _write(path: str, value: str, refusal_hint: str = _REFUSAL_HINTS[1]) -> None
         hint = ""
         if exc.errno == errno.ENOSPC:
             hint = " (the cpuset has no cpus or mems)"
+        elif exc.errno == errno.EBUSY and os.path.basename(path) == "cgroup.procs":
+            # v2's "no internal processes" rule (the hierarchy root is exempt).
+            hint = " (cgroup v2 puts no process in a cgroup that enables controllers for its children)"
         elif exc.errno == errno.EINVAL and os.path.basename(path).startswith("cpuset."):
             hint = refusal_hint
         raise EnforcementError(f"kernel refused {value!r}: {exc.strerror}{hint}", path) from exc

@@ -169,3 +169,16 @@ def test_a_cgroup_without_the_cpuset_controller_is_named(cpuset_v2: CgroupLayout
         read_cpus(layout, bare)
     with pytest.raises(EnforcementError, match="subtree_control lacks cpuset"):
         apply_assignment(layout, {bare: read_cpus(layout, "", effective=True)})
+
+
+def test_a_process_is_refused_clearly_where_v2_allows_none(cpuset_v2: CgroupLayout, spawn: Spawn) -> None:
+    layout = cpuset_v2
+    create_cgroup(layout, layout.workload_path("w"))  # the parent now enables cpuset for its children
+    # cpuset alone is a threaded controller, which v2 lets a cgroup with processes hand down; a domain
+    # controller such as memory (which systemd enables everywhere) it does not.
+    for rel in ("", layout.parent):
+        with open(os.path.join(layout.abspath(rel), "cgroup.subtree_control"), "w") as f:
+            f.write("+memory")
+    with pytest.raises(EnforcementError, match="enables controllers for its children") as err:
+        move_pid(layout, layout.parent, spawn().pid)
+    assert err.value.path == os.path.join(layout.abspath(layout.parent), "cgroup.procs")
