@@ -390,6 +390,7 @@ def last_line(ours: ApiRun, plain: ApiRun) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global KEEP_LOGS, PROFILE, PROFILE_SECONDS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gangs", type=int, default=3000)
@@ -397,11 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dumps", type=Path, default=None)
     parser.add_argument("--keep-logs", type=Path, default=None,
                         help="copy each run's component logs (the controller's timing lines) here")
+    parser.add_argument("--profile-seconds", type=int, default=PROFILE_SECONDS,
+                        help="how long each profile runs from the first Job's creation")
     parser.add_argument("--profile", type=Path, default=None,
-                        help=f"the API server's CPU profile of each run's first {PROFILE_SECONDS} s, here")
+                        help="the API server's CPU profile of each run's first --profile-seconds, here")
     args = parser.parse_args(argv)
-    global KEEP_LOGS, PROFILE
-    KEEP_LOGS, PROFILE = args.keep_logs, args.profile
+    KEEP_LOGS, PROFILE, PROFILE_SECONDS = args.keep_logs, args.profile, args.profile_seconds
     if PROFILE is not None:
         os.environ[PROFILING_ENV] = "1"
     print(last_line(*through_api(args.nodes, args.gangs, args.seed, args.dumps)))
