@@ -118,13 +118,31 @@ if [[ -n "$context_only" ]]; then
     exit 0
 fi
 
+# Up to date: an image in $out built from the same inputs (its image.env says which) is not built again.
+# The inputs: every wheel (the project's is reproducible, so it stands for the tree that goes into the
+# image), the recipe, the base, the timestamps and the revision. A public IMAGE_BASE is a tag that
+# moves, so it is always built.
+inputs=""
+if [[ -z "${IMAGE_BASE:-}" ]]; then
+    tarball="$("$repo/image/base.sh")"
+    inputs="$( { (cd "$out/context" && sha256sum install.sh wheels/*.whl)
+                 (cd "$repo/image" && cat Containerfile build.sh) | sha256sum
+                 echo "$tarball $SOURCE_DATE_EPOCH $revision $version"
+                 buildah --version; } | sha256sum | cut -c1-16)"
+    if [[ -f "$out/image.env" && -f "$out/topolet-$version.tar" && -f "$out/oci/index.json" ]] \
+            && grep -qx "IMAGE_INPUTS=$inputs" "$out/image.env"; then
+        step "up to date: $(sed -n 's/^IMAGE_DIGEST=//p' "$out/image.env") (inputs $inputs)"
+        exit 0
+    fi
+fi
+rm -f "$out/image.env"
+
 step "base"
 # 3. The base: the debootstrap rootfs committed as a local image, or the named public one.
 if [[ -n "${IMAGE_BASE:-}" ]]; then
     base="$IMAGE_BASE"
     pull=--pull=missing
 else
-    tarball="$("$repo/image/base.sh")"
     base="localhost/topolet-base:bookworm-$(basename "$tarball" .tar | sed 's/^base-bookworm-//')"
     ctr="$(buildah_ from scratch)"
     tar -C "$(buildah_ mount "$ctr")" --numeric-owner --xattrs -xpf "$tarball"
@@ -170,6 +188,7 @@ buildah_ umount "$ctr" >/dev/null
 mib() { "$python" -c "import sys; print(f'{int(sys.argv[1]) / 2**20:.1f}')" "$1"; }
 cat >"$out/image.env" <<EOF
 IMAGE_REF=$ref
+IMAGE_INPUTS=$inputs
 IMAGE_ARCHIVE=$archive
 IMAGE_OCI=$out/oci:$version
 IMAGE_DIGEST=$digest

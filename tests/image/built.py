@@ -1,6 +1,7 @@
 """The agent's image for tests: built by image/build.sh, unpacked by umoci, run by chroot.
 
-`build(out)` runs `image/build.sh` with IMAGE_OUT=out and returns what it wrote to `image.env`;
+`build(out)` runs `image/build.sh` with IMAGE_OUT=out (default build/image, where `make image` writes;
+nothing is rebuilt when the inputs are unchanged) and returns what it wrote to `image.env`;
 `unpack(image, bundle)` unpacks the OCI layout into an OCI runtime bundle (rootfs/ and config.json,
 the process the image's config describes); `run(bundle, argv)` runs a command in that root file system
 the way the DaemonSet's container sees it: read-only root, its own /tmp, /proc and a minimal /dev,
@@ -21,6 +22,8 @@ from typing import Any
 from tests.conftest import REPO
 
 BUILD_SCRIPT = REPO / "image" / "build.sh"
+# Where `make image` writes: tests and `make image` share one build, redone only when its inputs change.
+DEFAULT_OUT = REPO / "build" / "image"
 # A cold build runs debootstrap (minutes) and downloads the wheels; a warm one takes about 1.5 minutes.
 BUILD_TIMEOUT_S = 1200
 
@@ -29,8 +32,8 @@ class ImageError(RuntimeError):
     """A step of building, unpacking or running the image failed."""
 
 
-def build(out: Path) -> dict[str, str]:
-    """Build the image from the working tree into `out`; the variables of its image.env."""
+def build(out: Path = DEFAULT_OUT) -> dict[str, str]:
+    """Build the image from the working tree into `out` (or find it up to date); its image.env's variables."""
     env = {k: v for k, v in os.environ.items() if k not in ("IMAGE_BASE", "IMAGE_TREE")}
     env["IMAGE_OUT"] = str(out)
     done = subprocess.run([str(BUILD_SCRIPT)], env=env, capture_output=True, text=True,

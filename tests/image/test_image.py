@@ -1,6 +1,7 @@
 """The agent's OCI image (`make image`): built from the working tree, unpacked, and run in a chroot.
 
-The build takes about 1.5 minutes with its base and wheels cached (image/README.md), once per session.
+The build takes about 1.5 minutes with its base and wheels cached (image/README.md), and is skipped
+when build/image already holds an image of the same inputs.
 Reproducibility (the same inputs give the same digest) builds twice and lives in `make image-check`.
 """
 
@@ -28,14 +29,12 @@ CONTROLLER_UID = 65532
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """The image built from this tree: image.env's variables."""
+def image() -> dict[str, str]:
+    """The image built from this tree in build/image, as `make image` builds it: image.env's variables."""
     require(os.geteuid() == 0, "building the image needs root (debootstrap, buildah chroot isolation)")
     for tool in ("buildah", "debootstrap", "umoci", "unshare"):
         require(shutil.which(tool) is not None, f"{tool} is not installed (make image-deps)")
-    out = tmp_path_factory.mktemp("image")
-    yield built.build(out)
-    shutil.rmtree(out, ignore_errors=True)
+    return built.build()
 
 
 @pytest.fixture(scope="module")
