@@ -29,6 +29,14 @@ from tests.enforce.conftest import proc_status, require_or_skip
 Spawn = Callable[[], "subprocess.Popen[bytes]"]
 
 
+@pytest.fixture
+def throwaway_machine() -> None:
+    """Skip unless this runs in the guest of tests/vm: partition roots below the hierarchy root and
+    controllers enabled at the root reshape the whole machine's CPUs while the test runs."""
+    if os.environ.get("TOPOLET_GUEST") != "1":
+        pytest.skip("reshapes the machine's root cgroup: runs only in the throwaway guest (tests/vm)")
+
+
 def _three_cpus(layout: CgroupLayout) -> tuple[int, int, int]:
     # A partition root may not take every CPU of a parent that still runs tasks (the root cgroup
     # runs this test): three for the test, one left over.  A partition an earlier test removed
@@ -70,7 +78,8 @@ def test_a_new_cgroup_inherits_until_written(cpuset_v2: CgroupLayout, spawn: Spa
 
 
 @pytest.mark.parametrize("mode", ["root", "isolated"])
-def test_writes_below_a_partition_root_parent(cpuset_v2: CgroupLayout, spawn: Spawn, mode: str) -> None:
+def test_writes_below_a_partition_root_parent(cpuset_v2: CgroupLayout, spawn: Spawn, mode: str,
+                                              throwaway_machine: None) -> None:
     layout = cpuset_v2
     a, b, c = _three_cpus(layout)
     mems = read_mems(layout, "", effective=True)
@@ -99,7 +108,8 @@ def test_writes_below_a_partition_root_parent(cpuset_v2: CgroupLayout, spawn: Sp
     assert _partition(layout, parent) == mode  # still a valid partition root
 
 
-def test_cpus_a_sibling_partition_holds_are_refused_clearly(cpuset_v2: CgroupLayout) -> None:
+def test_cpus_a_sibling_partition_holds_are_refused_clearly(cpuset_v2: CgroupLayout,
+                                                            throwaway_machine: None) -> None:
     layout = cpuset_v2
     a, b, c = _three_cpus(layout)
     mems = read_mems(layout, "", effective=True)
@@ -171,7 +181,8 @@ def test_a_cgroup_without_the_cpuset_controller_is_named(cpuset_v2: CgroupLayout
         apply_assignment(layout, {bare: read_cpus(layout, "", effective=True)})
 
 
-def test_a_process_is_refused_clearly_where_v2_allows_none(cpuset_v2: CgroupLayout, spawn: Spawn) -> None:
+def test_a_process_is_refused_clearly_where_v2_allows_none(cpuset_v2: CgroupLayout, spawn: Spawn,
+                                                           throwaway_machine: None) -> None:
     layout = cpuset_v2
     create_cgroup(layout, layout.workload_path("w"))  # the parent now enables cpuset for its children
     # cpuset alone is a threaded controller, which v2 lets a cgroup with processes hand down; a domain

@@ -79,7 +79,7 @@ def test_job_script_runs_pytest_under_ci_from_the_repository() -> None:
     assert lines[1] == "stat -fc %T /sys/fs/cgroup >/tmp/job/cgroup-fs"
     words = shlex.split(lines[2])
     assert words[:2] == ["exec", "env"]
-    assert {"CI=true", "PYTHONDONTWRITEBYTECODE=1", "EXTRA=1"} <= set(words)
+    assert {"CI=true", "TOPOLET_GUEST=1", "PYTHONDONTWRITEBYTECODE=1", "EXTRA=1"} <= set(words)
     at = words.index("/r/.venv/bin/python")
     assert words[at:at + 3] == ["/r/.venv/bin/python", "-m", "pytest"]
     assert "--junitxml=/tmp/job/junit.xml" in words
