@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.admission.test_controller import metric, scrape
+from tests.controlplane.harness import free_port
 from tests.controlplane.kueue import KueueScope, job
 from tests.kube.kubelet_standin import wait_for
 from tests.kueue.test_check import DUMP, FAILSAFE, KUEUE, install_policy, slots
@@ -152,9 +154,13 @@ def test_an_evicted_workload_gets_a_fresh_placement(kueue: KueueScope,
     """Deactivate a running Ready Workload and reactivate it: Kueue suspends the Job and restores its
     template (no slot of ours survives on it), our check goes back to Pending, and the re-admission is
     a new decision whose pods run where it says; the old decision's zones are free again."""
-    s = Setup(kueue, dump_root, 200)
+    port = free_port()
+    s = Setup(kueue, dump_root, 200, "--listen", f"127.0.0.1:{port}")
     uid = s.submit("a", 6)["metadata"]["uid"]
     wait_for(lambda: s.running_as_decided("a", uid, 6), "a running pinned", timeout=150)
+    # The ledger finds a's pods by their slots and lets go once the nodes' NRTs show them pinned.
+    wait_for(lambda: metric(scrape(port)[1], "topolet_admission_ledger_entries") == 0,
+             "the ledger to clear a's entries as the NRTs show its pods", timeout=90)
     before = s.state(uid)
 
     s.set_active(uid, False)
