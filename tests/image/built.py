@@ -11,11 +11,14 @@ namespace of its own (`unshare --mount`), so it goes when the command ends, what
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shlex
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +50,20 @@ def build(out: Path = DEFAULT_OUT) -> dict[str, str]:
     return values
 
 
-def unpack(oci_ref: str, bundle: Path) -> dict[str, Any]:
-    """`umoci unpack` the image `oci_ref` (layout:tag) into `bundle`; its runtime config.json."""
-    done = subprocess.run(["umoci", "unpack", "--image", oci_ref, str(bundle)],
-                          capture_output=True, text=True, check=False)
+@contextlib.contextmanager
+def output_lock(out: Path = DEFAULT_OUT) -> Iterator[None]:
+    """Hold image/build.sh's lock on `out`, shared: a build under way there finishes before a read."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_SH)
+        yield
+
+
+def unpack(oci_ref: str, bundle: Path, out: Path = DEFAULT_OUT) -> dict[str, Any]:
+    """`umoci unpack` the image `oci_ref` (layout:tag, in `out`) into `bundle`; its runtime config.json."""
+    with output_lock(out):
+        done = subprocess.run(["umoci", "unpack", "--image", oci_ref, str(bundle)],
+                              capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise ImageError(f"umoci unpack {oci_ref} exited {done.returncode}:\n{done.stderr[-4000:]}")
     config: dict[str, Any] = json.loads((bundle / "config.json").read_text())

@@ -54,7 +54,7 @@ def _agent_container() -> dict[str, Any]:
 
 def test_archive_is_tagged_for_ctr_import(image: dict[str, str]) -> None:
     """The docker-archive is tagged localhost/topolet:<version>, what the local-image component runs."""
-    with tarfile.open(image["IMAGE_ARCHIVE"]) as tar:
+    with built.output_lock(), tarfile.open(image["IMAGE_ARCHIVE"]) as tar:
         member = tar.extractfile("manifest.json")
         assert member is not None
         (manifest,) = json.load(member)
