@@ -75,7 +75,7 @@ controlplane:
 vm: deps
 	tests/vm/build.sh
 
-pytest: install controlplane vm
+pytest: install controlplane vm image
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 test: deps install lint typecheck native-check fuzz conformance pytest

@@ -117,10 +117,22 @@ def plain_discover_args(words: Sequence[str]) -> argparse.Namespace | None:
     return _Args(command="discover", handler=_discover, **values)
 
 
+def _version() -> str:
+    """The installed distribution's version ("unknown" when run from a tree that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("topolet")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     import argparse
 
     p = argparse.ArgumentParser(prog="topolet", description="Node topology agent.")
+    p.add_argument("--version", action="version", version=f"topolet {_version()}",
+                   help="print topolet's version and exit")
     # Naming `prog` spares argparse its usage formatter at start-up (it imports shutil, bz2, lzma).
     sub = p.add_subparsers(dest="command", required=True, prog="topolet")
 

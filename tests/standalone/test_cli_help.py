@@ -45,3 +45,12 @@ def test_exec_help_names_what_each_flag_does(capsys: pytest.CaptureFixture[str])
         line = next(line for line in out.splitlines() if line.strip().startswith(flag))
         rest = out[out.index(line) + len(line):].split("\n  -", 1)[0]
         assert len((line.split(None, 2)[2:] or [""])[0] + rest.strip()) > 10, flag
+
+
+def test_version_prints_the_installed_distributions_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"topolet {version('topolet')}"
