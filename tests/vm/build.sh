@@ -14,9 +14,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${TOPOLET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topolet}/vm"
 mirror="${TOPOLET_VM_MIRROR:-http://deb.debian.org/debian}"
 suite=bookworm
-# What the in-guest tests run: coreutils' sleep, util-linux's mount, kmod's insmod, ip for the loopback, and
-# Debian's python3.11 for a host whose .venv is built on /usr/bin/python3 (see guest.py).
-include=kmod,procps,iproute2,python3
+# What the in-guest tests run: coreutils' sleep, util-linux's mount, kmod's insmod, ip for the loopback,
+# Debian's python3.11 for a host whose .venv is built on /usr/bin/python3 (see guest.py), and openssl
+# for the control plane's test certificates (tests/controlplane/harness.py).
+include=kmod,procps,iproute2,python3,openssl
 # Modules the init loads, with their dependencies: the 9p shares.  Each one costs boot time under
 # emulation; a user that needs more (a disk: virtio_blk ext4) adds them here.
 modules="virtio_pci 9pnet_virtio 9p"
