@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the throwaway cgroup-v2 test guest: Debian bookworm's kernel and a `debootstrap --variant=minbase`
 # root file system packed as one initramfs, with tests/vm/init.sh as its /init.  The guest runs the
-# host's own interpreter and .venv, shared read-only by tests/vm/guest.py, so nothing Python goes in here.
+# host's own .venv, shared read-only by tests/vm/guest.py, so the project's packages never go in here.
 #
 # Usage: tests/vm/build.sh
 # Prints `kernel=<path>` and `initrd=<path>` on stdout; progress goes to stderr.  Cached under
