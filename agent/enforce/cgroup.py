@@ -272,6 +272,16 @@ def move_pid(layout: CgroupLayout, rel: str, pid: int) -> None:
     _write(os.path.join(layout.abspath(rel), "cgroup.procs"), str(pid))
 
 
+def move_pid_to_dir(directory: str, pid: int) -> None:
+    """Move process `pid` into the cgroup at file-system path `directory` (one outside any layout's
+    root, such as the cgroup a process came from)."""
+    if pid <= 0:
+        raise EnforcementError(f"invalid pid {pid}", directory)
+    if not os.path.isfile(os.path.join(directory, "cgroup.procs")):
+        raise EnforcementError("not a cgroup", directory)
+    _write(os.path.join(directory, "cgroup.procs"), str(pid))
+
+
 def exists(layout: CgroupLayout, rel: str) -> bool:
     """Whether cgroup `rel` exists."""
     return os.path.isdir(layout.abspath(rel))
@@ -300,6 +310,19 @@ def cgroup_of_pid(layout: CgroupLayout, pid: int, *, proc: str = "/proc",
                   mountinfo: str = "/proc/self/mountinfo") -> str | None:
     """The cgroup of `pid` in the cpuset hierarchy, relative to `layout.root`; None when it lies
     outside `layout.root` or cannot be read (the process is gone)."""
+    absolute = cgroup_dir_of_pid(layout, pid, proc=proc, mountinfo=mountinfo)
+    if absolute is None:
+        return None
+    rel = os.path.relpath(absolute, layout.root)
+    if rel == ".":
+        return ""
+    return None if rel.startswith("..") else clean_path(rel)
+
+
+def cgroup_dir_of_pid(layout: CgroupLayout, pid: int, *, proc: str = "/proc",
+                      mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The file-system path of `pid`'s cgroup in the hierarchy of `layout` (inside `layout.root` or
+    not); None when it cannot be read (the process is gone) or that hierarchy is not mounted."""
     try:
         with open(f"{proc}/{pid}/cgroup") as f:
             lines = f.read().splitlines()
@@ -319,11 +342,7 @@ def cgroup_of_pid(layout: CgroupLayout, pid: int, *, proc: str = "/proc",
     for fstype, point, opts in mounts:
         if (layout.version == 1 and fstype == "cgroup" and "cpuset" in opts) or \
                 (layout.version == 2 and fstype == "cgroup2"):
-            absolute = os.path.normpath(os.path.join(point, path.lstrip("/")))
-            rel = os.path.relpath(absolute, layout.root)
-            if rel == ".":
-                return ""
-            return None if rel.startswith("..") else clean_path(rel)
+            return os.path.normpath(os.path.join(point, path.lstrip("/")))
     return None
 
 

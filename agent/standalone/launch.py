@@ -14,7 +14,7 @@ from typing import Any
 
 from agent.alloc.request import Request
 from agent.enforce import CgroupLayout, detect_layout, read_cpus
-from agent.enforce.cgroup import DEFAULT_PARENT, cgroup_of_pid
+from agent.enforce.cgroup import DEFAULT_PARENT, cgroup_dir_of_pid, cgroup_of_pid, move_pid_to_dir
 from agent.enforce.state import Allocation, Owner, StateFile, check_live, printable
 from agent.errors import AllocationError, ConfigError, TopoletError
 from agent.gpu.model import GPU
@@ -61,6 +61,16 @@ def _gpu_inventory(gpus: int, topo: Topology) -> tuple[GPU, ...]:
     return found
 
 
+def _go_back(came_from: str | None, pid: int) -> None:
+    """Move `pid` back to the cgroup it came from, by path, when that lies outside the layout's root."""
+    if came_from is None:
+        return  # it came from inside the layout: the engine moves it back under its lock
+    try:
+        move_pid_to_dir(came_from, pid)
+    except TopoletError as exc:  # gone meanwhile: the engine falls back to the layout's root
+        print(f"topolet exec: cannot return to {came_from}: {exc}", file=sys.stderr)
+
+
 def _run_child(argv: list[str], env: dict[str, str]) -> int:
     """Run the command, forwarding termination signals; return its exit status as a shell would."""
     try:
@@ -104,13 +114,19 @@ def run_exec(args: argparse.Namespace) -> int:
                            defer_rebuild=True,
                            on_release=lambda _id: append_event(args.state_dir, Event("released")))
     me = os.getpid()
-    origin = cgroup_of_pid(layout, me) or ""  # where this process goes back to when it is done
+    # Where this process goes back to when it is done.  A --cgroup-root below the cgroup it runs in
+    # leaves that cgroup outside the layout: it goes back there by path, since the layout's root may
+    # hold no process (cgroup v2's no-internal-processes rule, once topolet's cgroups are below it).
+    origin = cgroup_of_pid(layout, me)
+    came_from = cgroup_dir_of_pid(layout, me) if origin is None else None
+    origin = origin or ""
     name = unique_id("exec", me)
     if args.cpus == 0:
         rel = engine.join_shared(name, me)
         try:
             return _run_child(argv, {})
         finally:
+            _go_back(came_from, me)
             engine.leave_shared(rel, me, return_to=origin)
     writes_before = state_file.writes
     try:
@@ -142,6 +158,7 @@ def run_exec(args: argparse.Namespace) -> int:
         return _run_child(argv, env)
     finally:
         writes_before = state_file.writes
+        _go_back(came_from, me)  # its owner (this process) still runs: nobody reaps it meanwhile
         try:
             engine.release(alloc.id, leaving_pid=me, return_to=origin)
         except TopoletError as exc:  # the next reconcile frees it; the command's status still counts
