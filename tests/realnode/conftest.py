@@ -47,10 +47,9 @@ def start_node(cluster: Cluster, parts: RealNodeParts, **kw: str) -> RealNode:
     return node
 
 
-@pytest.fixture(scope="module")
-def real_node(cluster_session: Cluster, realnode_parts: RealNodeParts) -> Iterator[RealNode]:
-    """A real node with `cpuManagerPolicy: none`, stopped (everything cleaned up) after the module."""
-    node = start_node(cluster_session, realnode_parts)
+def running_node(cluster: Cluster, parts: RealNodeParts, **kw: str) -> Iterator[RealNode]:
+    """A fixture's body: a started RealNode, its logs printed and everything cleaned up after."""
+    node = start_node(cluster, parts, **kw)
     try:
         yield node
     finally:
@@ -58,15 +57,27 @@ def real_node(cluster_session: Cluster, realnode_parts: RealNodeParts) -> Iterat
         node.stop()
 
 
-@pytest.fixture
-def pods(real_node: RealNode) -> Iterator[list[str]]:
-    """Names of pods a test creates in `default` on the real node; deleted (and waited for) after it."""
+def pods_deleted_after(node: RealNode) -> Iterator[list[str]]:
+    """A fixture's body: a list the test adds the names of its pods in `default` to; they are deleted
+    (and waited for) after it."""
     from tests.realnode.test_realnode import delete_pod, get_pod, wait_for
 
     names: list[str] = []
     yield names
-    with real_node.api() as api:
+    with node.api() as api:
         for name in names:
             delete_pod(api, name)
         for name in names:
             wait_for(lambda n=name: get_pod(api, n) is None, f"pod {name} gone")
+
+
+@pytest.fixture(scope="module")
+def real_node(cluster_session: Cluster, realnode_parts: RealNodeParts) -> Iterator[RealNode]:
+    """A real node with `cpuManagerPolicy: none`, stopped (everything cleaned up) after the module."""
+    yield from running_node(cluster_session, realnode_parts)
+
+
+@pytest.fixture
+def pods(real_node: RealNode) -> Iterator[list[str]]:
+    """Names of pods a test creates in `default` on the real node; deleted (and waited for) after it."""
+    yield from pods_deleted_after(real_node)

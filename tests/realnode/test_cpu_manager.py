@@ -18,7 +18,7 @@ import pytest
 
 from agent.topology.cpuset import CPUSet
 from tests.controlplane.cluster import Cluster
-from tests.realnode.conftest import start_node
+from tests.realnode.conftest import pods_deleted_after, running_node
 from tests.realnode.node import (
     NodeAgent,
     RealNode,
@@ -27,7 +27,7 @@ from tests.realnode.node import (
     cpuset_of,
     proc_affinity,
 )
-from tests.realnode.test_realnode import all_cpus, delete_pod, get_pod, run, wait_for
+from tests.realnode.test_realnode import all_cpus, run, wait_for
 
 WATCH_SECONDS = 60.0  # six of the kubelet's reconcile periods (10 s)
 
@@ -35,23 +35,13 @@ WATCH_SECONDS = 60.0  # six of the kubelet's reconcile periods (10 s)
 @pytest.fixture(scope="module")
 def static_node(cluster_session: Cluster, realnode_parts: RealNodeParts) -> Iterator[RealNode]:
     """A real node whose kubelet runs `cpuManagerPolicy: static` with CPU 0 reserved."""
-    node = start_node(cluster_session, realnode_parts, cpu_manager_policy="static", reserved_cpus="0")
-    try:
-        yield node
-    finally:
-        print(node.logs())
-        node.stop()
+    yield from running_node(cluster_session, realnode_parts, cpu_manager_policy="static", reserved_cpus="0")
 
 
 @pytest.fixture
 def static_pods(static_node: RealNode) -> Iterator[list[str]]:
-    names: list[str] = []
-    yield names
-    with static_node.api() as api:
-        for name in names:
-            delete_pod(api, name)
-        for name in names:
-            wait_for(lambda n=name: get_pod(api, n) is None, f"pod {name} gone")
+    """Names of pods a test creates on the static node; deleted (and waited for) after it."""
+    yield from pods_deleted_after(static_node)
 
 
 def test_agent_refuses_a_static_cpu_manager_and_no_cpuset_is_written_twice(
