@@ -184,6 +184,8 @@ class Controller:
             r.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._pod_pool.shutdown(wait=True, cancel_futures=True)
+        if self.kueue is not None:
+            self.kueue.stop()
         self.events.stop()
 
     def synced(self) -> bool:

@@ -5,7 +5,8 @@ Public API:
 - `KueueCheck(kube, changed, metrics, submit, check_leader, clock, guaranteed_policy, crash_point)`:
   `.reflectors` (AdmissionChecks, Workloads, ResourceFlavors; the controller starts, stops and waits
   for them with its own),
-  `.collect(pods) -> Round` and `.decide(round, decide, left_out)`.
+  `.collect(pods) -> Round`, `.decide(round, decide, left_out)` and `.stop()` (waits for the
+  decisions being written).
 - `Round`: what one pass knows of Kueue: `admitted` (the ledger's `(gang key, record, requests)` of
   every Ready Workload, one per pod set), `pod_slots` (pod uid -> (gang key, slot) for their pods) and
   `pending` (Workloads to decide, in the order Kueue reserved their quota).
@@ -20,6 +21,12 @@ slot map; after its own queue it calls `decide` with the engine call it uses for
 check>]` (field manager `topolet.io/topology-fit`) carrying the resourceVersion it was decided on:
 Ready with podSetUpdates (`agent.admission.workloads`), Retry with requeueAfterSeconds, or Rejected.
 
+Latency: the decisions are written on the check's own writer pool, and the pass does not wait for
+them (a status write goes through Kueue's webhook and may take a second on a busy API server), so a
+Workload whose check turns Pending meanwhile is decided by the very next pass.  Until its write has
+landed in the store, a Ready decision counts in the ledger from memory (the records the Ready state
+will carry) and the Workload is not decided again; a failed write is forgotten and decided again.
+
 Restart safety: the decision lives only in the Ready state's podSetUpdates, so the ledger is rebuilt
 from the Workloads on the first pass (`workloads.records_of_state`).  A kill before the write leaves
 the check Pending (decided again); after it, the Workload is Ready and holds its slots.  A stale
@@ -29,8 +36,9 @@ store makes the write fail (409) instead of deciding twice.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -48,6 +56,8 @@ from agent.kube.client import KubeClient, resource_path
 log = logging.getLogger(__name__)
 
 PODSET_LABEL = "kueue.x-k8s.io/podset"  # Kueue labels each pod with its pod set's name
+WRITERS = 16  # decisions written at once
+Held = tuple[str, AdmissionRecord, Callable[[], Resources]]  # one pod set's entry in the ledger
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,7 @@ class Pending:
 class Round:
     """What one pass knows of Kueue (see the module docstring)."""
 
-    admitted: list[tuple[str, AdmissionRecord, Callable[[], Resources]]]
+    admitted: list[Held]
     pod_slots: dict[str, tuple[str, str]]
     pending: list[Pending]
 
@@ -119,6 +129,16 @@ class KueueCheck:
         self.reflectors = (self.checks, self.workloads, self.flavors)
         self._indexed: dict[str, bool] = {}  # owner Job uid -> completionMode Indexed (immutable)
         self._unreadable: set[tuple[str, str]] = set()  # (uid, resourceVersion) logged once
+        self.changed = changed
+        self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="kueue-write")
+        # Workload uid -> the ledger entries of the decision being written for it ([] for Retry and
+        # Rejected); entries leave only after the write's response is in the store (see _write).
+        self._inflight: dict[str, list[Held]] = {}
+        self._inflight_lock = threading.Lock()
+
+    def stop(self) -> None:
+        """Wait for the decisions being written; start no more."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     # -- reading --------------------------------------------------------------------------------------
 
@@ -142,8 +162,15 @@ class KueueCheck:
                     by_owner.setdefault(str(ref.get("uid")), []).append(pod)
         flavors = {str(metadata_of(f).get("name")): as_dict(as_dict(f.get("spec")).get("nodeLabels"))
                    for f in self.flavors.snapshot()}
+        # In flight first, then the store: a write that lands in between is then counted from memory
+        # (its store entry may be either version), never from neither.
+        with self._inflight_lock:
+            inflight = dict(self._inflight)
         every = sorted(self.workloads.snapshot(), key=object_key)
         for wl in every:
+            if str(metadata_of(wl).get("uid")) in inflight:
+                round_.admitted.extend(inflight[str(metadata_of(wl).get("uid"))])
+                continue
             held = workloads.holding(wl, names)
             if held is not None:
                 self._hold(wl, held, by_owner.get(workloads.owner_uid(wl) or "", []), round_)
@@ -173,13 +200,10 @@ class KueueCheck:
                 self._unreadable.add(version)
                 log.warning("Workload %s: %s; its capacity is not counted", object_key(wl), exc)
             return
-        templates = {str(as_dict(ps).get("name")): as_dict(as_dict(ps).get("template"))
-                     for ps in as_dict(wl.get("spec")).get("podSets") or []}
         indexed = self._indexed.get(workloads.owner_uid(wl) or "", False)
-        for pod_set, record in records.items():
-            key = _ledger_key(wl, pod_set)
-            job = {"spec": {"template": templates.get(pod_set, {})}}
-            round_.admitted.append((key, record, partial(jobs.gang_requests, job)))
+        for key, record, requests in _entries(wl, records):
+            round_.admitted.append((key, record, requests))
+            pod_set = key.rsplit("/", 1)[1]
             mine = pods if len(records) == 1 else [
                 p for p in pods if as_dict(metadata_of(p).get("labels")).get(PODSET_LABEL) == pod_set]
             assignment = placing.assign_slots(record.slots, mine, indexed)
@@ -189,7 +213,8 @@ class KueueCheck:
 
     def decide(self, round_: Round, decide: Callable[[Gang], Placement | Refusal],
                left_out: Mapping[str, str]) -> None:
-        """Decide each pending Workload on the pass's view and send its state (on the pass's writers)."""
+        """Decide each pending Workload on the pass's view and send its state (on the check's writers,
+        not waited for: see the module docstring)."""
         for p in round_.pending:
             now = timestamp(self.clock())
             if p.gang is None:
@@ -198,7 +223,7 @@ class KueueCheck:
             result = decide(p.gang)
             if isinstance(result, Placement):
                 self.check_leader()
-                self.submit(self._ready, p, result)
+                self._write(p.workload, _held(p, result, now), self._ready, p, result, now)
             elif result.kind == "never" and not left_out:
                 self._send(p, "rejected", workloads.rejected_state(p.check, result.reason, now))
             else:
@@ -211,12 +236,41 @@ class KueueCheck:
 
     def _send(self, p: Pending, result: str, state: dict[str, Any]) -> None:
         self.check_leader()
-        self.submit(self._apply, p.workload, [state], result)
+        self._write(p.workload, [], self._apply, p.workload, [state], result)
 
-    def _ready(self, p: Pending, placement: Placement) -> None:
+    def _write(self, wl: Mapping[str, Any], held: list[Held], work: Callable[..., Any], *args: Any) -> None:
+        """Run `work(*args)` on the check's writers, holding `held` in the ledger and keeping the
+        Workload from being decided again until it returns."""
+        uid = str(metadata_of(wl).get("uid"))
+        with self._inflight_lock:
+            self._inflight[uid] = held
+
+        def run() -> None:
+            try:
+                work(*args)
+            except Exception as exc:  # noqa: BLE001 - a failed write is decided again, not fatal
+                from agent.admission.controller import NotLeader  # (the controller imports this module)
+
+                if isinstance(exc, NotLeader):
+                    log.info("Workload %s: lost the lease before the write", object_key(wl))
+                else:
+                    log.warning("Workload %s: writing the decision failed (decided again): %s",
+                                object_key(wl), exc)
+                self.changed.set()
+            finally:
+                # After the response is in the store (_apply), so collect sees one or the other.
+                with self._inflight_lock:
+                    self._inflight.pop(uid, None)
+
+        try:
+            self._pool.submit(run)
+        except RuntimeError:  # stopping: nothing written, decided again by whoever leads next
+            with self._inflight_lock:
+                self._inflight.pop(uid, None)
+
+    def _ready(self, p: Pending, placement: Placement, now: str) -> None:
         """Write Ready with the podSetUpdates; Rejected when they cannot pin the pods (runs on a writer)."""
         assert p.gang is not None
-        now = timestamp(self.clock())
         try:
             updates = workloads.pod_set_updates(p.gang, placement, lambda _: self._owner_indexed(p.workload))
         except WorkloadSpecError as exc:
@@ -287,3 +341,24 @@ class KueueCheck:
             return
         self.checks.put(out)
         log.info("AdmissionCheck %s: Active", name)
+
+
+def _entries(wl: Mapping[str, Any], records: Mapping[str, AdmissionRecord]) -> list[Held]:
+    """The ledger entries of a Workload's decision, one per pod set."""
+    templates = {str(as_dict(ps).get("name")): as_dict(as_dict(ps).get("template"))
+                 for ps in as_dict(wl.get("spec")).get("podSets") or []}
+    return [(_ledger_key(wl, pod_set), record,
+             partial(jobs.gang_requests, {"spec": {"template": templates.get(pod_set, {})}}))
+            for pod_set, record in records.items()]
+
+
+def _held(p: Pending, placement: Placement, now: str) -> list[Held]:
+    """The ledger entries the Ready state for `placement` will carry once written (the same records
+    `records_of_state` reads back from it); none when it cannot be written (Rejected instead)."""
+    assert p.gang is not None
+    try:
+        updates = workloads.pod_set_updates(p.gang, placement, lambda _: True)
+        state = workloads.ready_state(p.check, p.gang, placement, updates, now)
+        return _entries(p.workload, workloads.records_of_state(p.workload, state))
+    except WorkloadSpecError:
+        return []
