@@ -17,7 +17,9 @@ what differs is only the check):
 
 Per run: admission latency per Workload (from just before its Job's create call until a watch sees
 the Workload's Admitted condition true), p50 and p99 over the Workloads admitted in both runs (so
-the two figures cover the same gangs; the count is printed); the pods bound; and the share of bound pods
+the two figures cover the same gangs; the count is printed), and the median seconds of each step
+(create -> QuotaReserved -> our check Ready -> Admitted, as the same watch sees them) to show where the
+check's time goes; the pods bound; and the share of bound pods
 their node can pin in one zone, replayed per node through `agent.alloc.allocate` after the node's
 fillers (bench/admission_api.py's replay: inside the zone the check named, when it named one).  NRTs
 are static (no agents), so the controller runs with a ledger timeout longer than the run.

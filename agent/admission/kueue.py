@@ -26,6 +26,8 @@ them (a status write goes through Kueue's webhook and may take a second on a bus
 Workload whose check turns Pending meanwhile is decided by the very next pass.  Until its write has
 landed in the store, a Ready decision counts in the ledger from memory (the records the Ready state
 will carry) and the Workload is not decided again; a failed write is forgotten and decided again.
+Whether a Workload's Job is Indexed (which a pod set spread over several slots needs) is read once
+per Job, ahead, while the Workload waits for its quota, so the Ready write needs no GET first.
 
 Restart safety: the decision lives only in the Ready state's podSetUpdates, so the ledger is rebuilt
 from the Workloads on the first pass (`workloads.records_of_state`).  A kill before the write leaves
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -128,6 +131,7 @@ class KueueCheck:
                                  "ResourceFlavors", changed)
         self.reflectors = (self.checks, self.workloads, self.flavors)
         self._indexed: dict[str, bool] = {}  # owner Job uid -> completionMode Indexed (immutable)
+        self._fetching: set[str] = set()  # owner Job uids being read ahead (_read_ahead)
         self._unreadable: set[tuple[str, str]] = set()  # (uid, resourceVersion) logged once
         self.changed = changed
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="kueue-write")
@@ -177,6 +181,8 @@ class KueueCheck:
                 continue
             check = workloads.to_decide(wl, names)
             if check is None:
+                if any(workloads.check_state(wl, name) is not None for name in names):
+                    self._read_ahead(wl)
                 continue
             try:
                 gang = workloads.gang_from_workload(wl, flavors, self.guaranteed_policy())
@@ -186,9 +192,34 @@ class KueueCheck:
         live = {(str(metadata_of(wl).get("uid")), str(metadata_of(wl).get("resourceVersion")))
                 for wl in every}
         self._unreadable &= live  # bounded by the Workloads there are
+        owners = {workloads.owner_uid(wl) for wl in every}
+        for uid in [u for u in list(self._indexed) if u not in owners]:
+            self._indexed.pop(uid, None)
         # First come, first served among those Kueue already gave quota to.
         round_.pending.sort(key=lambda p: (_quota_time(p.workload), object_key(p.workload)))
         return round_
+
+    def _read_ahead(self, wl: Mapping[str, Any]) -> None:
+        """Read the owner Job's completion mode on a writer while the Workload waits for its quota, so
+        the Ready write that follows needs no Job GET first (see _owner_indexed)."""
+        uid = workloads.owner_uid(wl)
+        if (uid is None or uid in self._indexed or uid in self._fetching
+                or workloads.condition_true(wl, "Finished")):
+            return
+        self._fetching.add(uid)
+
+        def run() -> None:
+            try:
+                self._owner_indexed(wl)
+            except Exception as exc:  # noqa: BLE001 - only a head start: the Ready write reads it again
+                log.debug("Workload %s: reading its Job ahead failed: %s", object_key(wl), exc)
+            finally:
+                self._fetching.discard(uid)
+
+        try:
+            self._pool.submit(run)
+        except RuntimeError:  # stopping
+            self._fetching.discard(uid)
 
     def _hold(self, wl: dict[str, Any], check: str, pods: list[Mapping[str, Any]], round_: Round) -> None:
         state = workloads.check_state(wl, check) or {}
@@ -308,6 +339,7 @@ class KueueCheck:
         meta = metadata_of(wl)
         path = resource_path(KUEUE_GROUP, KUEUE_VERSION, "workloads", str(meta.get("name")),
                              namespace=str(meta.get("namespace")), subresource="status")
+        started = time.perf_counter()
         try:
             out = self.kube.apply(path, workloads.status_apply(wl, states), CONTROLLER_NAME,
                                   what=f"set {states[0]['name']} {states[0]['state']} on Workload "
@@ -323,7 +355,8 @@ class KueueCheck:
         if result == "admitted":
             self.crash_point("after-decision")
         self.metrics.decisions.labels(result=result).inc()
-        log.info("Workload %s: %s %s: %s", object_key(wl), states[0]["name"], states[0]["state"],
+        log.info("Workload %s: %s %s (written in %.2f s, %d writes in flight): %s", object_key(wl),
+                 states[0]["name"], states[0]["state"], time.perf_counter() - started, len(self._inflight),
                  states[0]["message"])
         return True
 
