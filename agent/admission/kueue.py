@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 
 PODSET_LABEL = "kueue.x-k8s.io/podset"  # Kueue labels each pod with its pod set's name
 WRITERS = 16  # decisions written at once
+FAILED_WRITE_PAUSE_SECONDS = 1.0  # before a Workload whose write failed is decided again
 Held = tuple[str, AdmissionRecord, Callable[[], Resources]]  # one pod set's entry in the ledger
 
 
@@ -277,6 +278,7 @@ class KueueCheck:
             self._inflight[uid] = held
 
         def run() -> None:
+            failed = False
             try:
                 work(*args)
             except Exception as exc:  # noqa: BLE001 - a failed write is decided again, not fatal
@@ -287,11 +289,15 @@ class KueueCheck:
                 else:
                     log.warning("Workload %s: writing the decision failed (decided again): %s",
                                 object_key(wl), exc)
-                self.changed.set()
+                    self.metrics.decisions.labels(result="error").inc()
+                    time.sleep(FAILED_WRITE_PAUSE_SECONDS)  # a persistent failure must not spin the passes
+                failed = True
             finally:
                 # After the response is in the store (_apply), so collect sees one or the other.
                 with self._inflight_lock:
                     self._inflight.pop(uid, None)
+            if failed:
+                self.changed.set()  # decided again on the next pass
 
         try:
             self._pool.submit(run)
