@@ -156,11 +156,13 @@ print(json.dumps({"ok": ok, "grpc": "grpc" in sys.modules}))
 
 
 def test_no_gpus_no_grpc(node: KubeNode, kubelet: PodResourcesStandIn) -> None:
-    # A node without GPUs, with the kubelet's socket there: one full pass loads no grpc.
+    # A node without GPUs, with the kubelet's socket there: one full pass loads no grpc.  The one
+    # pod-resources call is the CPU-manager question (is the kubelet's policy static?), asked once at
+    # start from a child process; nothing asks for devices.
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(agent_args(node, kubelet.path))],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"ok": True, "grpc": False}
-    assert not kubelet.calls
+    assert kubelet.calls == ["GetAllocatableResources"]
