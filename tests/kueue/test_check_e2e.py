@@ -8,20 +8,63 @@ the two nodes hold 8 such pods; a gang of 6 leaves room for no second one."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agent.errors import KubeAPIError
+from agent.kube.client import KubeClient
 from tests.admission.test_controller import metric, scrape
 from tests.controlplane.harness import free_port
-from tests.controlplane.kueue import KueueScope, job
+from tests.controlplane.kueue import KueueScope, job, kueue_path
 from tests.kube.kubelet_standin import wait_for
 from tests.kueue.test_check import DUMP, FAILSAFE, KUEUE, install_policy, slots
 
 NUMA = {"topolet.io/numa-policy": "single-numa-node"}
+
+
+class CheckStates:
+    """Every state of one admission check that a watch on the namespace's Workloads sees, by Job uid
+    (a `with` block: the watch runs in a thread from entry to exit)."""
+
+    def __init__(self, api: KubeClient, ns: str, check: str) -> None:
+        self.api, self.ns, self.check = api, ns, check
+        self._seen: dict[str, list[dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+        self._stream: Any = None
+        self._thread = threading.Thread(target=self._run, name="check-states", daemon=True)
+
+    def __enter__(self) -> CheckStates:
+        listed = self.api.list(kueue_path("workloads", namespace=self.ns))
+        self._stream = self.api.watch(kueue_path("workloads", namespace=self.ns),
+                                      {"resourceVersion": listed["metadata"]["resourceVersion"]},
+                                      timeout=(5.0, 600.0))
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stream.shutdown()
+        self._thread.join(timeout=10)
+        self._stream.close()
+
+    def _run(self) -> None:
+        with contextlib.suppress(KubeAPIError):
+            for event in self._stream:
+                obj = (event or {}).get("object") or {}
+                uid = (obj.get("metadata", {}).get("labels") or {}).get("kueue.x-k8s.io/job-uid")
+                for entry in obj.get("status", {}).get("admissionChecks") or []:
+                    if uid and entry.get("name") == self.check:
+                        with self._lock:
+                            self._seen.setdefault(uid, []).append(dict(entry))
+
+    def of(self, job_uid: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._seen.get(job_uid, []))
 
 
 class Setup:
@@ -131,9 +174,12 @@ def test_quota_for_two_room_for_one(kueue: KueueScope, dump_root: Callable[[str]
     message = next(iter(retried.values()))
     assert "does not fit now" in message and "zone" in message, message
 
-    huge = s.submit("huge", 1, cpu="20")["metadata"]["uid"]
-    # Kueue resets the check to Pending as it deactivates the Workload: read the state once per try.
-    rejected = wait_for(lambda: (st := s.state(huge)).get("state") == "Rejected" and st, "huge Rejected")
+    # Kueue resets the check to Pending as it deactivates the Workload, so Rejected may last a moment
+    # only: a watch sees every version of the Workload, where polling could miss it.
+    with CheckStates(s.api, s.ns, s.check) as seen:
+        huge = s.submit("huge", 1, cpu="20")["metadata"]["uid"]
+        rejected = wait_for(lambda: next((st for st in seen.of(huge) if st.get("state") == "Rejected"), None),
+                            "huge Rejected")
     assert "can never fit" in rejected["message"]
     wait_for(lambda: s.workload(huge)["spec"].get("active") is False, "Kueue to deactivate huge")
 
