@@ -400,39 +400,12 @@ class Cluster:
     def install_placement_policy(self) -> None:
         """Install daemonset/controller/placement-policy.yaml (idempotent) and wait until the API server
         applies it: a dry-run create of a pod it should pin comes back pinned."""
-        from agent.errors import KubeAPIError
         from tests.conftest import REPO
 
         api = _api(self.plane)
         try:
-            for doc in yaml.safe_load_all((REPO / PLACEMENT_POLICY).read_text()):
-                kind = {"MutatingAdmissionPolicy": "mutatingadmissionpolicies",
-                        "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings"}[doc["kind"]]
-                try:
-                    api.create(f"/apis/admissionregistration.k8s.io/v1/{kind}", doc)
-                except KubeAPIError as exc:
-                    if exc.status != 409:
-                        raise
-            canary = {"apiVersion": "v1", "kind": "Pod", "metadata": {
-                "generateName": "placement-canary-", "annotations": {
-                    "topolet.io/placements": "canary-node:0",
-                    "batch.kubernetes.io/job-completion-index": "0"}},
-                "spec": {"schedulingGates": [{"name": "topolet.io/placement"}],
-                         "automountServiceAccountToken": False,
-                         "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while True:
-                try:
-                    pod = api.request("POST", "/api/v1/namespaces/default/pods", query={"dryRun": "All"},
-                                      body=canary, content_type="application/json")
-                    if (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname") == "canary-node":
-                        return
-                except KubeAPIError as exc:
-                    if exc.status not in (403, 404, 429) or time.monotonic() > deadline:
-                        raise
-                if time.monotonic() > deadline:
-                    raise ControlPlaneError(f"{PLACEMENT_POLICY} not applied after {READY_TIMEOUT_S:.0f} s")
-                time.sleep(0.25)
+            install_mutating_policy(api, REPO / PLACEMENT_POLICY,
+                                    {"schedulingGates": [{"name": "topolet.io/placement"}]})
         finally:
             api.close()
 
@@ -590,6 +563,41 @@ class Cluster:
             raise
         finally:
             api.close()
+
+
+def install_mutating_policy(api: Any, path: Path, canary_spec: Mapping[str, Any]) -> None:
+    """Create the MutatingAdmissionPolicy and binding in `path` (idempotent) and wait until the API
+    server applies them: a dry-run create of a canary pod (an index-0 pod with the placements
+    annotation "canary-node:0" and `canary_spec`) comes back with node selector
+    kubernetes.io/hostname=canary-node."""
+    from agent.errors import KubeAPIError
+
+    for doc in yaml.safe_load_all(path.read_text()):
+        kind = {"MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+                "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings"}[doc["kind"]]
+        try:
+            api.create(f"/apis/admissionregistration.k8s.io/v1/{kind}", doc)
+        except KubeAPIError as exc:
+            if exc.status != 409:
+                raise
+    canary = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "generateName": "placement-canary-", "annotations": {
+            "topolet.io/placements": "canary-node:0", "batch.kubernetes.io/job-completion-index": "0"}},
+        "spec": {**canary_spec, "automountServiceAccountToken": False,
+                 "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        try:
+            pod = api.request("POST", "/api/v1/namespaces/default/pods", query={"dryRun": "All"},
+                              body=canary, content_type="application/json")
+            if (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname") == "canary-node":
+                return
+        except KubeAPIError as exc:
+            if exc.status not in (403, 404, 429) or time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise ControlPlaneError(f"{path} not applied after {READY_TIMEOUT_S:.0f} s")
+        time.sleep(0.25)
 
 
 def start_cluster(workdir: Path, *, api_qps: int = DEFAULT_API_QPS) -> Cluster:

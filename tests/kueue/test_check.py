@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, require
-from tests.controlplane.cluster import Cluster
+from tests.controlplane.cluster import Cluster, install_mutating_policy
 from tests.controlplane.fixtures import IN_CI, api, cluster, cluster_session, namespace
 from tests.kube.kubelet_standin import wait_for
 
@@ -81,26 +81,7 @@ def install_kueue_crds(api: KubeClient) -> None:
 def install_policy(api: KubeClient) -> None:
     """Install the kueue component's MutatingAdmissionPolicy (idempotent) and wait until it applies: a
     dry-run create of a pod it should pin comes back pinned."""
-    for doc in yaml.safe_load_all(POLICY.read_text()):
-        kind = {"MutatingAdmissionPolicy": "mutatingadmissionpolicies",
-                "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings"}[doc["kind"]]
-        try:
-            api.create(f"/apis/admissionregistration.k8s.io/v1/{kind}", doc)
-        except KubeAPIError as exc:
-            if exc.status != 409:
-                raise
-    canary = {"apiVersion": "v1", "kind": "Pod", "metadata": {
-        "generateName": "kueue-canary-", "annotations": {
-            "topolet.io/placements": "canary-node:0", "batch.kubernetes.io/job-completion-index": "0"}},
-        "spec": {"nodeSelector": {FAILSAFE: "true"}, "automountServiceAccountToken": False,
-                 "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}
-
-    def pinned() -> bool:
-        out = api.request("POST", "/api/v1/namespaces/default/pods", query={"dryRun": "All"}, body=canary,
-                          content_type="application/json")
-        return bool(out["spec"].get("nodeSelector") == {"kubernetes.io/hostname": "canary-node"})
-
-    wait_for(pinned, "the API server to apply topolet-kueue-placement", timeout=60)
+    install_mutating_policy(api, POLICY, {"nodeSelector": {FAILSAFE: "true"}})
 
 
 @pytest.fixture

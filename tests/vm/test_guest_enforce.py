@@ -6,16 +6,10 @@ prints its figures (boot and test time) on the terminal.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import xml.etree.ElementTree as ET
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import require
-from tests.vm.guest import GuestRun, run_in_guest
+from tests.vm.conftest import boot_and_run, junit_outcomes
+from tests.vm.guest import GuestRun
 
 # Everything in tests/enforce that reads or writes a cgroup; the rest (path tables, the state file's
 # format) does not depend on the cgroup version and runs on the host alone.
@@ -28,39 +22,16 @@ GUEST_SELECTION = [
 ]
 
 
-def _cases(junit: Path) -> dict[str, str]:
-    """`file::test[param]` -> "passed" | "failed" | "skipped: <message>" from a JUnit XML file."""
-    out: dict[str, str] = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
-        outcome = "passed"
-        for child in case:
-            if child.tag in ("failure", "error"):
-                outcome = "failed"
-            elif child.tag == "skipped":
-                outcome = f"skipped: {child.get('message', '')}"
-        out[name] = outcome
-    return out
-
-
 @pytest.fixture(scope="module")
 def guest_run(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> GuestRun:
-    require(os.geteuid() == 0, "needs root (debootstrap builds the guest)")
-    for tool in ("qemu-system-x86_64", "debootstrap"):
-        require(shutil.which(tool) is not None, f"needs {tool} (make deps)")
-    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-    run = run_in_guest(["-q", *GUEST_SELECTION], job_dir=tmp_path_factory.mktemp("guest"))
-    # The figures go to the terminal even though pytest captures output.
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        print(f"\n{run.summary()}")
-    return run
+    return boot_and_run(GUEST_SELECTION, tmp_path_factory, pytestconfig)
 
 
 def test_the_enforce_tests_pass_on_cgroup_v2(guest_run: GuestRun) -> None:
     run = guest_run
     assert run.cgroup_fs == "cgroup2fs", run.console[-3000:]
     assert run.rc == 0, run.output[-8000:]
-    cases = _cases(run.junit)
+    cases = junit_outcomes(run.junit)
     assert cases and not [n for n, o in cases.items() if o == "failed"]
     # The v2 tests ran, not skipped; whatever was skipped is v1's own behaviour.
     v2 = {n: o for n, o in cases.items() if "test_cgroup_v2.py" in n or "test_kubepods_live.py" in n}

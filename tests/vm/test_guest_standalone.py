@@ -7,15 +7,10 @@ that root.  The run prints its figures (boot and test time) on the terminal.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-
 import pytest
 
-from tests.conftest import require
-from tests.vm.guest import GuestRun, run_in_guest
-from tests.vm.test_guest_enforce import _cases
+from tests.vm.conftest import boot_and_run, junit_outcomes
+from tests.vm.guest import GuestRun
 
 # Standalone tests that create cgroups (the `node` fixture) and end a launcher inside a private
 # --cgroup-root, chosen to keep the boot's test time near a minute and a half under TCG.  The whole of
@@ -36,22 +31,14 @@ GUEST_SELECTION = [
 
 @pytest.fixture(scope="module")
 def guest_run(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> GuestRun:
-    require(os.geteuid() == 0, "needs root (debootstrap builds the guest)")
-    for tool in ("qemu-system-x86_64", "debootstrap"):
-        require(shutil.which(tool) is not None, f"needs {tool} (make deps)")
-    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-    run = run_in_guest(["-q", *GUEST_SELECTION], job_dir=tmp_path_factory.mktemp("guest"))
-    # The figures go to the terminal even though pytest captures output.
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        print(f"\n{run.summary()}")
-    return run
+    return boot_and_run(GUEST_SELECTION, tmp_path_factory, pytestconfig)
 
 
 def test_the_standalone_tests_pass_on_cgroup_v2(guest_run: GuestRun) -> None:
     run = guest_run
     assert run.cgroup_fs == "cgroup2fs", run.console[-3000:]
     assert run.rc == 0, run.output[-8000:]
-    cases = _cases(run.junit)
+    cases = junit_outcomes(run.junit)
     assert cases and not [n for n, o in cases.items() if o != "passed"], \
         {n: o for n, o in cases.items() if o != "passed"}
     # Every entry of the selection ran, the launcher's way back from outside its root included.

@@ -1,0 +1,43 @@
+"""What the guest tests share: one boot that runs a pytest selection inside, and its JUnit read back."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require
+from tests.vm.guest import GuestRun, run_in_guest
+
+
+def boot_and_run(selection: list[str], tmp_path_factory: pytest.TempPathFactory,
+                 pytestconfig: pytest.Config) -> GuestRun:
+    """Boot the guest once and run `selection` there (a failure under CI=true when it cannot boot); its
+    figures (boot and test time) go to the terminal even though pytest captures output."""
+    require(os.geteuid() == 0, "needs root (debootstrap builds the guest)")
+    for tool in ("qemu-system-x86_64", "debootstrap"):
+        require(shutil.which(tool) is not None, f"needs {tool} (make deps)")
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    run = run_in_guest(["-q", *selection], job_dir=tmp_path_factory.mktemp("guest"))
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        print(f"\n{run.summary()}")
+    return run
+
+
+def junit_outcomes(junit: Path) -> dict[str, str]:
+    """`file::test[param]` -> "passed" | "failed" | "skipped: <message>" from a JUnit XML file."""
+    out: dict[str, str] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed"
+            elif child.tag == "skipped":
+                outcome = f"skipped: {child.get('message', '')}"
+        out[name] = outcome
+    return out
