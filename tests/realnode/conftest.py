@@ -60,7 +60,8 @@ def running_node(cluster: Cluster, parts: RealNodeParts, **kw: str) -> Iterator[
 def pods_deleted_after(node: RealNode) -> Iterator[list[str]]:
     """A fixture's body: a list the test adds the names of its pods in `default` to; they are deleted
     (and waited for) after it."""
-    from tests.realnode.test_realnode import delete_pod, get_pod, wait_for
+    from tests.kube.kubelet_standin import wait_for
+    from tests.realnode.test_realnode import delete_pod, get_pod
 
     names: list[str] = []
     yield names

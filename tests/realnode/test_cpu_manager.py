@@ -18,6 +18,7 @@ import pytest
 
 from agent.topology.cpuset import CPUSet
 from tests.controlplane.cluster import Cluster
+from tests.kube.kubelet_standin import wait_for
 from tests.realnode.conftest import pods_deleted_after, running_node
 from tests.realnode.node import (
     NodeAgent,
@@ -27,7 +28,7 @@ from tests.realnode.node import (
     cpuset_of,
     proc_affinity,
 )
-from tests.realnode.test_realnode import all_cpus, run, wait_for
+from tests.realnode.test_realnode import all_cpus, run
 
 WATCH_SECONDS = 60.0  # six of the kubelet's reconcile periods (10 s)
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import require
+from tests.kube.kubelet_standin import wait_for
 from tests.realnode.node import (
     AGENT_NS,
     IMAGE_ENV,
@@ -25,7 +26,7 @@ from tests.realnode.node import (
     cpuset_of,
     image_env,
 )
-from tests.realnode.test_realnode import all_cpus, exclusive_cpus, get_pod, nrt_available_cpus, run, wait_for
+from tests.realnode.test_realnode import all_cpus, exclusive_cpus, get_pod, nrt_available_cpus, run
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agent.topology.cpuset import CPUSet
+from tests.kube.kubelet_standin import wait_for
 from tests.realnode.node import (
     NodeAgent,
     RealNode,
@@ -25,19 +26,6 @@ from tests.realnode.node import (
 )
 
 NS = "default"
-TIMEOUT = 90.0
-
-
-def wait_for(check: Any, what: str, timeout: float = TIMEOUT, interval: float = 0.1) -> Any:
-    """Poll `check` until truthy; AssertionError naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="module")
