@@ -17,7 +17,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.admission.ledger import Entry, Ledger, agent_pins
+from agent.admission.ledger import Entry, Ledger, SlotOf, agent_pins
 from agent.admission.metrics import AdmissionMetrics
 from agent.admission.model import ClusterView, Resources
 from agent.admission.placing import AdmissionRecord
@@ -27,7 +27,6 @@ from agent.admission.view import build_view, node_allocatable, nrt_zones, pod_re
 log = logging.getLogger(__name__)
 
 Admitted = tuple[str, AdmissionRecord, Callable[[], Resources]]
-SlotOf = Callable[[Mapping[str, Any]], "tuple[str, str] | None"]
 
 
 class Capacity:
