@@ -17,11 +17,11 @@ what differs is only the check):
 
 Per run: admission latency per Workload (from just before its Job's create call until a watch sees
 the Workload's Admitted condition true), p50 and p99 over the Workloads admitted in both runs (so
-the two figures cover the same gangs; the count is printed), and the median seconds of each step
-(create -> QuotaReserved -> our check Ready -> Admitted, as the same watch sees them) to show where the
-check's time goes; the pods bound; and the share of bound pods
-their node can pin in one zone, replayed per node through `agent.alloc.allocate` after the node's
-fillers (bench/admission_api.py's replay: inside the zone the check named, when it named one).  NRTs
+the two figures cover the same gangs; the count is printed), and the p50 and p99 seconds of each step
+(STEPS: create -> QuotaReserved -> our check Pending -> Ready -> Admitted, as the same watch sees
+them) to show where the check's time goes; the pods bound; and the share of bound pods their node
+can pin in one zone, replayed per node through `agent.alloc.allocate` after the node's fillers
+(bench/admission_api.py's replay: inside the zone the check named, when it named one).  NRTs
 are static (no agents), so the controller runs with a ledger timeout longer than the run.
 
 Last line: `kueue: aligned 100.0% with check vs X.X% without; admission p99 with/without = R.RR`.
@@ -37,6 +37,7 @@ work there.  Quick run: `--nodes 20 --gangs 40`.
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 import tempfile
@@ -61,10 +62,27 @@ from agent.admission.view import build_view  # noqa: E402
 from agent.errors import KubeAPIError  # noqa: E402
 from agent.kube.client import KubeClient  # noqa: E402
 from agent.topology.model import Topology  # noqa: E402
-from tests.controlplane.kueue import QUEUE_LABEL, KueueObjects, kueue_path, start_kueue  # noqa: E402
+from tests.controlplane.kueue import (  # noqa: E402
+    DEFAULT_API_QPS,
+    QUEUE_LABEL,
+    KueueObjects,
+    kueue_path,
+    start_kueue,
+)
 from tests.kueue.test_check import install_policy  # noqa: E402
 
 CHECK = "topology-fit"
+# A Workload's way to Admitted, as the bench's watch sees it: quota reserved (Kueue's scheduler), our
+# check's state Pending with that quota (Kueue's Workload controller adds it), Ready (us), Admitted
+# (Kueue's Workload controller).  Without the check, Kueue's scheduler writes QuotaReserved and
+# Admitted at once, so the later steps take no time.
+STEPS = ("create->QuotaReserved", "->check Pending", "->check Ready", "->Admitted")
+# The reconcilers `--kueue-workers` sets (upstream's manager config runs 5 of each): the Job reconciler
+# makes each Job's Workload and unsuspends it; the Workload reconciler adds the checks' Pending states
+# and, once every check is Ready, writes Admitted.  Each of those writes waits a round trip through the
+# API server and Kueue's webhook, so their rate is at most the workers over that round trip.
+WORKER_KINDS = ("Job.batch", "Workload.kueue.x-k8s.io")
+DEFAULT_WORKERS = 20
 STALL_S = 120.0  # no admission or bind for this long ends a run (some gangs never get in)
 PROGRESS_S = 15.0
 KEEP_LOGS: Path | None = None  # --keep-logs: copy each run's logs here
@@ -78,7 +96,7 @@ class Run:
     workloads: int
     admitted: int
     latencies: dict[str, float]  # seconds, per admitted Workload, by its Job's name
-    steps: dict[str, tuple[float, float, float]]  # create -> QuotaReserved -> check Ready -> Admitted
+    steps: dict[str, tuple[float, ...]]  # seconds of each of STEPS
     pods: int
     bound: int
     aligned: int
@@ -94,13 +112,14 @@ class Run:
 
 
 class AdmitWatch:
-    """When each Workload of NAMESPACE was first seen with QuotaReserved, with our check Ready and
-    Admitted (monotonic), by its Job's name."""
+    """When each Workload of NAMESPACE was first seen with QuotaReserved, with it and our check
+    Pending, with our check Ready and Admitted (monotonic), by its Job's name."""
 
     def __init__(self, api: KubeClient) -> None:
         self.api = api
         self.admitted: dict[str, float] = {}
         self.reserved: dict[str, float] = {}
+        self.pending: dict[str, float] = {}
         self.ready: dict[str, float] = {}
         self.last = time.monotonic()
         self._stop = threading.Event()
@@ -126,10 +145,12 @@ class AdmitWatch:
                         if not owners:
                             continue
                         now, job = time.monotonic(), owners[0]["name"]
+                        states = {a.get("name"): a.get("state") for a in status.get("admissionChecks") or []}
                         if "QuotaReserved" in true:
                             self.reserved.setdefault(job, now)
-                        if any(a.get("name") == CHECK and a.get("state") == "Ready"
-                               for a in status.get("admissionChecks") or []):
+                            if states.get(CHECK) == "Pending":
+                                self.pending.setdefault(job, now)
+                        if states.get(CHECK) == "Ready":
                             self.ready.setdefault(job, now)
                         if "Admitted" in true:
                             self.admitted.setdefault(job, now)
@@ -158,8 +179,8 @@ def _wait(what: str, done: Any, last: Any, start: float) -> None:
 
 
 def run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[str, Topology]],
-        stream: list[Gang], *, check: bool) -> Run:
-    kueue = start_kueue(workdir)
+        stream: list[Gang], *, check: bool, workers: int) -> Run:
+    kueue = start_kueue(workdir, concurrency={kind: workers for kind in WORKER_KINDS})
     cluster = kueue.cluster
     api = KubeClient(cluster.plane.client())
     try:
@@ -212,11 +233,14 @@ def run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
             admits.close()
             binds.close()
         latencies = {j: admits.admitted[j] - created[j] for j in admits.admitted if j in created}
-        steps = {}
+        steps: dict[str, tuple[float, ...]] = {}
         for j in latencies:
             reserved = admits.reserved.get(j, admits.admitted[j])
-            ready = admits.ready.get(j, reserved)  # without the check: no step of ours
-            steps[j] = (reserved - created[j], ready - reserved, admits.admitted[j] - ready)
+            # Without the check (or a state the watch missed between two events): no time on that step.
+            pending = admits.pending.get(j, reserved)
+            ready = admits.ready.get(j, pending)
+            steps[j] = (reserved - created[j], pending - reserved, ready - pending,
+                        admits.admitted[j] - ready)
         aligned = _replay(cluster, objects, topos)
         return Run(name, len(stream), len(latencies), latencies, steps, want, len(binds.bound), aligned)
     except BaseException:
@@ -252,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Indexed Jobs queued (default 80: every one fits on the default 40 nodes)")
     parser.add_argument("--seed", type=int, default=42, help="workload seed (default 42)")
     parser.add_argument("--dumps", type=Path, default=None, help="where the hwloc dumps are extracted")
+    parser.add_argument("--kueue-workers", type=int, default=DEFAULT_WORKERS,
+                        help=f"Kueue's Job and Workload reconcilers, both runs (default {DEFAULT_WORKERS}; "
+                             "upstream's manager config: 5)")
     parser.add_argument("--keep-logs", type=Path, default=None,
                         help="copy each run's Kueue, controller and cluster logs here")
     args = parser.parse_args(argv)
@@ -266,18 +293,25 @@ def main(argv: list[str] | None = None) -> int:
         fit = _fit(objects, stream)
         print(f"# {fit}/{len(stream)} gangs fit NUMA-wise on the static NRTs in creation order"
               + ("" if fit == len(stream) else ": the check will answer Retry to the rest"), flush=True)
-        plain = run("Kueue alone", Path(tmp) / "plain", objects, topos, stream, check=False)
-        ours = run("Kueue + topology-fit", Path(tmp) / "check", objects, topos, stream, check=True)
+        print(f"# Kueue in both runs: client qps {DEFAULT_API_QPS}, {args.kueue_workers} workers each for "
+              f"{', '.join(WORKER_KINDS)}", flush=True)
+        plain = run("Kueue alone", Path(tmp) / "plain", objects, topos, stream, check=False,
+                    workers=args.kueue_workers)
+        ours = run("Kueue + topology-fit", Path(tmp) / "check", objects, topos, stream, check=True,
+                   workers=args.kueue_workers)
     print(f"{'run':<22} {'admitted':>9} {'p50 s':>7} {'p99 s':>7} {'pods':>6} {'bound':>6} {'aligned':>8}")
     both = set(ours.latencies) & set(plain.latencies)
     for r in (ours, plain):
         print(f"{r.name:<22} {r.admitted:>4}/{r.workloads:<4} {r.p(0.5, both):>7.2f} {r.p(0.99, both):>7.2f} "
               f"{r.pods:>6} {r.bound:>6} {r.aligned_share * 100:>7.1f}%")
-    print(f"# latency over the {len(both)} Workloads admitted in both runs; median seconds per step:")
+    print(f"# latency over the {len(both)} Workloads admitted in both runs; seconds per step, p50/p99:")
     for r in (ours, plain):
-        med = [percentile([r.steps[j][k] for j in both], 0.5) if both else float("nan") for k in range(3)]
-        print(f"#   {r.name:<22} create->QuotaReserved {med[0]:.2f}, ->check Ready {med[1]:.2f}, "
-              f"->Admitted {med[2]:.2f}")
+        cells = []
+        for k, step in enumerate(STEPS):
+            values = [r.steps[j][k] for j in both]
+            p50, p99 = (percentile(values, 0.5), percentile(values, 0.99)) if values else (math.nan, math.nan)
+            cells.append(f"{step} {p50:.2f}/{p99:.2f}")
+        print(f"#   {r.name:<22} {', '.join(cells)}")
     if ours.admitted != plain.admitted or len(both) != len(stream):
         print(f"# WARNING: {ours.admitted} Workloads admitted with the check, {plain.admitted} without, "
               f"{len(both)} in both, of {len(stream)}")

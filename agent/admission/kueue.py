@@ -2,9 +2,10 @@
 
 Public API:
 
-- `KueueCheck(kube, changed, metrics, submit, check_leader, clock, guaranteed_policy, crash_point)`:
-  `.reflectors` (AdmissionChecks, Workloads, ResourceFlavors; the controller starts, stops and waits
-  for them with its own),
+- `KueueCheck(kube, changed, metrics, submit, check_leader, clock, guaranteed_policy, crash_point,
+  identity)`: `.reflectors` (AdmissionChecks, Workloads, ResourceFlavors; the controller starts, stops
+  and waits for them with its own), `.due` (set when a watch event shows a Workload waiting for our
+  decision: the controller's next pass skips its debounce),
   `.collect(pods) -> Round`, `.decide(round, decide, left_out)` and `.stop()` (waits for the
   decisions being written).
 - `Round`: what one pass knows of Kueue: `admitted` (the ledger's `(gang key, record, requests)` of
@@ -20,10 +21,15 @@ slot map; after its own queue it calls `decide` with the engine call it uses for
 `commit` on the same view).  Each decision is one server-side apply of `status.admissionChecks[<our
 check>]` (field manager `topolet.io/topology-fit`) carrying the resourceVersion it was decided on:
 Ready with podSetUpdates (`agent.admission.workloads`), Retry with requeueAfterSeconds, or Rejected.
+Once a Retry or Rejected state is written, an Event on the Workload (`agent.admission.events`, as
+`identity`) says why: Waiting (Normal, only when the reason differs from the last one told) or
+Rejected (Warning).
 
-Latency: the decisions are written on the check's own writer pool, and the pass does not wait for
-them (a status write goes through Kueue's webhook and may take a second on a busy API server), so a
-Workload whose check turns Pending meanwhile is decided by the very next pass.  Until its write has
+Latency: a watch event that shows a Workload waiting for our decision sets `due`, and the controller
+starts its next pass without the debounce it gives other changes.  The decisions are written on the
+check's own writer pool, and the pass does not wait for them (a status write goes through Kueue's
+webhook and may take a second on a busy API server), so a Workload whose check turns Pending
+meanwhile is decided by the very next pass.  Until its write has
 landed in the store, a Ready decision counts in the ledger from memory (the records the Ready state
 will carry) and the Workload is not decided again; a failed write is forgotten and decided again.
 Whether a Workload's Job is Indexed (which a pod set spread over several slots needs) is read once
@@ -47,7 +53,7 @@ from functools import partial
 from typing import Any
 
 from agent.admission import jobs, placing, workloads
-from agent.admission.events import timestamp
+from agent.admission.events import ObjectEvents, timestamp
 from agent.admission.metrics import AdmissionMetrics
 from agent.admission.model import Gang, Placement, Refusal, Resources
 from agent.admission.placing import AdmissionRecord
@@ -116,7 +122,8 @@ class KueueCheck:
     def __init__(self, kube: KubeClient, changed: Any, metrics: AdmissionMetrics,
                  submit: Callable[..., Future[Any]], check_leader: Callable[[], None],
                  clock: Callable[[], float], guaranteed_policy: Callable[[], str],
-                 crash_point: Callable[[str], None] = lambda step: None) -> None:
+                 crash_point: Callable[[str], None] = lambda step: None, identity: str = CONTROLLER_NAME
+                 ) -> None:
         self.kube = kube
         self.metrics = metrics
         self.submit = submit
@@ -127,7 +134,12 @@ class KueueCheck:
         self.checks = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks"),
                                 "AdmissionChecks", changed)
         self.workloads = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "workloads"),
-                                   "Workloads", changed)
+                                   "Workloads", changed, matters=self._workload_event)
+        # Set when a watch event shows a Workload waiting for our decision: the controller then starts
+        # its pass without the debounce it gives other changes (Kueue's admission waits on us).
+        self.due = threading.Event()
+        self._names: tuple[str, ...] = ()  # our checks' names as the last pass read them
+        self._due_at: dict[str, float] = {}  # Workload uid -> when (monotonic) it became due (logged)
         self.flavors = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "resourceflavors"),
                                  "ResourceFlavors", changed)
         self.reflectors = (self.checks, self.workloads, self.flavors)
@@ -140,10 +152,20 @@ class KueueCheck:
         # Rejected); entries leave only after the write's response is in the store (see _write).
         self._inflight: dict[str, list[Held]] = {}
         self._inflight_lock = threading.Lock()
+        # Events on Workloads (Waiting, when its reason changes; Rejected), sent from a thread started
+        # with the first one; `_told`: Workload uid -> the reason it was last told (under _told_lock).
+        self.events = ObjectEvents(kube, identity, (workloads.API_VERSION, "Workload"),
+                                   on_drop=metrics.events_dropped.inc)
+        self._told: dict[str, str] = {}
+        self._told_lock = threading.Lock()
+        self._events_started = False
 
     def stop(self) -> None:
         """Wait for the decisions being written; start no more."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._told_lock:
+            if self._events_started:
+                self.events.stop()
 
     # -- reading --------------------------------------------------------------------------------------
 
@@ -156,6 +178,7 @@ class KueueCheck:
                 self.check_leader()
                 self.submit(self._activate, ac)
         names = workloads.our_checks(checks)
+        self._names = names
         round_ = Round([], {}, [])
         if not names:
             return round_
@@ -172,6 +195,7 @@ class KueueCheck:
         with self._inflight_lock:
             inflight = dict(self._inflight)
         every = sorted(self.workloads.snapshot(), key=object_key)
+        policy: str | None = None  # read once a pass, when needed: it reads every NRT
         for wl in every:
             if str(metadata_of(wl).get("uid")) in inflight:
                 round_.admitted.extend(inflight[str(metadata_of(wl).get("uid"))])
@@ -186,19 +210,33 @@ class KueueCheck:
                     self._read_ahead(wl)
                 continue
             try:
-                gang = workloads.gang_from_workload(wl, flavors, self.guaranteed_policy())
+                policy = self.guaranteed_policy() if policy is None else policy
+                gang = workloads.gang_from_workload(wl, flavors, policy)
                 round_.pending.append(Pending(wl, check, gang))
             except WorkloadSpecError as exc:
                 round_.pending.append(Pending(wl, check, None, str(exc)))
         live = {(str(metadata_of(wl).get("uid")), str(metadata_of(wl).get("resourceVersion")))
                 for wl in every}
         self._unreadable &= live  # bounded by the Workloads there are
+        uids = {uid for uid, _ in live}
+        for uid in [u for u in list(self._due_at) if u not in uids]:
+            self._due_at.pop(uid, None)
+        with self._told_lock:
+            self._told = {uid: why for uid, why in self._told.items() if uid in uids}
         owners = {workloads.owner_uid(wl) for wl in every}
         for uid in [u for u in list(self._indexed) if u not in owners]:
             self._indexed.pop(uid, None)
         # First come, first served among those Kueue already gave quota to.
         round_.pending.sort(key=lambda p: (_quota_time(p.workload), object_key(p.workload)))
         return round_
+
+    def _workload_event(self, kind: str, wl: Mapping[str, Any]) -> bool:
+        """Every Workload event calls for a pass; one that leaves a Workload waiting for our decision
+        also sets `due` (runs on the watch thread)."""
+        if kind != "DELETED" and self._names and workloads.to_decide(wl, self._names) is not None:
+            self._due_at.setdefault(str(metadata_of(wl).get("uid")), time.monotonic())
+            self.due.set()
+        return True
 
     def _read_ahead(self, wl: Mapping[str, Any]) -> None:
         """Read the owner Job's completion mode on a writer while the Workload waits for its quota, so
@@ -250,25 +288,47 @@ class KueueCheck:
         for p in round_.pending:
             now = timestamp(self.clock())
             if p.gang is None:
-                self._send(p, "rejected", workloads.rejected_state(p.check, f"unreadable: {p.error}", now))
+                why = f"unreadable: {p.error}"
+                self._send(p, "rejected", workloads.rejected_state(p.check, why, now), why)
                 continue
             result = decide(p.gang)
             if isinstance(result, Placement):
                 self.check_leader()
                 self._write(p.workload, _held(p, result, now), self._ready, p, result, now)
             elif result.kind == "never" and not left_out:
-                self._send(p, "rejected", workloads.rejected_state(p.check, result.reason, now))
+                why = result.reason
+                self._send(p, "rejected", workloads.rejected_state(p.check, why, now), why)
             else:
                 reason = result.reason
                 if result.kind == "never":
                     # "Never" counts only the usable nodes: one left out may come back.
                     reason = f"{reason}; {len(left_out)} nodes are left out now"
                 count = workloads.retry_count(p.workload, p.check)
-                self._send(p, "waiting", workloads.retry_state(p.check, reason, count, now))
+                self._send(p, "waiting", workloads.retry_state(p.check, reason, count, now), reason)
 
-    def _send(self, p: Pending, result: str, state: dict[str, Any]) -> None:
+    def _send(self, p: Pending, result: str, state: dict[str, Any], why: str) -> None:
+        """Write a Retry (`result` waiting) or Rejected state, then say `why` in an Event on the Workload."""
         self.check_leader()
-        self._write(p.workload, [], self._apply, p.workload, [state], result)
+        self._write(p.workload, [], self._refuse, p.workload, state, result, why)
+
+    def _refuse(self, wl: Mapping[str, Any], state: dict[str, Any], result: str, why: str) -> None:
+        if self._apply(wl, [state], result):
+            self._tell(wl, result, why, str(state["message"]))
+
+    def _tell(self, wl: Mapping[str, Any], result: str, why: str, message: str) -> None:
+        """An Event on the Workload: Rejected, or Waiting when its reason is not the one last told."""
+        uid = str(metadata_of(wl).get("uid"))
+        with self._told_lock:
+            if result == "waiting" and self._told.get(uid) == why:
+                return
+            self._told[uid] = why
+            if not self._events_started:
+                self.events.start()
+                self._events_started = True
+        if result == "waiting":
+            self.events.record(wl, "Normal", "Waiting", message)
+        else:
+            self.events.record(wl, "Warning", "Rejected", message)
 
     def _write(self, wl: Mapping[str, Any], held: list[Held], work: Callable[..., Any], *args: Any) -> None:
         """Run `work(*args)` on the check's writers, holding `held` in the ledger and keeping the
@@ -311,7 +371,7 @@ class KueueCheck:
         try:
             updates = workloads.pod_set_updates(p.gang, placement, lambda _: self._owner_indexed(p.workload))
         except WorkloadSpecError as exc:
-            self._apply(p.workload, [workloads.rejected_state(p.check, str(exc), now)], "rejected")
+            self._refuse(p.workload, workloads.rejected_state(p.check, str(exc), now), "rejected", str(exc))
             return
         self._apply(p.workload, [workloads.ready_state(p.check, p.gang, placement, updates, now)], "admitted")
 
@@ -361,9 +421,11 @@ class KueueCheck:
         if result == "admitted":
             self.crash_point("after-decision")
         self.metrics.decisions.labels(result=result).inc()
-        log.info("Workload %s: %s %s (written in %.2f s, %d writes in flight): %s", object_key(wl),
-                 states[0]["name"], states[0]["state"], time.perf_counter() - started, len(self._inflight),
-                 states[0]["message"])
+        due = self._due_at.pop(str(meta.get("uid")), None)
+        log.info("Workload %s: %s %s (%s written in %.2f s, %d writes in flight): %s", object_key(wl),
+                 states[0]["name"], states[0]["state"],
+                 "" if due is None else f"due {time.monotonic() - due:.2f} s ago,",
+                 time.perf_counter() - started, len(self._inflight), states[0]["message"])
         return True
 
     def _activate(self, ac: Mapping[str, Any]) -> None:

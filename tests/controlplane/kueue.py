@@ -37,7 +37,9 @@ Service's ClusterIP, which nothing here serves, and Kueue never becomes ready.
 
 Kueue runs with the `batch/job` integration only, its webhooks on the address above, leader election
 off unless asked (then on a Lease in `kueue-system`), the visibility API server off, metrics and
-probes on free loopback ports, and the admin's token (system:masters) in its kubeconfig.
+probes on free loopback ports, and the admin's token (system:masters) in its kubeconfig.  Its client
+limit is `api_qps` (burst twice that) and its reconcilers per kind upstream's manager config's, unless
+`concurrency` raises them.
 """
 
 from __future__ import annotations
@@ -254,6 +256,8 @@ class Kueue:
     workdir: Path
     leader_elect: bool = False
     api_qps: int = DEFAULT_API_QPS
+    # Reconcilers run at once per kind, over upstream's GROUP_KIND_CONCURRENCY (see start_kueue).
+    concurrency: Mapping[str, int] = field(default_factory=dict)
     owns_cluster: bool = False  # stop_all() stops the cluster (and its control plane) too
     address: str = field(default_factory=webhook_address)
     webhook_port: int = field(default_factory=free_port)
@@ -361,7 +365,7 @@ class Kueue:
             "internalCertManagement": {"enable": True, "webhookServiceName": WEBHOOK_SERVICE,
                                        "webhookSecretName": WEBHOOK_SECRET},
             "clientConnection": {"qps": self.api_qps, "burst": 2 * self.api_qps},
-            "controller": {"groupKindConcurrency": dict(GROUP_KIND_CONCURRENCY)},
+            "controller": {"groupKindConcurrency": {**GROUP_KIND_CONCURRENCY, **self.concurrency}},
             "integrations": {"frameworks": ["batch/job"]},
             # The on-demand visibility API is an aggregated API server of its own: nothing here reads it.
             "featureGates": {"VisibilityOnDemand": False},
@@ -474,12 +478,17 @@ class Kueue:
         return bool(out["spec"].get("suspend"))
 
 
-def start_kueue(workdir: Path, *, leader_elect: bool = False, api_qps: int = DEFAULT_API_QPS) -> Kueue:
-    """Build what is missing, then start a control plane, cluster and Kueue of their own (stop_all())."""
+def start_kueue(workdir: Path, *, leader_elect: bool = False, api_qps: int = DEFAULT_API_QPS,
+                concurrency: Mapping[str, int] | None = None) -> Kueue:
+    """Build what is missing, then start a control plane, cluster and Kueue of their own (stop_all()).
+
+    `concurrency` overrides upstream's reconcilers per kind (`controller.groupKindConcurrency`, e.g.
+    {"Workload.kueue.x-k8s.io": 20}): each reconcile that writes waits a round trip through the API
+    server and Kueue's own webhook, so a kind's writes per second are at most its workers over that."""
     binary = build_kueue()
     cluster = start_cluster(workdir / "cluster", api_qps=api_qps)
     kueue = Kueue(cluster, binary, workdir / "kueue", leader_elect=leader_elect, api_qps=api_qps,
-                  owns_cluster=True)
+                  concurrency=dict(concurrency or {}), owns_cluster=True)
     try:
         kueue.start()
     except BaseException:

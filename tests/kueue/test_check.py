@@ -197,6 +197,17 @@ def managers(entry_owner: dict[str, Any]) -> set[str]:
             if m.get("subresource") == "status"}
 
 
+def workload_events(api: KubeClient, ns: str, name: str) -> list[tuple[str, str, str]]:
+    """(type, reason, message) of the controller's Events on Workload job-<name>, oldest first."""
+    out = api.list(f"/api/v1/namespaces/{ns}/events",
+                   {"fieldSelector": f"involvedObject.kind=Workload,involvedObject.name=job-{name}"})
+    items = sorted(out.get("items") or [],
+                   key=lambda e: (e.get("firstTimestamp") or "", e["metadata"]["name"]))
+    return [(e["type"], e["reason"], e["message"]) for e in items
+            if e.get("reportingComponent") == "topolet.io/controller"
+            and e["involvedObject"].get("apiVersion") == "kueue.x-k8s.io/v1beta2"]
+
+
 # -- tests -------------------------------------------------------------------------------------------
 
 def test_ready_retry_rejected_then_ready_once_capacity_frees(
@@ -217,11 +228,16 @@ def test_ready_retry_rejected_then_ready_once_capacity_frees(
     retry = wait_for(lambda: in_state(api, namespace, "b", check, "Retry"), "b Retry")
     assert retry["requeueAfterSeconds"] == 5
     assert "does not fit now" in retry["message"] and "zone" in retry["message"], retry["message"]
+    # ... and an Event on the Workload says so.
+    told = wait_for(lambda: workload_events(api, namespace, "b"), "a Waiting Event on b")
+    assert told == [("Normal", "Waiting", retry["message"])], told
 
     # 20 CPUs in one zone of 16: never.
     submit(api, namespace, "huge", 1, label, check, cpu=20)
     rejected = wait_for(lambda: in_state(api, namespace, "huge", check, "Rejected"), "huge Rejected")
     assert "can never fit" in rejected["message"]
+    told = wait_for(lambda: workload_events(api, namespace, "huge"), "a Rejected Event on huge")
+    assert told == [("Warning", "Rejected", rejected["message"])], told
 
     # One pod on the 2 free zones, not indexed: pinned by node selector and zone, no policy needed.
     submit(api, namespace, "one", 1, label, check, indexed=False)
