@@ -147,7 +147,7 @@ class Controller:
         self.kueue: KueueCheck | None = None
         if config.kueue:
             self.kueue = KueueCheck(kube, self.changed, metrics, self._submit, self._check_leader, clock,
-                                    self._guaranteed_policy, _crash_point)
+                                    self._guaranteed_policy, _crash_point, self.identity)
             self.reflectors += self.kueue.reflectors
         # Said once per state, so Events are not repeated every pass: Job uid -> last waiting reason,
         # and (uid, resourceVersion) of Jobs already told they are malformed.
@@ -196,10 +196,15 @@ class Controller:
 
     def run(self, stop: threading.Event) -> None:
         """Pass after every change (debounced) and every resync, until `stop` is set."""
+        due = self.kueue.due if self.kueue is not None else threading.Event()
         while not stop.is_set():
             self.changed.wait(self.config.resync_seconds)
-            if stop.wait(DEBOUNCE_SECONDS):
+            # The debounce gathers a burst of events into one pass; a Kueue Workload waiting for our
+            # check (`due`) ends it at once: Kueue's admission waits on that decision.
+            due.wait(DEBOUNCE_SECONDS)
+            if stop.is_set():
                 break
+            due.clear()
             self.changed.clear()
             self.metrics.leader.set(1 if self.leading() else 0)
             if not self.synced() or not self.leading():
