@@ -15,12 +15,15 @@ cache_root="${TOPOLET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topolet}/vm"
 mirror="${TOPOLET_VM_MIRROR:-http://deb.debian.org/debian}"
 suite=bookworm
 # What the in-guest tests run: coreutils' sleep, util-linux's mount, kmod's insmod, ip for the loopback,
-# Debian's python3.11 for a host whose .venv is built on /usr/bin/python3 (see guest.py), and openssl
-# for the control plane's test certificates (tests/controlplane/harness.py).
-include=kmod,procps,iproute2,python3,openssl
-# Modules the init loads, with their dependencies: the 9p shares.  Each one costs boot time under
-# emulation; a user that needs more (a disk: virtio_blk ext4) adds them here.
-modules="virtio_pci 9pnet_virtio 9p"
+# Debian's python3.11 for a host whose .venv is built on /usr/bin/python3 (see guest.py), openssl
+# for the control plane's test certificates (tests/controlplane/harness.py), and the real node's
+# runtime (tests/vm/test_guest_realnode.py): Debian's containerd, runc and CNI plugins as on the host,
+# with socat, which carries the host's API server to the guest's loopback.
+include=kmod,procps,iproute2,python3,openssl,containerd,runc,containernetworking-plugins,socat
+# Modules the init loads, with their dependencies: the 9p shares, the network card of qemu's user
+# networking, and what the real node's containers need (overlay snapshots, the ptp plugin's veth pairs).
+# Each one costs boot time under emulation; a user that needs more (a disk: virtio_blk ext4) adds them here.
+modules="virtio_pci 9pnet_virtio 9p virtio_net overlay veth"
 
 for tool in debootstrap apt-get dpkg-deb cpio; do
     command -v "$tool" >/dev/null || { echo "build.sh: $tool is not installed (make deps)" >&2; exit 2; }
@@ -83,6 +86,9 @@ open(sys.argv[2], "wb").write(data)
 
         # Trim what a test guest never reads; the initramfs is unpacked into RAM on every boot.
         rm -rf "$root"/usr/share/{doc,man,info,locale} "$root"/var/cache/apt/* "$root"/var/lib/apt/lists/*
+        # The real node runs containerd's runc v2 shim and three CNI plugins (tests/realnode/node.py).
+        rm -f "$root"/usr/bin/containerd-shim "$root"/usr/bin/containerd-shim-runc-v1
+        find "$root/usr/lib/cni" -type f ! -name ptp ! -name host-local ! -name loopback -delete
         install -m 0755 "$here/init.sh" "$root/init"
         cp "$work/kernel/boot/vmlinuz-$krel" "$out/vmlinuz.tmp"
         # Uncompressed: a few hundred MB that the kernel copies faster than it could inflate them.

@@ -133,8 +133,12 @@ def python_shares(executable: str = sys.executable, base_prefix: str = sys.base_
 
 
 def qemu_argv(image: GuestImage, shares: Sequence[Share], job: Path, *, cpus: int, memory_mib: int,
-              kvm: bool) -> list[str]:
-    """The qemu command line of one run; `job` must also be one of `shares` (writable)."""
+              kvm: bool, net: bool = False) -> list[str]:
+    """The qemu command line of one run; `job` must also be one of `shares` (writable).
+
+    `net` gives the guest qemu's user network (no privileges, nothing on the host to clean up): the
+    guest is 10.0.2.15 and reaches the host's loopback as 10.0.2.2.
+    """
     if len({s.tag for s in shares}) != len(shares):
         raise GuestError(f"share tags are not unique: {[s.tag for s in shares]}")
     for share in shares:
@@ -147,6 +151,7 @@ def qemu_argv(image: GuestImage, shares: Sequence[Share], job: Path, *, cpus: in
         "cgroup_no_v1=all", "systemd.unified_cgroup_hierarchy=1",
         *(f"topolet.share={s.tag}:{s.path}:{'rw' if s.writable else 'ro'}" for s in shares),
         f"topolet.job={job}",
+        *(["topolet.net=user"] if net else []),
     ]
     argv = [
         QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
@@ -155,6 +160,9 @@ def qemu_argv(image: GuestImage, shares: Sequence[Share], job: Path, *, cpus: in
         "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", " ".join(cmdline),
         "-serial", f"file:{job / 'console.log'}",
     ]
+    if net:
+        # No option ROM: the guest boots its kernel directly, and -nodefaults leaves none to find.
+        argv += ["-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0,romfile="]
     for s in shares:
         opts = f"local,path={s.path},mount_tag={s.tag},security_model=none"
         argv += ["-virtfs", opts if s.writable else opts + ",readonly=on"]
@@ -202,12 +210,14 @@ def run_in_guest(
     env: Mapping[str, str] | None = None,
     image: GuestImage | None = None,
     extra_shares: Sequence[Share] = (),
+    net: bool = False,
 ) -> GuestRun:
     """Boot the guest, run pytest on `pytest_args` there (CI=true, from the repository root), power off.
 
     `extra_shares` adds host folders at the same paths (built binaries, caches: read-only unless
-    marked writable).  Raises GuestError when the guest cannot be built, does not finish within
-    `timeout_s`, or ends without a pytest exit status; its message carries the console's tail.
+    marked writable); `net` a network to the host (see qemu_argv).  Raises GuestError when the guest
+    cannot be built, does not finish within `timeout_s`, or ends without a pytest exit status; its
+    message carries the console's tail.
     """
     image = image or build_guest()
     job = Path(tempfile.mkdtemp(prefix="topolet-vm-")) if job_dir is None else job_dir
@@ -215,7 +225,7 @@ def run_in_guest(
     (job / "run.sh").write_text(job_script(pytest_args, job, env=env))
     kvm = kvm_usable()
     shares = [*python_shares(), *extra_shares, Share("job", job, writable=True)]
-    argv = qemu_argv(image, shares, job, cpus=cpus, memory_mib=memory_mib, kvm=kvm)
+    argv = qemu_argv(image, shares, job, cpus=cpus, memory_mib=memory_mib, kvm=kvm, net=net)
 
     start = time.monotonic()
     boot_s: float | None = None

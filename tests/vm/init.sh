@@ -6,6 +6,8 @@
 #   topolet.share=<tag>:<guest path>:<ro|rw>   one per 9p share (paths hold no spaces or colons)
 #   topolet.job=<guest path>                   a shared folder holding run.sh; the init writes there
 #                                               started/finished (guest uptime), rc and output.log
+#   topolet.net=user                           bring up qemu's user network (slirp): eth0 10.0.2.15/24,
+#                                               default route via 10.0.2.2 (the host's loopback)
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export PATH
 
@@ -25,6 +27,7 @@ while read -r ko; do
 done </etc/topolet-vm/modules
 
 job=
+net=
 for arg in $(cat /proc/cmdline); do
     case "$arg" in
         topolet.share=*)
@@ -42,8 +45,23 @@ for arg in $(cat /proc/cmdline); do
         topolet.job=*)
             job=${arg#topolet.job=}
             ;;
+        topolet.net=user)
+            net=user
+            ;;
     esac
 done
+
+if [ "$net" = user ]; then
+    # slirp's fixed addresses; a default route too, where the kubelet finds the node's address.
+    dev=$(ls /sys/class/net | grep -v '^lo$' | head -n 1)
+    if [ -n "$dev" ]; then
+        ip link set "$dev" up
+        ip addr add 10.0.2.15/24 dev "$dev"
+        ip route add default via 10.0.2.2
+    else
+        echo "init: topolet.net=user but no network card" >/dev/console
+    fi
+fi
 
 if [ -n "$job" ] && [ -f "$job/run.sh" ]; then
     cut -d' ' -f1 /proc/uptime >"$job/started"

@@ -40,6 +40,16 @@ def test_qemu_argv(kvm: bool, accel: str, cpu: str) -> None:
     assert _value(argv, "-serial") == ["file:/tmp/job/console.log"]
 
 
+def test_qemu_argv_with_a_user_network() -> None:
+    shares = [Share("job", JOB, writable=True)]
+    without = qemu_argv(IMAGE, shares, JOB, cpus=2, memory_mib=512, kvm=False)
+    argv = qemu_argv(IMAGE, shares, JOB, cpus=2, memory_mib=512, kvm=False, net=True)
+    assert not _value(without, "-netdev") and "topolet.net=user" not in _value(without, "-append")[0]
+    assert _value(argv, "-netdev") == ["user,id=net0"]
+    assert _value(argv, "-device") == ["virtio-net-pci,netdev=net0,romfile="]
+    assert "topolet.net=user" in _value(argv, "-append")[0].split()
+
+
 @pytest.mark.parametrize("path", ["/a b", "/a:b", "/a,b", "relative", "/a=b"])
 def test_paths_the_command_line_cannot_carry_are_refused(path: str) -> None:
     with pytest.raises(GuestError, match="cannot share"):
