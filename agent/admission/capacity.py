@@ -21,6 +21,7 @@ from agent.admission.ledger import Entry, Ledger, SlotOf, agent_pins
 from agent.admission.metrics import AdmissionMetrics
 from agent.admission.model import ClusterView, Resources
 from agent.admission.placing import AdmissionRecord
+from agent.admission.podindex import PodIndex
 from agent.admission.store import Reflector, VersionCache, as_dict, metadata_of
 from agent.admission.view import build_view, node_allocatable, nrt_zones, pod_requests
 
@@ -41,12 +42,12 @@ class Capacity:
         self.ledger = Ledger(timeout=ledger_timeout)
         self.left_out: dict[str, str] = {}
         self._ledgered: set[tuple[str, str]] = set()  # (gang key, decision id) already in the ledger
-        # A pod's requests, whether its node's agent pins it, an NRT's zones and a Node's allocatable, by
-        # object version: parsing quantities and planning pods is most of a view's build on a big cluster.
-        self._requests: VersionCache[Resources | None] = VersionCache(pod_requests)
-        self._pins: VersionCache[bool] = VersionCache(agent_pins)
+        # Pods by node and slot, an NRT's zones and a Node's allocatable, by object version, and each
+        # node's figures by what they came from: a pass on a big cluster reads only what changed.
+        self._pods = PodIndex(pod_requests, agent_pins)
         self._zones = VersionCache(nrt_zones)
         self._allocatable = VersionCache(node_allocatable)
+        self._memo: dict[str, Any] = {}
 
     def view(self, admitted: Iterable[Admitted], pods: list[dict[str, Any]], slot_of: SlotOf) -> ClusterView:
         """The engine's view of the cluster now, after the ledger of admitted gangs' slots."""
@@ -66,16 +67,15 @@ class Capacity:
                       for slot, p in sorted(record.slots.items())]
         if added:
             self.ledger = replace(self.ledger, entries=self.ledger.entries + tuple(added))
-        self.ledger = self.ledger.settle(self.nrts.snapshot(), pods, now, live_gangs=live,
-                                         slot_of=slot_of, pinned=self._pins.of)
-        self._pins.forget_unread()
+        index = self._pods.update(pods, slot_of)
+        self.ledger = self.ledger.settle(self.nrts.snapshot(), pods, now, live_gangs=live, index=index)
         self._ledgered = {k for k in self._ledgered if k[0] in live}
         self.metrics.ledger_entries.set(len(self.ledger))
         nodes = self.nodes.snapshot()
         view, left_out = build_view(nodes, self.nrts.snapshot(), pods, self.ledger, now,
-                                    slot_of=slot_of, requests_of=self._requests.of,
-                                    zones_of=self._zones.of, allocatable_of=self._allocatable.of)
-        for cache in (self._requests, self._zones, self._allocatable):
+                                    zones_of=self._zones.of, allocatable_of=self._allocatable.of,
+                                    index=index, memo=self._memo)
+        for cache in (self._zones, self._allocatable):
             cache.forget_unread()
         counts = {"usable": len(view.nodes), "stale": 0, "not_ready": 0}
         for node in nodes:

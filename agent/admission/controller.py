@@ -331,6 +331,7 @@ class Controller:
         admitted: list[tuple[dict[str, Any], AdmissionRecord]] = []
         pending: list[Pending] = []
         jobs_by_key: dict[str, dict[str, Any]] = {}
+        policy = self._guaranteed_policy()  # once a pass: it reads every NRT
         for job in all_jobs:
             queue = jobs.job_queue(job)
             if queue is None:
@@ -349,7 +350,7 @@ class Controller:
                                   "a queued Job must be created with spec.suspend: true; left alone")
                 continue
             try:
-                gang = jobs.gang_from_job(job, priorities, self._guaranteed_policy())
+                gang = jobs.gang_from_job(job, priorities, policy)
             except JobSpecError as exc:
                 self._invalid_job(job, "InvalidJob", str(exc))
                 continue

@@ -10,8 +10,9 @@ Public API:
     request)` tuples (what the controller reads back from its Job annotations after a restart);
   - `.record(placement, requests, now)`: adds a Placement's pods (`requests`: pod set -> Resources);
   - `.without_gang(gang)`, `.on_node(node)`, `len(ledger)`;
-  - `.settle(nrts, pods, now, live_gangs=None, slot_of=job_slot)`: the ledger less every entry that
-    cleared (the rule below).
+  - `.settle(nrts, pods, now, live_gangs=None, slot_of=job_slot, pinned=None, index=None)`: the
+    ledger less every entry that cleared (the rule below); `index`, a `PodIndex` of this pass's pods,
+    saves re-reading them.
 - `job_slot(pod) -> (gang, slot) | None`: the default way a pod names its entry: gang
   `<namespace>/<job name>` (label `batch.kubernetes.io/job-name`, else `job-name`), slot its
   completion index (annotation `batch.kubernetes.io/job-completion-index`), else the pod's name.
@@ -47,6 +48,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.admission.model import Placement, Resources
+from agent.admission.podindex import PodIndex
 from agent.kube.nrt import ATTR_FINGERPRINT, pod_set_fingerprint
 from agent.kube.pods import PodError, plan_pod
 
@@ -171,50 +173,43 @@ class Ledger:
     def settle(self, nrts: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
                now: float, live_gangs: Collection[str] | None = None,
                slot_of: SlotOf = job_slot,
-               pinned: Callable[[Mapping[str, Any]], bool] | None = None) -> Ledger:
-        """This ledger less the entries that cleared (see the module docstring for the rule)."""
+               pinned: Callable[[Mapping[str, Any]], bool] | None = None,
+               index: PodIndex | None = None) -> Ledger:
+        """This ledger less the entries that cleared (see the module docstring for the rule).
+
+        `index`: the pods already indexed for this pass (`PodIndex.update(pods, slot_of)`); then
+        `pods`, `slot_of` and `pinned` are not read."""
         if not self.entries:
             return self
-        pod_list = list(pods)
-        by_slot: dict[tuple[str, str], Mapping[str, Any]] = {}
-        for pod in pod_list:
-            key = slot_of(pod)
-            if key is not None:
-                by_slot[key] = pod
+        if index is None:
+            index = PodIndex(lambda pod: None, pinned or agent_pins).update(pods, slot_of)
         prints: dict[str, str | None] = {}
         for nrt in nrts:
             name = _meta(nrt).get("name")
             if isinstance(name, str):
                 prints[name] = nrt_fingerprint(nrt)
-        seen: dict[str, tuple[tuple[str, str], ...]] = {}
-        by_node: dict[str, list[Mapping[str, Any]]] | None = None  # bound pods per node, when needed
+        shown: dict[str, tuple[tuple[tuple[str, str], ...], str]] = {}  # node -> (eligible, its print)
         kept = []
         for e in self.entries:
             if live_gangs is not None and e.gang not in live_gangs:
                 continue
             if now - e.added_at >= self.timeout:
                 continue
-            mine = by_slot.get((e.gang, e.slot))
+            mine = index.slot((e.gang, e.slot))
             if mine is not None:
-                bound = _node_of(mine)
-                if _terminal(mine) or (bound is not None and bound != e.node):
+                if mine.terminal or (mine.node is not None and mine.node != e.node):
                     continue
-                if bound == e.node:
+                if mine.node == e.node:
                     if e.zone is None:
                         continue
-                    if e.node not in seen:
-                        if by_node is None:
-                            by_node = {}
-                            for pod in pod_list:
-                                if (node := _node_of(pod)) is not None:
-                                    by_node.setdefault(node, []).append(pod)
-                        seen[e.node] = pinned_eligible(by_node.get(e.node, ()), e.node, pinned)
-                    eligible = seen[e.node]
-                    meta = _meta(mine)
-                    me = (str(meta.get("namespace")), str(meta.get("name")))
                     fp = prints.get(e.node)
-                    if fp is not None and me in eligible and fp == pod_set_fingerprint(eligible):
-                        continue
+                    if fp is not None:
+                        if e.node not in shown:
+                            eligible = index.eligible(e.node)
+                            shown[e.node] = (eligible, pod_set_fingerprint(eligible))
+                        eligible, expected = shown[e.node]
+                        if mine.ident in eligible and fp == expected:
+                            continue
             kept.append(e)
         if len(kept) == len(self.entries):
             return self

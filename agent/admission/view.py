@@ -2,8 +2,8 @@
 
 Public API:
 
-- `build_view(nodes, nrts, pods, ledger, now, gpu_mix=(), slot_of=job_slot)
-  -> tuple[ClusterView, dict[str, str]]`: the view, and the nodes left out with the reason (node
+- `build_view(nodes, nrts, pods, ledger, now, gpu_mix=(), slot_of=job_slot, ..., index=None,
+  memo=None) -> tuple[ClusterView, dict[str, str]]`: the view, and the nodes left out with the reason (node
   name -> one line, for the controller to log).  Never raises on bad input: a node whose objects
   cannot be read is left out with a reason.  `now` is accepted for the ledger's sake and symmetry
   with `Ledger.settle`; the view itself does not depend on the clock.
@@ -39,8 +39,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from agent.admission.ledger import Ledger, SlotOf, job_slot
+from agent.admission.ledger import Entry, Ledger, SlotOf, agent_pins, job_slot
 from agent.admission.model import ClusterView, Node, Resources, Taint, Zone
+from agent.admission.podindex import NodeUse, PodIndex
 from agent.kube.nrt import ZONE_TYPE
 from agent.kube.pods import parse_quantity
 
@@ -48,7 +49,6 @@ GPU = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
 HUGEPAGES_PREFIX = "hugepages-"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-TERMINAL_PHASES = ("Succeeded", "Failed")
 DEFAULT_MAX_PODS = 110  # kubelet's maxPods when a Node states no allocatable pods
 _ZONE_NAME = re.compile(r"node-(0|[1-9][0-9]{0,3})")
 
@@ -257,97 +257,120 @@ def build_view(nodes: Iterable[Mapping[str, Any]], nrts: Iterable[Mapping[str, A
                requests_of: Callable[[Mapping[str, Any]], Resources | None] = pod_requests,
                zones_of: Callable[[Mapping[str, Any]], tuple[tuple[Zone, ...], tuple[Zone, ...]]] = nrt_zones,
                allocatable_of: Callable[[Mapping[str, Any]], tuple[Resources, int]] = node_allocatable,
+               index: PodIndex | None = None, memo: dict[str, Any] | None = None,
                ) -> tuple[ClusterView, dict[str, str]]:
     """The view of `nodes` (with their NRTs, bound pods and the ledger) and the nodes left out.
 
-    `requests_of`, `zones_of` and `allocatable_of` are `pod_requests`, `nrt_zones` and
-    `node_allocatable`, or caches of them (the controller keeps one per object version: reading
-    quantities is most of a view's build on a big cluster)."""
+    `zones_of` and `allocatable_of` are `nrt_zones` and `node_allocatable`, or caches of them (the
+    controller keeps one per object version: reading quantities is most of a view's build on a big
+    cluster).  `index`: the pods already indexed for this pass (then `pods`, `slot_of` and
+    `requests_of` are not read).  `memo`, a dict the caller keeps across calls, holds each node's
+    figures with what they were computed from (the Node's and NRT's versions, the index's version of
+    the node, its ledger entries): a node none of those changed for is not worked out again."""
     del now  # the ledger was settled by the caller at `now`; the view itself is timeless
+    if index is None:
+        index = PodIndex(requests_of, agent_pins).update(pods, slot_of)
     by_name: dict[str, Mapping[str, Any]] = {}
     for nrt in nrts:
         name = _map(_map(nrt).get("metadata")).get("name")
         if isinstance(name, str):
             by_name[name] = nrt
-    used: dict[str, _Amounts] = {}
-    bad_pods: dict[str, str] = {}
-    bound: dict[tuple[str, str], str] = {}
-    for pod in pods:
-        node = _map(pod.get("spec")).get("nodeName")
-        if isinstance(node, str) and node:
-            key = slot_of(pod)
-            if key is not None:
-                bound[key] = node
-        if not isinstance(node, str) or not node:
-            continue
-        if _map(pod.get("status")).get("phase") in TERMINAL_PHASES:
-            continue
-        r = requests_of(pod)
-        if r is None:
-            bad_pods[node] = f"pod {_map(pod.get('metadata')).get('name')} has malformed requests"
-            continue
-        a = used.setdefault(node, _Amounts())
-        a.add(r)
-        a.pods += 1
-    pending: dict[str, list[Resources]] = {}
-    on_zone: dict[tuple[str, int], list[Resources]] = {}
+    pending: dict[str, list[Entry]] = {}  # placed, its pod not bound there yet: off the node's totals
+    on_zone: dict[str, list[Entry]] = {}  # placed on a zone: off that zone's figures
     for e in ledger.entries:
-        if bound.get((e.gang, e.slot)) != e.node:  # a bound pod is already in the node's used figures
-            pending.setdefault(e.node, []).append(e.request)
+        mine = index.slot((e.gang, e.slot))
+        if mine is None or mine.node != e.node:  # a bound pod is already in the node's used figures
+            pending.setdefault(e.node, []).append(e)
         if e.zone is not None:
-            on_zone.setdefault((e.node, e.zone), []).append(e.request)
+            on_zone.setdefault(e.node, []).append(e)
 
     out: list[Node] = []
     empty: list[Node] = []
     left_out: dict[str, str] = {}
+    kept: dict[str, Any] = {}
     for obj in nodes:
         meta = _map(_map(obj).get("metadata"))
         name = meta.get("name")
         if not isinstance(name, str) or not name:
             continue
-        try:
-            if not _ready(obj):
-                raise BadObject("NotReady")
-            if name in bad_pods:
-                raise BadObject(bad_pods[name])
-            spec = _map(obj.get("spec"))
-            alloc, max_pods = allocatable_of(obj)
-            labels = {str(k): str(v) for k, v in _map(meta.get("labels")).items()}
-            topo = by_name.get(name)
-            zones: tuple[Zone, ...] = ()
-            zones_empty: tuple[Zone, ...] = ()
-            if topo is not None:
-                if _stale(topo, str(meta.get("uid") or "")):
-                    raise BadObject("stale NRT: its owner is another Node uid")
-                zones, zones_empty = zones_of(topo)
-            zones = tuple(_zone_after(name, z, on_zone) for z in zones)
-            a = _Amounts(cpu=alloc.cpu_milli, memory=alloc.memory, gpus=alloc.gpus, pods=max_pods,
-                         hugepages=dict(alloc.hugepages), mig=dict(alloc.mig))
-            u = used.get(name)
-            if u is not None:
-                a.add(u.resources(), -1)
-                a.pods -= u.pods
-            for r in pending.get(name, ()):
-                a.add(r, -1)
-                a.pods -= 1
-            base = Node(name=name, labels=labels, taints=_taints(spec),
-                        unschedulable=bool(spec.get("unschedulable")), capacity=alloc,
-                        gpu_model=labels.get(GPU_PRODUCT_LABEL, ""))
-        except BadObject as exc:
-            left_out[name] = str(exc)
+        topo = by_name.get(name)
+        mine_pending, mine_zones = pending.get(name, []), on_zone.get(name, [])
+        key = _memo_key(meta, topo, index.version(name)) if memo is not None else None
+        hit = memo.get(name) if memo is not None and key is not None else None
+        if hit is not None and hit[0] == key and hit[1] == mine_pending and hit[2] == mine_zones:
+            result = hit[3]
+        else:
+            try:
+                result = _node_views(obj, name, meta, topo, index.used(name), mine_pending, mine_zones,
+                                     zones_of, allocatable_of)
+            except BadObject as exc:
+                result = str(exc)
+        if key is not None:
+            kept[name] = (key, mine_pending, mine_zones, result)
+        if isinstance(result, str):
+            left_out[name] = result
             continue
-        out.append(Node(name=name, labels=base.labels, taints=base.taints,
-                        unschedulable=base.unschedulable, free=a.resources(), capacity=alloc,
-                        zones=zones, gpu_model=base.gpu_model, free_pods=max(0, a.pods)))
-        empty.append(Node(name=name, labels=base.labels, taints=base.taints,
-                          unschedulable=base.unschedulable, free=alloc, capacity=alloc,
-                          zones=zones_empty, gpu_model=base.gpu_model, free_pods=max_pods))
+        out.append(result[0])
+        empty.append(result[1])
+    if memo is not None:
+        memo.clear()
+        memo.update(kept)
     out.sort(key=lambda n: n.name)
     empty.sort(key=lambda n: n.name)
     return ClusterView(nodes=tuple(out), empty=tuple(empty), gpu_mix=gpu_mix), left_out
 
 
-def _zone_after(node: str, zone: Zone, on_zone: Mapping[tuple[str, int], list[Resources]]) -> Zone:
-    for r in on_zone.get((node, zone.numa), ()):
-        zone = _less_zone(zone, r)
+def _memo_key(meta: Mapping[str, Any], topo: Mapping[str, Any] | None,
+              pods_version: int) -> tuple[Any, ...] | None:
+    """What a node's figures are computed from besides the ledger; None when an object carries no
+    version (then they are worked out every time)."""
+    rv = meta.get("resourceVersion")
+    if not rv:
+        return None
+    if topo is None:
+        return (meta.get("uid"), rv, None, None, pods_version)
+    topo_meta = _map(topo.get("metadata"))
+    if not topo_meta.get("resourceVersion"):
+        return None
+    return (meta.get("uid"), rv, topo_meta.get("uid"), topo_meta.get("resourceVersion"), pods_version)
+
+
+def _node_views(obj: Mapping[str, Any], name: str, meta: Mapping[str, Any], topo: Mapping[str, Any] | None,
+                use: NodeUse, pending: list[Entry], on_zone: list[Entry],
+                zones_of: Callable[[Mapping[str, Any]], tuple[tuple[Zone, ...], tuple[Zone, ...]]],
+                allocatable_of: Callable[[Mapping[str, Any]], tuple[Resources, int]]) -> tuple[Node, Node]:
+    """The node as the engine sees it now, and empty; BadObject when it is left out."""
+    if not _ready(obj):
+        raise BadObject("NotReady")
+    if use.bad:
+        raise BadObject(use.bad)
+    spec = _map(obj.get("spec"))
+    alloc, max_pods = allocatable_of(obj)
+    labels = {str(k): str(v) for k, v in _map(meta.get("labels")).items()}
+    zones: tuple[Zone, ...] = ()
+    zones_empty: tuple[Zone, ...] = ()
+    if topo is not None:
+        if _stale(topo, str(meta.get("uid") or "")):
+            raise BadObject("stale NRT: its owner is another Node uid")
+        zones, zones_empty = zones_of(topo)
+    zones = tuple(_zone_after(z, on_zone) for z in zones)
+    a = _Amounts(cpu=alloc.cpu_milli, memory=alloc.memory, gpus=alloc.gpus, pods=max_pods,
+                 hugepages=dict(alloc.hugepages), mig=dict(alloc.mig))
+    a.add(use.requests, -1)
+    a.pods -= use.pods
+    for e in pending:
+        a.add(e.request, -1)
+        a.pods -= 1
+    taints, unschedulable = _taints(spec), bool(spec.get("unschedulable"))
+    gpu_model = labels.get(GPU_PRODUCT_LABEL, "")
+    return (Node(name=name, labels=labels, taints=taints, unschedulable=unschedulable, free=a.resources(),
+                 capacity=alloc, zones=zones, gpu_model=gpu_model, free_pods=max(0, a.pods)),
+            Node(name=name, labels=labels, taints=taints, unschedulable=unschedulable, free=alloc,
+                 capacity=alloc, zones=zones_empty, gpu_model=gpu_model, free_pods=max_pods))
+
+
+def _zone_after(zone: Zone, on_zone: list[Entry]) -> Zone:
+    for e in on_zone:
+        if e.zone == zone.numa:
+            zone = _less_zone(zone, e.request)
     return zone
