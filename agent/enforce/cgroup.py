@@ -265,6 +265,21 @@ def read_procs(layout: CgroupLayout, rel: str) -> list[int]:
         raise EnforcementError("unparsable cgroup.procs", layout.abspath(rel)) from exc
 
 
+def at_own_namespace_root(proc_cgroup: str = "/proc/self/cgroup") -> bool:
+    """Whether this process sits at the root of its cgroup v2 namespace (`0::/`), as a container does
+    that its runtime gave a private cgroup namespace (containerd and runc do on v2).
+
+    Where the v2 hierarchy is mounted with nsdelegate (systemd always mounts it so), the kernel
+    refuses this process every write to that cgroup's files (EPERM), its cpuset included.
+    """
+    try:
+        with open(proc_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    return "0::/" in lines
+
+
 def move_pid(layout: CgroupLayout, rel: str, pid: int) -> None:
     """Move process `pid` (all its threads) into cgroup `rel`."""
     if pid <= 0:

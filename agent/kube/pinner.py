@@ -24,6 +24,7 @@ warned pod is forgotten first); a pod's are forgotten when it goes.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 
 from agent.alloc.request import Request
 from agent.enforce import CgroupDriver, container_cgroup_path, exists
+from agent.enforce.cgroup import at_own_namespace_root, read_procs
 from agent.enforce.state import Owner, State
 from agent.errors import AllocationError, EnforcementError, TopoletError
 from agent.kube.pods import REASON_INVALID, ContainerPlan, PodPlan, PodWarning
@@ -154,6 +156,9 @@ class PodPinner:
         self.refusals: dict[tuple[str, str], str] = {}
         self.warnings = warnings if warnings is not None else WarningLimiter()
         self.driver: CgroupDriver | None = self._detect_driver()
+        self._at_namespace_root = at_own_namespace_root()
+        self._own: str | None = None  # the agent's own container cgroup, once found (_own_cgroup)
+        self._not_own: set[str] = set()  # cgroups looked at that do not hold the agent
 
     # -- cgroups ---------------------------------------------------------------------------------
 
@@ -226,7 +231,38 @@ class PodPinner:
             self.pending |= self.unsatisfied
 
     def _set_shared(self) -> None:
-        self.engine.extra_shared = frozenset(self.shared.values())
+        shared = frozenset(self.shared.values())
+        own = self._own_cgroup(shared)
+        self.engine.extra_shared = shared - {own} if own is not None else shared
+
+    def _own_cgroup(self, candidates: frozenset[str]) -> str | None:
+        """The agent's own container cgroup among `candidates`, when the kernel refuses it our writes.
+
+        In a private cgroup namespace on v2 (the DaemonSet's pod under containerd) that cgroup is the
+        namespace's root, whose files nsdelegate keeps from the processes inside: every pool write
+        there would fail the whole pass, so the agent's own container keeps the CPUs its runtime gave
+        it.  It is found once, by our pid in its cgroup.procs (the kernel shows other containers'
+        processes as 0 to a reader in its own pid namespace).
+        """
+        if self._own is not None:
+            return self._own if self._own in candidates else None
+        if self.engine.layout.version != 2 or not self._at_namespace_root:
+            return None
+        me = os.getpid()
+        self._not_own &= candidates  # bounded by the pods of now, not of the agent's lifetime
+        for rel in sorted(candidates - self._not_own):
+            try:
+                found = me in read_procs(self.engine.layout, rel)
+            except EnforcementError:
+                continue  # gone meanwhile
+            if not found:
+                self._not_own.add(rel)  # our process never moves: no need to look again
+            else:
+                self._own = rel
+                log.info("leaving %s on its own CPUs: the agent's container, whose cpuset the kernel "
+                         "keeps from it (cgroup namespace root under nsdelegate)", rel)
+                return rel
+        return None
 
     def forget(self, uid: str) -> None:
         """A pod the API says is gone: free its CPUs, drop its containers from the pool set."""
