@@ -68,6 +68,7 @@ PODSET_LABEL = "kueue.x-k8s.io/podset"  # Kueue labels each pod with its pod set
 WRITERS = 16  # decisions written at once
 FAILED_WRITE_PAUSE_SECONDS = 1.0  # before a Workload whose write failed is decided again
 Held = tuple[str, AdmissionRecord, Callable[[], Resources]]  # one pod set's entry in the ledger
+HoldKey = tuple[str, str, str, bool, tuple[tuple[str, str], ...]]  # see KueueCheck._holds
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,11 @@ class KueueCheck:
         self._indexed: dict[str, bool] = {}  # owner Job uid -> completionMode Indexed (immutable)
         self._fetching: set[str] = set()  # owner Job uids being read ahead (_read_ahead)
         self._unreadable: set[tuple[str, str]] = set()  # (uid, resourceVersion) logged once
+        # A Ready Workload's ledger entries and pod slots (`_held_now`) by (uid, resourceVersion, check,
+        # Job indexed, its pods' (uid, resourceVersion)): a pass on a big queue reads them from here.
+        # `_holds_read` collects those read this pass, which replace `_holds` at its end.
+        self._holds: dict[HoldKey, tuple[list[Held], dict[str, tuple[str, str]]]] = {}
+        self._holds_read: dict[HoldKey, tuple[list[Held], dict[str, tuple[str, str]]]] = {}
         self.changed = changed
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="kueue-write")
         # Workload uid -> the ledger entries of the decision being written for it ([] for Retry and
@@ -202,6 +208,7 @@ class KueueCheck:
                 continue
             held = workloads.holding(wl, names)
             if held is not None:
+                self._due_at.pop(str(metadata_of(wl).get("uid")), None)  # (a late event of its Pending)
                 self._hold(wl, held, by_owner.get(workloads.owner_uid(wl) or "", []), round_)
                 continue
             check = workloads.to_decide(wl, names)
@@ -218,6 +225,7 @@ class KueueCheck:
         live = {(str(metadata_of(wl).get("uid")), str(metadata_of(wl).get("resourceVersion")))
                 for wl in every}
         self._unreadable &= live  # bounded by the Workloads there are
+        self._holds, self._holds_read = self._holds_read, {}
         uids = {uid for uid, _ in live}
         for uid in [u for u in list(self._due_at) if u not in uids]:
             self._due_at.pop(uid, None)
@@ -234,8 +242,10 @@ class KueueCheck:
         """Every Workload event calls for a pass; one that leaves a Workload waiting for our decision
         also sets `due` (runs on the watch thread)."""
         if kind != "DELETED" and self._names and workloads.to_decide(wl, self._names) is not None:
-            self._due_at.setdefault(str(metadata_of(wl).get("uid")), time.monotonic())
-            self.due.set()
+            uid = str(metadata_of(wl).get("uid"))
+            if uid not in self._inflight:  # (its decision is being written: no pass decides it now)
+                self._due_at.setdefault(uid, time.monotonic())
+                self.due.set()
         return True
 
     def _read_ahead(self, wl: Mapping[str, Any]) -> None:
@@ -261,6 +271,24 @@ class KueueCheck:
             self._fetching.discard(uid)
 
     def _hold(self, wl: dict[str, Any], check: str, pods: list[Mapping[str, Any]], round_: Round) -> None:
+        """Add a Ready Workload's ledger entries and its pods' slots to the round: worked out again only
+        when the Workload, one of its pods or what is known of its Job changed (see `_holds`)."""
+        meta = metadata_of(wl)
+        indexed = self._indexed.get(workloads.owner_uid(wl) or "", False)
+        version = (str(meta.get("uid")), str(meta.get("resourceVersion")), check, indexed,
+                   tuple(sorted((str(metadata_of(p).get("uid")), str(metadata_of(p).get("resourceVersion")))
+                                for p in pods)))
+        held = self._holds.get(version)
+        if held is None:
+            held = self._held_now(wl, check, pods, indexed)
+        self._holds_read[version] = held
+        round_.admitted.extend(held[0])
+        round_.pod_slots.update(held[1])
+
+    def _held_now(self, wl: dict[str, Any], check: str, pods: list[Mapping[str, Any]], indexed: bool
+                  ) -> tuple[list[Held], dict[str, tuple[str, str]]]:
+        """A Ready Workload's ledger entries, and the slot each of its live pods holds (pod uid -> (gang
+        key, slot)); none when its state cannot be read (said once per Workload version)."""
         state = workloads.check_state(wl, check) or {}
         try:
             records = workloads.records_of_state(wl, state)
@@ -269,15 +297,16 @@ class KueueCheck:
             if version not in self._unreadable:
                 self._unreadable.add(version)
                 log.warning("Workload %s: %s; its capacity is not counted", object_key(wl), exc)
-            return
-        indexed = self._indexed.get(workloads.owner_uid(wl) or "", False)
-        for key, record, requests in _entries(wl, records):
-            round_.admitted.append((key, record, requests))
+            return [], {}
+        entries = _entries(wl, records)
+        slots: dict[str, tuple[str, str]] = {}
+        for key, record, _ in entries:
             pod_set = key.rsplit("/", 1)[1]
             mine = pods if len(records) == 1 else [
                 p for p in pods if as_dict(metadata_of(p).get("labels")).get(PODSET_LABEL) == pod_set]
             assignment = placing.assign_slots(record.slots, mine, indexed)
-            round_.pod_slots.update({uid: (key, str(slot)) for uid, slot in assignment.held.items()})
+            slots.update({uid: (key, str(slot)) for uid, slot in assignment.held.items()})
+        return entries, slots
 
     # -- deciding -------------------------------------------------------------------------------------
 
