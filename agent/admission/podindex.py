@@ -111,9 +111,12 @@ class PodIndex:
             rv = meta.get("resourceVersion")
             facts = facts_of.get(key)
             if facts is None or facts.version is None or facts.version != rv or facts.seen == stamp:
-                if facts is not None:
-                    self._leave(key, facts)
+                old = facts
                 facts = _read(pod, rv if isinstance(rv, str) and rv else None)
+                if old is not None:
+                    self._leave(key, old)
+                    if old.requests_read and _same_requests(old.pod, pod):  # most new versions: a bind
+                        facts.requests, facts.requests_read = old.requests, True
                 facts_of[key] = facts
                 self._join(key, facts)
             facts.seen = stamp
@@ -187,6 +190,12 @@ class PodIndex:
             n.members.pop(key, None)
             if not n.members:
                 del self._nodes[facts.node]
+
+
+def _same_requests(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """The parts of the pod spec its requests come from are equal (a resize changes them)."""
+    a, b = _map(old.get("spec")), _map(new.get("spec"))
+    return all(a.get(k) == b.get(k) for k in ("containers", "initContainers", "overhead"))
 
 
 def _read(pod: Mapping[str, Any], version: str | None) -> PodFacts:

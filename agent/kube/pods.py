@@ -36,6 +36,7 @@ The rules (DESIGN.md "Pods"; the node's kubelet runs `cpuManagerPolicy: none`, s
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -126,6 +127,11 @@ def parse_quantity(text: object) -> Fraction | None:
     """A Kubernetes quantity ("2", "1500m", "1Gi", "1e3") as an exact fraction; None if malformed."""
     if isinstance(text, bool) or not isinstance(text, (str, int)):
         return None
+    return _parse_quantity(text)
+
+
+@functools.lru_cache(maxsize=4096)  # a cluster's pods repeat a few quantities over and over
+def _parse_quantity(text: str | int) -> Fraction | None:
     s = str(text).strip()
     m = _QUANTITY_RE.fullmatch(s)
     if m is None:

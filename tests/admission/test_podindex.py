@@ -131,3 +131,26 @@ def test_memoised_view_matches_a_fresh_build_through_random_changes() -> None:
                                     memo=memo)
         assert (kept, kept_out) == (fresh, fresh_out), f"step {step}"
         assert ledger.settle(nrts, pods, 0.0, index=index) == ledger.settle(nrts, pods, 0.0), f"step {step}"
+
+
+def test_requests_are_read_again_only_when_the_spec_changed() -> None:
+    calls: list[str] = []
+
+    def counted(pod: dict[str, Any]) -> Resources | None:
+        calls.append(pod["metadata"]["name"])
+        return pod_requests(pod)
+
+    pod = versioned(pod_obj("a", None, [{"cpu": "1"}]), 1)
+    index = PodIndex(counted, agent_pins).update([pod], job_slot)
+    bound = versioned(copy.deepcopy(pod), 2)
+    bound["spec"]["nodeName"] = "n1"
+    index.update([bound], job_slot)
+    assert index.used("n1").requests.cpu_milli == 1000
+    assert calls == ["a"]  # read once: nothing was read of the unbound version
+    resized = versioned(copy.deepcopy(bound), 3)
+    resized["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "2"
+    index.update([resized], job_slot)
+    assert index.used("n1").requests.cpu_milli == 2000 and calls == ["a", "a"]
+    again = versioned(copy.deepcopy(resized), 4)  # a status update: the same spec
+    index.update([again], job_slot)
+    assert index.used("n1").requests.cpu_milli == 2000 and calls == ["a", "a"]
