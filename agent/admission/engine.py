@@ -301,7 +301,7 @@ class _Index:
 
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.nodes = list(nodes)
-        self.states = [_State.of(n) for n in nodes]
+        self.states = [_state_of(n, _STATES_PER_NODE * len(nodes)) for n in nodes]
         self.zkeys = sorted((z.cpu_milli, i, p) for i, n in enumerate(nodes)
                             for p, z in enumerate(n.zones))
         self.nkeys = sorted((n.free.cpu_milli, i) for i, n in enumerate(nodes))
@@ -333,6 +333,21 @@ class _Index:
 
 
 _cache: dict[int, tuple[object, _Index]] = {}
+# Node states by node identity: a caller that builds each view from the unchanged Node objects of the
+# last one (the controller's passes) does not work them out again.  States are never mutated once
+# stored, so indexes may share them.  Emptied when it outgrows a few views' worth.
+_states: dict[int, tuple[Node, _State]] = {}
+_STATES_PER_NODE = 4
+
+
+def _state_of(node: Node, limit: int) -> _State:
+    hit = _states.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    if len(_states) >= limit:
+        _states.clear()
+    state = _states[id(node)] = (node, _State.of(node))
+    return state[1]
 
 
 def _index(key: object, nodes: Sequence[Node]) -> _Index:
