@@ -1,10 +1,12 @@
 """Fixtures for the real-node tests: a real kubelet, containerd and runc here (tests/realnode/node.py).
 
-`real_node` (module scope) is a `RealNode` with `cpuManagerPolicy: none` registered with the session's
-test cluster (`cluster_session`: its own control plane, kube-controller-manager, kube-scheduler);
-`realnode_parts` the binaries and image.  They need root, writable cgroups, the Debian packages of
-`make deps` (containerd, runc, containernetworking-plugins, busybox-static) and the kubelet build:
-without them the tests skip, and fail under CI=true.
+`real_node` (module scope) is a `RealNode` with `cpuManagerPolicy: none` registered with
+`realnode_cluster`: the session's test cluster (`cluster_session`: its own control plane,
+kube-controller-manager, kube-scheduler), or, with TOPOLET_REALNODE_CLUSTER set, the cluster another
+machine runs (tests/realnode/remote.py: the host of tests/vm's cgroup v2 guest, which runs these tests
+with only the node inside).  `realnode_parts` are the binaries and image.  They need root, writable
+cgroups, the Debian packages of `make deps` (containerd, runc, containernetworking-plugins,
+busybox-static) and the kubelet build: without them the tests skip, and fail under CI=true.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from tests.conftest import require
 from tests.controlplane.cluster import Cluster
 from tests.controlplane.fixtures import api, cluster, cluster_session, namespace
 from tests.realnode.node import RealNode, RealNodeError, RealNodeParts, find_parts
+from tests.realnode.remote import attach, forward_api, load_remote, remote_parts
 
-__all__ = ["api", "cluster", "cluster_session", "namespace", "pods", "realnode_parts", "real_node"]
+__all__ = ["api", "cluster", "cluster_session", "namespace", "pods", "realnode_cluster", "realnode_parts",
+           "real_node"]
 
 _parts: RealNodeParts | None = None
 _parts_failure: str | None = None
@@ -31,13 +35,31 @@ def realnode_parts() -> RealNodeParts:
     global _parts, _parts_failure
     require(os.geteuid() == 0, "a real node needs root (cgroups, mounts, network namespaces)")
     if _parts is None and _parts_failure is None:
+        remote = load_remote()
         try:
-            _parts = find_parts()
+            _parts = find_parts() if remote is None else remote_parts(remote)
         except RealNodeError as exc:
             _parts_failure = str(exc)
     require(_parts is not None, f"no real node: {_parts_failure}")
     assert _parts is not None
     return _parts
+
+
+@pytest.fixture(scope="session")
+def realnode_cluster(request: pytest.FixtureRequest,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The cluster the real nodes join: `cluster_session`, or the remote one (TOPOLET_REALNODE_CLUSTER),
+    its API server carried to this machine's loopback for the session."""
+    remote = load_remote()
+    if remote is None:
+        yield request.getfixturevalue("cluster_session")
+        return
+    workdir = tmp_path_factory.mktemp("remote-cluster")
+    forwarder = forward_api(remote, workdir / "api-forward.log")
+    try:
+        yield attach(remote, workdir)
+    finally:
+        forwarder.stop()
 
 
 def start_node(cluster: Cluster, parts: RealNodeParts, **kw: str) -> RealNode:
@@ -73,9 +95,9 @@ def pods_deleted_after(node: RealNode) -> Iterator[list[str]]:
 
 
 @pytest.fixture(scope="module")
-def real_node(cluster_session: Cluster, realnode_parts: RealNodeParts) -> Iterator[RealNode]:
+def real_node(realnode_cluster: Cluster, realnode_parts: RealNodeParts) -> Iterator[RealNode]:
     """A real node with `cpuManagerPolicy: none`, stopped (everything cleaned up) after the module."""
-    yield from running_node(cluster_session, realnode_parts)
+    yield from running_node(realnode_cluster, realnode_parts)
 
 
 @pytest.fixture

@@ -65,6 +65,7 @@ BASE = Path("/run/topolet-realnode")
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 READY_TIMEOUT_S = 120.0
+IMPORT_TIMEOUT_S = 600.0
 MNT_DETACH = 2
 # What the kubelet's container manager sets at start (pkg/kubelet/cm/container_manager_linux.go,
 # setupKernelTunables); in the node's mount namespace these files already say so.
@@ -72,10 +73,20 @@ KUBELET_SYSCTLS = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/
                    "kernel/panic_on_oops": "1", "kernel/keys/root_maxkeys": "1000000",
                    "kernel/keys/root_maxbytes": "25000000"}
 SHIM_SOCKETS = "/run/containerd/s/"  # containerd 1.6 puts every shim's socket here, whatever its state dir
+# Where milestone() appends `<name> <CLOCK_MONOTONIC seconds>` lines (tests/vm times the guest's node).
+MILESTONES_ENV = "TOPOLET_REALNODE_MILESTONES"
 
 
 class RealNodeError(ControlPlaneError):
     """A part of the real node is missing or did not come up (its log's tail in the message)."""
+
+
+def milestone(name: str) -> None:
+    """Note that `name` was reached now, in the file TOPOLET_REALNODE_MILESTONES names (if any)."""
+    path = os.environ.get(MILESTONES_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{name} {time.monotonic():.3f}\n")
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,17 @@ def _v1_cpuset_mount() -> Path | None:
         if (h / "cpuset.cpus").exists() and (h / "tasks").exists():
             return h
     return None
+
+
+def root_is_initramfs(mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether / is the kernel's own rootfs, an initramfs never switched away from (tests/vm's guest):
+    pivot_root(2) refuses to move it, so runc must enter its containers' roots without it."""
+    with open(mountinfo) as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == "/":
+                return fields[fields.index("-") + 1] == "rootfs"
+    return False
 
 
 def _kill_pids(pids: set[int]) -> None:
@@ -300,10 +322,13 @@ class RealNode:
             self._start_namespace()
             self._write_containerd_config()
             self.start_containerd()
+            milestone("containerd answering")
             self._ctr("images", "import", str(self.parts.image))
             self._write_kubelet_config()
             self.start_kubelet()
+            milestone("kubelet healthy")
             self.wait_ready()
+            milestone("node ready")
         except BaseException:
             self.stop()
             raise
@@ -323,11 +348,22 @@ class RealNode:
     def _make_cgroup_root(self) -> None:
         for h in hierarchies():
             path = h / self.cgroup_name
+            if (h / "cgroup.subtree_control").exists():
+                # v2: the kubelet accepts a cgroup root only when it has every controller the machine
+                # has (on a hybrid host's unified hierarchy there are none to enable).
+                wanted = (h / "cgroup.controllers").read_text().split()
+                enabled = (h / "cgroup.subtree_control").read_text().split()
+                missing = " ".join(f"+{c}" for c in wanted if c not in enabled)
+                if missing:
+                    (h / "cgroup.subtree_control").write_text(missing)
             path.mkdir()
             if (path / "cpuset.cpus").exists():
-                # A v1 cpuset starts empty and its children copy it: give it the whole machine.
+                # A v1 cpuset starts empty and its children copy it; a v2 one reads empty though it
+                # inherits: give it the whole machine, which is what the tests read back as the node's.
+                v1 = (h / "cpuset.effective_cpus").exists()
                 for f in ("cpus", "mems"):
-                    (path / f"cpuset.{f}").write_text((h / f"cpuset.effective_{f}").read_text())
+                    source = h / (f"cpuset.effective_{f}" if v1 else f"cpuset.{f}.effective")
+                    (path / f"cpuset.{f}").write_text(source.read_text())
 
     def _start_namespace(self) -> None:
         """The holder of the node's mount namespace, the kubelet's kernel settings bound in it."""
@@ -471,6 +507,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         BinaryName = "{self.parts.runc}"
         Root = "{d}/runc"
         SystemdCgroup = false
+        NoPivotRoot = {str(root_is_initramfs()).lower()}
 """)
 
     def _write_kubelet_config(self) -> None:
@@ -501,9 +538,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     # ---- tools -----------------------------------------------------------------------------------
 
-    def _ctr(self, *args: str) -> str:
+    def _ctr(self, *args: str, timeout: float = 120.0) -> str:
         done = subprocess.run([self.parts.ctr, "--address", str(self.containerd_socket), "-n", "k8s.io",
-                               *args], capture_output=True, text=True, timeout=120, check=False)
+                               *args], capture_output=True, text=True, timeout=timeout, check=False)
         if done.returncode != 0:
             raise RealNodeError(f"ctr {' '.join(args)} failed: {done.stderr.strip()}")
         return done.stdout
@@ -724,7 +761,9 @@ def image_build_lock() -> Iterator[None]:
     import fcntl
 
     with open(lock) as f:
-        fcntl.flock(f, fcntl.LOCK_SH)
+        # A read-only 9p share (tests/vm's guest) may refuse locks: no build runs there meanwhile.
+        with contextlib.suppress(OSError):
+            fcntl.flock(f, fcntl.LOCK_SH)
         yield
 
 
@@ -797,9 +836,14 @@ class DaemonSetAgent:
     start() imports the image, starts a DaemonSet controller, `kubectl apply -k`s the overlay and waits
     for the pod to run; stop() deletes the DaemonSet and the namespace."""
 
-    def __init__(self, node: RealNode, env: dict[str, str]) -> None:
+    def __init__(self, node: RealNode, env: dict[str, str], *, kubectl: Path | None = None,
+                 start_controller: bool = True) -> None:
+        """`kubectl` None: build.sh's; `start_controller` False where another machine runs the cluster's
+        DaemonSet controller (tests/realnode/remote.py)."""
         self.node = node
         self.env = env
+        self.kubectl = kubectl
+        self.start_controller = start_controller
         self.pod: dict[str, Any] | None = None
         self._controller: _Process | None = None
         self._kubectl: Any = None
@@ -809,9 +853,12 @@ class DaemonSetAgent:
 
         node = self.node
         with image_build_lock():
-            node._ctr("images", "import", self.env["IMAGE_ARCHIVE"])
-        self._controller = start_daemonset_controller(node.cluster)
-        self._kubectl = Kubectl(build_kubectl(), node.cluster.plane.kubeconfig)
+            # Minutes under emulation (tests/vm's guest): 220 MB read, hashed and unpacked.
+            node._ctr("images", "import", self.env["IMAGE_ARCHIVE"], timeout=IMPORT_TIMEOUT_S)
+        milestone("agent image imported")
+        if self.start_controller:
+            self._controller = start_daemonset_controller(node.cluster)
+        self._kubectl = Kubectl(self.kubectl or build_kubectl(), node.cluster.plane.kubeconfig)
         overlay = write_overlay(node.dir / "overlay", node, self.env["IMAGE_REF"], free_port())
         self._kubectl.run("apply", "-k", str(overlay))
 
@@ -824,6 +871,7 @@ class DaemonSetAgent:
             return bool(found)
 
         node._wait(running, "the DaemonSet's pod running on the real node", None, timeout=180)
+        milestone("daemonset pod running")
         self.pod = found[0]
         return self.pod
 
@@ -853,7 +901,12 @@ class DaemonSetAgent:
         if self._kubectl is None:
             return ""
         done = self._kubectl.run("logs", "-n", AGENT_NS, "daemonset/topolet-agent", "--tail=60", check=False)
-        return f"--- DaemonSet agent ---\n{done.stdout}{done.stderr}"
+        if done.returncode == 0:
+            return f"--- DaemonSet agent ---\n{done.stdout}"
+        # The API server cannot reach a kubelet in a guest: read the container's log files there.
+        files = sorted((self.node.dir / "pod-logs").glob(f"{AGENT_NS}_*/agent/*.log"))
+        tails = "".join(f"{f}:\n{f.read_text(errors='replace')[-4000:]}" for f in files)
+        return f"--- DaemonSet agent ---\n{done.stderr}{tails}"
 
     def stop(self) -> None:
         if self._kubectl is not None:

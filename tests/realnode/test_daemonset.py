@@ -4,6 +4,8 @@ The overlay (tests/realnode/node.py: write_overlay) is daemonset/ with its local
 image imported with `ctr -n k8s.io images import`, adapted to this test machine and nothing else.
 The cluster's kube-controller-manager runs no DaemonSet controller, so the test starts a second one
 with only `daemonset-controller` (same identity and flags); the real kube-scheduler binds the pod.
+tests/vm/test_guest_realnode.py runs this module on cgroup v2, the node in a qemu guest and the
+cluster (and that DaemonSet controller) on its host.
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from agent.enforce.state import StateFile
+from agent.topology.cpuset import CPUSet
 from tests.conftest import require
 from tests.kube.kubelet_standin import wait_for
 from tests.realnode.node import (
@@ -25,8 +30,18 @@ from tests.realnode.node import (
     container_id,
     cpuset_of,
     image_env,
+    milestone,
+    proc_affinity,
 )
-from tests.realnode.test_realnode import all_cpus, exclusive_cpus, get_pod, nrt_available_cpus, run
+from tests.realnode.remote import load_remote
+from tests.realnode.test_realnode import (
+    all_cpus,
+    delete_pod,
+    exclusive_cpus,
+    get_pod,
+    nrt_available_cpus,
+    run,
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +49,10 @@ def daemonset(real_node: RealNode) -> Iterator[DaemonSetAgent]:
     """The DaemonSet applied with `kubectl apply -k` and its pod Running on the real node."""
     env = image_env()
     require(bool(env), f"no agent image: {IMAGE_ENV} missing (make image)")
-    agent = DaemonSetAgent(real_node, env)
+    remote = load_remote()
+    agent = (DaemonSetAgent(real_node, env) if remote is None else
+             DaemonSetAgent(real_node, env, kubectl=Path(remote.kubectl),
+                            start_controller=not remote.daemonset_controller))
     try:
         agent.start()
         yield agent
@@ -46,7 +64,8 @@ def daemonset(real_node: RealNode) -> Iterator[DaemonSetAgent]:
 def test_daemonset_pod_publishes_and_pins_on_the_real_node(real_node: RealNode, daemonset: DaemonSetAgent,
                                                            pods: list[str]) -> None:
     """The DaemonSet's pod (the built image) publishes the NRT and labels and pins a Guaranteed pod in
-    runc's cgroup; killing its container loses no allocation."""
+    runc's cgroup while the shared pool shrinks; killing its container, restarting the kubelet and
+    restarting containerd lose no allocation and assign nothing twice; deleting the pod frees its CPU."""
     everything = all_cpus(real_node)
     wait_for(lambda: nrt_available_cpus(real_node) == len(everything), "the NRT from the DaemonSet's pod")
     with real_node.api() as api:
@@ -55,9 +74,17 @@ def test_daemonset_pod_publishes_and_pins_on_the_real_node(real_node: RealNode, 
     labels = features[0]["spec"]["labels"]
     assert labels.get("topolet.io/numa.nodes") == "1"
 
+    _, shared_pid = run(real_node, pods, "pool-of-daemonset", cpu="100m", limits=False)
     pod, pid = run(real_node, pods, "pinned-by-daemonset")
     pinned = wait_for(lambda: exclusive_cpus(pid), "the DaemonSet's agent to pin the pod")
-    assert cpuset_of(pid)[0].name == container_id(pod)
+    milestone("pod pinned")
+    # Written in the cgroup runc made for the container: kubepods/pod<uid>/<container id>.
+    folder, _ = cpuset_of(pid)
+    uid = pod["metadata"]["uid"]
+    assert folder == real_node.cpuset_root / "kubepods" / f"pod{uid}" / str(container_id(pod))
+    assert CPUSet.parse(proc_affinity(pid)) == pinned
+    wait_for(lambda: CPUSet.parse(cpuset_of(shared_pid)[1]) == everything - pinned, "the pool to shrink")
+    assert not CPUSet.parse(proc_affinity(shared_pid)) & pinned
     wait_for(lambda: nrt_available_cpus(real_node) == len(everything) - 1, "the NRT to count it")
 
     # Kill the agent's container: the kubelet restarts it, from the state on the host path.
@@ -75,3 +102,24 @@ def test_daemonset_pod_publishes_and_pins_on_the_real_node(real_node: RealNode, 
     time.sleep(3.0)
     assert exclusive_cpus(pid) == pinned
     wait_for(lambda: nrt_available_cpus(real_node) == len(everything) - 1, "the NRT after the restart")
+
+    # Restarting the kubelet, then containerd, keeps the pin (the container runs on under its shim)
+    # and assigns no CPU twice.
+    agent_state = StateFile(str(real_node.dir / "agent-state"))
+    for what, restart in (("a kubelet restart", real_node.restart_kubelet),
+                          ("a containerd restart", real_node.restart_containerd)):
+        restart()
+        real_node.wait_ready()
+        time.sleep(3.0)  # a few of the agent's reconcile passes (1 s)
+        assert real_node.task_pids().get(str(container_id(pod))) == pid, f"container restarted by {what}"
+        assert exclusive_cpus(pid) == pinned, what
+        assert CPUSet.parse(cpuset_of(shared_pid)[1]) == everything - pinned, what
+        held = [a.cpus for a in agent_state.load(missing_ok=True).allocations]
+        assert held == [pinned], f"after {what}: {held}"
+    milestone("restarts survived")
+
+    with real_node.api() as api:
+        delete_pod(api, "pinned-by-daemonset")
+        wait_for(lambda: get_pod(api, "pinned-by-daemonset") is None, "the pinned pod gone")
+    wait_for(lambda: CPUSet.parse(cpuset_of(shared_pid)[1]) == everything, "the pool to grow back")
+    wait_for(lambda: nrt_available_cpus(real_node) == len(everything), "the NRT to free the CPU")

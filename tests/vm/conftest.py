@@ -1,4 +1,5 @@
-"""What the guest tests share: one boot that runs a pytest selection inside, and its JUnit read back."""
+"""What the guest tests share: one boot that runs a pytest selection inside, its JUnit read back, and the
+session's test cluster."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import require
+from tests.controlplane.fixtures import cluster_session
 from tests.vm.guest import GuestRun, run_in_guest
+
+# The test cluster of tests/vm/test_guest_realnode.py, whose node runs in the guest.
+__all__ = ["boot_and_run", "cluster_session", "junit_outcomes"]
 
 
 def boot_and_run(selection: list[str], tmp_path_factory: pytest.TempPathFactory,
