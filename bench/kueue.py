@@ -37,6 +37,7 @@ work there.  Quick run: `--nodes 20 --gangs 40`.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
 import sys
@@ -241,6 +242,14 @@ def run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
             ready = admits.ready.get(j, pending)
             steps[j] = (reserved - created[j], pending - reserved, ready - pending,
                         admits.admitted[j] - ready)
+        if KEEP_LOGS is not None:  # each Workload's times (Unix seconds), to set beside the logs
+            wall = time.time() - time.monotonic()
+            dest = KEEP_LOGS / workdir.name
+            dest.mkdir(parents=True, exist_ok=True)
+            (dest / "workloads.json").write_text(json.dumps({
+                j: {"created": created[j] + wall, **{step: seen[j] + wall for step, seen in (
+                    ("reserved", admits.reserved), ("pending", admits.pending), ("ready", admits.ready),
+                    ("admitted", admits.admitted)) if j in seen}} for j in latencies}, indent=1))
         aligned = _replay(cluster, objects, topos)
         return Run(name, len(stream), len(latencies), latencies, steps, want, len(binds.bound), aligned)
     except BaseException:
@@ -280,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"Kueue's Job and Workload reconcilers, both runs (default {DEFAULT_WORKERS}; "
                              "upstream's manager config: 5)")
     parser.add_argument("--keep-logs", type=Path, default=None,
-                        help="copy each run's Kueue, controller and cluster logs here")
+                        help="copy each run's Kueue, controller and cluster logs here, and each "
+                             "Workload's step times (workloads.json)")
     args = parser.parse_args(argv)
     global KEEP_LOGS
     KEEP_LOGS = args.keep_logs
