@@ -82,7 +82,7 @@ def running_node(cluster: Cluster, parts: RealNodeParts, **kw: str) -> Iterator[
 def pods_deleted_after(node: RealNode) -> Iterator[list[str]]:
     """A fixture's body: a list the test adds the names of its pods in `default` to; they are deleted
     (and waited for) after it."""
-    from tests.kube.kubelet_standin import wait_for
+    from tests.realnode.node import wait
     from tests.realnode.test_realnode import delete_pod, get_pod
 
     names: list[str] = []
@@ -91,7 +91,7 @@ def pods_deleted_after(node: RealNode) -> Iterator[list[str]]:
         for name in names:
             delete_pod(api, name)
         for name in names:
-            wait_for(lambda n=name: get_pod(api, n) is None, f"pod {name} gone")
+            wait(lambda n=name: get_pod(api, n) is None, f"pod {name} gone")
 
 
 @pytest.fixture(scope="module")

@@ -75,10 +75,31 @@ KUBELET_SYSCTLS = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/
 SHIM_SOCKETS = "/run/containerd/s/"  # containerd 1.6 puts every shim's socket here, whatever its state dir
 # Where milestone() appends `<name> <CLOCK_MONOTONIC seconds>` lines (tests/vm times the guest's node).
 MILESTONES_ENV = "TOPOLET_REALNODE_MILESTONES"
+# "1" where the node runs under emulation (tests/vm's guest under TCG): see emulated().
+EMULATED_ENV = "TOPOLET_REALNODE_EMULATED"
+# Under emulation: waits this many times longer, polled this seldom (each poll of the API or of
+# `ctr` costs the emulated CPUs the node itself needs).
+EMULATED_SLACK = 4.0
+EMULATED_POLL_S = 1.0
 
 
 class RealNodeError(ControlPlaneError):
     """A part of the real node is missing or did not come up (its log's tail in the message)."""
+
+
+def emulated() -> bool:
+    """Whether the node runs under emulation (TOPOLET_REALNODE_EMULATED=1): minutes where a real machine
+    takes seconds, so waits are longer, polls sparser and the agent's probes patient."""
+    return os.environ.get(EMULATED_ENV) == "1"
+
+
+def wait(check: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
+    """tests.kube.kubelet_standin.wait_for, stretched under emulation (see emulated())."""
+    from tests.kube.kubelet_standin import wait_for
+
+    if emulated():
+        return wait_for(check, what, timeout * EMULATED_SLACK, interval=EMULATED_POLL_S)
+    return wait_for(check, what, timeout)
 
 
 def milestone(name: str) -> None:
@@ -435,14 +456,15 @@ class RealNode:
 
     def _wait(self, check: Callable[[], bool], what: str, proc: _Process | None,
               timeout: float = READY_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
+        slow = emulated()
+        deadline = time.monotonic() + timeout * (EMULATED_SLACK if slow else 1.0)
         while not check():
             if proc is not None and not proc.running():
                 raise RealNodeError(f"{proc.name} exited with {proc.popen.returncode} waiting for {what}:\n"
                                     f"{proc.log_tail()}")
             if time.monotonic() > deadline:
                 raise RealNodeError(f"timed out after {timeout:.0f} s waiting for {what}:\n{self.logs()}")
-            time.sleep(0.2)
+            time.sleep(EMULATED_POLL_S if slow else 0.2)
 
     def wait_ready(self) -> None:
         """Wait for the Node to be Ready, then lift the not-ready taint (the lifecycle controller's part)."""
@@ -821,6 +843,15 @@ def write_overlay(folder: Path, node: RealNode, image_ref: str, metrics_port: in
         {"op": "replace", "path": "/spec/template/spec/volumes/5/hostPath/path",
          "value": str(node.kubelet_root / "pod-resources")},
     ]
+    if emulated():
+        # Python starts in minutes, not seconds, under emulation: probes that a real machine passes
+        # would kill the agent before it serves (its startup probe allows 60 s).
+        ops += [
+            {"op": "replace", "path": f"{c}/startupProbe/failureThreshold", "value": 300},
+            {"op": "replace", "path": f"{c}/livenessProbe/timeoutSeconds", "value": 20},
+            {"op": "replace", "path": f"{c}/livenessProbe/failureThreshold", "value": 10},
+            {"op": "replace", "path": f"{c}/readinessProbe/timeoutSeconds", "value": 20},
+        ]
     if image_ref != LOCAL_IMAGE:
         raise RealNodeError(f"the image is {image_ref}; daemonset/components/local-image runs {LOCAL_IMAGE}")
     (folder / "kustomization.yaml").write_text(json.dumps({

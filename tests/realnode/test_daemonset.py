@@ -21,7 +21,6 @@ import pytest
 from agent.enforce.state import StateFile
 from agent.topology.cpuset import CPUSet
 from tests.conftest import require
-from tests.kube.kubelet_standin import wait_for
 from tests.realnode.node import (
     AGENT_NS,
     IMAGE_ENV,
@@ -32,6 +31,7 @@ from tests.realnode.node import (
     image_env,
     milestone,
     proc_affinity,
+    wait,
 )
 from tests.realnode.remote import load_remote
 from tests.realnode.test_realnode import (
@@ -67,25 +67,25 @@ def test_daemonset_pod_publishes_and_pins_on_the_real_node(real_node: RealNode, 
     runc's cgroup while the shared pool shrinks; killing its container, restarting the kubelet and
     restarting containerd lose no allocation and assign nothing twice; deleting the pod frees its CPU."""
     everything = all_cpus(real_node)
-    wait_for(lambda: nrt_available_cpus(real_node) == len(everything), "the NRT from the DaemonSet's pod")
+    wait(lambda: nrt_available_cpus(real_node) == len(everything), "the NRT from the DaemonSet's pod")
     with real_node.api() as api:
         path = f"/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{AGENT_NS}/nodefeatures"
-        features = wait_for(lambda: api.list(path)["items"], "the agent's NodeFeature")
+        features = wait(lambda: api.list(path)["items"], "the agent's NodeFeature")
     labels = features[0]["spec"]["labels"]
     assert labels.get("topolet.io/numa.nodes") == "1"
 
     _, shared_pid = run(real_node, pods, "pool-of-daemonset", cpu="100m", limits=False)
     pod, pid = run(real_node, pods, "pinned-by-daemonset")
-    pinned = wait_for(lambda: exclusive_cpus(pid), "the DaemonSet's agent to pin the pod")
+    pinned = wait(lambda: exclusive_cpus(pid), "the DaemonSet's agent to pin the pod")
     milestone("pod pinned")
     # Written in the cgroup runc made for the container: kubepods/pod<uid>/<container id>.
     folder, _ = cpuset_of(pid)
     uid = pod["metadata"]["uid"]
     assert folder == real_node.cpuset_root / "kubepods" / f"pod{uid}" / str(container_id(pod))
     assert CPUSet.parse(proc_affinity(pid)) == pinned
-    wait_for(lambda: CPUSet.parse(cpuset_of(shared_pid)[1]) == everything - pinned, "the pool to shrink")
+    wait(lambda: CPUSet.parse(cpuset_of(shared_pid)[1]) == everything - pinned, "the pool to shrink")
     assert not CPUSet.parse(proc_affinity(shared_pid)) & pinned
-    wait_for(lambda: nrt_available_cpus(real_node) == len(everything) - 1, "the NRT to count it")
+    wait(lambda: nrt_available_cpus(real_node) == len(everything) - 1, "the NRT to count it")
 
     # Kill the agent's container: the kubelet restarts it, from the state on the host path.
     assert daemonset.pod is not None
@@ -93,7 +93,7 @@ def test_daemonset_pod_publishes_and_pins_on_the_real_node(real_node: RealNode, 
     assert daemonset.memory_bytes() > 0
     os.kill(before, signal.SIGKILL)
     with real_node.api() as api:
-        restarted = wait_for(lambda: (p := get_pod(api, daemonset.pod["metadata"]["name"], AGENT_NS)) and
+        restarted = wait(lambda: (p := get_pod(api, daemonset.pod["metadata"]["name"], AGENT_NS)) and
                              any(cs.get("restartCount", 0) >= 1 and "running" in cs.get("state", {})
                                  for cs in p["status"].get("containerStatuses") or []) and p,
                              "the agent's container restarted", timeout=120)
@@ -101,7 +101,7 @@ def test_daemonset_pod_publishes_and_pins_on_the_real_node(real_node: RealNode, 
     assert daemonset.pid() != before
     time.sleep(3.0)
     assert exclusive_cpus(pid) == pinned
-    wait_for(lambda: nrt_available_cpus(real_node) == len(everything) - 1, "the NRT after the restart")
+    wait(lambda: nrt_available_cpus(real_node) == len(everything) - 1, "the NRT after the restart")
 
     # Restarting the kubelet, then containerd, keeps the pin (the container runs on under its shim)
     # and assigns no CPU twice.
@@ -120,6 +120,6 @@ def test_daemonset_pod_publishes_and_pins_on_the_real_node(real_node: RealNode, 
 
     with real_node.api() as api:
         delete_pod(api, "pinned-by-daemonset")
-        wait_for(lambda: get_pod(api, "pinned-by-daemonset") is None, "the pinned pod gone")
-    wait_for(lambda: CPUSet.parse(cpuset_of(shared_pid)[1]) == everything, "the pool to grow back")
-    wait_for(lambda: nrt_available_cpus(real_node) == len(everything), "the NRT to free the CPU")
+        wait(lambda: get_pod(api, "pinned-by-daemonset") is None, "the pinned pod gone")
+    wait(lambda: CPUSet.parse(cpuset_of(shared_pid)[1]) == everything, "the pool to grow back")
+    wait(lambda: nrt_available_cpus(real_node) == len(everything), "the NRT to free the CPU")

@@ -23,6 +23,7 @@ from tests.realnode.node import (
     cpuset_of,
     guaranteed_pod,
     proc_affinity,
+    wait,
 )
 
 NS = "default"
@@ -80,10 +81,10 @@ def run(node: RealNode, pods: list[str], name: str, **kw: Any) -> tuple[dict[str
     pods.append(name)
     with node.api() as api:
         api.create(f"/api/v1/namespaces/{NS}/pods", guaranteed_pod(name, node.name, **kw))
-        pod = wait_for(lambda: (p := get_pod(api, name)) is not None and container_id(p) and p,
-                       f"pod {name} running")
+        pod = wait(lambda: (p := get_pod(api, name)) is not None and container_id(p) and p,
+                   f"pod {name} running")
     cid = container_id(pod)
-    pid = wait_for(lambda: node.task_pids().get(str(cid)), f"the task of {name}")
+    pid = wait(lambda: node.task_pids().get(str(cid)), f"the task of {name}")
     return pod, int(pid)
 
 

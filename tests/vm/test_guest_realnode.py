@@ -6,12 +6,15 @@ kube-scheduler: `cluster_session`) and a DaemonSet controller; the guest (tests/
 user network) runs only the node — Debian's containerd, runc and CNI plugins from its own packages,
 the kubelet built here — and tests/realnode/test_daemonset.py against it (tests/realnode/remote.py):
 the DaemonSet's pod from the image of `make image`, its labels and NRT, a Guaranteed pod pinned in
-the cgroup v2 folder runc made, the shared pool shrinking, the agent's container killed, the pod
-deleted and its CPU freed.  The kubelet uses the cgroupfs driver: the systemd driver needs systemd as
-PID 1 (the enforce tests cover systemd's slice naming on v2, tests/vm/test_guest_enforce.py).
+the cgroup v2 folder runc made, the shared pool shrinking, the agent's container killed, the kubelet
+and containerd restarted (the pin kept, nothing assigned twice), the pod deleted and its CPU freed.
+The kubelet uses the cgroupfs driver: the systemd driver needs systemd as PID 1 (the enforce tests
+cover systemd's slice naming on v2, tests/vm/test_guest_enforce.py).  runc enters containers without
+pivot_root there (the guest's root is its initramfs, which pivot_root cannot move: node.py).
 
 The run prints its figures on the terminal: boot, then the node's milestones in guest time from the
-job's start (kubelet healthy, Node Ready, the DaemonSet's pod Running, the pod pinned).
+job's start (kubelet healthy, Node Ready, the agent's image imported, the DaemonSet's pod Running,
+the pod pinned, the restarts survived).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from tests.controlplane.cluster import Cluster
 from tests.realnode.images import cache_dir
 from tests.realnode.node import (
     AGENT_NS,
+    EMULATED_ENV,
     IMAGE_ENV,
     MILESTONES_ENV,
     RealNodeError,
@@ -39,7 +43,7 @@ from tests.realnode.node import (
 )
 from tests.realnode.remote import REMOTE_ENV, forget_remote_nodes, write_remote
 from tests.vm.conftest import junit_outcomes
-from tests.vm.guest import GuestRun, Share, run_in_guest
+from tests.vm.guest import GuestRun, Share, kvm_usable, run_in_guest
 
 GUEST_SELECTION = ["tests/realnode/test_daemonset.py"]
 # The guest's RAM holds its root file system, containerd's content and snapshots (the agent's image
@@ -103,7 +107,8 @@ def realnode_run(cluster_session: Cluster, tmp_path_factory: pytest.TempPathFact
         milestones = job / "milestones"
         run = run_in_guest(
             ["-q", *GUEST_SELECTION], job_dir=job, memory_mib=GUEST_MEMORY_MIB, timeout_s=GUEST_TIMEOUT_S,
-            env={REMOTE_ENV: str(remote), MILESTONES_ENV: str(milestones)}, net=True,
+            env={REMOTE_ENV: str(remote), MILESTONES_ENV: str(milestones),
+                 EMULATED_ENV: "0" if kvm_usable() else "1"}, net=True,
             # The kubelet and kubectl built here and the busybox image, at the same paths.
             extra_shares=[Share("topolet-cache", cache_dir().parent)],
         )
@@ -127,6 +132,7 @@ def test_the_real_node_end_to_end_passes_on_cgroup_v2(realnode_run: RealNodeRun)
     assert any("test_daemonset_pod_publishes_and_pins_on_the_real_node" in n for n in cases), sorted(cases)
     # The node came up in the guest and the pin happened there, in this order.
     steps = list(realnode_run.milestones)
-    for step in ("kubelet healthy", "node ready", "daemonset pod running", "pod pinned"):
+    for step in ("kubelet healthy", "node ready", "daemonset pod running", "pod pinned", "restarts survived"):
         assert step in steps, realnode_run.milestones
-    assert steps.index("node ready") < steps.index("daemonset pod running") < steps.index("pod pinned")
+    assert steps.index("node ready") < steps.index("daemonset pod running") < steps.index("pod pinned") \
+        < steps.index("restarts survived")
