@@ -21,6 +21,8 @@ slot map; after its own queue it calls `decide` with the engine call it uses for
 `commit` on the same view).  Each decision is one server-side apply of `status.admissionChecks[<our
 check>]` (field manager `topolet.io/topology-fit`) carrying the resourceVersion it was decided on:
 Ready with podSetUpdates (`agent.admission.workloads`), Retry with requeueAfterSeconds, or Rejected.
+When more than one check of ours is Pending on a Workload, the one decision sets them all; one still
+Pending on a Ready Workload (added to its ClusterQueue later) gets the Ready state's copy.
 Once a Retry or Rejected state is written, an Event on the Workload (`agent.admission.events`, as
 `identity`) says why: Waiting (Normal, only when the reason differs from the last one told) or
 Rejected (Warning).
@@ -73,10 +75,11 @@ HoldKey = tuple[str, str, str, bool, tuple[tuple[str, str], ...]]  # see KueueCh
 
 @dataclass(frozen=True)
 class Pending:
-    """A Workload waiting for our decision: which of our checks, and the gang read from it."""
+    """A Workload waiting for our decision: which of our checks (every one of ours that is Pending on
+    it: one decision sets them all), and the gang read from it."""
 
     workload: dict[str, Any]
-    check: str
+    checks: tuple[str, ...]
     gang: Gang | None
     error: str = ""
 
@@ -207,21 +210,23 @@ class KueueCheck:
                 round_.admitted.extend(inflight[str(metadata_of(wl).get("uid"))])
                 continue
             held = workloads.holding(wl, names)
+            ours = workloads.checks_to_decide(wl, names)
             if held is not None:
                 self._due_at.pop(str(metadata_of(wl).get("uid")), None)  # (a late event of its Pending)
-                self._hold(wl, held, by_owner.get(workloads.owner_uid(wl) or "", []), round_)
+                entries = self._hold(wl, held, by_owner.get(workloads.owner_uid(wl) or "", []), round_)
+                if ours:
+                    self._copy_ready(wl, held, ours, entries)
                 continue
-            check = workloads.to_decide(wl, names)
-            if check is None:
+            if not ours:
                 if any(workloads.check_state(wl, name) is not None for name in names):
                     self._read_ahead(wl)
                 continue
             try:
                 policy = self.guaranteed_policy() if policy is None else policy
                 gang = workloads.gang_from_workload(wl, flavors, policy)
-                round_.pending.append(Pending(wl, check, gang))
+                round_.pending.append(Pending(wl, ours, gang))
             except WorkloadSpecError as exc:
-                round_.pending.append(Pending(wl, check, None, str(exc)))
+                round_.pending.append(Pending(wl, ours, None, str(exc)))
         live = {(str(metadata_of(wl).get("uid")), str(metadata_of(wl).get("resourceVersion")))
                 for wl in every}
         self._unreadable &= live  # bounded by the Workloads there are
@@ -270,9 +275,10 @@ class KueueCheck:
         except RuntimeError:  # stopping
             self._fetching.discard(uid)
 
-    def _hold(self, wl: dict[str, Any], check: str, pods: list[Mapping[str, Any]], round_: Round) -> None:
-        """Add a Ready Workload's ledger entries and its pods' slots to the round: worked out again only
-        when the Workload, one of its pods or what is known of its Job changed (see `_holds`)."""
+    def _hold(self, wl: dict[str, Any], check: str, pods: list[Mapping[str, Any]], round_: Round
+              ) -> list[Held]:
+        """Add a Ready Workload's ledger entries (returned) and its pods' slots to the round: worked out
+        again only when the Workload, one of its pods or what is known of its Job changed (`_holds`)."""
         meta = metadata_of(wl)
         indexed = self._indexed.get(workloads.owner_uid(wl) or "", False)
         version = (str(meta.get("uid")), str(meta.get("resourceVersion")), check, indexed,
@@ -284,6 +290,22 @@ class KueueCheck:
         self._holds_read[version] = held
         round_.admitted.extend(held[0])
         round_.pod_slots.update(held[1])
+        return held[0]
+
+    def _copy_ready(self, wl: Mapping[str, Any], held: str, checks: tuple[str, ...], entries: list[Held]
+                    ) -> None:
+        """Set our other checks that are still Pending on a Ready Workload (one added to its ClusterQueue
+        later) to the Ready state `held` carries: the same pods on the same slots, so Kueue's merge of
+        their podSetUpdates agrees and the ledger sees one decision."""
+        def ours(name: str) -> dict[str, Any]:
+            state = workloads.check_state(wl, held) or {}
+            return {k: state[k] for k in ("state", "message", "lastTransitionTime", "podSetUpdates")
+                    if k in state} | {"name": name}
+
+        # The apply restates the Ready ones too: fields of ours left out of an apply would be dropped.
+        ready = [n for n in self._names if as_dict(workloads.check_state(wl, n)).get("state") == "Ready"]
+        self.check_leader()
+        self._write(wl, entries, self._apply, wl, [ours(n) for n in sorted({*ready, *checks})], None)
 
     def _held_now(self, wl: dict[str, Any], check: str, pods: list[Mapping[str, Any]], indexed: bool
                   ) -> tuple[list[Held], dict[str, tuple[str, str]]]:
@@ -318,7 +340,7 @@ class KueueCheck:
             now = timestamp(self.clock())
             if p.gang is None:
                 why = f"unreadable: {p.error}"
-                self._send(p, "rejected", workloads.rejected_state(p.check, why, now), why)
+                self._send(p, "rejected", [workloads.rejected_state(c, why, now) for c in p.checks], why)
                 continue
             result = decide(p.gang)
             if isinstance(result, Placement):
@@ -326,23 +348,24 @@ class KueueCheck:
                 self._write(p.workload, _held(p, result, now), self._ready, p, result, now)
             elif result.kind == "never" and not left_out:
                 why = result.reason
-                self._send(p, "rejected", workloads.rejected_state(p.check, why, now), why)
+                self._send(p, "rejected", [workloads.rejected_state(c, why, now) for c in p.checks], why)
             else:
                 reason = result.reason
                 if result.kind == "never":
                     # "Never" counts only the usable nodes: one left out may come back.
                     reason = f"{reason}; {len(left_out)} nodes are left out now"
-                count = workloads.retry_count(p.workload, p.check)
-                self._send(p, "waiting", workloads.retry_state(p.check, reason, count, now), reason)
+                states = [workloads.retry_state(c, reason, workloads.retry_count(p.workload, c), now)
+                          for c in p.checks]
+                self._send(p, "waiting", states, reason)
 
-    def _send(self, p: Pending, result: str, state: dict[str, Any], why: str) -> None:
-        """Write a Retry (`result` waiting) or Rejected state, then say `why` in an Event on the Workload."""
+    def _send(self, p: Pending, result: str, states: list[dict[str, Any]], why: str) -> None:
+        """Write Retry (`result` waiting) or Rejected states, then say `why` in an Event on the Workload."""
         self.check_leader()
-        self._write(p.workload, [], self._refuse, p.workload, state, result, why)
+        self._write(p.workload, [], self._refuse, p.workload, states, result, why)
 
-    def _refuse(self, wl: Mapping[str, Any], state: dict[str, Any], result: str, why: str) -> None:
-        if self._apply(wl, [state], result):
-            self._tell(wl, result, why, str(state["message"]))
+    def _refuse(self, wl: Mapping[str, Any], states: list[dict[str, Any]], result: str, why: str) -> None:
+        if self._apply(wl, states, result):
+            self._tell(wl, result, why, str(states[0]["message"]))
 
     def _tell(self, wl: Mapping[str, Any], result: str, why: str, message: str) -> None:
         """An Event on the Workload: Rejected, or Waiting when its reason is not the one last told."""
@@ -400,9 +423,11 @@ class KueueCheck:
         try:
             updates = workloads.pod_set_updates(p.gang, placement, lambda _: self._owner_indexed(p.workload))
         except WorkloadSpecError as exc:
-            self._refuse(p.workload, workloads.rejected_state(p.check, str(exc), now), "rejected", str(exc))
+            self._refuse(p.workload, [workloads.rejected_state(c, str(exc), now) for c in p.checks],
+                         "rejected", str(exc))
             return
-        self._apply(p.workload, [workloads.ready_state(p.check, p.gang, placement, updates, now)], "admitted")
+        self._apply(p.workload, [workloads.ready_state(c, p.gang, placement, updates, now) for c in p.checks],
+                    "admitted")
 
     def _owner_indexed(self, wl: Mapping[str, Any]) -> bool:
         """Whether the Workload's pods carry completion indexes: its owner is an Indexed batch/v1 Job."""
@@ -428,8 +453,9 @@ class KueueCheck:
             return self._indexed[uid]
         return False
 
-    def _apply(self, wl: Mapping[str, Any], states: list[dict[str, Any]], result: str) -> bool:
-        """Server-side apply our check states onto the Workload's status; False when it moved on."""
+    def _apply(self, wl: Mapping[str, Any], states: list[dict[str, Any]], result: str | None) -> bool:
+        """Server-side apply our check states onto the Workload's status; False when it moved on.
+        `result` is the decision counted (None: a copy of one already counted)."""
         self.check_leader()
         meta = metadata_of(wl)
         path = resource_path(KUEUE_GROUP, KUEUE_VERSION, "workloads", str(meta.get("name")),
@@ -449,7 +475,8 @@ class KueueCheck:
         self.workloads.put(out)
         if result == "admitted":
             self.crash_point("after-decision")
-        self.metrics.decisions.labels(result=result).inc()
+        if result is not None:
+            self.metrics.decisions.labels(result=result).inc()
         due = self._due_at.pop(str(meta.get("uid")), None)
         log.info("Workload %s: %s %s (%s written in %.2f s, %d writes in flight): %s", object_key(wl),
                  states[0]["name"], states[0]["state"],
@@ -488,7 +515,7 @@ def _held(p: Pending, placement: Placement, now: str) -> list[Held]:
     assert p.gang is not None
     try:
         updates = workloads.pod_set_updates(p.gang, placement, lambda _: True)
-        state = workloads.ready_state(p.check, p.gang, placement, updates, now)
+        state = workloads.ready_state(p.checks[0], p.gang, placement, updates, now)
         return _entries(p.workload, workloads.records_of_state(p.workload, state))
     except WorkloadSpecError:
         return []

@@ -13,6 +13,7 @@ Public API:
 - `our_checks(admission_checks) -> tuple[str, ...]`: the names of the AdmissionChecks we serve;
   `check_active(ac)`; `active_status(ac, now)`: the SSA body that sets `Active=True`.
 - `to_decide(wl, names) -> str | None`: our check to decide (QuotaReserved, our check Pending);
+  `checks_to_decide(wl, names) -> tuple[str, ...]`: every one of ours waiting so (one decision sets all);
   `holding(wl, names) -> str | None`: our Ready check while the Workload holds its quota.
 - `gang_from_workload(wl, flavor_labels, guaranteed_policy) -> Gang`: one engine pod set per Workload
   PodSet, read by `agent.admission.jobs`' own pod-template readers; raises `WorkloadSpecError`.
@@ -146,6 +147,14 @@ def to_decide(wl: Mapping[str, Any], names: Sequence[str]) -> str | None:
         if state is not None and state.get("state") == "Pending":
             return name
     return None
+
+
+def checks_to_decide(wl: Mapping[str, Any], names: Sequence[str]) -> tuple[str, ...]:
+    """Every one of our checks on the Workload that waits for a decision (`to_decide`'s rule), in name
+    order: one decision sets them all, so each of them lets Kueue admit it."""
+    if to_decide(wl, names) is None:
+        return ()
+    return tuple(n for n in names if as_dict(check_state(wl, n)).get("state") == "Pending")
 
 
 def holding(wl: Mapping[str, Any], names: Sequence[str]) -> str | None:

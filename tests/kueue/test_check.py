@@ -118,9 +118,9 @@ def template(label: str, cpu: int = 12) -> dict[str, Any]:
 
 
 def submit(api: KubeClient, ns: str, name: str, count: int, label: str, check: str, *, cpu: int = 12,
-           indexed: bool = True) -> None:
+           indexed: bool = True, also: tuple[str, ...] = ()) -> None:
     """What Kueue's Job integration makes of a queued Job: the suspended Job, its Workload, and (the
-    ClusterQueue's quota being free) the quota reserved with our check Pending."""
+    ClusterQueue's quota being free) the quota reserved with our check (and the checks `also`) Pending."""
     spec: dict[str, Any] = {"suspend": True, "parallelism": count, "template": template(label, cpu)}
     if indexed:
         spec.update(completionMode="Indexed", completions=count)
@@ -133,12 +133,13 @@ def submit(api: KubeClient, ns: str, name: str, count: int, label: str, check: s
             "controller": True, "blockOwnerDeletion": True}]},
         "spec": {"queueName": "lq", "podSets": [{"name": "main", "count": count,
                                                  "template": template(label, cpu)}]}})
-    set_status(api, ns, name, check, "Pending", quota=True)
+    set_status(api, ns, name, check, "Pending", quota=True, also=also)
 
 
 def set_status(api: KubeClient, ns: str, name: str, check: str, state: str, *, quota: bool,
-               finished: bool = False, retry_count: int | None = None) -> None:
-    """Kueue's writes: QuotaReserved (and Finished), the admission, our check reset to `state`."""
+               finished: bool = False, retry_count: int | None = None, also: tuple[str, ...] = ()) -> None:
+    """Kueue's writes: QuotaReserved (and Finished), the admission, our check (and the checks `also`)
+    reset to `state`."""
     wl = workload(api, ns, name)
     count = wl["spec"]["podSets"][0]["count"]
     conditions = [{"type": "QuotaReserved", "status": "True" if quota else "False", "reason": "Test",
@@ -150,7 +151,8 @@ def set_status(api: KubeClient, ns: str, name: str, check: str, state: str, *, q
                              "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if retry_count is not None:
         entry["retryCount"] = retry_count
-    status: dict[str, Any] = {"conditions": conditions, "admissionChecks": [entry]}
+    status: dict[str, Any] = {"conditions": conditions,
+                              "admissionChecks": [entry, *({**entry, "name": n} for n in also)]}
     if quota:
         status["admission"] = {"clusterQueue": "cq", "podSetAssignments": [{
             "name": "main", "count": count, "flavors": {"cpu": "default", "memory": "default"},
@@ -256,6 +258,40 @@ def test_ready_retry_rejected_then_ready_once_capacity_frees(
     set_status(api, namespace, "b", check, "Pending", quota=True, retry_count=2)
     ready_b = wait_for(lambda: in_state(api, namespace, "b", check, "Ready"), "b Ready once a finished")
     assert not set(slots(ready_b)) & set(slots(one))
+
+
+def test_every_check_of_ours_on_a_workload_is_decided(
+        cluster: Cluster, api: KubeClient, namespace: str, nodes: tuple[str, list[str]], check: str) -> None:
+    """Two AdmissionChecks of ours Pending on one Workload: one decision sets both Ready with the same
+    podSetUpdates.  One more added once the Workload is Ready gets that same state."""
+    label, names = nodes
+    more = [f"{check}-{i}" for i in (2, 3)]
+    for name in more:
+        api.create(f"{KUEUE}/admissionchecks", {"apiVersion": "kueue.x-k8s.io/v1beta2",
+                                                "kind": "AdmissionCheck", "metadata": {"name": name},
+                                                "spec": {"controllerName": CONTROLLER_NAME}})
+    try:
+        cluster.start_controller("--resync-seconds", "2", "--kueue", "on")
+        wait_for(lambda: all(active(api, c) for c in (check, *more)), "the checks to be Active")
+        submit(api, namespace, "a", 2, label, check, also=(more[0],))
+        first = wait_for(lambda: in_state(api, namespace, "a", check, "Ready"), "a Ready")
+        second = wait_for(lambda: in_state(api, namespace, "a", more[0], "Ready"), "a Ready on the second")
+        assert second["podSetUpdates"] == first["podSetUpdates"]
+        assert len(slots(first)) == 2 and {n for n, _ in slots(first)} <= set(names)
+
+        # Kueue adds the state of a check new on the ClusterQueue as Pending.
+        states = workload(api, namespace, "a")["status"]["admissionChecks"]
+        late = {"name": more[1], "state": "Pending", "message": "",
+                "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        api.patch(f"{KUEUE}/namespaces/{namespace}/workloads/job-a/status",
+                  {"status": {"admissionChecks": [*states, late]}}, "application/merge-patch+json")
+        third = wait_for(lambda: in_state(api, namespace, "a", more[1], "Ready"), "a Ready on the late one")
+        assert third["podSetUpdates"] == first["podSetUpdates"]
+        # Still the one decision: the check's first state is untouched.
+        assert in_state(api, namespace, "a", check, "Ready") == first
+    finally:
+        for name in more:
+            api.request("DELETE", f"{KUEUE}/admissionchecks/{name}")
 
 
 def test_one_ledger_with_the_job_route(
