@@ -15,6 +15,7 @@ from agent.admission.workloads import (
     WorkloadSpecError,
     active_status,
     check_active,
+    checks_to_decide,
     gang_from_workload,
     holding,
     our_checks,
@@ -121,6 +122,18 @@ def test_what_to_decide_and_what_holds_capacity(checks: dict[str, str], conditio
     wl["spec"]["active"] = active
     assert to_decide(wl, ("fit",)) == decide
     assert holding(wl, ("fit",)) == holds
+
+
+@pytest.mark.parametrize(("checks", "conditions", "decide"), [
+    ({"a": "Pending", "b": "Pending", "x": "Pending"}, ("QuotaReserved",), ("a", "b")),  # x: not ours
+    ({"a": "Ready", "b": "Pending"}, ("QuotaReserved",), ("b",)),        # b added to the queue later
+    ({"a": "Ready", "b": "Retry"}, ("QuotaReserved",), ()),
+    ({"a": "Pending", "b": "Pending"}, (), ()),                          # no quota yet
+    ({"a": "Pending", "b": "Pending"}, ("QuotaReserved", "Evicted"), ()),
+])
+def test_every_check_of_ours_to_decide(checks: dict[str, str], conditions: tuple[str, ...],
+                                       decide: tuple[str, ...]) -> None:
+    assert checks_to_decide(workload(checks=checks, conditions=conditions), ("a", "b")) == decide
 
 
 def test_our_checks_and_active() -> None:
