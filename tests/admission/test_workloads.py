@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -137,7 +138,7 @@ def test_every_check_of_ours_to_decide(checks: dict[str, str], conditions: tuple
 
 
 def test_our_checks_and_active() -> None:
-    acs = [{"metadata": {"name": n, "generation": 2}, "spec": {"controllerName": c}}
+    acs: list[dict[str, Any]] = [{"metadata": {"name": n, "generation": 2}, "spec": {"controllerName": c}}
            for n, c in (("b", CONTROLLER_NAME), ("x", "kueue.x-k8s.io/provisioning-request"),
                         ("a", CONTROLLER_NAME))]
     assert our_checks(acs) == ("a", "b")
@@ -152,7 +153,7 @@ def test_our_checks_and_active() -> None:
 
 # -- deciding ---------------------------------------------------------------------------------------
 
-def _placement(slots: list[tuple[str, int | None]], pod_set: str = "main") -> Placement:
+def _placement(slots: Sequence[tuple[str, int | None]], pod_set: str = "main") -> Placement:
     return Placement("workload:ns/job-a-1",
                      tuple(PodPlacement(pod_set, i, n, z) for i, (n, z) in enumerate(slots)))
 
