@@ -73,6 +73,7 @@ from typing import Any
 from agent.admission import jobs, placing
 from agent.admission.capacity import Capacity
 from agent.admission.events import ObjectEvents, timestamp
+from agent.admission.heap import Heap
 from agent.admission.jobs import JobSpecError
 from agent.admission.kueue import KueueCheck
 from agent.admission.metrics import AdmissionMetrics
@@ -156,6 +157,7 @@ class Controller:
         self.capacity = Capacity(self.nodes, self.nrts, metrics, config.ledger_timeout_seconds, clock)
         self._pod_slots: dict[str, tuple[str, str]] = {}  # pod uid -> (Job key, slot), this pass
         self.passes = 0
+        self.heap = Heap()
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="admission-write")
         # Pod patches run on their own pool and outlive the pass that sent them, so the next pass
         # (new Jobs admitted, newly made pods) overlaps them; `_placing` keeps a pod from being sent
@@ -212,6 +214,7 @@ class Controller:
                 continue
             try:
                 self.decide_once()
+                self.heap.after_pass()
             except NotLeader:
                 log.info("lost the lease mid-pass: stopped deciding")
             except Exception:  # noqa: BLE001 - one bad pass must not end the controller

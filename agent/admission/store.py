@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
+from agent.admission import heap
 from agent.errors import KubeAPIError
 from agent.kube.client import KubeClient, WatchStream
 
@@ -136,7 +137,8 @@ class Reflector:
 
     def _list(self) -> None:
         try:
-            body = self.kube.list(self.path, self.query, timeout=LIST_TIMEOUT, what=f"list {self.what}")
+            with heap.paused():  # a big list decodes into millions of objects at once
+                body = self.kube.list(self.path, self.query, timeout=LIST_TIMEOUT, what=f"list {self.what}")
         except KubeAPIError as exc:
             if not exc.not_found:
                 raise
