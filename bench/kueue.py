@@ -31,7 +31,13 @@ reservation does not matter), as bench/admission_api.py sizes its 1000/3000: the
 answer Retry and both runs admit every Workload.  The bench replays the gangs through the engine on
 the static NRTs first and says how many fit.  About three gangs per node (`--gangs 120`) leave some
 gangs that never fit with the check (Retry until the run stalls), so the latency compares unequal
-work there.  Quick run: `--nodes 20 --gangs 40`.
+work there.  A larger queue at the same two gangs per node: `--nodes 150 --gangs 300` (all fit).
+Quick run: `--nodes 20 --gangs 40`.
+
+Kueue runs as upstream's manager config has it in both runs (5 reconcilers each for Jobs and
+Workloads); `--kueue-workers` changes that for both.  With `--keep-logs`, `workloads.json` holds each
+Workload's step times (Unix seconds) to set beside the controller's log, whose decision lines say
+how long each Workload waited for us ("due N s ago, written in M s").
 """
 
 from __future__ import annotations
