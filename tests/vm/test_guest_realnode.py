@@ -82,6 +82,7 @@ def realnode_run(cluster_session: Cluster, tmp_path_factory: pytest.TempPathFact
                  pytestconfig: pytest.Config) -> Iterator[RealNodeRun]:
     """One guest boot running the node and GUEST_SELECTION against this host's cluster; whatever the
     node left in the cluster is removed after it, and the DaemonSet controller stopped."""
+    from agent.kube.client import KubeClient
     from tests.controlplane.kubectl import build_kubectl
 
     require(os.geteuid() == 0, "needs root (debootstrap builds the guest)")
@@ -96,8 +97,6 @@ def realnode_run(cluster_session: Cluster, tmp_path_factory: pytest.TempPathFact
         raise
     kubectl = build_kubectl()
     job = tmp_path_factory.mktemp("guest-realnode")
-    from agent.kube.client import KubeClient
-
     with contextlib.closing(KubeClient(cluster_session.plane.client())) as api:
         before = {n["metadata"]["name"] for n in api.list("/api/v1/nodes")["items"]}
     controller = start_daemonset_controller(cluster_session)
