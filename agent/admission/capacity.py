@@ -71,12 +71,12 @@ class Capacity:
         self.ledger = self.ledger.settle(self.nrts.snapshot(), pods, now, live_gangs=live, index=index)
         self._ledgered = {k for k in self._ledgered if k[0] in live}
         self.metrics.ledger_entries.set(len(self.ledger))
-        nodes = self.nodes.snapshot()
-        view, left_out = build_view(nodes, self.nrts.snapshot(), pods, self.ledger, now,
+        nodes, nrts = self.nodes.snapshot(), self.nrts.snapshot()
+        view, left_out = build_view(nodes, nrts, pods, self.ledger, now,
                                     zones_of=self._zones.of, allocatable_of=self._allocatable.of,
                                     index=index, memo=self._memo)
-        for cache in (self._zones, self._allocatable):
-            cache.forget_unread()
+        self._zones.retain(nrts)
+        self._allocatable.retain(nodes)
         counts = {"usable": len(view.nodes), "stale": 0, "not_ready": 0}
         for node in nodes:
             if str(metadata_of(node).get("name")) in left_out:

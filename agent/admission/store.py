@@ -4,7 +4,8 @@ Public API:
 
 - `Reflector(kube, path, what, changed, params=None, matters=None)`: lists then watches one collection
   into memory; `.snapshot()`, `.put(obj)` (a write's response), `.synced`, `.start()`, `.stop()`.
-- `VersionCache(compute)`: `compute(obj)` memoised by the object's uid and resourceVersion.
+- `VersionCache(compute)`: `compute(obj)` memoised by the object's uid and resourceVersion;
+  `.retain(objs)` forgets the objects not among `objs`.
 - `as_dict`, `metadata_of`, `object_key`, `resource_version`: tolerant readers of API object dicts.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from agent.admission import heap
@@ -187,22 +188,24 @@ class Reflector:
 
 class VersionCache(Generic[T]):
     """`compute(obj)` once per object version (uid, resourceVersion): for objects as the API serves
-    them (pods, Nodes, NRTs), which all carry both.  `forget_unread()` drops the versions not read
-    since the last call, so it holds one entry per live object."""
+    them (pods, Nodes, NRTs), which all carry both.  It holds the latest version's value of each
+    object; `retain(objs)` drops the objects not among `objs` (gone from the cluster)."""
 
     def __init__(self, compute: Callable[[Mapping[str, Any]], T]) -> None:
         self.compute = compute
-        self._held: dict[tuple[str, str], T] = {}
-        self._read: dict[tuple[str, str], T] = {}
+        self._held: dict[str, tuple[str, T]] = {}  # uid -> (resourceVersion, value)
 
     def of(self, obj: Mapping[str, Any]) -> T:
         meta = metadata_of(obj)
-        key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
-        if key in self._read:
-            return self._read[key]
-        value = self._held[key] if key in self._held else self.compute(obj)
-        self._read[key] = value
+        uid, rv = str(meta.get("uid")), str(meta.get("resourceVersion"))
+        hit = self._held.get(uid)
+        if hit is not None and hit[0] == rv:
+            return hit[1]
+        value = self.compute(obj)
+        self._held[uid] = (rv, value)
         return value
 
-    def forget_unread(self) -> None:
-        self._held, self._read = self._read, {}
+    def retain(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        live = {str(metadata_of(o).get("uid")) for o in objs}
+        if len(live) != len(self._held):
+            self._held = {uid: v for uid, v in self._held.items() if uid in live}

@@ -137,7 +137,7 @@ def test_events_are_queued_bounded_and_sent_off_the_pass(api: KubeClient, namesp
     assert sorted(events(api, namespace, "ev")) == ["Admitted", "Waiting"]
 
 
-def test_pod_version_cache_computes_once_per_version_and_forgets_unread_ones() -> None:
+def test_version_cache_computes_once_per_version_and_forgets_gone_objects() -> None:
     from agent.admission.store import VersionCache
 
     calls: list[str] = []
@@ -152,12 +152,13 @@ def test_pod_version_cache_computes_once_per_version_and_forgets_unread_ones() -
         return {"metadata": {"uid": uid, "resourceVersion": rv}}
 
     assert cache.of(pod("1")) == 1 and cache.of(pod("1")) == 1
-    cache.forget_unread()
-    assert cache.of(pod("1")) == 1 and cache.of(pod("2", "v")) == 2  # kept; a new version computed
-    cache.forget_unread()
-    cache.forget_unread()  # nothing read in between: everything forgotten
-    assert cache.of(pod("1")) == 3
-    assert calls == ["1", "2", "1"]
+    assert cache.of(pod("2", "v")) == 2
+    cache.retain([pod("1"), pod("2", "v")])
+    assert cache.of(pod("1")) == 1 and cache.of(pod("2", "v")) == 2  # kept, unread or not
+    assert cache.of(pod("3")) == 3  # a new version of u
+    cache.retain([pod("3")])  # v is gone
+    assert cache.of(pod("3")) == 3 and cache.of(pod("2", "v")) == 4
+    assert calls == ["1", "2", "3", "2"]
 
 
 def test_the_store_keeps_a_written_version_over_an_older_watch_event(api: KubeClient) -> None:

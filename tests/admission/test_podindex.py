@@ -45,7 +45,8 @@ def test_a_malformed_pod_is_named() -> None:
 
 
 def test_versions_move_only_for_the_nodes_whose_pods_changed() -> None:
-    pods = [versioned(pod_obj("a", "n1", [{"cpu": "1"}]), 1), versioned(pod_obj("b", "n2", [{"cpu": "1"}]), 2)]
+    pods = [versioned(pod_obj("a", "n1", [{"cpu": "1"}]), 1),
+            versioned(pod_obj("b", "n2", [{"cpu": "1"}]), 2)]
     index = index_of(pods)
     v1, v2 = index.version("n1"), index.version("n2")
     index_of(pods, index)  # the same versions: nothing moves
