@@ -91,6 +91,8 @@ LEASE_NAME = "topolet-controller"
 CRASH_ENV = "TOPOLET_CONTROLLER_CRASH_AT"
 CRASH_STEPS = ("after-decision", "after-unsuspend", "after-pod-patch")
 DEBOUNCE_SECONDS = 0.2
+PACE = 2.0
+PACE_MAX_SECONDS = 2.0
 VIEW_REFRESH_SECONDS = 30.0  # how stale the capacity metrics may get while no gang waits
 # API writes in flight at once during a pass (Job patches), and pod patches apart: each waits ~0.1 s
 # on a busy API server, so this many keep up with Jobs created at a few hundred per second.
@@ -158,6 +160,7 @@ class Controller:
         self._pod_slots: dict[str, tuple[str, str]] = {}  # pod uid -> (Job key, slot), this pass
         self.passes = 0
         self.heap = Heap()
+        self._pass_cpu = 0.0  # the last pass's CPU seconds (this thread's), for the pace
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="admission-write")
         # Pod patches run on their own pool and outlive the pass that sent them, so the next pass
         # (new Jobs admitted, newly made pods) overlaps them; `_placing` keeps a pod from being sent
@@ -202,8 +205,11 @@ class Controller:
         while not stop.is_set():
             self.changed.wait(self.config.resync_seconds)
             # The debounce gathers a burst of events into one pass; a Kueue Workload waiting for our
-            # check (`due`) ends it at once: Kueue's admission waits on that decision.
-            due.wait(DEBOUNCE_SECONDS)
+            # check (`due`) ends it at once: Kueue's admission waits on that decision.  On a big
+            # cluster it is stretched to PACE times the last pass's CPU time (at most PACE_MAX_SECONDS):
+            # a pass's cost grows with the cluster, not with the few Jobs that arrived, so under a
+            # stream of Jobs the controller then takes at most 1/(1 + PACE) of a core.
+            due.wait(max(DEBOUNCE_SECONDS, min(PACE_MAX_SECONDS, PACE * self._pass_cpu)))
             if stop.is_set():
                 break
             due.clear()
@@ -213,8 +219,10 @@ class Controller:
                 self.metrics.last_pass.set(self.clock())
                 continue
             try:
+                cpu = time.thread_time()
                 self.decide_once()
                 self.heap.after_pass()
+                self._pass_cpu = time.thread_time() - cpu
             except NotLeader:
                 log.info("lost the lease mid-pass: stopped deciding")
             except Exception:  # noqa: BLE001 - one bad pass must not end the controller
