@@ -202,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where to unpack the hwloc dumps (kept between runs); default: a temp folder")
     parser.add_argument("--api-nodes", type=int, default=1000, help="nodes through the API (0: skip it)")
     parser.add_argument("--api-gangs", type=int, default=3000, help="gangs through the API")
+    parser.add_argument("--api-rounds", type=int, default=3,
+                        help="pairs of runs through the API (order swapped each round; median ratio)")
     args = parser.parse_args(argv)
     ours = in_process(args.nodes, args.gangs, args.seed, args.dumps)
     print(f"admission engine: {ours.rate:.0f} decisions/s, p99 {ours.p99_ms:.2f} ms "
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.api_nodes > 0:
         from admission_api import last_line, through_api
 
-        print(last_line(*through_api(args.api_nodes, args.api_gangs, args.seed, args.dumps)))
+        print(last_line(*through_api(args.api_nodes, args.api_gangs, args.seed, args.dumps, args.api_rounds)))
     return 0
 
 

@@ -1,6 +1,7 @@
 """Admission through the real API server: `topolet controller` against the plain kube-scheduler, same pods.
 
-`through_api(nodes, gangs, seed)` runs twice, each time on a fresh test cluster
+`through_api(nodes, gangs, seed, rounds=1)` runs both placers `rounds` times (the order swapped every
+round; the reported wall ratio is the median of the rounds'), each run on a fresh test cluster
 (tests/controlplane/cluster.py: etcd, kube-apiserver, kube-controller-manager, kube-scheduler) holding
 the same objects from `bench/admission_workload.py`: `nodes` Node objects and their NRTs (created
 directly, no agent processes at this scale), the bound filler pods that hold the NRTs' allocations,
@@ -26,6 +27,7 @@ import argparse
 import copy
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -201,7 +203,8 @@ class BindWatch:
                                      "timeoutSeconds": 60}, timeout=(5.0, 90.0)) as stream:
                     self._stream = stream
                     for event in stream:
-                        obj = (event or {}).get("object") or {}
+                        event = event or {}
+                        obj = event.get("object") or {}
                         self._rv = (obj.get("metadata") or {}).get("resourceVersion", self._rv)
                         if event.get("type") == "ADDED":
                             self.last_created = time.monotonic()
@@ -361,32 +364,53 @@ def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[
                 shutil.copy(log, dest / log.name)
 
 
-def through_api(nodes: int = 1000, gangs: int = 3000, seed: int = 42,
-                dumps: Path | None = None) -> tuple[ApiRun, ApiRun]:
-    """Both runs on fresh clusters with the same objects; prints them side by side; (topolet, plain)."""
+def through_api(nodes: int = 1000, gangs: int = 3000, seed: int = 42, dumps: Path | None = None,
+                rounds: int = 1) -> tuple[list[ApiRun], list[ApiRun]]:
+    """`rounds` pairs of runs on fresh clusters with the same objects, the order swapped every round
+    (so load that comes and goes on a shared machine does not always fall on the same placer); prints
+    them side by side; (topolet runs, plain runs), round by round."""
+    ours: list[ApiRun] = []
+    plain: list[ApiRun] = []
     with tempfile.TemporaryDirectory(prefix="topolet-admission-api-") as tmp:
         topos = workload.topologies(dumps or Path(tmp) / "dumps")
         objects = workload.cluster(nodes, topos, seed)
         stream = workload.gangs(gangs, seed + 1)
         print(f"# through the API: {nodes} nodes, {len(objects.pods)} filler pods, {gangs} gangs "
-              f"({sum(ps.count for g in stream for ps in g.pod_sets)} pods)", flush=True)
-        plain = _run("kube-scheduler only", Path(tmp) / "plain", objects, topos, stream, controller=False)
-        ours = _run("topolet controller", Path(tmp) / "topolet", objects, topos, stream, controller=True)
-    print(f"{'placer':<24} {'pods':>7} {'bound':>7} {'wall s':>8} {'aligned':>8}")
-    for r in (ours, plain):
-        print(f"{r.name:<24} {r.pods:>7} {r.bound:>7} {r.wall_s:>8.1f} {r.aligned_share * 100:>7.1f}%")
+              f"({sum(ps.count for g in stream for ps in g.pod_sets)} pods), {rounds} round(s)", flush=True)
+        for r in range(rounds):
+            order = (False, True) if r % 2 == 0 else (True, False)
+            for controller in order:
+                name = "topolet controller" if controller else "kube-scheduler only"
+                run = _run(name, Path(tmp) / f"{'topolet' if controller else 'plain'}-{r}", objects, topos,
+                           stream, controller=controller)
+                (ours if controller else plain).append(run)
+    print(f"{'placer':<24} {'round':>5} {'pods':>7} {'bound':>7} {'wall s':>8} {'aligned':>8}")
+    for r in range(rounds):
+        for run in (ours[r], plain[r]):
+            print(f"{run.name:<24} {r + 1:>5} {run.pods:>7} {run.bound:>7} {run.wall_s:>8.1f} "
+                  f"{run.aligned_share * 100:>7.1f}%")
+    if rounds > 1:
+        ratios = (f"{o.wall_s / p.wall_s:.2f}" for o, p in zip(ours, plain, strict=True))
+        print("# wall ratio by round: " + ", ".join(ratios))
     return ours, plain
 
 
-def last_line(ours: ApiRun, plain: ApiRun) -> str:
-    """The bench's required last line (after a warning line when the runs bound different counts)."""
-    if ours.bound != plain.bound:
-        print(f"# WARNING: the runs bound different numbers of pods ({ours.bound} with the controller, "
-              f"{plain.bound} scheduler-only, {STALL_S:.0f} s without a bind ended a run): the wall ratio "
-              "compares unequal work")
-    ratio = ours.wall_s / plain.wall_s if plain.wall_s else float("nan")
-    return (f"admission: {ours.bound} pods aligned {ours.aligned_share * 100:.1f}% vs scheduler-only "
-            f"{plain.aligned_share * 100:.1f}%; wall with controller / scheduler-only = {ratio:.2f}")
+def last_line(ours: list[ApiRun], plain: list[ApiRun]) -> str:
+    """The bench's required last line: the median of the rounds' wall ratios (after a warning line when
+    a round's runs bound different counts)."""
+    for o, p in zip(ours, plain, strict=True):
+        if o.bound != p.bound:
+            print(f"# WARNING: the runs bound different numbers of pods ({o.bound} with the controller, "
+                  f"{p.bound} scheduler-only, {STALL_S:.0f} s without a bind ended a run): the wall ratio "
+                  "compares unequal work")
+    ratio = statistics.median(o.wall_s / p.wall_s if p.wall_s else float("nan")
+                              for o, p in zip(ours, plain, strict=True))
+    bound = sum(o.bound for o in ours)
+    aligned = sum(o.aligned for o in ours) / bound if bound else 1.0
+    plain_bound = sum(p.bound for p in plain)
+    plain_aligned = sum(p.aligned for p in plain) / plain_bound if plain_bound else 1.0
+    return (f"admission: {ours[0].bound} pods aligned {aligned * 100:.1f}% vs scheduler-only "
+            f"{plain_aligned * 100:.1f}%; wall with controller / scheduler-only = {ratio:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -395,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gangs", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="pairs of runs, the order swapped each round; the ratio is their median")
     parser.add_argument("--dumps", type=Path, default=None)
     parser.add_argument("--keep-logs", type=Path, default=None,
                         help="copy each run's component logs (the controller's timing lines) here")
@@ -406,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     KEEP_LOGS, PROFILE, PROFILE_SECONDS = args.keep_logs, args.profile, args.profile_seconds
     if PROFILE is not None:
         os.environ[PROFILING_ENV] = "1"
-    print(last_line(*through_api(args.nodes, args.gangs, args.seed, args.dumps)))
+    print(last_line(*through_api(args.nodes, args.gangs, args.seed, args.dumps, args.rounds)))
     return 0
 
 
