@@ -17,8 +17,8 @@ Public API:
   `<namespace>/<job name>` (label `batch.kubernetes.io/job-name`, else `job-name`), slot its
   completion index (annotation `batch.kubernetes.io/job-completion-index`), else the pod's name.
 - `agent_pins(pod) -> bool`: whether the node's agent pins the pod (running, not terminal, with a
-  container owed exclusive CPUs); `pinned_eligible(pods, node, pinned=None) -> tuple[(namespace,
-  name), ...]`: the pods bound to `node` it pins (`pinned`: a cache of `agent_pins`).
+  container owed exclusive CPUs); the pods bound to a node that it pins are
+  `agent.admission.podindex.PodIndex.eligible(node)`.
 
 When an entry clears (each rule is checked in order by `settle`):
 
@@ -95,11 +95,6 @@ def job_slot(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     return f"{namespace}/{job}", index if isinstance(index, str) else name
 
 
-def _node_of(pod: Mapping[str, Any]) -> str | None:
-    node = _str_map(pod.get("spec")).get("nodeName")
-    return node if isinstance(node, str) and node else None
-
-
 def _terminal(pod: Mapping[str, Any]) -> bool:
     return _str_map(pod.get("status")).get("phase") in TERMINAL_PHASES
 
@@ -113,19 +108,6 @@ def agent_pins(pod: Mapping[str, Any]) -> bool:
     except (PodError, TypeError, ValueError):
         return False
     return any(c.exclusive for c in plan.containers)
-
-
-def pinned_eligible(pods: Iterable[Mapping[str, Any]], node: str,
-                    pinned: Callable[[Mapping[str, Any]], bool] | None = None) -> tuple[tuple[str, str], ...]:
-    """(namespace, name) of the pods bound to `node` that its agent pins, sorted (`pinned`: a cache
-    of whether the agent pins a pod, by default worked out each time)."""
-    pins = pinned or agent_pins
-    out = []
-    for pod in pods:
-        if _node_of(pod) == node and pins(pod):
-            meta = _meta(pod)
-            out.append((str(meta.get("namespace")), str(meta.get("name"))))
-    return tuple(sorted(out))
 
 
 def nrt_fingerprint(nrt: Mapping[str, Any]) -> str | None:

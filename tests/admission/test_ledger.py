@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from agent.admission.ledger import Entry, Ledger, job_slot, pinned_eligible
+from agent.admission.ledger import Entry, Ledger, agent_pins, job_slot
 from agent.admission.model import Placement, PodPlacement, Resources
+from agent.admission.podindex import PodIndex
 from agent.kube.nrt import pod_set_fingerprint
 
 REQ = Resources(cpu_milli=2000, memory=1 << 30)
@@ -99,5 +100,6 @@ def test_job_slot_and_pinned_eligible() -> None:
     assert job_slot(MINE) == ("ns/j", "0")
     assert job_slot({"metadata": {"name": "p", "namespace": "ns"}}) is None
     shared = pod("shared", "n1", job="s", cpu="500m")
-    assert pinned_eligible([MINE, OTHER, shared, pod("j-1", "n2", index="1")], "n1") == (("ns", "j-0"),
-                                                                                           ("ns", "other"))
+    index = PodIndex(lambda p: None, agent_pins).update([MINE, OTHER, shared, pod("j-1", "n2", index="1")],
+                                                         job_slot)
+    assert index.eligible("n1") == (("ns", "j-0"), ("ns", "other"))
