@@ -16,7 +16,7 @@ from tests.controlplane.fixtures import cluster_session
 from tests.vm.guest import GuestRun, run_in_guest
 
 # The test cluster of tests/vm/test_guest_realnode.py, whose node runs in the guest.
-__all__ = ["boot_and_run", "cluster_session", "junit_outcomes"]
+__all__ = ["boot_and_run", "cluster_session", "junit_outcomes", "outcomes_on_v2"]
 
 
 def boot_and_run(selection: list[str], tmp_path_factory: pytest.TempPathFactory,
@@ -46,3 +46,10 @@ def junit_outcomes(junit: Path) -> dict[str, str]:
                 outcome = f"skipped: {child.get('message', '')}"
         out[name] = outcome
     return out
+
+
+def outcomes_on_v2(run: GuestRun, output_tail: int = 8000) -> dict[str, str]:
+    """The in-guest run's JUnit outcomes, once it is known to have run on cgroup2 and pytest passed."""
+    assert run.cgroup_fs == "cgroup2fs", run.console[-3000:]
+    assert run.rc == 0, run.output[-output_tail:]
+    return junit_outcomes(run.junit)

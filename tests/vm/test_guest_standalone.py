@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vm.conftest import boot_and_run, junit_outcomes
+from tests.vm.conftest import boot_and_run, outcomes_on_v2
 from tests.vm.guest import GuestRun
 
 # Standalone tests that create cgroups (the `node` fixture) and end a launcher inside a private
@@ -36,9 +36,7 @@ def guest_run(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Con
 
 def test_the_standalone_tests_pass_on_cgroup_v2(guest_run: GuestRun) -> None:
     run = guest_run
-    assert run.cgroup_fs == "cgroup2fs", run.console[-3000:]
-    assert run.rc == 0, run.output[-8000:]
-    cases = junit_outcomes(run.junit)
+    cases = outcomes_on_v2(run)
     assert cases and not [n for n, o in cases.items() if o != "passed"], \
         {n: o for n, o in cases.items() if o != "passed"}
     # Every entry of the selection ran, the launcher's way back from outside its root included.
