@@ -68,10 +68,10 @@ class Capacity:
         if added:
             self.ledger = replace(self.ledger, entries=self.ledger.entries + tuple(added))
         index = self._pods.update(pods, slot_of)
-        self.ledger = self.ledger.settle(self.nrts.snapshot(), pods, now, live_gangs=live, index=index)
+        nodes, nrts = self.nodes.snapshot(), self.nrts.snapshot()  # one copy: settle and view agree
+        self.ledger = self.ledger.settle(nrts, pods, now, live_gangs=live, index=index)
         self._ledgered = {k for k in self._ledgered if k[0] in live}
         self.metrics.ledger_entries.set(len(self.ledger))
-        nodes, nrts = self.nodes.snapshot(), self.nrts.snapshot()
         view, left_out = build_view(nodes, nrts, pods, self.ledger, now,
                                     zones_of=self._zones.of, allocatable_of=self._allocatable.of,
                                     index=index, memo=self._memo)
