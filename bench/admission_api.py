@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import admission_workload as workload  # noqa: E402
 
 from agent.admission.model import Gang  # noqa: E402
+from agent.admission.placing import pod_target  # noqa: E402
 from agent.alloc.exclusive import allocate  # noqa: E402
 from agent.alloc.request import Request  # noqa: E402
 from agent.errors import AllocationError, KubeAPIError  # noqa: E402
@@ -247,8 +248,8 @@ def _replay(cluster: Cluster, objects: workload.Cluster, topos: list[tuple[str, 
         bound.sort(key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]))
         for p in bound:
             cpus = int(p["spec"]["containers"][0]["resources"]["requests"]["cpu"])
-            zone = (p["metadata"].get("annotations") or {}).get("topolet.io/numa-zone")
-            near = frozenset((int(zone),)) if zone is not None else None
+            target = pod_target(p)  # the zone annotation, or a one-node Job's placements entry
+            near = frozenset((target.zone,)) if target is not None and target.zone is not None else None
             try:
                 got: CPUSet = allocate(topo, free, Request(cpus=cpus, numa_policy="single-numa-node",
                                                            preferred_numa=near))

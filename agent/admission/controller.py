@@ -26,8 +26,9 @@ killed at any point finishes the work on restart and never decides a Job twice):
    (Indexed Jobs), else the lowest free one, in pod creation order (`placing.assign_slots`).
 2. The view: Nodes, NRTs and pods, with the ledger of admitted Jobs' slots the NRTs do not show yet.
 3. Pending Jobs (suspended, queue label, no record) in queue order through the engine: admitted ones
-   get the gate, the record (and, for Indexed Jobs, the slots in the template's
-   `topolet.io/placements`) and `suspend: false` in one patch; "never" refusals get a rejected record
+   get the record, `suspend: false` and, in the pod template, either their node (a Job placed on one
+   node: its pods are created pinned, `placing.one_node_template`) or the gate (and, for Indexed Jobs,
+   the slots in `topolet.io/placements`), in one patch; "never" refusals get a rejected record
    (only while no node is left out of the view: else they wait, as the node may come back); "not
    now" ones an Event when their reason changes.  A malformed Job gets an Event and is left as
    it is.

@@ -761,8 +761,52 @@ def _explain(work: _Work, ps: PodSet, allowed: tuple[int, ...] | None) -> str:
 _Slot = tuple[PodSet, int, tuple[int, ...] | None]  # pod set, index, allowed nodes (None: all)
 
 
+def _broken(choices: Sequence[_Choice]) -> int:
+    """How many whole zones `choices` break (the zone key's third field; 0 for node-level choices)."""
+    return sum(c.key[2] for c in choices if len(c.key) > 2 and c.zones)
+
+
+def _one_node(work: _Work, slots: Sequence[_Slot], greedy: list[_Choice]) -> list[_Choice] | None:
+    """The gang on one node, when a node among the first pod's best places holds all of it and
+    breaks no more whole zones than the greedy placement `greedy` (None otherwise).
+
+    Pods of one gang talk to each other, and a gang on one node needs no per-pod pin: its Job's pod
+    template carries the node (`agent.admission.placing`).  Only gangs of zone-aligned pods with no
+    GPU and no colocation label (those have their own domain search)."""
+    if len({c.node for c in greedy}) == 1:
+        return None
+    for ps, _, allowed in slots:
+        if allowed is not None or ps.numa_policy != "single-numa-node" or work.mix \
+                or ps.requests.gpus or ps.requests.gpu_milli:
+            return None
+    limit = _broken(greedy)
+    ps0 = slots[0][0]
+    tried: set[int] = set()
+    work.touched.clear()
+    for first in work.candidates(ps0, None, _WINDOW):
+        if first.node in tried:
+            continue
+        tried.add(first.node)
+        work.touched.clear()
+        chosen = [first]
+        work.take(ps0, first)
+        for ps, _, _ in slots[1:]:
+            options = work.candidates(ps, (first.node,), 1)
+            if not options:
+                break
+            work.take(ps, options[0])
+            chosen.append(options[0])
+        else:
+            if _broken(chosen) <= limit:
+                return chosen
+    return None
+
+
 def _search(work: _Work, slots: Sequence[_Slot]) -> tuple[list[_Choice] | None, str]:
-    """Greedy over `slots`, then bounded backtracking; (choices, "") or (None, the first failure)."""
+    """Greedy over `slots`, then bounded backtracking; (choices, "") or (None, the first failure).
+
+    A greedy placement over several nodes is replaced by one on a single node where `_one_node`
+    finds one as good for the cluster's whole zones."""
     chosen: list[_Choice] = []
     failure = ""
     for ps, index, allowed in slots:
@@ -773,6 +817,12 @@ def _search(work: _Work, slots: Sequence[_Slot]) -> tuple[list[_Choice] | None, 
         work.take(ps, options[0])
         chosen.append(options[0])
     else:
+        if len(slots) > 1:
+            saved = dict(work.touched)
+            local = _one_node(work, slots, chosen)
+            if local is not None:
+                return local, ""
+            work.touched = saved
         return chosen, ""
     work.touched.clear()
     if len(slots) == 1 or not work.candidates(ps, allowed, 1):

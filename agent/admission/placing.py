@@ -8,9 +8,10 @@ Public API:
 - `AdmissionRecord` and `record_of(job) -> AdmissionRecord | None` (JobSpecError when the annotation is
   not ours to read); `AdmissionRecord.encode()`; `SlotPlacement(node, zone)`.
 - Patch bodies (JSON merge patches, each carrying the resourceVersion it was computed from so a
-  concurrent writer makes it fail instead of being overwritten): `decision_patch(job, record)` adds the
-  gate to the still-suspended Job's template, records the decision and unsuspends the Job, in one
-  write; `unsuspend_patch()` (for a Job admitted but left suspended, by an earlier version);
+  concurrent writer makes it fail instead of being overwritten): `decision_patch(job, record)` pins
+  (one node, `one_node_template`) or gates the still-suspended Job's template, records the decision
+  and unsuspends the Job, in one write; `unsuspend_patch()` (for a Job admitted but left suspended,
+  by an earlier version);
   `reject_patch(job, record)`; `pod_patch(pod, node, zone)` pins a gated pod to its node and
   zone and removes the gate in one write.
 - `placements_value(record, indexed)`: the slots as the placement policy reads them (see below).
@@ -20,7 +21,12 @@ Public API:
 - `still_undecided(job, fresh) -> bool`: whether a decision made on `job` may still be written onto
   its re-read version `fresh` (after a 409).
 
-Two routes to a pinned pod.  The decision patch of an Indexed Job also writes the slots into the pod
+Three routes to a pinned pod.  A Job placed wholly on one node (most gangs: the engine keeps a gang
+on one node where that costs no whole zone) needs no per-pod pin: the decision patch writes the node
+into the pod template (`one_node_template`), with the zone as `topolet.io/numa-zone` when all slots
+share it, else as `topolet.io/placements` (an Indexed Job; the node's agent reads its own index's
+entry), and adds no gate.  The pods are created pinned: no pod write, no policy at work.  For a Job
+over several nodes, the decision patch of an Indexed Job also writes the slots into the pod
 template's annotation `topolet.io/placements` ("node:zone" per completion index, comma-separated;
 the zone empty when the slot has none).  Where the MutatingAdmissionPolicy `topolet-placement`
 (daemonset/controller/placement-policy.yaml) is installed, the API server pins each pod as the Job
@@ -156,20 +162,56 @@ def placements_value(record: AdmissionRecord, indexed: bool) -> str | None:
     return value if len(value) <= PLACEMENTS_MAX_CHARS else None
 
 
+def one_node_template(record: AdmissionRecord, pod_spec: Mapping[str, Any],
+                      indexed: bool) -> dict[str, Any] | None:
+    """The pod template change that pins every pod of a Job placed wholly on one node, with no gate
+    (None when the slots span nodes, or their zones differ and the pods carry no completion index).
+
+    The node selector `kubernetes.io/hostname=<node>` (other selectors kept) and, where the template
+    has no affinity, the required node affinity on the node's name (`node_affinity`); the zone as
+    `topolet.io/numa-zone` when every slot has the same one, else as `topolet.io/placements` (the
+    node's agent reads its completion index's entry, `agent.kube.pods`)."""
+    places = set(record.slots.values())
+    nodes = {p.node for p in places}
+    if record.result != "admitted" or len(nodes) != 1:
+        return None
+    (node,) = nodes
+    annotations: dict[str, str] = {}
+    if len(places) > 1:
+        placements = placements_value(record, indexed)
+        if placements is None:
+            return None
+        annotations[PLACEMENTS_ANNOTATION] = placements
+    else:
+        (place,) = places
+        if place.zone is not None:
+            annotations[NUMA_ZONE_ANNOTATION] = str(place.zone)
+    spec: dict[str, Any] = {"nodeSelector": {HOSTNAME_LABEL: node}}
+    if not pod_spec.get("affinity"):
+        spec["affinity"] = {"nodeAffinity": node_affinity(node)}
+    template: dict[str, Any] = {"spec": spec}
+    if annotations:
+        template["metadata"] = {"annotations": annotations}
+    return template
+
+
 def decision_patch(job: Mapping[str, Any], record: AdmissionRecord) -> dict[str, Any]:
-    """Add our gate to the suspended Job's pod template, record the decision and unsuspend, in one write.
+    """Record the decision on the suspended Job, pin its pod template, and unsuspend, in one write.
 
     One write makes the decision atomic: a recorded decision always has its Job running.  Job
-    validation takes the template change because the *old* Job is suspended and never started.  An
-    Indexed Job's template also gets `topolet.io/placements` (see the module docstring)."""
+    validation takes the template change because the *old* Job is suspended and never started.  A Job
+    placed on one node gets `one_node_template`: its pods are created pinned.  Any other gets our
+    gate, and an Indexed Job's template also `topolet.io/placements` (see the module docstring)."""
     pod_spec = as_dict(as_dict(as_dict(job.get("spec")).get("template")).get("spec"))
-    gates = _gates(pod_spec)
-    if not any(g.get("name") == GATE for g in gates):
-        gates.append({"name": GATE})
-    template: dict[str, Any] = {"spec": {"schedulingGates": gates}}
-    placements = placements_value(record, job_indexed(job))
-    if placements is not None:
-        template["metadata"] = {"annotations": {PLACEMENTS_ANNOTATION: placements}}
+    template = one_node_template(record, pod_spec, job_indexed(job))
+    if template is None:
+        gates = _gates(pod_spec)
+        if not any(g.get("name") == GATE for g in gates):
+            gates.append({"name": GATE})
+        template = {"spec": {"schedulingGates": gates}}
+        placements = placements_value(record, job_indexed(job))
+        if placements is not None:
+            template["metadata"] = {"annotations": {PLACEMENTS_ANNOTATION: placements}}
     return {"metadata": {"resourceVersion": meta_of(job).get("resourceVersion"),
                          "annotations": {ADMISSION_ANNOTATION: record.encode()}},
             "spec": {"suspend": False, "template": template}}
@@ -244,11 +286,20 @@ def completion_index(pod: Mapping[str, Any]) -> int | None:
 
 
 def pod_target(pod: Mapping[str, Any]) -> SlotPlacement | None:
-    """The (node, zone) we pinned the pod to (our nodeSelector and zone annotation), None if unpinned."""
+    """The (node, zone) we pinned the pod to, None if unpinned: our nodeSelector, and the zone
+    annotation or (a one-node Job's pod) its completion index's entry in the placements annotation."""
     node = as_dict(as_dict(pod.get("spec")).get("nodeSelector")).get(HOSTNAME_LABEL)
     if not isinstance(node, str) or not node or pod_gated(pod):
         return None
-    zone = as_dict(meta_of(pod).get("annotations")).get(NUMA_ZONE_ANNOTATION)
+    notes = as_dict(meta_of(pod).get("annotations"))
+    zone = notes.get(NUMA_ZONE_ANNOTATION)
+    if zone is None and isinstance(notes.get(PLACEMENTS_ANNOTATION), str):
+        index = completion_index(pod)
+        entries = notes[PLACEMENTS_ANNOTATION].split(",")
+        if index is not None and index < len(entries):
+            at, _, zone = entries[index].partition(":")
+            if at != node:
+                return SlotPlacement(node, None)
     return SlotPlacement(node, int(zone) if isinstance(zone, str) and zone.isdigit() else None)
 
 

@@ -25,6 +25,12 @@ The rules (DESIGN.md "Pods"; the node's kubelet runs `cpuManagerPolicy: none`, s
   `topolet.io/numa-policy` says: the controller counted the pod against that zone.  A node that
   cannot hold it (no such node, no CPUs there, not enough free) gives an `AllocationFailed` Event
   and the shared pool, retried as CPUs are freed.
+- `topolet.io/placements: "<node>:<zone>,..."` (one entry per completion index; written by the
+  admission controller on the pod template of an Indexed Job it placed wholly on one node, in zones
+  that differ by index) is the same pin as `topolet.io/numa-zone`, read from the entry of the pod's
+  `batch.kubernetes.io/job-completion-index` (an empty zone: no zone).  An entry for another node
+  than the pod's `spec.nodeName`, an index past the list or a malformed value is a bad annotation.
+  Where both are present, `topolet.io/numa-zone` (the pod's own) wins.
 - Any bad annotation (unknown value, wrong type, a zone that is not a decimal id) puts the whole
   pod on the shared pool and yields an `InvalidAnnotation` warning: never a wrong pin.
 - Only regular containers are pinned.  Init containers (sidecars included) and ephemeral containers
@@ -51,6 +57,8 @@ NUMA_POLICY = "topolet.io/numa-policy"
 SMT = "topolet.io/smt"
 MEMORY_BINDING = "topolet.io/memory-binding"
 NUMA_ZONE = "topolet.io/numa-zone"
+PLACEMENTS = "topolet.io/placements"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     CPU_POLICY: ("exclusive", "shared"),
@@ -229,6 +237,12 @@ def _annotations(meta: dict[str, Any]) -> tuple[dict[str, str], list[PodWarning]
                 warnings.append(PodWarning(REASON_INVALID, f"{key}={repr(value)[:64]}: expected a NUMA "
                                         f"node id (0..{_MAX_NUMA_ZONE})"))
             continue
+        if key == PLACEMENTS:
+            if isinstance(value, str):
+                out[key] = value  # read against the pod's node and index in `_placed_zone`
+            else:
+                warnings.append(PodWarning(REASON_INVALID, f"{key}: expected a string"))
+            continue
         if key not in _CHOICES:
             warnings.append(PodWarning(REASON_INVALID, f"unknown annotation {key}"))
             continue
@@ -239,6 +253,24 @@ def _annotations(meta: dict[str, Any]) -> tuple[dict[str, str], list[PodWarning]
             continue
         out[key] = value
     return out, warnings
+
+
+def _placed_zone(pod: dict[str, Any], meta: dict[str, Any], text: str) -> tuple[int | None, str]:
+    """The zone `topolet.io/placements` gives this pod: (zone or None, "") or (None, why it cannot)."""
+    index = _dict(meta.get("annotations")).get(COMPLETION_INDEX)
+    if not (isinstance(index, str) and index.isdigit()):
+        return None, f"{PLACEMENTS}: the pod has no {COMPLETION_INDEX} to read its entry by"
+    entries = text.split(",")
+    if int(index) >= len(entries):
+        return None, f"{PLACEMENTS}: no entry for completion index {index} ({len(entries)} entries)"
+    node, sep, zone = entries[int(index)].partition(":")
+    good_zone = zone == "" or (_NUMA_ZONE_RE.fullmatch(zone) is not None and int(zone) <= _MAX_NUMA_ZONE)
+    if not sep or not node or not good_zone:
+        return None, f"{PLACEMENTS}: entry {index} {entries[int(index)][:64]!r} is not <node>:<NUMA node id>"
+    here = _dict(pod.get("spec")).get("nodeName")
+    if node != here:
+        return None, f"{PLACEMENTS}: entry {index} places the pod on {node[:64]}, it runs on {str(here)[:64]}"
+    return (int(zone) if zone else None), ""
 
 
 def _running(status: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -310,6 +342,10 @@ def plan_pod(pod: object) -> PodPlan:
     policy = notes.get(CPU_POLICY)
     numa = notes.get(NUMA_POLICY, DEFAULT_NUMA_POLICY)
     zone = int(notes[NUMA_ZONE]) if NUMA_ZONE in notes else None
+    if NUMA_ZONE not in notes and PLACEMENTS in notes:
+        zone, why = _placed_zone(pod, meta, notes[PLACEMENTS])
+        if why:
+            warnings.append(PodWarning(REASON_INVALID, why))
     if zone is not None:
         numa = "single-numa-node"  # the controller counted the pod against one zone
     smt = notes.get(SMT, DEFAULT_SMT)

@@ -94,6 +94,18 @@ def delete_job(api: KubeClient, ns: str, name: str) -> None:
                 body={"propagationPolicy": "Background"}, content_type="application/json")
 
 
+def pod_zone(pod: dict[str, Any]) -> int:
+    """The zone a placed pod names: its `topolet.io/numa-zone`, or (a Job placed on one node) its
+    completion index's entry of `topolet.io/placements`, which must name the pod's own node."""
+    ann = pod["metadata"].get("annotations") or {}
+    if "topolet.io/numa-zone" in ann:
+        return int(ann["topolet.io/numa-zone"])
+    entry = ann["topolet.io/placements"].split(",")[int(ann["batch.kubernetes.io/job-completion-index"])]
+    node, zone = entry.split(":")
+    assert node == pod["spec"]["nodeName"], (entry, pod["spec"]["nodeName"])
+    return int(zone)
+
+
 def all_bound_as_recorded(api: KubeClient, ns: str, name: str, count: int) -> bool:
     """Every pod of the Job is bound, ungated, on the node its slot names, with the slot's zone."""
     rec = record(api, ns, name)
@@ -107,7 +119,7 @@ def all_bound_as_recorded(api: KubeClient, ns: str, name: str, count: int) -> bo
             return False
         assert not any(g["name"] == GATE for g in pod["spec"].get("schedulingGates") or [])
         assert pod["spec"]["nodeSelector"]["kubernetes.io/hostname"] == pod["spec"]["nodeName"]
-        placed.append((pod["spec"]["nodeName"], int(ann["topolet.io/numa-zone"])))
+        placed.append((pod["spec"]["nodeName"], pod_zone(pod)))
         index = ann.get("batch.kubernetes.io/job-completion-index")
         if index is not None:  # Indexed: the slot is the completion index
             assert placed[-1] == (rec["placement"][index]["node"], rec["placement"][index]["zone"])
@@ -235,10 +247,18 @@ def test_admits_whole_gangs_rejects_never_waits_and_flags_bad_jobs(
     # Every pod lands in a zone of its own node: (node, zone) pairs are distinct, 12 of 16 CPUs each.
     assert len({(p["node"], p["zone"]) for p in rec["placement"].values()}) == 4
     assert "Admitted" in events(api, namespace, "a")
+    # Four zones of one node hold it: the one-node route pins the pod template, with no gate, and the
+    # agent reads each pod's zone from the placements by its completion index.
+    (node_a,) = {p["node"] for p in rec["placement"].values()}
+    template = get_job(api, namespace, "a")["spec"]["template"]
+    assert template["spec"]["nodeSelector"]["kubernetes.io/hostname"] == node_a
+    assert not template["spec"].get("schedulingGates")
+    assert template["metadata"]["annotations"]["topolet.io/placements"] == ",".join(
+        f"{node_a}:{rec['placement'][str(i)]['zone']}" for i in range(4))
     # The node's agent pins each pod in the zone the controller counted on.
     for pod in job_pods(api, namespace, "a"):
         node = cluster.nodes[pod["spec"]["nodeName"]]
-        zone = int(pod["metadata"]["annotations"]["topolet.io/numa-zone"])
+        zone = pod_zone(pod)
         allocs = wait_for(lambda p=pod, n=node: [a for a in n.state().allocations
                                                  if a.owner.pod_uid == p["metadata"]["uid"]],
                           "the agent's allocation")
@@ -293,11 +313,24 @@ def test_admits_whole_gangs_rejects_never_waits_and_flags_bad_jobs(
     assert proc.popen.returncode == 0, proc.log_tail()
 
 
+@pytest.fixture
+def one_pod_nodes(cluster: Cluster, dump_root: Callable[[str], Path]) -> str:
+    """Eight simulated nodes that take one pod each: every gang of two spans two nodes."""
+    tag = uuid.uuid4().hex[:8]
+    label = f"test.topolet.io/{tag}"
+    names = [cluster.add_node(f"one-{tag}-{i}", dump_root(DUMP), labels={label: "true"}, pods=1).name
+             for i in range(8)]
+    for name in names:
+        wait_for(lambda n=name: cluster.nrt(n), f"the NRT of {name}")
+    return label
+
+
 def test_the_placement_policy_pins_indexed_pods_and_the_controller_patches_the_rest(
-        cluster: Cluster, api: KubeClient, namespace: str, nodes: tuple[str, list[str]]) -> None:
-    """With daemonset/controller/placement-policy.yaml installed, an Indexed Job's pods are created
-    pinned (no patch); a non-indexed Job's pods, which carry no index, are patched one by one."""
-    label, _ = nodes
+        cluster: Cluster, api: KubeClient, namespace: str, one_pod_nodes: str) -> None:
+    """With daemonset/controller/placement-policy.yaml installed, the pods of an Indexed Job over
+    several nodes are created pinned (no patch); a non-indexed Job's pods, which carry no index, are
+    patched one by one.  (Nodes of one pod each: no gang fits one node, where its template is pinned.)"""
+    label = one_pod_nodes
     port = free_port()
     cluster.start_controller("--listen", f"127.0.0.1:{port}", "--resync-seconds", "2")
     api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("indexed", 2, label))

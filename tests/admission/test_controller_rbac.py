@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from agent.admission.placing import AdmissionRecord, SlotPlacement, decision_patch, node_affinity
 from tests.admission.test_controller import DUMP, all_bound_as_recorded, events, gang_job, record, wait_for
 from tests.conftest import REPO, topolet_bin
 from tests.controlplane.cluster import Cluster
@@ -337,6 +338,23 @@ def test_admits_a_job_by_gating_its_template_then_unsuspending_it(setup: Setup) 
     assert job["metadata"]["annotations"]["topolet.io/admission"] == '{"result": "admitted"}'
 
 
+def test_admits_a_job_on_one_node_by_pinning_its_template(setup: Setup) -> None:
+    """The one-node route, with the very patch the controller sends (`placing.decision_patch`)."""
+    jobs = f"/apis/batch/v1/namespaces/{setup.team}/jobs"
+    job = created(setup.plane, jobs, suspended_job(f"one-node-{uuid.uuid4().hex[:6]}"))
+    record = AdmissionRecord("admitted", "d1", "2026-12-02T00:00:00Z",
+                             {0: SlotPlacement(setup.node, 0), 1: SlotPlacement(setup.node, 1)})
+    status, out = as_controller(setup, "PATCH", f"{jobs}/{job['metadata']['name']}",
+                                decision_patch(job, record))
+    assert status == 200, out
+    template = out["spec"]["template"]
+    assert template["spec"]["nodeSelector"] == {"kubernetes.io/hostname": setup.node}
+    assert template["spec"]["affinity"] == {"nodeAffinity": node_affinity(setup.node)}
+    assert template["metadata"]["annotations"]["topolet.io/placements"] == f"{setup.node}:0,{setup.node}:1"
+    assert not template["spec"].get("schedulingGates")
+    assert out["spec"]["suspend"] is False
+
+
 def test_places_a_gated_pod_and_lifts_the_gate(setup: Setup) -> None:
     path = f"/api/v1/namespaces/{setup.team}/pods/{setup.pod}"
     # One patch, as the controller sends it: where to run, which zone, and the gate lifted.
@@ -536,7 +554,26 @@ POLICY_REFUSED: list[PolicyRow] = [
      lambda s: {"spec": {"template": {"metadata": {"labels": {"app": "other"}}}}}, MERGE),
     ("annotate a queued Job's pods beyond the placements", "PATCH",
      "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
-     lambda s: {"spec": {"template": {"metadata": {"annotations": {"topolet.io/numa-zone": "0"}}}}}, MERGE),
+     lambda s: {"spec": {"template": {"metadata": {"annotations": {"topolet.io/cpu-policy": "shared"}}}}},
+     MERGE),
+    ("give a queued Job's pods any other node affinity", "PATCH",
+     "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
+     lambda s: {"spec": {"template": {"spec": {
+         "nodeSelector": {"kubernetes.io/hostname": s.node},
+         "affinity": {"nodeAffinity": {
+             **node_affinity(s.node), "preferredDuringSchedulingIgnoredDuringExecution": [
+                 {"weight": 1,
+                  "preference": {"matchExpressions": [{"key": "pool", "operator": "Exists"}]}}]}}}}}},
+     MERGE),
+    ("pin a queued Job's pods to another node than its selector", "PATCH",
+     "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
+     lambda s: {"spec": {"template": {"spec": {"nodeSelector": {"kubernetes.io/hostname": s.node},
+                                               "affinity": {"nodeAffinity": node_affinity("elsewhere")}}}}},
+     MERGE),
+    ("give a queued Job's pods a node affinity with no hostname selector", "PATCH",
+     "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
+     lambda s: {"spec": {"template": {"spec": {"affinity": {"nodeAffinity": node_affinity(s.node)}}}}},
+     MERGE),
     ("create another Lease in its namespace", "POST", LEASES,
      lambda s: {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "other"}},
      "application/json"),
@@ -554,7 +591,8 @@ def test_refused_by_its_admission_policy(setup: Setup, method: str, path: str, m
     url = path.format(team=setup.team, held=setup.held, free=setup.free, waiting=setup.waiting,
                       running=setup.running, plain=setup.plain)
     status, body = as_controller(setup, method, url, make_body(setup), content_type)
-    assert refused_by(status, body) == "policy", (status, body)
+    assert refused_by(status, body) == "policy", (status, body.get("message") if isinstance(body, dict)
+                                                  else body)
 
 
 @pytest.mark.parametrize("kind", ["Pod", "Job"])

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.admission.test_controller import pod_zone
 from tests.controlplane.cluster import Cluster, SimNode
 from tests.controlplane.fixtures import IN_CI
 from tests.kube.kubelet_standin import wait_for
@@ -42,7 +43,6 @@ __all__ = ["wait_for"]
 DUMP = "64fake-4n2s2ca2c2t"  # 64 CPUs, 4 NUMA nodes of 16
 QUEUE_LABEL = "topolet.io/queue"
 ADMISSION_ANNOTATION = "topolet.io/admission"
-NUMA_ZONE_ANNOTATION = "topolet.io/numa-zone"  # the zone the controller counted the pod against
 NUMA_POLICY = "topolet.io/numa-policy"
 GANG_PODS, GANG_CPUS = 4, 8
 FILLER_CPUS = 10  # leaves 6 CPUs in a 16-CPU zone: no 8-CPU pod fits there
@@ -218,13 +218,12 @@ def test_the_controller_admits_the_gang_only_when_every_pod_fits(
 
     pods = wait_for(bound, "every gang pod bound and running")
     # Each pod is on the node, and names the zone, of one slot of the record: all slots used, once.
-    where = sorted((p["spec"]["nodeName"], int(p["metadata"]["annotations"][NUMA_ZONE_ANNOTATION]))
-                   for p in pods)
+    where = sorted((p["spec"]["nodeName"], pod_zone(p)) for p in pods)
     assert where == sorted((s.node, s.zone) for s in record.slots.values()), (where, record)
     for p in pods:
         assert not p["spec"].get("schedulingGates")
         node, uid = nodes[p["spec"]["nodeName"]], p["metadata"]["uid"]
-        zone = int(p["metadata"]["annotations"][NUMA_ZONE_ANNOTATION])
+        zone = pod_zone(p)
 
         def pinned(node: SimNode = node, uid: str = uid) -> Any:
             # An agent that rejects what the controller wrote on the pod says so at once: fail with it.

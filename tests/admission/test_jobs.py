@@ -165,6 +165,45 @@ def test_decision_patch_of_an_indexed_job_carries_the_placements() -> None:
     assert "metadata" not in decision_patch(_job(), record)["spec"]["template"]
 
 
+ON_N1 = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}
+ONE_NODE = [
+    # (what, slots, indexed, the job's pod spec, expected template patch; None: the gate route)
+    ("one node, one zone: the zone annotation, any Job",
+     {0: SlotPlacement("n1", 2), 1: SlotPlacement("n1", 2)}, False, {},
+     {"metadata": {"annotations": {NUMA_ZONE_ANNOTATION: "2"}},
+      "spec": {"nodeSelector": {HOSTNAME_LABEL: "n1"}, "affinity": ON_N1}}),
+    ("one node, no zone: the node only", {0: SlotPlacement("n1", None)}, False, {},
+     {"spec": {"nodeSelector": {HOSTNAME_LABEL: "n1"}, "affinity": ON_N1}}),
+    ("one node, zones by index: the placements",
+     {0: SlotPlacement("n1", 0), 1: SlotPlacement("n1", 1)}, True, {},
+     {"metadata": {"annotations": {PLACEMENTS_ANNOTATION: "n1:0,n1:1"}},
+      "spec": {"nodeSelector": {HOSTNAME_LABEL: "n1"}, "affinity": ON_N1}}),
+    ("a template with an affinity of its own keeps it",
+     {0: SlotPlacement("n1", 0)}, True, {"affinity": {"podAntiAffinity": {}}},
+     {"metadata": {"annotations": {NUMA_ZONE_ANNOTATION: "0"}},
+      "spec": {"nodeSelector": {HOSTNAME_LABEL: "n1"}}}),
+    ("one node, zones differ, no index to tell the pods apart: gated",
+     {0: SlotPlacement("n1", 0), 1: SlotPlacement("n1", 1)}, False, {}, None),
+    ("two nodes: gated", {0: SlotPlacement("n1", 0), 1: SlotPlacement("n2", 0)}, True, {}, None),
+]
+
+
+@pytest.mark.parametrize(("what", "slots", "indexed", "pod_spec", "template"), ONE_NODE,
+                         ids=[r[0] for r in ONE_NODE])
+def test_decision_patch_pins_the_template_of_a_job_on_one_node(
+        what: str, slots: dict[int, SlotPlacement], indexed: bool, pod_spec: dict[str, Any],
+        template: dict[str, Any] | None) -> None:
+    record = AdmissionRecord("admitted", "d-1", "2026-12-01T00:00:00Z", slots)
+    patch = decision_patch(_job(indexed=indexed, completions=len(slots), pod_spec=pod_spec), record)
+    assert patch["spec"]["suspend"] is False and ADMISSION_ANNOTATION in patch["metadata"]["annotations"]
+    if template is None:
+        assert patch["spec"]["template"]["spec"]["schedulingGates"] == [{"name": GATE}]
+        assert HOSTNAME_LABEL not in patch["spec"]["template"]["spec"].get("nodeSelector", {})
+    else:
+        assert patch["spec"]["template"] == template
+
+
 PLACEMENTS = [
     # (what, slots, indexed, expected value)
     ("in index order, an empty zone for a slot without one",
@@ -229,8 +268,20 @@ def _pod(name: str, *, index: int | None = None, pinned: tuple[str, int] | None 
             "spec": spec, "status": {"phase": phase}}
 
 
+def _templated(name: str, index: int, placements: str) -> dict[str, Any]:
+    """A pod of a one-node Job as the Job controller makes it: pinned by the template, no gate."""
+    pod = _pod(name, index=index)
+    pod["metadata"]["annotations"][PLACEMENTS_ANNOTATION] = placements
+    pod["spec"] = {"nodeSelector": {HOSTNAME_LABEL: placements.split(":")[0]}}
+    return pod
+
+
 SLOTS = {0: SlotPlacement("n1", 0), 1: SlotPlacement("n1", 1), 2: SlotPlacement("n2", 0)}
 ASSIGN = [
+    ("one-node Job: its pods hold their index's slot from the template's placements",
+     [_templated("t1", 1, "n1:0,n1:1"), _templated("t0", 0, "n1:0,n1:1")], True, {"t0": 0, "t1": 1}, []),
+    ("a placements entry for another node gives no zone: that pod holds no slot",
+     [_templated("t1", 1, "n1:0,n2:1")], True, {}, []),
     # (what, pods, indexed, expected held {uid: slot}, expected place [(name, slot)])
     ("indexed: by completion index", [_pod("b", index=2, created=1), _pod("a", index=0, created=2)], True,
      {"a": 0, "b": 2}, [("b", 2), ("a", 0)]),

@@ -50,6 +50,42 @@ def test_zone_annotation_is_read_or_refused(notes: dict[str, Any], cpus: int, zo
     assert tuple(w.reason for w in plan.warnings) == reasons
 
 
+PLACED = "topolet.io/placements"
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+# (annotations, the pod's node, CPUs given, zone read, warning reasons): the one-node route's slots
+PLACEMENTS: list[tuple[dict[str, Any], str | None, int, int | None, tuple[str, ...]]] = [
+    ({PLACED: "n1:0,n1:3,n1:", INDEX: "1"}, "n1", 4, 3, ()),
+    ({PLACED: "n1:0,n1:3,n1:", INDEX: "0"}, "n1", 4, 0, ()),
+    ({PLACED: "n1:0,n1:3,n1:", INDEX: "2"}, "n1", 4, None, ()),  # a slot with no zone
+    ({PLACED: "n1:0,n1:3", INDEX: "1", ZONE: "2"}, "n1", 4, 2, ()),  # the pod's own zone wins
+    ({PLACED: "n1:0,n1:3", INDEX: "2"}, "n1", 0, None, ("InvalidAnnotation",)),  # past the list
+    ({PLACED: "n1:0,n1:3"}, "n1", 0, None, ("InvalidAnnotation",)),  # no completion index
+    ({PLACED: "n1:0,n1:3", INDEX: "x"}, "n1", 0, None, ("InvalidAnnotation",)),
+    ({PLACED: "n1:0,n2:3", INDEX: "1"}, "n1", 0, None, ("InvalidAnnotation",)),  # another node's slot
+    ({PLACED: "n1:0,n1:3", INDEX: "1"}, None, 0, None, ("InvalidAnnotation",)),  # not bound
+    ({PLACED: "n1:0,n1:01", INDEX: "1"}, "n1", 0, None, ("InvalidAnnotation",)),
+    ({PLACED: "n1:0,n1:1024", INDEX: "1"}, "n1", 0, None, ("InvalidAnnotation",)),
+    ({PLACED: "n1:0,n1", INDEX: "1"}, "n1", 0, None, ("InvalidAnnotation",)),
+    ({PLACED: "n1:0,:1", INDEX: "1"}, "n1", 0, None, ("InvalidAnnotation",)),
+    ({PLACED: ["n1:0"], INDEX: "0"}, "n1", 0, None, ("InvalidAnnotation",)),
+]
+
+
+@pytest.mark.parametrize(("notes", "node", "cpus", "zone", "reasons"), PLACEMENTS)
+def test_placements_give_the_zone_of_the_pods_index_on_its_node(
+        notes: dict[str, Any], node: str | None, cpus: int, zone: int | None,
+        reasons: tuple[str, ...]) -> None:
+    obj = pod([g(cpu="4")], qos="Guaranteed", annotations=notes)
+    if node is not None:
+        obj["spec"]["nodeName"] = node
+    plan = plan_pod(obj)
+    (c,) = plan.containers
+    assert (c.cpus, c.numa_zone) == (cpus, zone)
+    assert c.numa_policy == ("single-numa-node" if zone is not None else "best-effort")
+    assert tuple(w.reason for w in plan.warnings) == reasons
+
+
 def test_zone_means_nothing_for_a_shared_container() -> None:
     (c,) = plan_pod(pod([g(cpu="500m")], qos="Guaranteed", annotations={ZONE: "1"})).containers
     assert (c.cpus, c.numa_zone) == (0, None)
