@@ -17,7 +17,9 @@ Wall time: from the first Job's creation until every pod is bound (or until bind
 `STALL_S`, when some gangs wait: their pods are reported apart).  Alignment: the pods bound to each
 node are replayed, in creation order and after that node's fillers, through `agent.alloc.allocate`
 with single-numa-node on the node's topology (inside the zone the controller named, as the agent
-does); the share that gets CPUs in one zone is "aligned".  NRTs are static here, so the controller runs
+does); the share that gets CPUs in one zone is "aligned".  "Gang on one node" is the share of bound
+pods whose Job's pods all share one node: the controller pins those by the Job's pod template, with no
+per-pod policy or patch, so the API server's share of the run depends on it.  NRTs are static here, so the controller runs
 with a ledger timeout longer than the run (placements never show up in an NRT without agents).
 """
 
@@ -105,6 +107,7 @@ class ApiRun:
     bound: int
     wall_s: float  # first Job created → last pod bound
     aligned: int  # bound pods their node can pin in one zone
+    one_node: int = 0  # bound pods whose whole gang is on one node
 
     @property
     def aligned_share(self) -> float:
@@ -223,6 +226,22 @@ class BindWatch:
             self._stream.shutdown()
         self._thread.join(timeout=10)
         self.api.close()
+
+
+def _on_one_node(cluster: Cluster) -> int:
+    """How many bound gang pods share their node with every other pod of their Job (the controller
+    pins such a gang by its Job's pod template: no per-pod policy or patch)."""
+    api = KubeClient(cluster.plane.client())
+    try:
+        pods = api.list(f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
+    finally:
+        api.close()
+    nodes: dict[str, set[str]] = defaultdict(set)
+    for p in pods:
+        job = (p["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name", "")
+        nodes[job].add(p["spec"].get("nodeName") or "")
+    return sum(1 for p in pods if p["spec"].get("nodeName") and len(
+        nodes[(p["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name", "")]) == 1)
 
 
 def _replay(cluster: Cluster, objects: workload.Cluster, topos: list[tuple[str, Topology]]) -> int:
@@ -352,7 +371,7 @@ def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[
             if profiler is not None:
                 profiler.join()
         aligned = _replay(cluster, objects, topos)
-        return ApiRun(name, want, bound, wall, aligned)
+        return ApiRun(name, want, bound, wall, aligned, _on_one_node(cluster))
     except BaseException:
         print(cluster.logs(2000))
         raise
@@ -385,11 +404,13 @@ def through_api(nodes: int = 1000, gangs: int = 3000, seed: int = 42, dumps: Pat
                 run = _run(name, Path(tmp) / f"{'topolet' if controller else 'plain'}-{r}", objects, topos,
                            stream, controller=controller)
                 (ours if controller else plain).append(run)
-    print(f"{'placer':<24} {'round':>5} {'pods':>7} {'bound':>7} {'wall s':>8} {'aligned':>8}")
+    print(f"{'placer':<24} {'round':>5} {'pods':>7} {'bound':>7} {'wall s':>8} {'aligned':>8} "
+          f"{'gang on one node':>17}")
     for r in range(rounds):
         for run in (ours[r], plain[r]):
+            share = run.one_node / run.bound * 100 if run.bound else 0.0
             print(f"{run.name:<24} {r + 1:>5} {run.pods:>7} {run.bound:>7} {run.wall_s:>8.1f} "
-                  f"{run.aligned_share * 100:>7.1f}%")
+                  f"{run.aligned_share * 100:>7.1f}% {share:>16.1f}%")
     if rounds > 1:
         ratios = (f"{o.wall_s / p.wall_s:.2f}" for o, p in zip(ours, plain, strict=True))
         print("# wall ratio by round: " + ", ".join(ratios))
