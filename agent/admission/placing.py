@@ -187,7 +187,7 @@ def one_node_template(record: AdmissionRecord, pod_spec: Mapping[str, Any],
         if place.zone is not None:
             annotations[NUMA_ZONE_ANNOTATION] = str(place.zone)
     spec: dict[str, Any] = {"nodeSelector": {HOSTNAME_LABEL: node}}
-    if not pod_spec.get("affinity"):
+    if pod_spec.get("affinity") is None:  # an empty one too is the user's (and the write policy's)
         spec["affinity"] = {"nodeAffinity": node_affinity(node)}
     template: dict[str, Any] = {"spec": spec}
     if annotations:
