@@ -417,8 +417,8 @@ def through_api(nodes: int = 1000, gangs: int = 3000, seed: int = 42, dumps: Pat
     if rounds > 1:
         ratios = (f"{o.wall_s / p.wall_s:.2f}" for o, p in zip(ours, plain, strict=True))
         print("# wall ratio by round: " + ", ".join(ratios))
-        # Both runs are CPU-bound on a small machine: the CPU they took is the same comparison, and it
-        # does not move with the machine's speed the way wall time does on a shared VM.
+        # Both runs are CPU-bound on a small machine: the CPU they took is a second view of the same
+        # comparison (on a shared VM it moves with the machine's speed too, less with steal time).
         cpu = [o.cpu_s / p.cpu_s for o, p in zip(ours, plain, strict=True) if p.cpu_s]
         if cpu:
             print("# CPU-seconds ratio by round: " + ", ".join(f"{c:.2f}" for c in cpu)
