@@ -230,14 +230,20 @@ class BindWatch:
         self.api.close()
 
 
+def _gang_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    """The run's gang pods, as the API server has them now."""
+    api = KubeClient(cluster.plane.client())
+    try:
+        pods: list[dict[str, Any]] = api.list(f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
+    finally:
+        api.close()
+    return pods
+
+
 def _on_one_node(cluster: Cluster) -> int:
     """How many bound gang pods share their node with every other pod of their Job (the controller
     pins such a gang by its Job's pod template: no per-pod policy or patch)."""
-    api = KubeClient(cluster.plane.client())
-    try:
-        pods = api.list(f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
-    finally:
-        api.close()
+    pods = _gang_pods(cluster)
     nodes: dict[str, set[str]] = defaultdict(set)
     for p in pods:
         job = (p["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name", "")
@@ -248,11 +254,7 @@ def _on_one_node(cluster: Cluster) -> int:
 
 def _replay(cluster: Cluster, objects: workload.Cluster, topos: list[tuple[str, Topology]]) -> int:
     """How many bound gang pods their node's allocator pins in one zone (see the module docstring)."""
-    api = KubeClient(cluster.plane.client())
-    try:
-        pods = api.list(f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
-    finally:
-        api.close()
+    pods = _gang_pods(cluster)
     fillers: dict[str, list[int]] = defaultdict(list)
     for p in objects.pods:
         fillers[p["spec"]["nodeName"]].append(int(p["spec"]["containers"][0]["resources"]["requests"]["cpu"]))
