@@ -26,6 +26,13 @@ DUMP = "32em64t-2n8c+dax+nvme+mic+dimms"
 UID = "6f1c2a44-93b1-4d0e-8a52-0c1d2e3f4a5b"
 
 
+def _interruptible() -> None:
+    """In the child before exec: Ctrl-C's default back.  A test runner started in the background by a
+    shell without job control ignores SIGINT, and an ignored signal stays ignored across exec, so the
+    watch would never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run(*words: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([topolet_bin(), *words], capture_output=True, timeout=120, check=False)
 
@@ -103,7 +110,8 @@ def _frames(proc: subprocess.Popen[bytes], count: int, deadline: float) -> list[
 def test_watch_redraws_frames_from_the_state_until_interrupted(tmp_path: Path) -> None:
     state, held, reserved = _machine_state(tmp_path)
     words = ["status", "--watch", "--interval", "0.2", "--state-dir", str(tmp_path)]
-    proc = subprocess.Popen([topolet_bin(), *words], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([topolet_bin(), *words], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_interruptible)
     try:
         first = _frames(proc, 2, time.monotonic() + 60)
         assert len(first) == 2, first
@@ -188,7 +196,8 @@ def test_watch_on_a_terminal_clears_the_screen_for_each_frame(tmp_path: Path) ->
     _, held, _ = _machine_state(tmp_path)
     main, sub = pty.openpty()
     words = ["status", "--watch", "--interval", "0.2", "--state-dir", str(tmp_path)]
-    proc = subprocess.Popen([topolet_bin(), *words], stdout=sub, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([topolet_bin(), *words], stdout=sub, stderr=subprocess.PIPE,
+                            preexec_fn=_interruptible)
     os.close(sub)
     buf = b""
     try:
