@@ -58,6 +58,7 @@ from agent.admission.jobs import (
     job_suspended,
     meta_of,
 )
+from agent.kube.pods import placement_entry
 
 PLACEMENTS_ANNOTATION = "topolet.io/placements"
 # Past this the value is not written (pods are patched instead): every pod of the Job carries it
@@ -293,13 +294,10 @@ def pod_target(pod: Mapping[str, Any]) -> SlotPlacement | None:
         return None
     notes = as_dict(meta_of(pod).get("annotations"))
     zone = notes.get(NUMA_ZONE_ANNOTATION)
-    if zone is None and isinstance(notes.get(PLACEMENTS_ANNOTATION), str):
-        index = completion_index(pod)
-        entries = notes[PLACEMENTS_ANNOTATION].split(",")
-        if index is not None and index < len(entries):
-            at, _, zone = entries[index].partition(":")
-            if at != node:
-                return SlotPlacement(node, None)
+    index = completion_index(pod)
+    if zone is None and isinstance(notes.get(PLACEMENTS_ANNOTATION), str) and index is not None:
+        entry = placement_entry(notes[PLACEMENTS_ANNOTATION], index)
+        return SlotPlacement(node, entry[1] if not isinstance(entry, str) and entry[0] == node else None)
     return SlotPlacement(node, int(zone) if isinstance(zone, str) and zone.isdigit() else None)
 
 

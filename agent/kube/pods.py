@@ -255,22 +255,33 @@ def _annotations(meta: dict[str, Any]) -> tuple[dict[str, str], list[PodWarning]
     return out, warnings
 
 
+def placement_entry(text: str, index: int) -> tuple[str, int | None] | str:
+    """Entry `index` of a `topolet.io/placements` value as (node, zone or None), or why it is not one.
+
+    The one reader of the format for the agent and the admission controller (`agent.admission.placing`)."""
+    entries = text.split(",")
+    if index >= len(entries):
+        return f"{PLACEMENTS}: no entry for completion index {index} ({len(entries)} entries)"
+    node, sep, zone = entries[index].partition(":")
+    good_zone = zone == "" or (_NUMA_ZONE_RE.fullmatch(zone) is not None and int(zone) <= _MAX_NUMA_ZONE)
+    if not sep or not node or not good_zone:
+        return f"{PLACEMENTS}: entry {index} {entries[index][:64]!r} is not <node>:<NUMA node id>"
+    return node, (int(zone) if zone else None)
+
+
 def _placed_zone(pod: dict[str, Any], meta: dict[str, Any], text: str) -> tuple[int | None, str]:
     """The zone `topolet.io/placements` gives this pod: (zone or None, "") or (None, why it cannot)."""
     index = _dict(meta.get("annotations")).get(COMPLETION_INDEX)
     if not (isinstance(index, str) and index.isdigit()):
         return None, f"{PLACEMENTS}: the pod has no {COMPLETION_INDEX} to read its entry by"
-    entries = text.split(",")
-    if int(index) >= len(entries):
-        return None, f"{PLACEMENTS}: no entry for completion index {index} ({len(entries)} entries)"
-    node, sep, zone = entries[int(index)].partition(":")
-    good_zone = zone == "" or (_NUMA_ZONE_RE.fullmatch(zone) is not None and int(zone) <= _MAX_NUMA_ZONE)
-    if not sep or not node or not good_zone:
-        return None, f"{PLACEMENTS}: entry {index} {entries[int(index)][:64]!r} is not <node>:<NUMA node id>"
+    entry = placement_entry(text, int(index))
+    if isinstance(entry, str):
+        return None, entry
+    node, zone = entry
     here = _dict(pod.get("spec")).get("nodeName")
     if node != here:
         return None, f"{PLACEMENTS}: entry {index} places the pod on {node[:64]}, it runs on {str(here)[:64]}"
-    return (int(zone) if zone else None), ""
+    return zone, ""
 
 
 def _running(status: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
