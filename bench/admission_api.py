@@ -243,13 +243,11 @@ def _gang_pods(cluster: Cluster) -> list[dict[str, Any]]:
 def _on_one_node(cluster: Cluster) -> int:
     """How many bound gang pods share their node with every other pod of their Job (the controller
     pins such a gang by its Job's pod template: no per-pod policy or patch)."""
-    pods = _gang_pods(cluster)
-    nodes: dict[str, set[str]] = defaultdict(set)
-    for p in pods:
-        job = (p["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name", "")
-        nodes[job].add(p["spec"].get("nodeName") or "")
-    return sum(1 for p in pods if p["spec"].get("nodeName") and len(
-        nodes[(p["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name", "")]) == 1)
+    jobs: dict[str, list[str]] = defaultdict(list)  # Job -> its pods' nodes
+    for p in _gang_pods(cluster):
+        jobs[(p["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name", "")].append(
+            p["spec"].get("nodeName") or "")
+    return sum(len(nodes) for nodes in jobs.values() if len(set(nodes)) == 1 and nodes[0])
 
 
 def _replay(cluster: Cluster, objects: workload.Cluster, topos: list[tuple[str, Topology]]) -> int:

@@ -762,8 +762,8 @@ _Slot = tuple[PodSet, int, tuple[int, ...] | None]  # pod set, index, allowed no
 
 
 def _broken(choices: Sequence[_Choice]) -> int:
-    """How many whole zones `choices` break (the zone key's third field; 0 for node-level choices)."""
-    return sum(c.key[2] for c in choices if len(c.key) > 2 and c.zones)
+    """How many whole zones zone choices (`_Work._zone_choice`) break: their key's third field."""
+    return sum(c.key[2] for c in choices)
 
 
 def _one_node(work: _Work, slots: Sequence[_Slot], greedy: list[_Choice]) -> list[_Choice] | None:

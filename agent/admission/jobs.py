@@ -36,7 +36,7 @@ from agent.admission.model import (
     Toleration,
 )
 from agent.errors import TopoletError
-from agent.kube.pods import parse_quantity
+from agent.kube.pods import COMPLETION_INDEX, NUMA_ZONE, parse_quantity
 from agent.labels.validate import is_dns_subdomain
 
 QUEUE_LABEL = "topolet.io/queue"
@@ -44,8 +44,8 @@ GATE = "topolet.io/placement"
 ADMISSION_ANNOTATION = "topolet.io/admission"
 NUMA_POLICY_ANNOTATION = "topolet.io/numa-policy"
 COLOCATE_ANNOTATION = "topolet.io/colocate"
-NUMA_ZONE_ANNOTATION = "topolet.io/numa-zone"
-COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+NUMA_ZONE_ANNOTATION = NUMA_ZONE  # the zone the node's agent pins the pod in (agent.kube.pods)
+COMPLETION_INDEX_ANNOTATION = COMPLETION_INDEX
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 MERGE_PATCH = "application/merge-patch+json"
 

@@ -58,9 +58,9 @@ from agent.admission.jobs import (
     job_suspended,
     meta_of,
 )
-from agent.kube.pods import placement_entry
+from agent.kube.pods import PLACEMENTS, placement_entry
 
-PLACEMENTS_ANNOTATION = "topolet.io/placements"
+PLACEMENTS_ANNOTATION = PLACEMENTS  # the agent reads it too (agent.kube.pods)
 # Past this the value is not written (pods are patched instead): every pod of the Job carries it
 # until the policy strips it, and an object's annotations may total 256 KiB.
 PLACEMENTS_MAX_CHARS = 64 * 1024

@@ -56,6 +56,7 @@ from agent.admission.jobs import (
 )
 from agent.admission.model import Gang, Placement
 from agent.admission.placing import PLACEMENTS_ANNOTATION, AdmissionRecord, SlotPlacement, placements_value
+from agent.kube.pods import parse_placement
 
 CONTROLLER_NAME = "topolet.io/topology-fit"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -281,10 +282,10 @@ def parse_placements(text: str) -> list[SlotPlacement]:
     """A `topolet.io/placements` value back into slots; WorkloadSpecError when it is not one."""
     out = []
     for i, entry in enumerate(text.split(",")):
-        node, sep, zone = entry.partition(":")
-        if not sep or not node or not (zone == "" or zone.isdigit()):
+        parsed = parse_placement(entry)
+        if parsed is None:
             raise WorkloadSpecError(f"{PLACEMENTS_ANNOTATION}: bad entry {i}: {entry!r}")
-        out.append(SlotPlacement(node, int(zone) if zone else None))
+        out.append(SlotPlacement(*parsed))
     return out
 
 

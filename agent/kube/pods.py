@@ -255,18 +255,26 @@ def _annotations(meta: dict[str, Any]) -> tuple[dict[str, str], list[PodWarning]
     return out, warnings
 
 
-def placement_entry(text: str, index: int) -> tuple[str, int | None] | str:
-    """Entry `index` of a `topolet.io/placements` value as (node, zone or None), or why it is not one.
+def parse_placement(entry: str) -> tuple[str, int | None] | None:
+    """One "node:zone" entry of `topolet.io/placements` (an empty zone: none); None when malformed.
 
-    The one reader of the format for the agent and the admission controller (`agent.admission.placing`)."""
+    The one reader of the format, for the agent and the admission controller (`agent.admission`)."""
+    node, sep, zone = entry.partition(":")
+    good_zone = zone == "" or (_NUMA_ZONE_RE.fullmatch(zone) is not None and int(zone) <= _MAX_NUMA_ZONE)
+    if not sep or not node or not good_zone:
+        return None
+    return node, (int(zone) if zone else None)
+
+
+def placement_entry(text: str, index: int) -> tuple[str, int | None] | str:
+    """Entry `index` of a `topolet.io/placements` value as (node, zone or None), or why it is not one."""
     entries = text.split(",")
     if index >= len(entries):
         return f"{PLACEMENTS}: no entry for completion index {index} ({len(entries)} entries)"
-    node, sep, zone = entries[index].partition(":")
-    good_zone = zone == "" or (_NUMA_ZONE_RE.fullmatch(zone) is not None and int(zone) <= _MAX_NUMA_ZONE)
-    if not sep or not node or not good_zone:
+    parsed = parse_placement(entries[index])
+    if parsed is None:
         return f"{PLACEMENTS}: entry {index} {entries[index][:64]!r} is not <node>:<NUMA node id>"
-    return node, (int(zone) if zone else None)
+    return parsed
 
 
 def _placed_zone(pod: dict[str, Any], meta: dict[str, Any], text: str) -> tuple[int | None, str]:
