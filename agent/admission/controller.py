@@ -75,6 +75,7 @@ from agent.admission import jobs, placing
 from agent.admission.capacity import Capacity
 from agent.admission.events import ObjectEvents, timestamp
 from agent.admission.heap import Heap
+from agent.admission.jobread import JobRead, JobReader
 from agent.admission.jobs import JobSpecError
 from agent.admission.kueue import KueueCheck
 from agent.admission.metrics import AdmissionMetrics
@@ -161,7 +162,7 @@ class Controller:
         self._pod_slots: dict[str, tuple[str, str]] = {}  # pod uid -> (Job key, slot), this pass
         self.passes = 0
         self.heap = Heap()
-        self._pass_cpu = 0.0  # the last pass's CPU seconds (this thread's), for the pace
+        self._pass_cpu = 0.0  # the process's CPU seconds over the last pass, for the pace
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="admission-write")
         # Pod patches run on their own pool and outlive the pass that sent them, so the next pass
         # (new Jobs admitted, newly made pods) overlaps them; `_placing` keeps a pod from being sent
@@ -170,8 +171,7 @@ class Controller:
         self._pod_writes: list[Future[Any]] = []
         self._placing: set[str] = set()
         self._placing_lock = threading.Lock()
-        self._records: dict[str, AdmissionRecord] = {}  # annotation text -> decoded record
-        self._records_seen: set[str] = set()  # texts read this pass
+        self.reader = JobReader()  # each Job version and its slots read once across passes
         self._writes: list[Future[Any]] = []  # this pass's writes in flight (drained before it ends)
         self._written = 0  # writes submitted this pass (logged)
         self._conflicts = 0  # writes refused with 409 since the start (logged; under _placing_lock)
@@ -207,9 +207,10 @@ class Controller:
             self.changed.wait(self.config.resync_seconds)
             # The debounce gathers a burst of events into one pass; a Kueue Workload waiting for our
             # check (`due`) ends it at once: Kueue's admission waits on that decision.  On a big
-            # cluster it is stretched to PACE times the last pass's CPU time (at most PACE_MAX_SECONDS):
-            # a pass's cost grows with the cluster, not with the few Jobs that arrived, so under a
-            # stream of Jobs the controller then takes at most 1/(1 + PACE) of a core.
+            # cluster it is stretched to PACE times the CPU time the process spent over the last pass
+            # (at most PACE_MAX_SECONDS): its writes and the watches' decoding meanwhile count too.  A
+            # pass's cost grows with the cluster, not with the few Jobs that arrived, so under a stream
+            # of Jobs the controller then takes about 1/(1 + PACE) of a core.
             due.wait(max(DEBOUNCE_SECONDS, min(PACE_MAX_SECONDS, PACE * self._pass_cpu)))
             if stop.is_set():
                 break
@@ -220,10 +221,10 @@ class Controller:
                 self.metrics.last_pass.set(self.clock())
                 continue
             try:
-                cpu = time.thread_time()
+                cpu = time.process_time()
                 self.decide_once()
                 self.heap.after_pass()
-                self._pass_cpu = time.thread_time() - cpu
+                self._pass_cpu = time.process_time() - cpu
             except NotLeader:
                 log.info("lost the lease mid-pass: stopped deciding")
             except Exception:  # noqa: BLE001 - one bad pass must not end the controller
@@ -340,24 +341,23 @@ class Controller:
                     by_owner.setdefault(str(ref.get("uid")), []).append(pod)
         priorities = {str(metadata_of(p).get("name")): int(p.get("value") or 0)
                       for p in self.priorities.snapshot() if isinstance(p.get("value"), int)}
-        admitted: list[tuple[dict[str, Any], AdmissionRecord]] = []
+        admitted: list[tuple[dict[str, Any], JobRead]] = []
         pending: list[Pending] = []
         jobs_by_key: dict[str, dict[str, Any]] = {}
         policy = self._guaranteed_policy()  # once a pass: it reads every NRT
         for job in all_jobs:
-            queue = jobs.job_queue(job)
-            if queue is None:
+            read = self.reader.read(job)
+            if read.queue is None:
                 continue
-            try:
-                record = self._record_of(job)
-            except JobSpecError as exc:
-                self._invalid_job(job, "InvalidAdmissionRecord", str(exc))
+            queue = read.queue
+            if read.bad_record is not None:
+                self._invalid_job(job, "InvalidAdmissionRecord", read.bad_record)
                 continue
-            if record is not None:
-                if record.result == "admitted" and not jobs.job_finished(job):
-                    admitted.append((job, record))
+            if read.record is not None:
+                if read.record.result == "admitted" and not read.finished:
+                    admitted.append((job, read))
                 continue
-            if not jobs.job_suspended(job):
+            if not read.suspended:
                 self._invalid_job(job, "NotSuspended",
                                   "a queued Job must be created with spec.suspend: true; left alone")
                 continue
@@ -378,17 +378,17 @@ class Controller:
         build = (bool(pending) or bool(kueue and kueue.pending) or self._view_at is None
                  or t_view - self._view_at >= VIEW_REFRESH_SECONDS)
         self._pod_slots = dict(kueue.pod_slots) if kueue is not None else {}
-        for job, record in admitted:
-            held = self._finish_admitted(job, record, by_owner.get(str(metadata_of(job).get("uid")), []),
-                                         slots_needed=build)
-            self._pod_slots.update({uid: (jobs.job_key(job), str(slot)) for uid, slot in held.items()})
+        for job, read in admitted:
+            held = self._finish_admitted(job, read, by_owner.get(read.uid, []), slots_needed=build)
+            self._pod_slots.update({uid: (read.key, str(slot)) for uid, slot in held.items()})
 
         depths: dict[str, int] = {}
         for p in pending:
             depths[p.queue] = depths.get(p.queue, 0) + 1
         t_view = time.perf_counter()
         if build:
-            holding = [(jobs.job_key(job), record, _requests_of(job)) for job, record in admitted]
+            holding = [(read.key, read.record, _requests_of(job)) for job, read in admitted
+                       if read.record is not None]
             holding += kueue.admitted if kueue is not None else []
             view = self.capacity.view(holding, pods, self._slot_of)
             self._view_at = time.perf_counter()
@@ -445,23 +445,9 @@ class Controller:
         # Forget what was said about Jobs that are gone, so the memory stays bounded by the queue.
         uids = {str(metadata_of(job).get("uid")) for job in all_jobs}
         self._waiting = {uid: why for uid, why in self._waiting.items() if uid in uids}
-        self._records = {t: r for t, r in self._records.items() if t in self._records_seen}
-        self._records_seen = set()
+        self.reader.retain(uids)
         self._invalid = {key for key in self._invalid if key[0] in uids}
         self.metrics.last_pass.set(self.clock())
-
-    def _record_of(self, job: Mapping[str, Any]) -> AdmissionRecord | None:
-        """`placing.record_of(job)`, decoded once per annotation text (every pass reads every
-        admitted Job's record; the cache holds those seen in the last pass)."""
-        text = as_dict(metadata_of(job).get("annotations")).get(jobs.ADMISSION_ANNOTATION)
-        if not isinstance(text, str):
-            return placing.record_of(job)
-        record = self._records.get(text)
-        if record is None:
-            record = placing.decode_record(text)
-            self._records[text] = record
-        self._records_seen.add(text)
-        return record
 
     def _guaranteed_policy(self) -> str:
         """The Topology Manager policy every NRT reports, when they agree; else "none"."""
@@ -539,17 +525,19 @@ class Controller:
         self._check_leader()
         self.events.record(job, "Normal", "Waiting", reason)
 
-    def _finish_admitted(self, job: dict[str, Any], record: AdmissionRecord,
-                         pods: list[dict[str, Any]], slots_needed: bool = True) -> dict[str, int]:
+    def _finish_admitted(self, job: dict[str, Any], read: JobRead,
+                         pods: list[dict[str, Any]], slots_needed: bool = True) -> Mapping[str, int]:
         """Unsuspend an admitted Job still suspended; give its gated pods their slots.  Returns the
         slot each of its live pods holds (pod uid -> slot); with `slots_needed` False (no view is
         built this pass) an empty map when no pod of the Job is gated, as it need not be worked out."""
-        if jobs.job_suspended(job):
+        if read.suspended:
             self._check_leader()
             self._submit(self._unsuspend, job)
         if not slots_needed and not any(placing.pod_gated(p) for p in pods):
             return {}
-        assignment = placing.assign_slots(record.slots, pods, jobs.job_indexed(job))
+        assignment = self.reader.slots(read, pods)
+        record = read.record
+        assert record is not None
         for pod, slot in assignment.place:
             uid = str(metadata_of(pod).get("uid"))
             with self._placing_lock:
@@ -561,7 +549,7 @@ class Controller:
             self._written += 1
         # A pod whose patch fails still names its slot this pass: it is gated, so unbound, and the
         # slot's ledger entry stays either way; the next pass assigns it again.
-        return dict(assignment.held)
+        return assignment.held
 
     def _place_pod(self, pod: Mapping[str, Any], slot: int, place: SlotPlacement) -> None:
         meta = metadata_of(pod)

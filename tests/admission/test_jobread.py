@@ -1,0 +1,97 @@
+"""agent.admission.jobread: what a pass reads of a Job and its slots, read again only when a version moves."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from agent.admission.jobread import JobReader
+from agent.admission.jobs import ADMISSION_ANNOTATION, GATE, QUEUE_LABEL
+from agent.admission.placing import AdmissionRecord, SlotPlacement, assign_slots
+
+SLOTS = {0: SlotPlacement("n1", 0), 1: SlotPlacement("n2", 1)}
+RECORD = AdmissionRecord("admitted", "d1", "2026-12-02T10:00:00Z", SLOTS)
+
+
+def _job(rv: str = "5", *, record: str | None = RECORD.encode(), queue: str | None = "q",
+         suspended: bool = False, done: bool = False, indexed: bool = True) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "j", "namespace": "ns", "uid": "u1", "resourceVersion": rv,
+                            "labels": {QUEUE_LABEL: queue} if queue else {},
+                            "annotations": {ADMISSION_ANNOTATION: record} if record is not None else {}}
+    status = {"conditions": [{"type": "Complete", "status": "True"}]} if done else {}
+    spec = {"suspend": suspended, "completionMode": "Indexed" if indexed else "NonIndexed"}
+    return {"metadata": meta, "spec": spec, "status": status}
+
+
+def _pod(name: str, index: int, rv: str = "1") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": name, "resourceVersion": rv,
+                         "creationTimestamp": f"2026-12-02T10:00:0{index}Z",
+                         "annotations": {"batch.kubernetes.io/job-completion-index": str(index)}},
+            "spec": {"schedulingGates": [{"name": GATE}]}, "status": {"phase": "Pending"}}
+
+
+READS = [
+    # (what, job, expected (queue, has record, bad record?, suspended, finished, indexed))
+    ("an admitted, running Indexed Job", _job(), ("q", True, False, False, False, True)),
+    ("a pending Job: suspended, no record", _job(record=None, suspended=True),
+     ("q", False, False, True, False, True)),
+    ("a finished Job", _job(done=True), ("q", True, False, False, True, True)),
+    ("no queue label", _job(queue=None), (None, True, False, False, False, True)),
+    ("a malformed record names why", _job(record="{not json"), ("q", False, True, False, False, True)),
+    ("a non-indexed Job", _job(indexed=False), ("q", True, False, False, False, False)),
+]
+
+
+@pytest.mark.parametrize(("what", "job", "want"), READS, ids=[r[0] for r in READS])
+def test_read(what: str, job: dict[str, Any], want: tuple[Any, ...]) -> None:
+    r = JobReader().read(job)
+    got = (r.queue, r.record is not None, r.bad_record is not None, r.suspended, r.finished, r.indexed)
+    assert got == want
+    assert (r.uid, r.key) == ("u1", "ns/j")
+    if r.bad_record is not None:
+        assert ADMISSION_ANNOTATION in r.bad_record
+    if r.record is not None:
+        assert r.record == RECORD
+
+
+def test_read_again_only_when_the_version_moves() -> None:
+    reader = JobReader()
+    first = reader.read(_job("5"))
+    assert reader.read(_job("5")) is first  # same version: not read again
+    moved = _job("6", done=True)
+    assert reader.read(moved).finished and not first.finished
+    # No resourceVersion: read every time, never memoised.
+    bare = _job("5")
+    del bare["metadata"]["resourceVersion"]
+    assert reader.read(bare) is not reader.read(copy.deepcopy(bare))
+
+
+def test_slots_match_assign_slots_and_follow_pod_versions() -> None:
+    reader = JobReader()
+    read = reader.read(_job())
+    pods = [_pod("b", 1), _pod("a", 0)]
+    got = reader.slots(read, pods)
+    want = assign_slots(SLOTS, pods, True)
+    assert dict(got.held) == dict(want.held) == {"a": 0, "b": 1}
+    assert reader.slots(read, list(reversed(pods))) is got  # same pod versions, any order
+    # Pod a pinned (a new version): its slot is now held, nothing left to place for it.
+    pinned = _pod("a", 0, rv="2")
+    pinned["spec"] = {"nodeSelector": {"kubernetes.io/hostname": "n1"}}
+    pinned["metadata"]["annotations"]["topolet.io/numa-zone"] = "0"
+    again = reader.slots(read, [pods[0], pinned])
+    assert again is not got
+    assert [p["metadata"]["name"] for p, _ in again.place] == ["b"]
+    assert dict(again.held) == {"a": 0, "b": 1}
+    # A pod gone: worked out again.
+    assert dict(reader.slots(read, [pinned]).held) == {"a": 0}
+
+
+def test_retain_forgets_gone_jobs() -> None:
+    reader = JobReader()
+    first = reader.read(_job())
+    reader.retain({"u1"})
+    assert reader.read(_job()) is first
+    reader.retain(set())
+    assert reader.read(_job()) is not first
