@@ -28,14 +28,15 @@ share it, else as `topolet.io/placements` (an Indexed Job; the node's agent read
 entry), and adds no gate.  The pods are created pinned: no pod write, no policy at work.  For a Job
 over several nodes, the decision patch of an Indexed Job also writes the slots into the pod
 template's annotation `topolet.io/placements` ("node:zone" per completion index, comma-separated;
-the zone empty when the slot has none).  Where the MutatingAdmissionPolicy `topolet-placement`
-(daemonset/controller/placement-policy.yaml) is installed, the API server pins each pod as the Job
-controller creates it: node selector (and required node affinity on the node's name, `node_affinity`)
-and zone from its index's entry, our gate and the placements annotation removed.  No pod write by
-the controller, no second scheduling pass.  Wherever the policy is absent, fails or does not apply (a
-non-indexed Job; a value over PLACEMENTS_MAX_CHARS), the pod is created gated and the controller
-pins it with `pod_patch`, which removes the placements annotation too, so the node's agent never
-sees it.
+the zone empty when the slot has none) and the label `topolet.io/placements-by-index: "true"` (the
+policy's objectSelector: other pods never meet the policy).  Where the MutatingAdmissionPolicy
+`topolet-placement` (daemonset/controller/placement-policy.yaml) is installed, the API server pins
+each pod as the Job controller creates it: node selector (and required node affinity on the
+node's name, `node_affinity`) and zone from its index's entry, our gate and the placements
+annotation removed.  No pod write by the controller, no second scheduling pass.  Wherever the policy
+is absent, fails or does not apply (a non-indexed Job; a value over PLACEMENTS_MAX_CHARS; a pod
+without the label), the pod is created gated and the controller pins it with `pod_patch`, which
+removes the placements annotation too, so the node's agent never sees it.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ from agent.admission.jobs import (
 from agent.kube.pods import PLACEMENTS, placement_entry
 
 PLACEMENTS_ANNOTATION = PLACEMENTS  # the agent reads it too (agent.kube.pods)
+# On the pod template beside PLACEMENTS_ANNOTATION (gated Indexed Jobs): the placement policy's
+# objectSelector, so the API server skips the policy outright for every other pod it creates.
+BY_INDEX_LABEL = ("topolet.io/placements-by-index", "true")
 # Past this the value is not written (pods are patched instead): every pod of the Job carries it
 # until the policy strips it, and an object's annotations may total 256 KiB.
 PLACEMENTS_MAX_CHARS = 64 * 1024
@@ -212,7 +216,8 @@ def decision_patch(job: Mapping[str, Any], record: AdmissionRecord) -> dict[str,
         template = {"spec": {"schedulingGates": gates}}
         placements = placements_value(record, job_indexed(job))
         if placements is not None:
-            template["metadata"] = {"annotations": {PLACEMENTS_ANNOTATION: placements}}
+            template["metadata"] = {"annotations": {PLACEMENTS_ANNOTATION: placements},
+                                    "labels": {BY_INDEX_LABEL[0]: BY_INDEX_LABEL[1]}}
     return {"metadata": {"resourceVersion": meta_of(job).get("resourceVersion"),
                          "annotations": {ADMISSION_ANNOTATION: record.encode()}},
             "spec": {"suspend": False, "template": template}}

@@ -376,6 +376,18 @@ def test_the_placement_policy_pins_indexed_pods_and_the_controller_patches_the_r
     status, text = scrape(port)
     assert status == 200
     assert metric(text, "topolet_admission_pods_patched_total") == 2  # plain's two, none of indexed's
+    # The policy selects pods by the template's label: the same gated pod without it is left as created.
+    assert job["spec"]["template"]["metadata"]["labels"]["topolet.io/placements-by-index"] == "true"
+    unlabelled = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "generateName": "unlabelled-", "annotations": {
+            "topolet.io/placements": f"{placed[0]['node']}:0",
+            "batch.kubernetes.io/job-completion-index": "0"}},
+        "spec": {"schedulingGates": [{"name": "topolet.io/placement"}],
+                 "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}
+    dry = api.request("POST", f"/api/v1/namespaces/{namespace}/pods", query={"dryRun": "All"},
+                      body=unlabelled, content_type="application/json")
+    assert dry["spec"]["schedulingGates"] == [{"name": "topolet.io/placement"}]
+    assert "nodeSelector" not in dry["spec"]
 
 
 def _admitted_once(api: KubeClient, ns: str, name: str, decision: str | None) -> str:

@@ -28,7 +28,13 @@ from typing import Any
 
 import pytest
 
-from agent.admission.placing import AdmissionRecord, SlotPlacement, decision_patch, node_affinity
+from agent.admission.placing import (
+    BY_INDEX_LABEL,
+    AdmissionRecord,
+    SlotPlacement,
+    decision_patch,
+    node_affinity,
+)
 from tests.admission.test_controller import DUMP, all_bound_as_recorded, events, gang_job, record, wait_for
 from tests.conftest import REPO, topolet_bin
 from tests.controlplane.cluster import Cluster
@@ -355,6 +361,26 @@ def test_admits_a_job_on_one_node_by_pinning_its_template(setup: Setup) -> None:
     assert out["spec"]["suspend"] is False
 
 
+def test_admits_a_job_over_two_nodes_by_gating_and_labelling_its_template(setup: Setup) -> None:
+    """The gated route of an Indexed Job, with the very patch the controller sends: our gate, the slots
+    and the label the placement policy selects its pods by."""
+    jobs = f"/apis/batch/v1/namespaces/{setup.team}/jobs"
+    job = created(setup.plane, jobs, suspended_job(f"two-nodes-{uuid.uuid4().hex[:6]}"))
+    record = AdmissionRecord("admitted", "d1", "2026-12-02T00:00:00Z",
+                             {0: SlotPlacement(setup.node, 0), 1: SlotPlacement("elsewhere", 1)})
+    status, out = as_controller(setup, "PATCH", f"{jobs}/{job['metadata']['name']}",
+                                decision_patch(job, record))
+    assert status == 200, out
+    template = out["spec"]["template"]
+    assert template["metadata"]["labels"][BY_INDEX_LABEL[0]] == BY_INDEX_LABEL[1]
+    # The Job's own template labels (the API server's selector labels) are kept as they were.
+    assert {k: v for k, v in template["metadata"]["labels"].items() if k != BY_INDEX_LABEL[0]} == \
+        job["spec"]["template"]["metadata"]["labels"]
+    assert template["metadata"]["annotations"]["topolet.io/placements"] == f"{setup.node}:0,elsewhere:1"
+    assert template["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert out["spec"]["suspend"] is False
+
+
 def test_places_a_gated_pod_and_lifts_the_gate(setup: Setup) -> None:
     path = f"/api/v1/namespaces/{setup.team}/pods/{setup.pod}"
     # One patch, as the controller sends it: where to run, which zone, and the gate lifted.
@@ -552,6 +578,9 @@ POLICY_REFUSED: list[PolicyRow] = [
      lambda s: {"spec": {"template": {"spec": {"nodeSelector": {"example.com/pool": "gpu"}}}}}, MERGE),
     ("label a queued Job's pods", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
      lambda s: {"spec": {"template": {"metadata": {"labels": {"app": "other"}}}}}, MERGE),
+    ("give a queued Job's pods the placement policy's label with another value", "PATCH",
+     "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
+     lambda s: {"spec": {"template": {"metadata": {"labels": {BY_INDEX_LABEL[0]: "false"}}}}}, MERGE),
     ("annotate a queued Job's pods beyond the placements", "PATCH",
      "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
      lambda s: {"spec": {"template": {"metadata": {"annotations": {"topolet.io/cpu-policy": "shared"}}}}},

@@ -17,6 +17,7 @@ from agent.admission.jobs import (
 )
 from agent.admission.model import NodeSelectorRequirement, Resources, Toleration
 from agent.admission.placing import (
+    BY_INDEX_LABEL,
     PLACEMENTS_ANNOTATION,
     PLACEMENTS_MAX_CHARS,
     AdmissionRecord,
@@ -160,7 +161,8 @@ def test_decision_patch_of_an_indexed_job_carries_the_placements() -> None:
     record = AdmissionRecord("admitted", "d-1", "2026-12-01T00:00:00Z",
                              {1: SlotPlacement("n2", None), 0: SlotPlacement("n1", 3)})
     indexed = decision_patch(_job(indexed=True, completions=2), record)
-    assert indexed["spec"]["template"]["metadata"] == {"annotations": {PLACEMENTS_ANNOTATION: "n1:3,n2:"}}
+    assert indexed["spec"]["template"]["metadata"] == {"annotations": {PLACEMENTS_ANNOTATION: "n1:3,n2:"},
+                                                       "labels": {BY_INDEX_LABEL[0]: "true"}}
     # A non-indexed Job's pods have no index to look up: no annotation, the controller patches them.
     assert "metadata" not in decision_patch(_job(), record)["spec"]["template"]
 

@@ -404,8 +404,10 @@ class Cluster:
 
         api = _api(self.plane)
         try:
+            # The label the controller puts on a gated Indexed Job's pod template: the policy's selector.
             install_mutating_policy(api, REPO / PLACEMENT_POLICY,
-                                    {"schedulingGates": [{"name": "topolet.io/placement"}]})
+                                    {"schedulingGates": [{"name": "topolet.io/placement"}]},
+                                    {"topolet.io/placements-by-index": "true"})
         finally:
             api.close()
 
@@ -565,10 +567,11 @@ class Cluster:
             api.close()
 
 
-def install_mutating_policy(api: Any, path: Path, canary_spec: Mapping[str, Any]) -> None:
+def install_mutating_policy(api: Any, path: Path, canary_spec: Mapping[str, Any],
+                            canary_labels: Mapping[str, str] | None = None) -> None:
     """Create the MutatingAdmissionPolicy and binding in `path` (idempotent) and wait until the API
     server applies them: a dry-run create of a canary pod (an index-0 pod with the placements
-    annotation "canary-node:0" and `canary_spec`) comes back with node selector
+    annotation "canary-node:0", `canary_labels` and `canary_spec`) comes back with node selector
     kubernetes.io/hostname=canary-node."""
     from agent.errors import KubeAPIError
 
@@ -581,7 +584,7 @@ def install_mutating_policy(api: Any, path: Path, canary_spec: Mapping[str, Any]
             if exc.status != 409:
                 raise
     canary = {"apiVersion": "v1", "kind": "Pod", "metadata": {
-        "generateName": "placement-canary-", "annotations": {
+        "generateName": "placement-canary-", "labels": dict(canary_labels or {}), "annotations": {
             "topolet.io/placements": "canary-node:0", "batch.kubernetes.io/job-completion-index": "0"}},
         "spec": {**canary_spec, "automountServiceAccountToken": False,
                  "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}
