@@ -4,7 +4,7 @@ Public API:
 
 - `Choice`: one place for one pod (node, zones and the CPU taken from each, GPU) with its sort key
   and cost;
-- `Work(index, mix, models)`: one placement attempt over an `viewindex.Index`: the node states it
+- `Work(index, mix, models)`: one placement attempt over a `viewindex.Index`: the node states it
   changed (`touched`), `candidates(pod_set, allowed, limit)` (the best places for one pod, best
   first), `options(pod_set, node)` (every way one node takes one pod), `restricted(...)` (the
   restricted policy's zones on one node) and `take(pod_set, choice)` (count one pod);
@@ -45,43 +45,23 @@ WINDOW = 16
 _GPU_SCORE_DIGITS = 6
 
 
-def _load_gpu_choice() -> Callable[..., tuple[float, int | None] | None] | None:
+def _optional(name: str) -> Callable[..., Any] | None:
+    """`agent.admission.fragmentation.<name>` when that module defines it, else None."""
     # The fragmentation module is developed beside this one; without it GPUs fall back to best fit.
     try:
         module = importlib.import_module("agent.admission.fragmentation")
     except ImportError:
         return None
-    choice = getattr(module, "gpu_choice", None)
-    return choice if callable(choice) else None
+    found = getattr(module, name, None)
+    return found if callable(found) else None
 
 
-_gpu_choice = _load_gpu_choice()
-
-
-def _load_gpu_supply() -> Callable[[Sequence[Node]], dict[str, int]] | None:
-    # The cluster's GPUs per model, for pod mixes whose types name GPU models.
-    try:
-        module = importlib.import_module("agent.admission.fragmentation")
-    except ImportError:
-        return None
-    supply = getattr(module, "gpu_supply", None)
-    return supply if callable(supply) else None
-
-
-_gpu_supply = _load_gpu_supply()
-
-
-def _load_cluster_cpu() -> Callable[[Sequence[Node]], float] | None:
-    # The cluster's CPU per GPU thousandth, which tells the score a workload asks more CPU than it has.
-    try:
-        module = importlib.import_module("agent.admission.fragmentation")
-    except ImportError:
-        return None
-    figure = getattr(module, "cluster_cpu_per_milli", None)
-    return figure if callable(figure) else None
-
-
-_cluster_cpu = _load_cluster_cpu()
+# the rise in fragmentation of one node for one pod, and the GPU a shared pod takes there
+_gpu_choice: Callable[..., tuple[float, int | None] | None] | None = _optional("gpu_choice")
+# the cluster's GPUs per model, for pod mixes whose types name GPU models
+_gpu_supply: Callable[[Sequence[Node]], dict[str, int]] | None = _optional("gpu_supply")
+# the cluster's CPU per GPU thousandth, which tells the score a workload asks more CPU than it has
+_cluster_cpu: Callable[[Sequence[Node]], float] | None = _optional("cluster_cpu_per_milli")
 
 
 def _cpu_per_gpu(ix: Index) -> float:

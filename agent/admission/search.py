@@ -38,7 +38,7 @@ _Slot = tuple[PodSet, int, tuple[int, ...] | None]  # pod set, index, allowed no
 
 
 def _broken(choices: Sequence[Choice]) -> int:
-    """How many whole zones zone choices (`Work._zone_choice`) break: their key's third field."""
+    """How many whole zones zone choices (`candidates.Work._zone_choice`) break: their key's third field."""
     return sum(c.key[2] for c in choices)
 
 
@@ -148,7 +148,6 @@ def _slots(gang: Gang, domains: Mapping[str, tuple[int, ...]]) -> list[_Slot]:
 def _size(ps: PodSet) -> tuple[int, ...]:
     r = ps.requests
     return (r.gpus * WHOLE_GPU + r.gpu_milli, r.cpu_milli, r.memory, ps.count)
-
 
 
 _Domains = list[tuple[str, tuple[int, ...]]]  # (label value, its nodes in order)

@@ -104,6 +104,7 @@ def _holds(have: Mapping[str, int], want: Mapping[str, int]) -> bool:
 
 
 def minus(have: Mapping[str, int], want: Mapping[str, int]) -> Mapping[str, int]:
+    """`have` less `want`, key by key (`have` itself when `want` is empty)."""
     if not want:
         return have
     out = dict(have)
@@ -113,6 +114,7 @@ def minus(have: Mapping[str, int], want: Mapping[str, int]) -> Mapping[str, int]
 
 
 def node_holds(s: NodeState, r: Resources) -> bool:
+    """Whether the node's totals hold one more pod asking `r`."""
     if s.pods < 1 or s.cpu < r.cpu_milli or s.mem < r.memory:
         return False
     if r.hugepages and not _holds(s.hp, r.hugepages):
@@ -127,6 +129,7 @@ def node_holds(s: NodeState, r: Resources) -> bool:
 
 
 def zone_holds(s: NodeState, i: int, r: Resources) -> bool:
+    """Whether zone `i` holds the CPU, memory, whole GPUs, hugepages and MIG devices of `r`."""
     if s.zcpu[i] < r.cpu_milli or s.zmem[i] < r.memory or s.zgpus[i] < r.gpus:
         return False
     if r.hugepages and not _holds(s.zhp[i], r.hugepages):
@@ -202,7 +205,6 @@ def _remember(key: object, ix: Index) -> None:
     _cache[id(key)] = (key, ix)
     while len(_cache) > _CACHED_VIEWS:
         del _cache[next(iter(_cache))]
-
 
 
 def carry(old: object, new: object, ix: Index, changed: Mapping[int, Node]) -> None:
