@@ -5,8 +5,9 @@ Public API (stable; the in-cluster daemon builds on it):
 - `load_api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient`: the pod's in-cluster
   service-account config when `kubeconfig` is None, else that kubeconfig file.  Raises ConfigError.
 - `KubeClient(api_client)`: every request agent/kube makes goes through it.  It takes the
-  configuration, credentials (the bearer token re-read through the in-cluster loader's refresh hook on
-  every request, so a rotated projected token is picked up), TLS and connection pool of an
+  configuration, credentials (the bearer token re-read through the in-cluster loader's refresh hook at
+  most every AUTH_REFRESH_SECONDS and at once after a 401, so a rotated projected token is picked up),
+  TLS and connection pool of an
   `ApiClient` and sends requests through that client's REST layer, reading and writing plain JSON
   dicts.  It never touches the generated API classes or models: they build pydantic schemas on first
   use, ~20 MiB the agent does not need.  `KubeClient.of(x)` wraps an ApiClient, passes a KubeClient
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -51,6 +53,12 @@ REQUEST_TIMEOUT: tuple[float, float] = (5.0, 20.0)
 CONNECT_RETRIES = 2
 # A watch event bigger than this is not an object we can use (and would otherwise grow without bound).
 MAX_WATCH_LINE = 8 << 20
+# The request headers (the bearer token among them) and the server's URL are worked out again after
+# this long.  Asking the configuration every request cost a quarter of a small request's client CPU
+# (the kubeconfig loader's hook sets the host again, which scans the environment for proxies); a
+# projected token is rotated well before the old one expires, and the in-cluster loader itself
+# re-reads it only once a minute.
+AUTH_REFRESH_SECONDS = 1.0
 DEFAULT_NAMESPACE = "topolet-system"
 SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -206,6 +214,7 @@ class KubeClient:
         if api_client is None:
             raise ConfigError("a Kubernetes client needs an ApiClient")
         self.api_client = api_client
+        self._base: tuple[float, str, dict[str, str]] | None = None  # (when, host, headers)
 
     @classmethod
     def of(cls, api: Any) -> KubeClient:
@@ -216,31 +225,39 @@ class KubeClient:
         """Close the connection pool."""
         self.api_client.close()
 
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        conf = self.api_client.configuration
-        headers = dict(self.api_client.default_headers)  # User-Agent and any the caller set
-        if self.api_client.cookie:
-            headers["Cookie"] = self.api_client.cookie
-        headers["Accept"] = "application/json"
+    def _host_and_headers(self, content_type: str | None) -> tuple[str, dict[str, str]]:
+        """The server's URL and a request's headers, the base of both reused for AUTH_REFRESH_SECONDS."""
+        now = time.monotonic()
+        base = self._base
+        if base is None or now - base[0] >= AUTH_REFRESH_SECONDS:
+            conf = self.api_client.configuration
+            headers = dict(self.api_client.default_headers)  # User-Agent and any the caller set
+            if self.api_client.cookie:
+                headers["Cookie"] = self.api_client.cookie
+            headers["Accept"] = "application/json"
+            # auth_settings() calls the configuration's refresh hook, which re-reads a rotated token.
+            for setting in conf.auth_settings().values():
+                if setting.get("in") == "header" and setting.get("value"):
+                    headers[setting["key"]] = setting["value"]
+            base = self._base = (now, conf.host, headers)
+        headers = dict(base[2])
         if content_type is not None:
             headers["Content-Type"] = content_type
-        # auth_settings() calls the configuration's refresh hook, which re-reads a rotated token.
-        for setting in conf.auth_settings().values():
-            if setting.get("in") == "header" and setting.get("value"):
-                headers[setting["key"]] = setting["value"]
-        return headers
+        return base[1], headers
 
     def _send(self, method: str, path: str, query: Mapping[str, object] | None, body: object,
               content_type: str | None, timeout: tuple[float, float], what: str) -> Any:
         """Send one request; the urllib3 response (not read) of a 2xx, else KubeAPIError."""
-        url = self.api_client.configuration.host + path + _query_text(query)
+        host, headers = self._host_and_headers(content_type)
+        url = host + path + _query_text(query)
         with api_call(what):
             # The REST layer serialises a dict body as JSON for JSON and YAML content types.
             resp = self.api_client.rest_client.request(
-                method, url, headers=self._headers(content_type), body=body,
-                _request_timeout=timeout).response
+                method, url, headers=headers, body=body, _request_timeout=timeout).response
         if 200 <= resp.status < 300:
             return resp
+        if resp.status == 401:
+            self._base = None  # the token was refused: ask the configuration afresh next time
         try:
             with api_call(what):
                 data = resp.data

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agent.errors import ConfigError, KubeAPIError
+from agent.kube import client as client_module
 from agent.kube.client import KubeClient, load_api_client, resource_path
 from tests.conftest import REPO
 from tests.controlplane.harness import ControlPlane
@@ -127,9 +128,10 @@ def test_server_down_is_an_error_without_status(control_plane: ControlPlane, kub
     assert "items" in kube.list(resource_path("", "v1", "nodes"))
 
 
-def test_every_request_asks_the_refresh_hook_for_the_token(
+def test_a_refused_token_is_asked_for_again_at_once(
         control_plane: ControlPlane, namespace: str) -> None:
-    """What the in-cluster loader relies on to pick up a rotated service-account token."""
+    """What the in-cluster loader relies on to pick up a rotated service-account token: after a 401
+    the next request asks the refresh hook again, however recent the last ask."""
     tokens = iter(["not-a-valid-token", control_plane.admin_token])
     with control_plane.client() as api:
         conf = api.configuration
@@ -150,6 +152,34 @@ def test_every_request_asks_the_refresh_hook_for_the_token(
         with pytest.raises(KubeAPIError) as now_valid:
             kube.get(configmaps(namespace, "x"))
         assert now_valid.value.status == 404  # authenticated: the refreshed token was sent
+        assert calls == ["refresh", "refresh"]
+
+
+def test_the_token_is_asked_for_again_after_auth_refresh_seconds(
+        control_plane: ControlPlane, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accepted headers are reused for AUTH_REFRESH_SECONDS, then the refresh hook is asked again (a
+    rotated token replaces the old one before that expires)."""
+    with control_plane.client() as api:
+        conf = api.configuration
+        calls: list[str] = []
+
+        def refresh(c: Any) -> None:
+            calls.append("refresh")
+            c.api_key["BearerToken"] = control_plane.admin_token
+            c.api_key_prefix["BearerToken"] = "Bearer"
+
+        conf.api_key.pop("authorization", None)
+        conf.api_key["BearerToken"] = "stale"  # the hook replaces it before the first request
+        conf.refresh_api_key_hook = refresh
+        kube = KubeClient(api)
+        monkeypatch.setattr(client_module, "AUTH_REFRESH_SECONDS", 3600.0)
+        for _ in range(3):
+            with pytest.raises(KubeAPIError) as missing:
+                kube.get(configmaps(namespace, "x"))
+            assert missing.value.status == 404
+        assert calls == ["refresh"]
+        monkeypatch.setattr(client_module, "AUTH_REFRESH_SECONDS", 0.0)
+        assert kube.list(configmaps(namespace))["items"] == []
         assert calls == ["refresh", "refresh"]
 
 
