@@ -9,8 +9,9 @@ Public API:
   `.decide_once()` runs one pass now (its pod patches may still be in flight when it returns).
 
 The pieces it is built from: `store` (list+watch into memory), `capacity` (the ledger and the
-engine's view across passes), `events` (Events off the pass), `placing`/`jobs`/`queues` (pure), and
-`command` (the `topolet controller` sub-command around it).
+engine's view across passes), `jobread` (each Job version and its slots read once across passes),
+`events` (Events off the pass), `placing`/`jobs`/`queues` (pure), and `command` (the `topolet
+controller` sub-command around it).
 
 A pass, in order (each step is idempotent and re-derived from the API objects, so a controller
 killed at any point finishes the work on restart and never decides a Job twice):
