@@ -342,7 +342,7 @@ class Controller:
                     by_owner.setdefault(str(ref.get("uid")), []).append(pod)
         priorities = {str(metadata_of(p).get("name")): int(p.get("value") or 0)
                       for p in self.priorities.snapshot() if isinstance(p.get("value"), int)}
-        admitted: list[tuple[dict[str, Any], JobRead]] = []
+        admitted: list[tuple[dict[str, Any], JobRead, AdmissionRecord]] = []
         pending: list[Pending] = []
         jobs_by_key: dict[str, dict[str, Any]] = {}
         policy = self._guaranteed_policy()  # once a pass: it reads every NRT
@@ -356,7 +356,7 @@ class Controller:
                 continue
             if read.record is not None:
                 if read.record.result == "admitted" and not read.finished:
-                    admitted.append((job, read))
+                    admitted.append((job, read, read.record))
                 continue
             if not read.suspended:
                 self._invalid_job(job, "NotSuspended",
@@ -379,8 +379,8 @@ class Controller:
         build = (bool(pending) or bool(kueue and kueue.pending) or self._view_at is None
                  or t_view - self._view_at >= VIEW_REFRESH_SECONDS)
         self._pod_slots = dict(kueue.pod_slots) if kueue is not None else {}
-        for job, read in admitted:
-            held = self._finish_admitted(job, read, by_owner.get(read.uid, []), slots_needed=build)
+        for job, read, record in admitted:
+            held = self._finish_admitted(job, read, record, by_owner.get(read.uid, []), slots_needed=build)
             self._pod_slots.update({uid: (read.key, str(slot)) for uid, slot in held.items()})
 
         depths: dict[str, int] = {}
@@ -388,8 +388,7 @@ class Controller:
             depths[p.queue] = depths.get(p.queue, 0) + 1
         t_view = time.perf_counter()
         if build:
-            holding = [(read.key, read.record, _requests_of(job)) for job, read in admitted
-                       if read.record is not None]
+            holding = [(read.key, record, _requests_of(job)) for job, read, record in admitted]
             holding += kueue.admitted if kueue is not None else []
             view = self.capacity.view(holding, pods, self._slot_of)
             self._view_at = time.perf_counter()
@@ -526,7 +525,7 @@ class Controller:
         self._check_leader()
         self.events.record(job, "Normal", "Waiting", reason)
 
-    def _finish_admitted(self, job: dict[str, Any], read: JobRead,
+    def _finish_admitted(self, job: dict[str, Any], read: JobRead, record: AdmissionRecord,
                          pods: list[dict[str, Any]], slots_needed: bool = True) -> Mapping[str, int]:
         """Unsuspend an admitted Job still suspended; give its gated pods their slots.  Returns the
         slot each of its live pods holds (pod uid -> slot); with `slots_needed` False (no view is
@@ -537,8 +536,6 @@ class Controller:
         if not slots_needed and not any(placing.pod_gated(p) for p in pods):
             return {}
         assignment = self.reader.slots(read, pods)
-        record = read.record
-        assert record is not None
         for pod, slot in assignment.place:
             uid = str(metadata_of(pod).get("uid"))
             with self._placing_lock:

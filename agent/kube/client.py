@@ -7,12 +7,11 @@ Public API (stable; the in-cluster daemon builds on it):
 - `KubeClient(api_client)`: every request agent/kube makes goes through it.  It takes the
   configuration, credentials (the bearer token re-read through the in-cluster loader's refresh hook at
   most every AUTH_REFRESH_SECONDS and at once after a 401, so a rotated projected token is picked up),
-  TLS and connection pool of an
-  `ApiClient` and sends requests through that client's REST layer, reading and writing plain JSON
-  dicts.  It never touches the generated API classes or models: they build pydantic schemas on first
-  use, ~20 MiB the agent does not need.  `KubeClient.of(x)` wraps an ApiClient, passes a KubeClient
-  through.  Methods (`path` from `resource_path`, `query` a mapping whose None values are left out):
-  `.get(path, query)`, `.list(path, query)`, `.create(path, body)`,
+  TLS and connection pool of an `ApiClient` and sends requests through that client's REST layer,
+  reading and writing plain JSON dicts.  It never touches the generated API classes or models: they
+  build pydantic schemas on first use, ~20 MiB the agent does not need.  `KubeClient.of(x)` wraps an
+  ApiClient, passes a KubeClient through.  Methods (`path` from `resource_path`, `query` a mapping
+  whose None values are left out): `.get(path, query)`, `.list(path, query)`, `.create(path, body)`,
   `.patch(path, body, content_type, field_manager=None, force=False)`,
   `.apply(path, body, field_manager, force=True)` (server-side apply), each returning the response
   object as a dict; `.watch(path, query, timeout=...)` -> `WatchStream`, an iterator of watch events
