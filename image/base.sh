@@ -45,9 +45,15 @@ fi
 work="$(mktemp -d "$cache_root/.base-XXXXXX")"
 target="$work/rootfs"
 # debootstrap mounts proc and sys in the target for the second stage; a failure can leave them there.
+# An EXIT trap must never fail: under `set -e -o pipefail` a grep that matches nothing (the usual case:
+# debootstrap unmounted what it mounted) would turn a finished build into exit 1.
 cleanup() {
-    findmnt -rn -o TARGET | grep -F "$target" | sort -r | while read -r m; do umount -l "$m" || true; done
-    rm -rf "$work"
+    local mounts
+    mounts="$(findmnt -rn -o TARGET | grep -F "$target" | sort -r || true)"
+    while read -r m; do
+        [[ -n "$m" ]] && umount -l "$m" 2>/dev/null || true
+    done <<<"$mounts"
+    rm -rf "$work" || true
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
