@@ -37,7 +37,7 @@ def run_controller(args: argparse.Namespace) -> int:
     """`topolet controller`: serve metrics, elect a leader if asked, and run until SIGTERM/SIGINT."""
     from agent.admission.queues import parse_queue_modes
     from agent.kube.client import agent_namespace, load_api_client
-    from agent.metrics import MetricsServer
+    from agent.metrics.server import MetricsServer
 
     if args.crash_at:
         os.environ[CRASH_ENV] = args.crash_at

@@ -15,7 +15,7 @@ Names (the Grafana panels use exactly these):
 - `topolet_admission_ledger_entries`, `topolet_admission_leader` (1 while this replica leads)
 
 The registry (`agent.metrics.new_registry`) also carries the process metrics (`process_*`) and no
-`*_created` series.  The server is `agent.metrics.MetricsServer` (/metrics and /healthz), which
+`*_created` series.  The server is `agent.metrics.server.MetricsServer` (/metrics and /healthz), which
 takes any object with a `registry`.  `capacity_figures(view)` is pure and table-tested.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Gauge, Histogram
 
 from agent.admission.model import ClusterView
-from agent.metrics import new_registry
+from agent.metrics.registry import new_registry
 
 DECISION_RESULTS = ("admitted", "waiting", "rejected", "error")
 NODE_STATES = ("usable", "stale", "not_ready")

@@ -73,7 +73,8 @@ from agent.kube.pods import ContainerPlan, PodPlan
 from agent.kube.publisher import RETRY_MAX_SECONDS, Publisher
 from agent.kube.recording import RecordingEngine
 from agent.kube.watch import PodChange, PodWatcher
-from agent.metrics import GPUZones, Metrics, MetricsServer, staleness_health
+from agent.metrics.registry import GPUZones, Metrics
+from agent.metrics.server import MetricsServer, staleness_health
 from agent.standalone.engine import PinningEngine, cpu_rows
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover

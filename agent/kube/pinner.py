@@ -6,7 +6,7 @@ API: warnings go out through a callback the publisher drains.  With `enforce=Fal
 --enforcement off`, over an `agent.kube.recording.RecordingEngine`) it looks for no cgroup: a
 container the pod status lists running with an ID is taken as started.
 
-What it counts (`agent.metrics`): `allocated`; `refused` with its reason (no room, a NUMA policy or
+What it counts (`agent.metrics.registry`): `allocated`; `refused` with its reason (no room, a NUMA policy or
 zone that cannot be met, invalid annotations) once per container and reason, however often it is
 retried; `error` (the state or a cgroup could not be written) at every attempt.  Releases are
 counted by the engine's `on_release`, which the agent wires to the metrics.
@@ -37,7 +37,7 @@ from agent.enforce.state import Owner, State
 from agent.errors import AllocationError, EnforcementError, TopoletError
 from agent.kube.pods import REASON_INVALID, ContainerPlan, PodPlan, PodWarning
 from agent.kube.watch import Changed, Gone, PodChange, Synced
-from agent.metrics import ALLOCATED, ERROR, INVALID, Metrics
+from agent.metrics.registry import ALLOCATED, ERROR, INVALID, Metrics
 from agent.standalone.engine import AllocationRefused, PinningEngine
 
 log = logging.getLogger("topolet.kube")

@@ -24,7 +24,7 @@ from agent.kube.mig_status import MigStatus
 from agent.kube.nrt_build import Snapshot, build_nrt
 from agent.kube.pods import PodPlan, PodWarning
 from agent.labels import build_labels
-from agent.metrics import Metrics
+from agent.metrics.registry import Metrics
 
 if TYPE_CHECKING:
     from agent.gpu.model import GPU

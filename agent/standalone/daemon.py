@@ -21,16 +21,8 @@ from agent.gpu.reconcile import MigReconciler
 from agent.kube.nrt_build import zone_gpus
 from agent.labels import build_labels
 from agent.labels.features_file import write_features_file
-from agent.metrics import (
-    ALLOCATION_RESULTS,
-    INVALID,
-    REFUSAL_REASONS,
-    REFUSED,
-    GPUZones,
-    Metrics,
-    MetricsServer,
-    staleness_health,
-)
+from agent.metrics.registry import ALLOCATION_RESULTS, INVALID, REFUSAL_REASONS, REFUSED, GPUZones, Metrics
+from agent.metrics.server import MetricsServer, staleness_health
 from agent.standalone.engine import PinningEngine, cpu_rows
 from agent.standalone.journal import Event, drain_events
 from agent.topology.cpuset import CPUSet

@@ -8,7 +8,7 @@ Cgroup shape (under the cpuset controller): `topolet/` holds every allowed CPU; 
 exclusive allocation; `topolet/shared` and its children hold shared workloads on the pool (every
 allowed CPU less the exclusive ones, reserved CPUs included).
 
-`allocate` raises `AllocationRefused` (with a `reason` from `agent.metrics.REFUSAL_REASONS`) when
+`allocate` raises `AllocationRefused` (with a `reason` from `agent.metrics.registry.REFUSAL_REASONS`) when
 the node cannot or may not satisfy a request, and other typed errors when writing the state or the
 cgroups failed.  `on_release(alloc_id)` hears of every allocation whose record it removes (released,
 released for a pod, or reaped), once.  `usage()` reads only the state file and may run on any
@@ -50,7 +50,7 @@ from agent.topology.model import Topology
 log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_SECONDS = 30.0
-# Refusal reasons, as agent.metrics.REFUSAL_REASONS names them (not imported from there: `topolet
+# Refusal reasons, as agent.metrics.registry.REFUSAL_REASONS names them (not imported from there: `topolet
 # exec` runs this module and starts without the Prometheus client).
 CAPACITY, ALIGNMENT, INVALID = "capacity", "alignment", "invalid"
 
@@ -60,7 +60,7 @@ class AllocationRefused(AllocationError):
 
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
-        self.reason = reason  # one of agent.metrics.REFUSAL_REASONS
+        self.reason = reason  # one of agent.metrics.registry.REFUSAL_REASONS
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ class Event:
     result: str  # "allocated" | "refused" | "error" | "released", or "" (state writes only)
     latency_seconds: float | None = None
     state_writes: int = 0
-    reason: str = ""  # a refusal's reason (agent.metrics.REFUSAL_REASONS)
+    reason: str = ""  # a refusal's reason (agent.metrics.registry.REFUSAL_REASONS)
 
 
 def append_event(folder: str, event: Event) -> None:

@@ -144,7 +144,7 @@ def families(registry: Any) -> dict[str, set[str]]:
 
 
 def agent_families() -> dict[str, set[str]]:
-    from agent.metrics import Metrics
+    from agent.metrics.registry import Metrics
 
     return families(Metrics().registry)
 
@@ -380,7 +380,7 @@ def test_fleet_shows_enforcement_off_mig_state_and_versions() -> None:
     assert versions["targets"][0]["expr"].startswith("count by (version) (topolet_info{")
     mig = panel(fleet, "MIG config state")
     assert "topolet_mig_config_state{" in mig["targets"][0]["expr"]
-    from agent.metrics import MIG_CONFIG_STATES
+    from agent.metrics.registry import MIG_CONFIG_STATES
 
     (state,) = [o for o in mig["fieldConfig"]["overrides"] if o["matcher"]["options"] == "state"]
     (mappings,) = [prop["value"] for prop in state["properties"] if prop["id"] == "mappings"]
@@ -404,7 +404,7 @@ def test_node_pin_latency_shows_the_100ms_target() -> None:
 
 
 def test_node_cpu_panels_split_by_state_and_numa_node() -> None:
-    from agent.metrics import CPU_STATES
+    from agent.metrics.registry import CPU_STATES
 
     node = load(NODE)
     by_state = panel(node, "CPUs by state")
@@ -418,7 +418,7 @@ def test_node_cpu_panels_split_by_state_and_numa_node() -> None:
 
 
 def test_node_allocation_results_and_refusal_reasons_are_the_agents() -> None:
-    from agent.metrics import Metrics
+    from agent.metrics.registry import Metrics
 
     registry = Metrics().registry
     node = load(NODE)
@@ -514,7 +514,7 @@ def test_capacity_panels_say_what_the_issue_asks() -> None:
     zones = panel(dashboard, "Free CPUs by NUMA zone")["targets"][0]["expr"]
     assert f"sum by ({NODE_LABEL}, numa) (topolet_cpus{{" in zones and 'state="shared"' in zones
     # Free GPUs per NUMA zone and free MIG devices by profile and zone, from the agents.
-    from agent.metrics import GPU_STATES
+    from agent.metrics.registry import GPU_STATES
 
     gpu_panels = (("Free GPUs by NUMA zone", "topolet_gpus", "numa"),
                   ("Free MIG devices by profile and zone", "topolet_mig_devices", "numa, profile"))

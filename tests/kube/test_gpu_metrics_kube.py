@@ -18,7 +18,8 @@ import pytest
 
 from agent.kube.daemon import KubeAgent
 from agent.kube.podresources.client import Device
-from agent.metrics import Metrics, MetricsServer
+from agent.metrics.registry import Metrics
+from agent.metrics.server import MetricsServer
 from tests.gpu.fake_nvml import h100_node
 from tests.kube.kubelet_standin import wait_for
 from tests.kube.podresources_standin import PodResourcesStandIn

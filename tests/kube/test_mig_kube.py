@@ -26,7 +26,7 @@ from agent.kube.daemon import KubeAgent
 from agent.kube.labels_sink import MANAGED_LABELS_ANNOTATION, USER_LABELS, LabelPublisher
 from agent.kube.mig_status import MigStatus
 from agent.kube.podresources.client import Device
-from agent.metrics import Metrics
+from agent.metrics.registry import Metrics
 from tests.controlplane.harness import ControlPlane
 from tests.gpu.fake_nvml import FakeNVML, h100_node
 from tests.kube.kubelet_standin import KubeNode, kube_node, wait_for

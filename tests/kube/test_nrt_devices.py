@@ -20,7 +20,7 @@ from agent.enforce.state import State
 from agent.kube.daemon import KubeAgent
 from agent.kube.nrt_build import build_nrt, is_mig_device_id, kubelet_gpus
 from agent.kube.podresources.client import Device
-from agent.metrics import Metrics
+from agent.metrics.registry import Metrics
 from tests.conftest import REPO
 from tests.kube.kubelet_standin import KubeNode, kube_node, wait_for
 from tests.kube.podresources_standin import PodResourcesStandIn
@@ -148,7 +148,7 @@ SCRIPT = """
 import json, sys
 from agent.cli import build_parser
 from agent.kube.daemon import KubeAgent
-from agent.metrics import Metrics
+from agent.metrics.registry import Metrics
 agent = KubeAgent(build_parser().parse_args(json.loads(sys.argv[1])), Metrics(), gpus=())
 ok = agent.run_once()
 print(json.dumps({"ok": ok, "grpc": "grpc" in sys.modules}))

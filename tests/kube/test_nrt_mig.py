@@ -16,7 +16,7 @@ from agent.gpu.planner import ExistingInstance
 from agent.kube.daemon import KubeAgent
 from agent.kube.nrt_build import build_nrt
 from agent.kube.podresources.client import Device
-from agent.metrics import Metrics
+from agent.metrics.registry import Metrics
 from tests.gpu.fake_nvml import h100_node
 from tests.kube.kubelet_standin import wait_for
 from tests.kube.podresources_standin import PodResourcesStandIn

@@ -16,7 +16,7 @@ from agent.kube.pinner import PodPinner
 from agent.kube.pods import PodPlan, PodWarning, plan_pod
 from agent.kube.recording import RecordingEngine
 from agent.kube.watch import Changed
-from agent.metrics import Metrics
+from agent.metrics.registry import Metrics
 from agent.topology.discover import discover
 from tests.kube.test_pods import g, pod
 

@@ -18,7 +18,7 @@ from agent.kube.pinner import PodPinner
 from agent.kube.pods import PodPlan, PodWarning, plan_pod
 from agent.kube.recording import RecordingEngine
 from agent.kube.watch import Changed
-from agent.metrics import ALLOCATION_RESULTS, REFUSAL_REASONS, Metrics
+from agent.metrics.registry import ALLOCATION_RESULTS, REFUSAL_REASONS, Metrics
 from agent.standalone.engine import ALIGNMENT, CAPACITY, INVALID, cpu_rows
 from agent.topology.discover import discover
 from tests.kube.test_pods import g, pod

@@ -15,7 +15,7 @@ from agent.kube.pinner import PodPinner, WarningLimiter
 from agent.kube.pods import PodPlan, plan_pod
 from agent.kube.recording import RecordingEngine
 from agent.kube.watch import Changed, Gone, Synced
-from agent.metrics import Metrics
+from agent.metrics.registry import Metrics
 from agent.topology.discover import discover
 from tests.kube.test_numa_zone import DUMP, Recorder
 from tests.kube.test_pods import g, pod

@@ -32,7 +32,7 @@ from agent.kube.podresources import api_pb2
 from agent.kube.podresources.client import Device, PodResourcesClient
 from agent.kube.podresources.locality import GPULocator, gpu_numa_nodes, gpu_of, is_gpu_resource
 from agent.kube.pods import ContainerPlan, PodPlan, PodWarning
-from agent.metrics import Metrics
+from agent.metrics.registry import Metrics
 from agent.standalone.engine import PinningEngine
 from agent.topology.cpuset import CPUSet
 from agent.topology.model import Topology

@@ -41,7 +41,8 @@ import yaml
 
 from agent.cli import build_parser
 from agent.enforce.cgroup import read_cpus, write_cpuset
-from agent.metrics import Metrics, MetricsServer, staleness_health
+from agent.metrics.registry import Metrics
+from agent.metrics.server import MetricsServer, staleness_health
 from agent.standalone.daemon import StandaloneAgent
 from tests.conftest import REPO, require
 from tests.controlplane.fixtures import cluster as cluster  # noqa: F401 - fixture

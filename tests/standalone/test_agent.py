@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.enforce.cgroup import read_cpus, write_cpuset
-from agent.metrics import Metrics
+from agent.metrics.registry import Metrics
 from agent.standalone.daemon import StandaloneAgent
 from tests.standalone.conftest import Node, kill_and_reap, proc_cpus, wait_for
 

@@ -14,9 +14,9 @@ import sys
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import metrics as agent_metrics
 from agent.gpu import applier
-from agent.metrics import (
+from agent.metrics import registry as agent_metrics
+from agent.metrics.registry import (
     ALLOCATION_RESULTS,
     API_WRITE_KINDS,
     MIG_APPLY_TOTALS,
@@ -31,7 +31,7 @@ from tests.conftest import REPO
 Families = dict[str, tuple[str, list[tuple[str, dict[str, str], float]]]]
 
 BUILD = {
-    "agent": "from agent.metrics import Metrics as M",
+    "agent": "from agent.metrics.registry import Metrics as M",
     "controller": "from agent.admission.metrics import AdmissionMetrics as M",
 }
 

@@ -1,4 +1,4 @@
-"""The /metrics + /healthz server (`agent.metrics.MetricsServer`) stays bounded whatever clients do:
+"""The /metrics + /healthz server (`agent.metrics.server.MetricsServer`) stays bounded whatever clients do:
 idle and half-open connections cost no thread, a slow-loris is dropped after the timeout, a flood
 beyond the bound is refused at once, and scrapes keep being answered (the agent's metrics and the
 admission controller's alike)."""
@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from agent.admission.metrics import AdmissionMetrics
-from agent.metrics import Metrics, MetricsServer
+from agent.metrics.registry import Metrics
+from agent.metrics.server import MetricsServer
 from tests.standalone.conftest import wait_for
 
 

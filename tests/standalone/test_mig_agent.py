@@ -16,7 +16,7 @@ import pytest
 
 import agent.standalone.daemon as daemon_module
 from agent.cli import build_parser
-from agent.metrics import Metrics
+from agent.metrics.registry import Metrics
 from agent.standalone.daemon import StandaloneAgent
 from tests.gpu.fake_nvml import FakeNVML, h100_node
 from tests.gpu.sysfs_fixture import build_hgx

@@ -1,0 +1,1 @@
+"""Prometheus metrics: `registry` (every metric the agent exports) and `server` (/metrics, /healthz)."""
