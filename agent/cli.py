@@ -36,6 +36,10 @@ def _discover(args: argparse.Namespace) -> int:
         from agent.render.command import run_discover_picture
 
         return run_discover_picture(args)
+    if args.format == "labels":
+        from agent.labels.command import run_discover_labels
+
+        return run_discover_labels(args)
     from agent.topology.report import run_discover
 
     return run_discover(args)

@@ -43,7 +43,8 @@ from agent.enforce.cgroup import (  # noqa: E402
     read_cpuset,
     read_procs,
 )
-from agent.enforce.state import Owner, StateFile  # noqa: E402
+from agent.enforce.state import Owner  # noqa: E402
+from agent.enforce.state_file import StateFile  # noqa: E402
 from agent.errors import TopoletError  # noqa: E402
 from agent.standalone.engine import PinningEngine  # noqa: E402
 from agent.standalone.journal import JOURNAL_NAME  # noqa: E402

@@ -25,12 +25,14 @@ Ordered changes (`agent.enforce.apply`):
     find_drift(layout, cpus, mems=None) -> Drift; repair_drift(layout, cpus, mems=None) -> int
 Kubernetes (`agent.enforce.kubepods`): the one pod -> cgroup mapping
     container_cgroup_path(pod_uid, qos, container_id, runtime, driver) -> rel; pod_cgroup_path(...)
-State (`agent.enforce.state`): commit the state BEFORE applying the cgroup change it describes
+State: commit the state BEFORE applying the cgroup change it describes
     StateFile(folder, on_write=None): .lock(timeout=None), .load(missing_ok=False), .commit(state),
-        .load_or_rebuild(rebuild_fn), .writes
+        .load_or_rebuild(rebuild_fn), .writes                    (`agent.enforce.state_file`)
     State(allocations, reserved, generation): .with_allocation(a), .without(id), .get(id), .allocated()
     Allocation(id, cpus, mems, cgroup, owner, policy, created_at); Owner.of_process(pid), .process_alive()
-    rebuild_from_cgroups(layout, reserved=EMPTY) -> State
+                                                                  (`agent.enforce.state`)
+    rebuild_from_cgroups(layout, reserved=EMPTY) -> State         (`agent.enforce.state_live`)
+    the file's bytes: encode(state), decode(data)                 (`agent.enforce.state_codec`)
 """
 
 from agent.enforce.apply import (
@@ -64,7 +66,9 @@ from agent.enforce.kubepods import (
     container_cgroup_path,
     pod_cgroup_path,
 )
-from agent.enforce.state import Allocation, Owner, State, StateFile, rebuild_from_cgroups
+from agent.enforce.state import Allocation, Owner, State
+from agent.enforce.state_file import StateFile
+from agent.enforce.state_live import rebuild_from_cgroups
 
 __all__ = [
     "Allocation",

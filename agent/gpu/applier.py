@@ -1,9 +1,10 @@
 """The MIG applier: bring the node's GPU instances to a desired layout through NVML.
 
-Reads the live instances (and which have processes), plans with the pure planner, records the plan
-in `mig-plan.json` before acting, then destroys idle instances and creates the planned ones with
-their compute instances.  It changes MIG mode only when allowed and only on GPUs with no processes,
-never destroys an instance in use, and does nothing when the layout already holds.
+Reads the live instances (and which have processes: `agent.gpu.mig_live`), plans with the pure
+planner, records the plan in `mig-plan.json` (`agent.gpu.planfile`) before acting, then destroys
+idle instances and creates the planned ones with their compute instances.  It changes MIG mode only
+when allowed and only on GPUs with no processes, never destroys an instance in use, and does nothing
+when the layout already holds.
 
 After a crash `resume()` takes the plan the file says was in progress and either finishes it (the
 steps still missing, read from live state, so nothing is done twice) or, when it can no longer be
@@ -11,6 +12,10 @@ finished — an instance it destroys became busy, a foreign instance took a plan
 a step — rolls it back: it destroys the idle instances the plan created and recreates the ones it
 destroyed where their slots are free.  The file says "rolling-back" while that runs, so a crash
 during a rollback resumes the rollback.
+
+Public API: `MigApplier(nvml, state_dir, ...)`: `.apply(desired, in_use, held_gpus)`, `.resume(in_use)`,
+`.counters`; `Desired`, `ApplyResult`, `ApplyCounters`; the states `PENDING`, `SUCCESS`, `FAILED` of
+`STATE_LABEL`; the operation names `OPERATIONS` reported through `on_operation(op, result)`.
 
 `nvml` is the pynvml module or a stand-in with the same functions; nothing here imports pynvml.
 """
@@ -20,13 +25,20 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import ConfigError, TopologyError
-from agent.gpu.discover import normalize_bus_id
+from agent.errors import ConfigError
 from agent.gpu.layouts import named_layout, plan_layout
-from agent.gpu.planfile import read_plan_file, write_plan_file
+from agent.gpu.mig_live import LiveGPU, compute_instances, profile_info, read_live
+from agent.gpu.planfile import (
+    RecordedGPU,
+    plan_body,
+    read_plan_file,
+    recorded_gpus,
+    with_status,
+    write_plan_file,
+)
 from agent.gpu.planner import (
     ExistingInstance,
     GPUPlan,
@@ -36,7 +48,7 @@ from agent.gpu.planner import (
     PlanError,
     plan_mig,
 )
-from agent.gpu.profiles import GPUModel, Profile, resolve_model
+from agent.gpu.profiles import Profile
 
 STATE_LABEL = "topolet.io/mig.config.state"
 PENDING, SUCCESS, FAILED = "pending", "success", "failed"
@@ -96,49 +108,6 @@ class ApplyResult:
         return {STATE_LABEL: self.state}
 
 
-@dataclass
-class _LiveGPU:
-    index: int
-    handle: Any
-    uuid: str
-    pci_address: str  # "0000:18:00.0", as the state file records GPUs held whole
-    model: GPUModel
-    mig_current: bool
-    mig_pending: bool
-    processes: list[Any]
-    gis: dict[tuple[str, int], tuple[Any, ExistingInstance]] = field(default_factory=dict)
-    no_ci: set[tuple[str, int]] = field(default_factory=set)  # GPU instances without a compute instance
-
-
-@dataclass(frozen=True, slots=True)
-class _Recorded:
-    """One GPU's part of a recorded plan, keyed by (profile, start)."""
-
-    index: int
-    layout: dict[tuple[str, int], Instance]
-    create: dict[tuple[str, int], Instance]
-    destroy: dict[tuple[str, int], Instance]
-
-
-def _instances(items: Any) -> dict[tuple[str, int], Instance]:
-    if not isinstance(items, list):
-        raise ConfigError("recorded MIG plan: instance list expected")
-    out: dict[tuple[str, int], Instance] = {}
-    for item in items:
-        inst = Instance(int(item["start"]), int(item["size"]), str(item["profile"]))
-        out[(inst.profile, inst.start)] = inst
-    return out
-
-
-def _recorded_plan(body: Mapping[str, Any]) -> list[_Recorded]:
-    """The per-GPU steps of a recorded plan; ConfigError when the record is not one we wrote."""
-    try:
-        return [_Recorded(int(g["index"]), _instances(g["layout"]), _instances(g["create"]),
-                          _instances(g["destroy"])) for g in body.get("gpus", [])]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"recorded MIG plan is malformed: {exc!r}") from None
-
-
 class MigApplier:
     """Applies desired MIG layouts through one NVML module, recording plans under `state_dir`."""
 
@@ -162,80 +131,12 @@ class MigApplier:
         if self.on_operation is not None:
             self.on_operation(op, "success" if ok else "error")
 
-    # --- reading ---
-    def _text(self, value: str | bytes) -> str:
-        return value.decode() if isinstance(value, bytes) else str(value)
-
-    def _live(self, in_use: Mapping[int, Collection[int]]) -> list[_LiveGPU]:
-        nv = self.nvml
-        out: list[_LiveGPU] = []
-        for index in range(nv.nvmlDeviceGetCount()):
-            handle = nv.nvmlDeviceGetHandleByIndex(index)
-            model = resolve_model(self._text(nv.nvmlDeviceGetName(handle)))
-            if model is None:
-                continue
-            try:
-                current, pending = nv.nvmlDeviceGetMigMode(handle)
-            except nv.NVMLError_NotSupported:
-                continue
-            processes = list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
-            try:
-                address = normalize_bus_id(nv.nvmlDeviceGetPciInfo(handle).busId)
-            except TopologyError:
-                address = ""
-            live = _LiveGPU(index, handle, self._text(nv.nvmlDeviceGetUUID(handle)), address, model,
-                            bool(current), bool(pending), processes)
-            if live.mig_current:
-                self._read_instances(live, set(in_use.get(index, ())))
-            out.append(live)
-        return out
-
-    def _profile_info(self, handle: Any, p: Profile) -> Any:
-        return self.nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, p.nvml_id)
-
-    def _read_instances(self, live: _LiveGPU, in_use_ids: set[int]) -> None:
-        nv = self.nvml
-        busy = {int(p.gpuInstanceId) for p in live.processes} | in_use_ids
-        for p in live.model.profiles:
-            try:
-                info = self._profile_info(live.handle, p)
-            except nv.NVMLError_NotSupported:
-                continue
-            array = (nv.c_nvmlGpuInstance_t * max(int(info.instanceCount), 1))()
-            count = ctypes.c_uint(0)
-            nv.nvmlDeviceGetGpuInstances(live.handle, info.id, array, ctypes.byref(count))
-            for i in range(count.value):
-                gi = array[i]
-                gi_info = nv.nvmlGpuInstanceGetInfo(gi)
-                inst = ExistingInstance(p.name, int(gi_info.placement.start), int(gi_info.placement.size),
-                                        int(gi_info.id) in busy, int(gi_info.id))
-                live.gis[(p.name, inst.start)] = (gi, inst)
-                if not self._compute_instances(gi):
-                    live.no_ci.add((p.name, inst.start))
-
-    def _compute_instances(self, gi: Any) -> list[Any]:
-        """Handles of every compute instance inside GPU instance `gi`."""
-        nv = self.nvml
-        found: list[Any] = []
-        for ci_profile in range(int(nv.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
-            try:
-                ci_info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gi, ci_profile, nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-            except nv.NVMLError_NotSupported:
-                continue
-            array = (nv.c_nvmlComputeInstance_t * max(int(ci_info.instanceCount), 1))()
-            count = ctypes.c_uint(0)
-            nv.nvmlGpuInstanceGetComputeInstances(gi, ci_info.id, array, ctypes.byref(count))
-            found.extend(array[i] for i in range(count.value))
-        return found
-
-    # --- acting ---
-    def _destroy(self, live: _LiveGPU, inst: ExistingInstance) -> None:
+    def _destroy(self, live: LiveGPU, inst: ExistingInstance) -> None:
         nv = self.nvml
         key = (inst.profile, inst.start)
         gi, _ = live.gis[key]
         try:
-            for ci in self._compute_instances(gi):
+            for ci in compute_instances(nv, gi):
                 nv.nvmlComputeInstanceDestroy(ci)
             nv.nvmlGpuInstanceDestroy(gi)
         except nv.NVMLError:
@@ -256,10 +157,10 @@ class MigApplier:
             raise
         self._count(OP_CREATE_CI, True)
 
-    def _create(self, live: _LiveGPU, profile: Profile, start: int, size: int) -> None:
+    def _create(self, live: LiveGPU, profile: Profile, start: int, size: int) -> None:
         nv = self.nvml
         try:
-            info = self._profile_info(live.handle, profile)
+            info = profile_info(nv, live.handle, profile)
             placement = nv.c_nvmlGpuInstancePlacement_t(start, size)
             gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(live.handle, info.id, ctypes.byref(placement))
         except nv.NVMLError:
@@ -273,7 +174,7 @@ class MigApplier:
             raise
         live.gis[(profile.name, start)] = (gi, ExistingInstance(profile.name, start, size))
 
-    def _fill_compute_instances(self, live: _LiveGPU, layout: Collection[Instance]) -> int:
+    def _fill_compute_instances(self, live: LiveGPU, layout: Collection[Instance]) -> int:
         """Give each GPU instance of `layout` that has none its compute instance (a crash between
         the two creates leaves such a GPU instance behind); returns how many were made."""
         made = 0
@@ -292,7 +193,7 @@ class MigApplier:
             self.on_state(result.state)
         return result
 
-    def _mig_mode(self, gpus: list[_LiveGPU], enable: bool, held: Collection[str]) -> ApplyResult | None:
+    def _mig_mode(self, gpus: list[LiveGPU], enable: bool, held: Collection[str]) -> ApplyResult | None:
         """Bring MIG mode to `enable` where allowed; a result when it cannot (yet) be done."""
         nv = self.nvml
         waiting: list[int] = []  # GPUs whose change is staged and takes effect at their next reset
@@ -330,7 +231,7 @@ class MigApplier:
             return ApplyResult(PENDING, f"GPU {which}: MIG mode change waits for a GPU reset")
         return None
 
-    def _plan(self, gpus: list[_LiveGPU], desired: Desired) -> MigPlan:
+    def _plan(self, gpus: list[LiveGPU], desired: Desired) -> MigPlan:
         states = [GPUState(g.index, tuple(inst for _, inst in g.gis.values())) for g in gpus]
         if desired.layout:
             plans: list[GPUPlan] = []
@@ -355,7 +256,7 @@ class MigApplier:
         `held_gpus` the GPUs (UUID or PCI address) allocations hold whole: their MIG mode stays."""
         nv = self.nvml
         try:
-            gpus = self._live(in_use or {})
+            gpus = read_live(self.nvml, in_use or {})
             if not gpus:
                 return self._report(ApplyResult(FAILED, "no MIG-capable GPU of a known model"))
             enable = True
@@ -366,20 +267,20 @@ class MigApplier:
                 result = self._converge(gpus, Desired(demand=()), desired)
                 if result.state != SUCCESS:
                     return result
-                gpus = self._live(in_use or {})
+                gpus = read_live(self.nvml, in_use or {})
             blocked = self._mig_mode(gpus, enable, held_gpus)
             if blocked is not None:
                 return self._report(blocked)
             if not enable:
                 return self._report(ApplyResult(SUCCESS, "MIG disabled"))
-            gpus = self._live(in_use or {})
+            gpus = read_live(self.nvml, in_use or {})
             return self._converge(gpus, desired, desired)
         except (PlanError, ConfigError, nv.NVMLError) as exc:
             message = str(exc) if isinstance(exc, (PlanError, ConfigError)) else f"NVML: {exc}"
             self._record(desired, None, "failed", message)
             return self._report(ApplyResult(FAILED, message))
 
-    def _converge(self, gpus: list[_LiveGPU], target: Desired, desired: Desired) -> ApplyResult:
+    def _converge(self, gpus: list[LiveGPU], target: Desired, desired: Desired) -> ApplyResult:
         plan = self._plan(gpus, target)
         by_index = {g.index: g for g in gpus}
         unfilled = sum(len(by_index[gp.index].no_ci & {(i.profile, i.start) for i in gp.layout})
@@ -400,7 +301,7 @@ class MigApplier:
         self._record(desired, plan, "done", "")
         return self._report(ApplyResult(SUCCESS, f"{plan.operations + unfilled} operations", plan))
 
-    def _execute(self, steps: Collection[GPUPlan], by_index: Mapping[int, _LiveGPU]) -> None:
+    def _execute(self, steps: Collection[GPUPlan], by_index: Mapping[int, LiveGPU]) -> None:
         """Destroys first (they free the slots), then creates, then missing compute instances."""
         for gp in steps:
             for inst in gp.destroy:
@@ -413,7 +314,7 @@ class MigApplier:
 
     def _verify(self, steps: Collection[GPUPlan]) -> str:
         """"" when every GPU holds its planned layout, each instance with a compute instance."""
-        after = {g.index: g for g in self._live({})}
+        after = {g.index: g for g in read_live(self.nvml, {})}
         for gp in steps:
             live = after.get(gp.index)
             have = sorted(live.gis) if live is not None else None
@@ -425,16 +326,7 @@ class MigApplier:
         return ""
 
     def _record(self, desired: Desired, plan: MigPlan | None, status: str, error: str) -> None:
-        body: dict[str, Any] = {"status": status, "desired": desired.to_json()}
-        if plan is not None:
-            body["gpus"] = [{"index": g.index,
-                             "create": [i.to_json() for i in g.create],
-                             "destroy": [{"profile": i.profile, "start": i.start, "size": i.size,
-                                          "gi_id": i.gi_id} for i in g.destroy],
-                             "layout": [i.to_json() for i in g.layout]} for g in plan.gpus]
-        if error:
-            body["error"] = error
-        write_plan_file(self.state_dir, body)
+        write_plan_file(self.state_dir, plan_body(desired.to_json(), plan, status, error))
 
     def resume(self, in_use: Mapping[int, Collection[int]] | None = None) -> ApplyResult | None:
         """Finish the plan a previous run recorded but did not complete, or roll it back when it
@@ -444,10 +336,10 @@ class MigApplier:
             return None
         nv = self.nvml
         try:
-            steps = _recorded_plan(body)
+            steps = recorded_gpus(body)
             if body["status"] == "rolling-back":  # a crash interrupted the rollback: carry on with it
                 return self._rollback(body, steps, str(body.get("error", "")), in_use or {})
-            by_index = {g.index: g for g in self._live(in_use or {})}
+            by_index = {g.index: g for g in read_live(self.nvml, in_use or {})}
             problem = self._unfinishable(steps, by_index)
             if not problem:
                 try:
@@ -460,7 +352,7 @@ class MigApplier:
             self._write_status(body, "failed", message)
             return self._report(ApplyResult(FAILED, message))
 
-    def _unfinishable(self, steps: list[_Recorded], by_index: Mapping[int, _LiveGPU]) -> str:
+    def _unfinishable(self, steps: list[RecordedGPU], by_index: Mapping[int, LiveGPU]) -> str:
         """Why the recorded plan cannot be finished from the live state; "" when it can."""
         for step in steps:
             live = by_index.get(step.index)
@@ -477,8 +369,8 @@ class MigApplier:
                             "destroys, is in use")
         return ""
 
-    def _finish(self, body: dict[str, Any], steps: list[_Recorded],
-                by_index: Mapping[int, _LiveGPU]) -> ApplyResult:
+    def _finish(self, body: dict[str, Any], steps: list[RecordedGPU],
+                by_index: Mapping[int, LiveGPU]) -> ApplyResult:
         remaining: list[GPUPlan] = []
         for step in steps:
             live = by_index[step.index]
@@ -494,13 +386,13 @@ class MigApplier:
         done = sum(g.operations for g in remaining)
         return self._report(ApplyResult(SUCCESS, f"finished the recorded plan ({done} operations left)"))
 
-    def _rollback(self, body: dict[str, Any], steps: list[_Recorded], problem: str,
+    def _rollback(self, body: dict[str, Any], steps: list[RecordedGPU], problem: str,
                   in_use: Mapping[int, Collection[int]]) -> ApplyResult:
         """Undo the recorded plan as far as it is safe: destroy the idle instances it created,
         recreate the ones it destroyed where their slots are free.  Always a FAILED result."""
         self._write_status(body, "rolling-back", problem)
         nv = self.nvml
-        by_index = {g.index: g for g in self._live(in_use)}
+        by_index = {g.index: g for g in read_live(self.nvml, in_use)}
         destroyed = restored = 0
         notes: list[str] = []
         for step in steps:
@@ -533,8 +425,4 @@ class MigApplier:
         return self._report(ApplyResult(FAILED, message))
 
     def _write_status(self, body: dict[str, Any], status: str, error: str) -> None:
-        updated = {k: v for k, v in body.items() if k != "error"}
-        updated["status"] = status
-        if error:
-            updated["error"] = error
-        write_plan_file(self.state_dir, updated)
+        write_plan_file(self.state_dir, with_status(body, status, error))

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
+from agent.gpu.mig_live import read_live
 from agent.gpu.model import GPU
 from agent.gpu.planner import ExistingInstance
 from agent.gpu.profiles import GPUModel, resolve_model
-
-if TYPE_CHECKING:
-    from agent.gpu.applier import MigApplier
 
 WHOLE_GPU = "nvidia.com/gpu"
 
@@ -56,15 +54,25 @@ def numa_gpu_capacity(gpus: Sequence[GPU],
     return out
 
 
-def read_mig_inventory(applier: MigApplier, in_use: Mapping[int, Collection[int]]) -> dict[
+def read_mig_inventory(nvml: Any, in_use: Mapping[int, Collection[int]]) -> dict[
         int, tuple[bool, tuple[ExistingInstance, ...]]]:
-    """Every MIG-capable GPU's mode and GPU instances through NVML, read the way the applier reads
-    them; an instance is `in_use` when a process runs on it or `in_use` ({GPU index: {GPU-instance
-    id}}, the MIG devices the kubelet handed out) names it.  Raises what NVML raises."""
-    live = applier._live(in_use)  # noqa: SLF001 - the one NVML reader of instances; read-only
+    """Every MIG-capable GPU's mode and GPU instances through `nvml`, read the way the applier reads
+    them (`agent.gpu.mig_live.read_live`); an instance is `in_use` when a process runs on it or
+    `in_use` ({GPU index: {GPU-instance id}}, the MIG devices the kubelet handed out) names it.
+    Raises what NVML raises."""
     return {g.index: (g.mig_current, tuple(sorted((inst for _, inst in g.gis.values()),
                                                   key=lambda i: (i.start, i.profile))))
-            for g in live}
+            for g in read_live(nvml, in_use)}
+
+
+def zone_gpus(gpus: Sequence[GPU], held: Collection[str] = (),
+              mig: MigInventory | None = None) -> dict[int, dict[str, tuple[int, int]]]:
+    """{numa id (-1: unknown): {resource: (capacity, available)}} of `gpus`: whole GPUs less those
+    `held` names (PCI addresses or UUIDs: what allocations hold, with what the kubelet assigned), and
+    with `mig` the MIG instances by profile — what the NRT publishes and `topolet_gpus` /
+    `topolet_mig_devices` export."""
+    instances = {index: found for index, (_, found) in mig.items()} if mig is not None else None
+    return numa_gpu_capacity(with_mig_modes(gpus, mig or {}), instances, held)
 
 
 def with_mig_modes(gpus: Sequence[GPU], inventory: MigInventory) -> tuple[GPU, ...]:

@@ -1,7 +1,14 @@
 """`mig-plan.json`: the MIG plan the applier intends, written before it acts so a restart can finish it.
 
-Written atomically (temp file, fsync, rename, fsync the folder) with a SHA-256 of its body; a file
-that fails its checksum reads as absent (the applier re-plans from live NVML state, never trusts it).
+The body says what was asked (`desired`), the plan's `status` ("in-progress", "rolling-back",
+"rolled-back", "done", "failed"), each GPU's steps (`gpus`: index, create, destroy, layout; absent
+when no plan was made) and the `error`, if any.  Written atomically (temp file, fsync, rename, fsync
+the folder) with a SHA-256 of its body; a file that fails its checksum reads as absent (the applier
+re-plans from live NVML state, never trusts it).
+
+Public API: `write_plan_file(state_dir, body)`, `read_plan_file(state_dir)`; the body:
+`plan_body(desired, plan, status, error)`, `with_status(body, status, error)`,
+`recorded_gpus(body) -> [RecordedGPU]` (ConfigError when the record is not one we wrote).
 """
 
 from __future__ import annotations
@@ -9,8 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from agent.errors import ConfigError
+from agent.gpu.planner import Instance, MigPlan
 
 FILENAME = "mig-plan.json"
 VERSION = 1
@@ -52,3 +64,55 @@ def read_plan_file(state_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not isinstance(body, dict) or doc.get("sha256") != _digest(body):
         return None
     return body
+
+
+def plan_body(desired: dict[str, Any], plan: MigPlan | None, status: str, error: str) -> dict[str, Any]:
+    """The body recording `plan` (None: no plan made) toward `desired` (`Desired.to_json()`)."""
+    body: dict[str, Any] = {"status": status, "desired": desired}
+    if plan is not None:
+        body["gpus"] = [{"index": g.index,
+                         "create": [i.to_json() for i in g.create],
+                         "destroy": [{"profile": i.profile, "start": i.start, "size": i.size,
+                                      "gi_id": i.gi_id} for i in g.destroy],
+                         "layout": [i.to_json() for i in g.layout]} for g in plan.gpus]
+    if error:
+        body["error"] = error
+    return body
+
+
+def with_status(body: dict[str, Any], status: str, error: str) -> dict[str, Any]:
+    """`body` with `status`, and `error` (none when "")."""
+    updated = {k: v for k, v in body.items() if k != "error"}
+    updated["status"] = status
+    if error:
+        updated["error"] = error
+    return updated
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedGPU:
+    """One GPU's part of a recorded plan, keyed by (profile, start)."""
+
+    index: int
+    layout: dict[tuple[str, int], Instance]
+    create: dict[tuple[str, int], Instance]
+    destroy: dict[tuple[str, int], Instance]
+
+
+def _instances(items: Any) -> dict[tuple[str, int], Instance]:
+    if not isinstance(items, list):
+        raise ConfigError("recorded MIG plan: instance list expected")
+    out: dict[tuple[str, int], Instance] = {}
+    for item in items:
+        inst = Instance(int(item["start"]), int(item["size"]), str(item["profile"]))
+        out[(inst.profile, inst.start)] = inst
+    return out
+
+
+def recorded_gpus(body: Mapping[str, Any]) -> list[RecordedGPU]:
+    """The per-GPU steps of a recorded plan; ConfigError when the record is not one we wrote."""
+    try:
+        return [RecordedGPU(int(g["index"]), _instances(g["layout"]), _instances(g["create"]),
+                            _instances(g["destroy"])) for g in body.get("gpus", [])]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"recorded MIG plan is malformed: {exc!r}") from None

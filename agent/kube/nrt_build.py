@@ -1,9 +1,9 @@
 """What this node's NodeResourceTopology says: CPUs, memory and GPUs less what pods hold.
 
 `build_nrt` assembles the object `agent.kube.nrt.nrt_object` shapes from a `Snapshot` of the
-enforcer's view; `zone_gpus` is its GPU part (whole GPUs and MIG devices per zone, shared with the
-agent's metrics); `kubelet_gpus` turns the kubelet's device ids (pod-resources) into the whole GPUs
-they name.
+enforcer's view; its GPU part (whole GPUs and MIG devices per zone, shared with the agents' metrics)
+is `agent.gpu.capacity.zone_gpus`; `kubelet_gpus` turns the kubelet's device ids (pod-resources)
+into the whole GPUs they name.
 
 Memory and hugepages are accounted per pod where topolet binds memory: a container with exclusive
 CPUs and `topolet.io/memory-binding: true` gets `cpuset.mems` = the NUMA nodes of its CPUs, and its
@@ -81,27 +81,17 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
     MIG resource is published (instances unknown)."""
     from agent.kube.nrt import nrt_object, pod_set_fingerprint
 
-    gpu_capacity = zone_gpus(state, gpus, assigned_gpus, mig) if gpus else None
+    gpu_capacity: Mapping[int, Mapping[str, tuple[int, int]]] | None = None
+    if gpus:
+        from agent.gpu.capacity import zone_gpus
+
+        gpu_capacity = zone_gpus(gpus, state.held_gpus() | frozenset(assigned_gpus), mig)
     obj: dict[str, Any] = nrt_object(
         node_ref, topology, state, gpu_capacity=gpu_capacity,
         pods_fingerprint=pod_set_fingerprint(pinned),
         pods_fingerprint_method="with-exclusive-resources",
         memory_held=zone_memory_held(topology, state, memory or {}))
     return obj
-
-
-def zone_gpus(state: State, gpus: Sequence[GPU], assigned_gpus: Collection[str] = (),
-              mig: MigInventory | None = None) -> dict[int, dict[str, tuple[int, int]]]:
-    """{numa id (-1: unknown): {resource: (capacity, available)}} of `gpus`: whole GPUs less those
-    `state` holds or the kubelet assigned, and with `mig` the MIG instances by profile — what the
-    NRT publishes (`build_nrt`) and `topolet_gpus` / `topolet_mig_devices` export."""
-    if not gpus:
-        return {}
-    from agent.gpu.capacity import numa_gpu_capacity, with_mig_modes
-
-    instances = {index: found for index, (_, found) in mig.items()} if mig is not None else None
-    return numa_gpu_capacity(with_mig_modes(gpus, mig or {}), instances,
-                             state.held_gpus() | frozenset(assigned_gpus))
 
 
 def is_mig_device_id(device_id: str) -> bool:

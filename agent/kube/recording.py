@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 
 from agent.enforce import CgroupLayout
-from agent.enforce.state import State, StateFile
+from agent.enforce.state import State
+from agent.enforce.state_file import StateFile
 from agent.errors import EnforcementError
 from agent.gpu.model import GPU
 from agent.standalone.engine import PinningEngine, ReconcileResult

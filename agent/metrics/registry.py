@@ -59,7 +59,7 @@ MIG_APPLY_TOTALS = {
 }
 
 CPURows = Iterable[tuple[int, str, int]]  # (numa, state, count)
-# {numa id (-1: unknown): {resource: (capacity, available)}}: agent.kube.nrt_build.zone_gpus's answer.
+# {numa id (-1: unknown): {resource: (capacity, available)}}: agent.gpu.capacity.zone_gpus's answer.
 GPUZones = Mapping[int, Mapping[str, tuple[int, int]]]
 GPU_STATES = ("allocated", "free")
 WHOLE_GPU_RESOURCE, MIG_RESOURCE_PREFIX = "nvidia.com/gpu", "nvidia.com/mig-"  # the NRT's names
@@ -240,7 +240,7 @@ class Metrics:
 
     def watch_gpus(self, source: Callable[[], GPUZones] | None) -> None:
         """Serve `topolet_gpus` and `topolet_mig_devices` from `source()` at each scrape (on the
-        scraping thread); `source` answers as `agent.kube.nrt_build.zone_gpus` does."""
+        scraping thread); `source` answers as `agent.gpu.capacity.zone_gpus` does."""
         self._gpus.source = source
 
     def watch_mig(self, source: Callable[[], Mapping[str, int] | None] | None) -> None:

@@ -12,13 +12,12 @@ from types import FrameType
 from typing import Any
 
 from agent.enforce import detect_layout
-from agent.enforce.state import StateFile
+from agent.enforce.state_file import StateFile
 from agent.errors import EnforcementError, TopoletError
-from agent.gpu.capacity import MigInventory, read_mig_inventory
+from agent.gpu.capacity import MigInventory, read_mig_inventory, zone_gpus
 from agent.gpu.discover import discover_gpus, load_nvml, nvidia_functions
 from agent.gpu.model import GPU
 from agent.gpu.reconcile import MigReconciler
-from agent.kube.nrt_build import zone_gpus
 from agent.labels import build_labels
 from agent.labels.features_file import write_features_file
 from agent.metrics.registry import ALLOCATION_RESULTS, INVALID, REFUSAL_REASONS, REFUSED, GPUZones, Metrics
@@ -80,7 +79,7 @@ class StandaloneAgent:
 
     def _gpu_zones(self) -> GPUZones:
         """Whole GPUs less those allocations hold (the state file now), MIG instances as last read."""
-        return zone_gpus(self.state_file.load(missing_ok=True), self.gpus, (), self.mig_inventory)
+        return zone_gpus(self.gpus, self.state_file.load(missing_ok=True).held_gpus(), self.mig_inventory)
 
     def _read_mig_inventory(self, mig: MigReconciler) -> None:
         """The GPUs' MIG instances for the metrics (in use: a process runs on them); the last read
@@ -88,7 +87,7 @@ class StandaloneAgent:
         if not any(g.mig_capable for g in self.gpus):
             return
         try:
-            self.mig_inventory = read_mig_inventory(mig.applier, {})
+            self.mig_inventory = read_mig_inventory(mig.nvml, {})
         except Exception as exc:  # noqa: BLE001 - NVML may fail in any way; the last inventory stands
             log.warning("MIG instances not read: %s", exc)
 

@@ -41,7 +41,9 @@ from agent.enforce import (
     repair_drift,
     shared_pool,
 )
-from agent.enforce.state import Allocation, Owner, State, StateFile, check_live, rebuild_from_cgroups
+from agent.enforce.state import Allocation, Owner, State
+from agent.enforce.state_file import StateFile
+from agent.enforce.state_live import check_live, rebuild_from_cgroups
 from agent.errors import AllocationError, EnforcementError
 from agent.gpu.model import GPU
 from agent.topology.cpuset import EMPTY, CPUSet
@@ -131,7 +133,7 @@ class PinningEngine:
             yield state
 
     def check_live(self, state: State) -> None:
-        """Raise StateError when this node contradicts `state` (see `agent.enforce.state.check_live`)."""
+        """Raise StateError when this node contradicts `state` (see `agent.enforce.state_live.check_live`)."""
         check_live(state, cpus=self.topology.cpus | self.topology.offline,
                    mems=CPUSet(n.id for n in self.topology.numa_nodes), parent=self.layout.parent)
 

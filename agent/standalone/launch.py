@@ -15,7 +15,9 @@ from typing import Any
 from agent.alloc.request import Request
 from agent.enforce import CgroupLayout, detect_layout, read_cpus
 from agent.enforce.cgroup import DEFAULT_PARENT, cgroup_dir_of_pid, cgroup_of_pid, move_pid_to_dir
-from agent.enforce.state import Allocation, Owner, StateFile, check_live, printable
+from agent.enforce.state import Allocation, Owner, printable
+from agent.enforce.state_file import StateFile
+from agent.enforce.state_live import check_live
 from agent.errors import AllocationError, ConfigError, TopoletError
 from agent.gpu.model import GPU
 from agent.gpu.visible import visible_devices_env

@@ -1,4 +1,8 @@
-"""`topolet discover`: the topology as a person reads it (table), as data (json/yaml), or as graded views."""
+"""`topolet discover`: the topology as a person reads it (table), as data (json/yaml), or as graded views.
+
+`run_discover` prints those formats; `discover_and_warn` is the scan each format starts from, the
+labels' (`agent.labels.command`) and the pictures' (`agent.render.command`) included.
+"""
 
 from __future__ import annotations
 
@@ -200,14 +204,21 @@ def printable(text: str) -> str:
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def run_discover(args: argparse.Namespace) -> int:
-    """Entry point of `topolet discover`: the topology on stdout, the scan's warnings on stderr."""
+def discover_and_warn(fsroot: str) -> Topology:
+    """`discover(fsroot)`, the scan's warnings written to stderr as `topolet discover` words them."""
     from agent.topology.discover import discover
 
-    topo = discover(args.fsroot)
+    topo = discover(fsroot)
     # stderr in every format: a table reader sees them, and json/yaml/labels on stdout stay parseable
     for warning in topo.warnings:
         sys.stderr.write(f"topolet discover: warning: {printable(warning)}\n")
+    return topo
+
+
+def run_discover(args: argparse.Namespace) -> int:
+    """Entry point of `topolet discover` in the model's formats (table, json, yaml, conformance): the
+    topology on stdout, the scan's warnings on stderr."""
+    topo = discover_and_warn(args.fsroot)
     fmt = args.format
     if fmt == "conformance":
         import json
@@ -219,10 +230,6 @@ def run_discover(args: argparse.Namespace) -> int:
         import yaml
 
         out = yaml.safe_dump(to_data(topo), sort_keys=False)
-    elif fmt == "labels":
-        from agent.labels import build_labels, render_labels
-
-        out = render_labels(build_labels(topo, gfd_compat=args.gfd_compat))
     else:
         out = render_table(topo)
     sys.stdout.write(out)

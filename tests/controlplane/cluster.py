@@ -133,7 +133,7 @@ class SimNode:
 
     def state(self) -> Any:
         """The agent's allocation state (agent.enforce.state.State), empty before its first write."""
-        from agent.enforce.state import StateFile
+        from agent.enforce.state_file import StateFile
 
         return StateFile(str(self.state_dir)).load(missing_ok=True)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from agent.enforce.state import Allocation, Owner, State, StateFile
+from agent.enforce.state import Allocation, Owner, State
+from agent.enforce.state_file import StateFile
 from agent.topology.cpuset import CPUSet
 
 PERIOD = 40

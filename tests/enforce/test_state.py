@@ -19,18 +19,10 @@ from hypothesis import strategies as st
 
 from agent.enforce.cgroup import CgroupLayout, create_cgroup, move_pid, read_mems
 from agent.enforce.procfs import start_time
-from agent.enforce.state import (
-    KEEP_CORRUPT,
-    Allocation,
-    Owner,
-    State,
-    StateFile,
-    check_live,
-    decode,
-    encode,
-    printable,
-    rebuild_from_cgroups,
-)
+from agent.enforce.state import Allocation, Owner, State, printable
+from agent.enforce.state_codec import decode, encode
+from agent.enforce.state_file import KEEP_CORRUPT, StateFile
+from agent.enforce.state_live import check_live, rebuild_from_cgroups
 from agent.errors import StateError
 from agent.topology.cpuset import CPUSet
 from tests.enforce.state_writer import PERIOD, state_for
@@ -237,7 +229,7 @@ def test_lock_excludes_other_processes(tmp_path: Path) -> None:
     sf = StateFile(str(tmp_path))
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time\nfrom agent.enforce.state import StateFile\n"
+         "import sys, time\nfrom agent.enforce.state_file import StateFile\n"
          "with StateFile(sys.argv[1]).lock():\n    print('held', flush=True)\n    time.sleep(60)\n",
          str(tmp_path)],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE)

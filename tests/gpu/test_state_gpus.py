@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent.enforce.state import Allocation, Owner, State, StateFile
+from agent.enforce.state import Allocation, Owner, State
+from agent.enforce.state_file import StateFile
 from agent.errors import StateError
 from agent.topology.cpuset import CPUSet
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 
 from agent.enforce.cgroup import read_cpuset, write_cpuset
-from agent.enforce.state import StateFile
+from agent.enforce.state_file import StateFile
 from agent.topology.cpuset import CPUSet
 from tests.kube.kubelet_standin import KubeNode, kube_node, metric_sum, proc_cpus, wait_for
 

@@ -150,7 +150,7 @@ def agent_families() -> dict[str, set[str]]:
 
 
 def controller_families() -> dict[str, set[str]]:
-    from agent.admission.metrics import AdmissionMetrics
+    from agent.admission.report.metrics import AdmissionMetrics
 
     return families(AdmissionMetrics().registry)
 
@@ -462,7 +462,7 @@ def test_capacity_queries_every_controller_series() -> None:
 
 def test_capacity_label_values_are_the_controllers() -> None:
     """The label values the panels select or colour by are the ones the controller sets."""
-    from agent.admission.metrics import DECISION_RESULTS, FREE_RESOURCES, NODE_STATES
+    from agent.admission.report.metrics import DECISION_RESULTS, FREE_RESOURCES, NODE_STATES
 
     dashboard = load(CAPACITY)
     free = re.compile(r'topolet_admission_cluster_free\{[^}]*resource="([^"]+)"')

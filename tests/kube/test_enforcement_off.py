@@ -23,7 +23,8 @@ import pytest
 from kubernetes import client as k8s
 
 from agent.enforce.kubepods import QOSClass
-from agent.enforce.state import State, StateFile
+from agent.enforce.state import State
+from agent.enforce.state_file import StateFile
 from tests.kube.kubelet_standin import (
     container_status,
     install_nrt_crd,

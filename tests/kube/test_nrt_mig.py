@@ -4,13 +4,11 @@ the inventory read through NVML.  The one GPU stand-in is tests/gpu/fake_nvml.py
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.enforce.state import State
-from agent.gpu.applier import MigApplier
 from agent.gpu.capacity import MigInventory, read_mig_inventory
 from agent.gpu.planner import ExistingInstance
 from agent.kube.daemon import KubeAgent
@@ -89,7 +87,7 @@ def test_a_gpu_held_whole_in_the_state_is_not_a_mig_question() -> None:
     assert resources(zones["node-1"])["nvidia.com/mig-7g.80gb"] == ("1", "1", "1")
 
 
-def test_inventory_read_through_nvml(tmp_path: Path) -> None:
+def test_inventory_read_through_nvml() -> None:
     nvml: Any = h100_node(3)
     nvml.nvmlInit()
     nvml.nvmlDeviceSetMigMode(nvml.nvmlDeviceGetHandleByIndex(2), 0)
@@ -98,9 +96,8 @@ def test_inventory_read_through_nvml(tmp_path: Path) -> None:
     big = nvml.create_instance(0, "3g.40gb", 4)
     nvml.create_instance(1, "7g.80gb", 0)
     nvml.start_process(0, 4242, big, 0)  # a process on the 3g.40gb instance: in use as well
-    applier = MigApplier(nvml, tmp_path, allow_mig_mode_change=False)
 
-    got = read_mig_inventory(applier, {0: {small}})
+    got = read_mig_inventory(nvml, {0: {small}})
     assert {i: (mode, [(x.profile, x.start, x.in_use) for x in found])
             for i, (mode, found) in got.items()} == {
         0: (True, [("1g.10gb", 0, True), ("1g.10gb", 1, False), ("3g.40gb", 4, True)]),

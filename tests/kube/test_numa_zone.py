@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agent.enforce.state import StateFile
+from agent.enforce.state_file import StateFile
 from agent.kube.pinner import PodPinner
 from agent.kube.pods import PodPlan, PodWarning, plan_pod
 from agent.kube.recording import RecordingEngine

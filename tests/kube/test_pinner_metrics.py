@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agent.enforce.state import StateFile
+from agent.enforce.state_file import StateFile
 from agent.errors import StateError
 from agent.kube.pinner import PodPinner
 from agent.kube.pods import PodPlan, PodWarning, plan_pod

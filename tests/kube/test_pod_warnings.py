@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent.enforce.state import StateFile
+from agent.enforce.state_file import StateFile
 from agent.kube.pinner import PodPinner, WarningLimiter
 from agent.kube.pods import PodPlan, plan_pod
 from agent.kube.recording import RecordingEngine

@@ -24,7 +24,7 @@ from agent.alloc.request import Request
 from agent.alloc.synthetic import synthetic_topology
 from agent.enforce.cgroup import CgroupLayout, create_cgroup, detect_layout, read_cpuset, read_procs
 from agent.enforce.kubepods import CgroupDriver, QOSClass, container_cgroup_path
-from agent.enforce.state import StateFile
+from agent.enforce.state_file import StateFile
 from agent.errors import AllocationError, EnforcementError
 from agent.gpu.model import GPU
 from agent.kube.pinner import PodPinner

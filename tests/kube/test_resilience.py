@@ -16,7 +16,7 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
 from agent.enforce.cgroup import read_cpuset, write_cpuset
-from agent.enforce.state import StateFile
+from agent.enforce.state_file import StateFile
 from tests.kube.kubelet_standin import KubeNode, kube_node, proc_cpus, wait_for
 
 __all__ = ["kube_node"]

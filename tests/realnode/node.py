@@ -713,7 +713,7 @@ class NodeAgent:
 
     def state(self) -> Any:
         """The agent's allocation state (agent.enforce.state.State)."""
-        from agent.enforce.state import StateFile
+        from agent.enforce.state_file import StateFile
 
         return StateFile(str(self.state_dir)).load(missing_ok=True)
 

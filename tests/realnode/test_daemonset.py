@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.enforce.state import StateFile
+from agent.enforce.state_file import StateFile
 from agent.topology.cpuset import CPUSet
 from tests.conftest import require
 from tests.realnode.node import (

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from agent.enforce.state import Allocation, Owner, State, StateFile
+from agent.enforce.state import Allocation, Owner, State
+from agent.enforce.state_file import StateFile
 from agent.render.layout import HOLDER_FILLS, RESERVED_FILL, layout
 from agent.render.svg import render_svg
 from agent.render.terminal import render_frame

@@ -31,7 +31,8 @@ from agent.enforce.cgroup import (
     read_cpuset,
     read_procs,
 )
-from agent.enforce.state import State, StateFile
+from agent.enforce.state import State
+from agent.enforce.state_file import StateFile
 from agent.standalone.engine import PinningEngine
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover

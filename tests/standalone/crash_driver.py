@@ -14,7 +14,8 @@ import sys
 
 from agent.alloc.request import Request
 from agent.enforce import detect_layout
-from agent.enforce.state import Owner, StateFile
+from agent.enforce.state import Owner
+from agent.enforce.state_file import StateFile
 from agent.errors import AllocationError
 from agent.standalone.engine import PinningEngine
 from agent.topology.discover import discover

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from agent.enforce.cgroup import list_children, read_cpus, read_procs
-from agent.enforce.state import State, StateFile
+from agent.enforce.state import State
+from agent.enforce.state_file import StateFile
 from agent.topology.cpuset import CPUSet
 from tests.standalone.conftest import Node, kill_and_reap, proc_cpus, proc_field, wait_for
 

@@ -24,7 +24,8 @@ import pytest
 from agent.alloc.devices import allocate_with_gpus
 from agent.alloc.request import Request
 from agent.enforce.cgroup import read_cpuset
-from agent.enforce.state import Owner, StateFile
+from agent.enforce.state import Owner
+from agent.enforce.state_file import StateFile
 from agent.errors import AllocationError
 from agent.gpu.discover import discover_gpus, gpus_from_topology
 from agent.gpu.model import GPU

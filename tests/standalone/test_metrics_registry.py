@@ -32,7 +32,7 @@ Families = dict[str, tuple[str, list[tuple[str, dict[str, str], float]]]]
 
 BUILD = {
     "agent": "from agent.metrics.registry import Metrics as M",
-    "controller": "from agent.admission.metrics import AdmissionMetrics as M",
+    "controller": "from agent.admission.report.metrics import AdmissionMetrics as M",
 }
 
 

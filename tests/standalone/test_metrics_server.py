@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from agent.admission.metrics import AdmissionMetrics
+from agent.admission.report.metrics import AdmissionMetrics
 from agent.metrics.registry import Metrics
 from agent.metrics.server import MetricsServer
 from tests.standalone.conftest import wait_for

@@ -221,7 +221,8 @@ def test_node_without_mig_capable_gpu_publishes_no_mig_state(tmp_path: Path, hgx
 
 
 def test_gpu_held_whole_by_an_exec_keeps_its_mig_mode(tmp_path: Path, hgx: Path) -> None:
-    from agent.enforce.state import Allocation, Owner, State, StateFile
+    from agent.enforce.state import Allocation, Owner, State
+    from agent.enforce.state_file import StateFile
     from agent.topology.cpuset import CPUSet
 
     nvml = fake(2, mig=False)  # GPU 0's NVML bus id is 00000000:18:00.0

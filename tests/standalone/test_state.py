@@ -12,7 +12,9 @@ import pytest
 
 from agent.alloc.request import Request
 from agent.enforce.cgroup import create_cgroup, exists, read_cpus
-from agent.enforce.state import REBUILT_POLICY, STATE_NAME, Allocation, Owner, State, StateFile
+from agent.enforce.state import Allocation, Owner, State
+from agent.enforce.state_file import STATE_NAME, StateFile
+from agent.enforce.state_live import REBUILT_POLICY
 from agent.errors import EnforcementError
 from agent.topology.cpuset import CPUSet
 from tests.conftest import require

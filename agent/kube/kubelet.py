@@ -1,0 +1,163 @@
+"""What this node's kubelet says through its pod-resources socket, asked on the enforcer thread.
+
+The kubelet's CPU manager: topolet pins only where the kubelet runs `cpuManagerPolicy: none`.  With
+`static` the kubelet pins Guaranteed pods itself and reconciles every container's cpuset, and two
+writers on one cpuset fight forever, so with enforcement on the agent refuses to run there
+(ConfigError, exit 2, the message says what to change).  It asks the kubelet's pod-resources API:
+`GetAllocatableResources` offers CPUs for exclusive use under `static` and none under `none`.  It asks
+at start and again whenever the socket is a new one (the kubelet makes it afresh at every start, so a
+kubelet restarted with `static` under a running agent stops it); with no socket or no answer it goes
+on (asking again a minute later), as it would without the kubelet's word on devices.
+
+GPUs the kubelet handed to containers (read only when the node has GPUs) count as taken in the NRT,
+and their MIG instances as in use; a container that asks for devices gets its CPUs from its GPUs'
+NUMA nodes.  grpc loads on the first question, not at start.
+
+Public API: `Kubelet(socket, gpus)` (`socket` "": not asked): `.check_cpu_manager()` sets
+`.cpu_manager_refusal`; `.refresh_devices() -> bool` (whether `.assigned_gpus` changed) sets
+`.gpu_ids`, `.answered` and `.assigned_gpus`; `.gpu_numa_source(topology)` is the pinner's `gpu_numa`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from agent.kube.nrt_build import kubelet_gpus
+from agent.kube.pods import ContainerPlan, PodPlan
+
+if TYPE_CHECKING:
+    from agent.gpu.model import GPU
+    from agent.topology.model import Topology
+
+log = logging.getLogger("topolet.kube")
+CPU_MANAGER_RETRY_SECONDS = 60.0  # a kubelet socket that gave no answer on its CPU manager is asked again
+
+
+class Kubelet:
+    """The kubelet's word on its CPU manager and on the GPUs it handed out; enforcer thread only."""
+
+    def __init__(self, socket: str, gpus: Sequence[GPU]) -> None:
+        self.socket = socket
+        self.gpus = gpus
+        self.cpu_manager_refusal = ""  # set when the kubelet turns out to pin CPUs itself
+        self._cpu_manager_asked: tuple[int, int] | None = None  # the socket last answered
+        self._cpu_manager_retry_at = 0.0
+        self._podres: list[Any] = []  # [] not opened yet; [None] off; [client]
+        self.gpu_ids: tuple[str, ...] = ()  # GPU device ids the kubelet handed out
+        # Whether those ids are the kubelet's word: None without its socket (NVML's processes are all
+        # MIG can go by), False while it fails to answer (no MIG change is safe then), True.
+        self.answered: bool | None = None
+        self._quiet_until = 0.0
+        self.assigned_gpus: frozenset[str] = frozenset()  # whole GPUs among them (PCI addresses)
+
+    def gpu_numa_source(self, topology: Callable[[], Topology]
+                        ) -> Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None:
+        """Where containers' GPUs sit, from the kubelet's pod-resources socket (off when not given);
+        `topology` gives the node's topology as it is now.
+
+        grpc is loaded on the first container that asks for GPUs, not at start: it costs ~13 MiB of
+        resident memory, which a node without GPU workloads should not pay.
+        """
+        if not self.socket:
+            return None
+        found: list[Any] = []
+
+        def numa_nodes(plan: PodPlan, c: ContainerPlan) -> frozenset[int] | None:
+            if not c.wants_devices:
+                return None
+            if not found:
+                client = self._pod_resources()
+                if client is None:
+                    found.append(None)
+                else:
+                    from agent.kube.podresources.locality import GPULocator
+
+                    found.append(GPULocator(client, lambda: self.gpus))
+            locator = found[0]
+            return None if locator is None else locator.numa_nodes(plan.namespace, plan.name, c.name,
+                                                                   topology())
+
+        return numa_nodes
+
+    def _pod_resources(self) -> Any:
+        """The kubelet's pod-resources client, opened on first use (grpc loads then); None when off."""
+        if not self._podres:
+            client = None
+            if self.socket:
+                try:
+                    from agent.kube.podresources.client import PodResourcesClient
+                except ImportError as exc:  # grpcio/protobuf missing: no device information
+                    log.warning("pod-resources API unavailable (%s): CPUs are not aligned with GPUs and "
+                                "the NRT counts only GPUs held in our state", exc)
+                else:
+                    client = PodResourcesClient(self.socket)
+            self._podres.append(client)
+        return self._podres[0]
+
+    def check_cpu_manager(self) -> None:
+        """Ask the kubelet whether its CPU manager hands out exclusive CPUs (`static`); if so, set
+        `cpu_manager_refusal` to the reason topolet must not pin here.
+
+        Asked again only when the kubelet's socket is a new one: the kubelet makes it afresh at every
+        start, and its policy changes only with a restart."""
+        socket = self.socket
+        try:
+            st = os.stat(socket) if socket else None
+        except OSError:
+            st = None
+        if st is None:
+            return
+        identity = (st.st_ino, st.st_mtime_ns)
+        if identity == self._cpu_manager_asked or time.monotonic() < self._cpu_manager_retry_at:
+            return
+        from agent.kube.podresources.exclusive import kubelet_exclusive_cpus
+
+        cpus = kubelet_exclusive_cpus(socket)
+        if cpus is None:
+            self._cpu_manager_retry_at = time.monotonic() + CPU_MANAGER_RETRY_SECONDS
+            log.warning("the kubelet's pod-resources socket %s gave no answer on its CPU manager; "
+                        "asking again in %.0f s", socket, CPU_MANAGER_RETRY_SECONDS)
+            return
+        self._cpu_manager_asked = identity
+        if cpus:
+            self.cpu_manager_refusal = (
+                f"the kubelet runs cpuManagerPolicy: static (its pod-resources API offers CPUs "
+                f"{cpus.cpulist()} for exclusive use): it pins Guaranteed pods itself and topolet would "
+                "fight it over their cpusets. Set cpuManagerPolicy: none in this node's kubelet "
+                "configuration (drain the node and remove its cpu_manager_state file), or run topolet "
+                "with --enforcement off")
+        else:
+            log.info("kubelet's CPU manager: policy none (no exclusive CPUs offered): topolet pins")
+
+    def refresh_devices(self) -> bool:
+        """Read which GPUs the kubelet handed to containers; True when the whole GPUs among them changed.
+
+        Only on a node with GPUs: elsewhere grpc is never loaded for this.
+        """
+        if not self.gpus:
+            return False
+        client = self._pod_resources()
+        if client is None:
+            return False
+        from agent.kube.podresources.locality import is_gpu_resource
+
+        failures = client.failures
+        listed = client.list()  # {} when the kubelet gives no answer: only our own holds count then
+        if not client.available:
+            self.answered = None
+        else:
+            if client.failures != failures:  # the client leaves the socket alone for a while now
+                self._quiet_until = time.monotonic() + client.backoff
+            self.answered = time.monotonic() >= self._quiet_until
+        ids = tuple(sorted({i for devices in listed.values() for d in devices
+                            if is_gpu_resource(d.resource) for i in d.ids}))
+        self.gpu_ids = ids
+        assigned = kubelet_gpus(ids, self.gpus)
+        if assigned == self.assigned_gpus:
+            return False
+        self.assigned_gpus = assigned
+        return True
