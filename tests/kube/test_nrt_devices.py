@@ -119,6 +119,11 @@ def test_agent_counts_gpus_the_kubelet_assigned(node: KubeNode, kubelet: PodReso
         wait_for(lambda: gpus_available(node) == 1, "the NRT to count the assigned GPU")
         assert "List" in kubelet.calls
 
+        # The server shows an apply a moment before the publisher counts it, so the count is read
+        # only after reconciles have gone by since (read at once, it could miss the last write: the
+        # flake seen on a loaded machine, where the "extra" write was that one, counted late).
+        passes = reconciles(metrics)
+        wait_for(lambda: reconciles(metrics) >= passes + 2, "reconciles after the NRT showed the GPU")
         # Nothing changes: reconciles go by and the NRT is not written again.
         writes, passes = nrt_writes(metrics), reconciles(metrics)
         wait_for(lambda: reconciles(metrics) >= passes + 3, "three more reconciles")
