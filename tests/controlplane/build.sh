@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the test control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), its client
-# (kubectl, kustomize built in), the real node's kubelet (tests/realnode/) and Kueue's manager (kueue,
-# tests/controlplane/kueue.py) from the Go module proxy, once per version.
+# (kubectl, kustomize built in), the real node's kubelet (tests/realnode/), Kueue's manager (kueue,
+# tests/controlplane/kueue.py) and containerd 2 with its runc shim (the real node's NRI runtime,
+# tests/realnode/containerd.py) from the Go module proxy, once per version.
 #
 # Usage: tests/controlplane/build.sh [COMPONENT...]   (every component when none named)
 # Prints one `<component>=<absolute path of the binary>` line per component on stdout; progress and
@@ -20,17 +21,22 @@ go_version="$(go env GOVERSION)"
 # component -> module dir, Go package to build, module whose version names the cache entry.
 declare -A module_dir=([etcd]=etcd [kube-apiserver]=apiserver [kubectl]=kubectl
                        [kube-controller-manager]=apiserver [kube-scheduler]=apiserver
-                       [kubelet]=kubelet [kueue]=kueue)
+                       [kubelet]=kubelet [kueue]=kueue
+                       [containerd]=containerd [containerd-shim-runc-v2]=containerd)
 declare -A package=([etcd]=. [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
                     [kubectl]=k8s.io/kubernetes/cmd/kubectl
                     [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
                     [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
                     [kubelet]=k8s.io/kubernetes/cmd/kubelet
-                    [kueue]=sigs.k8s.io/kueue/cmd/kueue)
+                    [kueue]=sigs.k8s.io/kueue/cmd/kueue
+                    [containerd]=github.com/containerd/containerd/v2/cmd/containerd
+                    [containerd-shim-runc-v2]=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2)
 declare -A version_of=([etcd]=go.etcd.io/etcd/server/v3 [kube-apiserver]=k8s.io/kubernetes
                        [kubectl]=k8s.io/kubernetes [kube-controller-manager]=k8s.io/kubernetes
                        [kube-scheduler]=k8s.io/kubernetes [kubelet]=k8s.io/kubernetes
-                       [kueue]=sigs.k8s.io/kueue)
+                       [kueue]=sigs.k8s.io/kueue
+                       [containerd]=github.com/containerd/containerd/v2
+                       [containerd-shim-runc-v2]=github.com/containerd/containerd/v2)
 
 # The version of module $2 as required by the go.mod in directory $1.
 required_version() {
@@ -54,7 +60,7 @@ build_one() {
         exec {lock}>"$out_dir/.lock"
         flock "$lock"
         if [[ ! -x "$binary" ]]; then
-            local ldflags="-s -w"
+            local ldflags="-s -w" cgo=0 tags=""
             if [[ "$component" == kube* ]]; then
                 # What `kubectl version` and /version report; upstream's build stamps the same variables.
                 local major minor
@@ -66,11 +72,17 @@ build_one() {
             elif [[ "$component" == kueue ]]; then
                 # What Kueue logs at start; upstream's Makefile stamps the same variable.
                 ldflags+=" -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version"
+            elif [[ "$component" == containerd* ]]; then
+                # As upstream's Makefile stamps it (`containerd --version`, the CRI version the kubelet
+                # logs). cgo as Go defaults it and no btrfs snapshotter (it needs the btrfs headers):
+                # the build shared/recipes/containerd-2.4-nri.md ran pods with.
+                ldflags+=" -X github.com/containerd/containerd/v2/version.Version=$version"
+                cgo="$(go env CGO_ENABLED)" tags=no_btrfs
             fi
             echo "build.sh: building $component $version (cold builds take minutes)" >&2
             local start=$SECONDS
-            (cd "$dir" && CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" \
-                go build -trimpath -ldflags="$ldflags" -o "$binary.tmp" "${package[$component]}") >&2
+            (cd "$dir" && CGO_ENABLED=$cgo GOFLAGS="-mod=readonly -buildvcs=false" \
+                go build -trimpath -tags="$tags" -ldflags="$ldflags" -o "$binary.tmp" "${package[$component]}") >&2
             mv -f "$binary.tmp" "$binary"
             echo "build.sh: built $component in $((SECONDS - start)) s" >&2
         fi
@@ -80,7 +92,8 @@ build_one() {
 }
 
 components=("$@")
-[[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kueue)
+[[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kueue
+                                              containerd containerd-shim-runc-v2)
 for c in "${components[@]}"; do
     [[ -n "${module_dir[$c]:-}" ]] || { echo "build.sh: unknown component '$c'" >&2; exit 2; }
     build_one "$c"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -62,14 +63,14 @@ def realnode_cluster(request: pytest.FixtureRequest,
         forwarder.stop()
 
 
-def start_node(cluster: Cluster, parts: RealNodeParts, **kw: str) -> RealNode:
+def start_node(cluster: Cluster, parts: RealNodeParts, **kw: Any) -> RealNode:
     """A started RealNode (a failure to start is a test failure, with the daemons' logs)."""
     node = RealNode(cluster, parts, **kw)
     node.start()
     return node
 
 
-def running_node(cluster: Cluster, parts: RealNodeParts, **kw: str) -> Iterator[RealNode]:
+def running_node(cluster: Cluster, parts: RealNodeParts, **kw: Any) -> Iterator[RealNode]:
     """A fixture's body: a started RealNode, its logs printed and everything cleaned up after."""
     node = start_node(cluster, parts, **kw)
     try:

@@ -3,10 +3,11 @@
 `RealNode(cluster, parts)` runs, next to a `tests.controlplane.cluster.Cluster` (whose control plane
 has a real kube-controller-manager and kube-scheduler):
 
-- containerd 1.6 with its own root, state, socket, runc root, CNI config (the `ptp` plugin, a /24 of
-  its own, host-local addresses kept in its folder) and network namespaces under its state folder,
-  the image of `tests.realnode.images` imported with `ctr -n k8s.io images import` and used as the
-  sandbox ("pause") image;
+- containerd 1.6 (or, with `runtime=CONTAINERD_2_4`, containerd 2.4.2 with NRI on its own socket,
+  `nri_socket`: tests/realnode/containerd.py writes either config) with its own root, state, socket,
+  runc root, CNI config (the `ptp` plugin, a /24 of its own, host-local addresses kept in its folder)
+  and network namespaces under its state folder, the image of `tests.realnode.images` imported with
+  `ctr -n k8s.io images import` and used as the sandbox ("pause") image;
 - the kubelet (`tests/controlplane/build.sh kubelet`, v1.37.2) with its own --root-dir (so its own
   pod-resources socket and cpu_manager_state), the cgroupfs driver and a cgroup root of its own,
   `topolet-rn-<pid>-<tag>`, created in every cgroup hierarchy, so nothing it or runc makes can meet
@@ -51,7 +52,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ from typing import Any
 from tests.conftest import REPO
 from tests.controlplane.cluster import Cluster
 from tests.controlplane.harness import ControlPlaneError, _Process, build_components, free_port
+from tests.realnode.containerd import CONTAINERD_1_6, CONTAINERD_2_4, ContainerdSetup, write_config
 from tests.realnode.images import IMAGE, busybox_image
 
 BASE = Path("/run/topolet-realnode")
@@ -72,7 +74,10 @@ MNT_DETACH = 2
 KUBELET_SYSCTLS = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10",
                    "kernel/panic_on_oops": "1", "kernel/keys/root_maxkeys": "1000000",
                    "kernel/keys/root_maxbytes": "25000000"}
-SHIM_SOCKETS = "/run/containerd/s/"  # containerd 1.6 puts every shim's socket here, whatever its state dir
+# containerd 1.6 (and 2.4) puts every shim's socket here, whatever its state dir.
+SHIM_SOCKETS = "/run/containerd/s/"
+# The kubelet links each container's log here, on the host (its --pod-logs-dir is the node's own).
+CONTAINER_LOG_LINKS = Path("/var/log/containers")
 # Where milestone() appends `<name> <CLOCK_MONOTONIC seconds>` lines (tests/vm times the guest's node).
 MILESTONES_ENV = "TOPOLET_REALNODE_MILESTONES"
 # "1" where the node runs under emulation (tests/vm's guest under TCG): see emulated().
@@ -120,11 +125,14 @@ class RealNodeParts:
     ctr: str
     cni_bin: str
     image: Path
+    containerd2: Path | None = None  # containerd v2.4.2 and its runc shim (build.sh), for CONTAINERD_2_4
+    containerd2_shim: Path | None = None
 
 
 def find_parts() -> RealNodeParts:
-    """Build (or find in the cache) the kubelet and the image; find containerd, runc, ctr and the
-    CNI plugins (Debian packages: `make deps`).  RealNodeError names what is missing."""
+    """Build (or find in the cache) the kubelet, containerd 2.4.2 with its shim and the image; find
+    containerd 1.6, runc, ctr and the CNI plugins (Debian packages: `make deps`).  RealNodeError
+    names what is missing."""
     missing = [name for name in ("containerd", "runc", "ctr") if shutil.which(name) is None]
     cni = next((d for d in CNI_BIN_DIRS if os.path.exists(os.path.join(d, "ptp"))), None)
     if cni is None:
@@ -133,9 +141,10 @@ def find_parts() -> RealNodeParts:
         missing.append("/bin/busybox (busybox-static)")
     if missing:
         raise RealNodeError(f"missing: {', '.join(missing)} (make deps installs them)")
-    kubelet = build_components("kubelet")["kubelet"]
-    return RealNodeParts(kubelet, str(shutil.which("containerd")), str(shutil.which("runc")),
-                         str(shutil.which("ctr")), str(cni), busybox_image())
+    built = build_components("kubelet", "containerd", "containerd-shim-runc-v2")
+    return RealNodeParts(built["kubelet"], str(shutil.which("containerd")), str(shutil.which("runc")),
+                         str(shutil.which("ctr")), str(cni), busybox_image(),
+                         built["containerd"], built["containerd-shim-runc-v2"])
 
 
 def hierarchies() -> list[Path]:
@@ -268,6 +277,12 @@ def _clean_folder(folder: Path, cgroup_name: str) -> None:
     _kill_pids(_processes_mentioning(str(folder) + "/"))
     _unmount_under(folder)
     shutil.rmtree(folder, ignore_errors=True)
+    # A killed kubelet leaves its links; the next node's kubelet would ask its runtime about them.
+    with contextlib.suppress(OSError):
+        for link in CONTAINER_LOG_LINKS.iterdir():
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and os.readlink(link).startswith(str(folder) + "/"):
+                    link.unlink()
 
 
 def sweep() -> list[str]:
@@ -288,7 +303,10 @@ class RealNode:
     """One real node (containerd + kubelet) registered with `cluster`; start() it, stop() it."""
 
     def __init__(self, cluster: Cluster, parts: RealNodeParts, *, cpu_manager_policy: str = "none",
-                 reserved_cpus: str = "") -> None:
+                 reserved_cpus: str = "", runtime: str = CONTAINERD_1_6,
+                 nri_required_plugins: Sequence[str] = ()) -> None:
+        """`runtime`: CONTAINERD_1_6 (Debian's) or CONTAINERD_2_4 (with NRI on `nri_socket`, where
+        `nri_required_plugins` makes NRI's default validator refuse containers while one is missing)."""
         hexid = uuid.uuid4().hex[:8]
         self.cluster = cluster
         self.parts = parts
@@ -299,6 +317,9 @@ class RealNode:
         self.dir = BASE / self.tag
         self.cgroup_name = f"topolet-rn-{self.tag}"
         self.containerd_socket = self.dir / "containerd.sock"
+        self.runtime = runtime
+        self.nri_socket = self.dir / "nri.sock"
+        self.nri_required_plugins = tuple(nri_required_plugins)
         self.kubelet_root = self.dir / "kubelet"
         self.subnet = f"10.251.{random.randrange(256)}.0/24"
         self.namespace_holder: _Process | None = None
@@ -409,7 +430,8 @@ class RealNode:
     def start_containerd(self) -> None:
         """Start containerd and wait until it answers on its socket."""
         assert self.containerd is None or not self.containerd.running()
-        argv = [self.parts.containerd, "--config", str(self.dir / "containerd.toml")]
+        binary = self.parts.containerd if self.runtime == CONTAINERD_1_6 else str(self.parts.containerd2)
+        argv = [binary, "--config", str(self.dir / "containerd.toml")]
         self.containerd = _Process("containerd", self._in_namespace(argv), self.dir / "containerd.log")
         self._wait(lambda: self._ctr_ok("version"), "containerd to answer", self.containerd)
 
@@ -486,51 +508,12 @@ class RealNode:
     # ---- configuration ---------------------------------------------------------------------------
 
     def _write_containerd_config(self) -> None:
-        d = self.dir
-        cni_conf = d / "cni"
-        cni_conf.mkdir()
-        (cni_conf / "10-topolet-rn.conflist").write_text(json.dumps({
-            "cniVersion": "0.4.0", "name": self.cgroup_name,
-            "plugins": [{"type": "ptp", "ipMasq": False, "ipam": {
-                "type": "host-local", "ranges": [[{"subnet": self.subnet}]],
-                "dataDir": str(d / "cni-ipam")}}]}))
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        (d / "containerd.toml").write_text(f"""version = 2
-root = "{d}/containerd-root"
-state = "{d}/containerd-state"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
-                    "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
-[grpc]
-  address = "{self.containerd_socket}"
-[ttrpc]
-  address = ""
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/containerd-opt"
-[{cri}]
-  sandbox_image = "{IMAGE}"
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  netns_mounts_under_state_dir = true
-  stream_server_port = "0"
-  [{cri}.cni]
-    bin_dir = "{self.parts.cni_bin}"
-    conf_dir = "{cni_conf}"
-  [{cri}.containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [{cri}.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [{cri}.containerd.runtimes.runc.options]
-        BinaryName = "{self.parts.runc}"
-        Root = "{d}/runc"
-        SystemdCgroup = false
-        NoPivotRoot = {str(root_is_initramfs()).lower()}
-""")
+        if self.runtime == CONTAINERD_2_4 and None in (self.parts.containerd2, self.parts.containerd2_shim):
+            raise RealNodeError("containerd 2.4 is not among this node's parts (build.sh containerd)")
+        write_config(self.runtime, ContainerdSetup(
+            self.dir, self.containerd_socket, self.cgroup_name, self.subnet, self.parts.cni_bin,
+            self.parts.runc, root_is_initramfs(), self.parts.containerd2_shim, self.nri_socket,
+            self.nri_required_plugins))
 
     def _write_kubelet_config(self) -> None:
         config: dict[str, Any] = {
