@@ -88,7 +88,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _controller(args: argparse.Namespace) -> int:
-    from agent.admission.command import run_controller
+    from agent.admission.controller.command import run_controller
 
     return run_controller(args)
 

@@ -4,7 +4,7 @@
 In process (`in_process`): 5,000 nodes of up to 8 NUMA zones (hwloc dumps, partly filled; see
 `bench/admission_workload.py`) and 15,000 gangs of 2/4/8 single-numa-node pods in Kueue's `tas`
 mix.  The view is built once from the API dicts (`build_view`), then every gang is decided with
-`agent.admission.engine.place` and, when placed, counted with `commit` (as one controller pass
+`agent.admission.engine.place.place` and, when placed, counted with `commit` (as one controller pass
 would).  The reference runs the same gangs on the same nodes: a plain best-fit placer on node totals
 (the tightest node whose free CPUs hold each pod, as a scheduler's MostAllocated scoring would),
 all or nothing per gang.  It knows no zones, so beside its admitted count is the share of its pods
@@ -44,10 +44,10 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import admission_workload as workload  # noqa: E402
 
-from agent.admission.engine import commit, place  # noqa: E402
-from agent.admission.ledger import Ledger  # noqa: E402
-from agent.admission.model import ClusterView, Gang, Placement  # noqa: E402
-from agent.admission.view import build_view  # noqa: E402
+from agent.admission.cluster.ledger import Ledger  # noqa: E402
+from agent.admission.cluster.view import build_view  # noqa: E402
+from agent.admission.engine.model import ClusterView, Gang, Placement  # noqa: E402
+from agent.admission.engine.place import commit, place  # noqa: E402
 
 
 @dataclass(frozen=True)

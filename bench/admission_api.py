@@ -49,8 +49,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import admission_workload as workload  # noqa: E402
 
-from agent.admission.model import Gang  # noqa: E402
-from agent.admission.placing import pod_target  # noqa: E402
+from agent.admission.engine.model import Gang  # noqa: E402
+from agent.admission.gangs.slots import pod_target  # noqa: E402
 from agent.alloc.exclusive import allocate  # noqa: E402
 from agent.alloc.request import Request  # noqa: E402
 from agent.errors import AllocationError, KubeAPIError  # noqa: E402

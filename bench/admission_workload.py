@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.admission.model import Gang, PodSet, Resources
+from agent.admission.engine.model import Gang, PodSet, Resources
 from agent.alloc.exclusive import allocate
 from agent.alloc.request import Request
 from agent.enforce.state import Allocation, Owner, State

@@ -13,13 +13,13 @@ Policies, all run in this process on the same arrivals:
 - BestFit: the node left with the least free CPU and GPU (each as a share of the node's capacity),
   the fullest GPU with room;
 - FGD: the paper's policy re-implemented: the node whose expected fragmentation w.r.t. the
-  workload's pod-type mix rises least (`agent.admission.fragmentation`), ties at random; the pod
+  workload's pod-type mix rises least (`agent.admission.engine.fragmentation`), ties at random; the pod
   types carry their GPU models (`gpu_spec`) as the paper's do;
-- gpu_choice: topolet's score (`agent.admission.fragmentation.gpu_choice`: FGD's measure plus the
+- gpu_choice: topolet's score (`agent.admission.engine.fragmentation.gpu_choice`: FGD's measure plus the
   stranded-GPU term, held to the whole workload's CPU per GPU when it asks more CPU than the cluster
   has, and the price of GPU taken from a model constrained pods need) on every node that
   fits, ties as the engine breaks them (least free CPU left, then node order), without the engine;
-- topolet: the admission engine (`agent.admission.engine.place`, then `commit`) with each pod as a
+- topolet: the admission engine (`agent.admission.engine.place.place`, then `commit`) with each pod as a
   one-pod gang and the workload's pod-type mix as the view's `gpu_mix`; `--direct` scores this column
   with `gpu_choice` as well (and so does a checkout without the engine).
 
@@ -46,14 +46,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agent.admission.fragmentation import (  # noqa: E402
+from agent.admission.engine.fragmentation import (  # noqa: E402
     WHOLE,
     GpuMix,
     cluster_cpu_per_milli,
     gpu_choice,
     gpu_supply,
 )
-from agent.admission.model import (  # noqa: E402
+from agent.admission.engine.model import (  # noqa: E402
     ClusterView,
     Gang,
     Node,
@@ -372,7 +372,7 @@ class TopoletEngine:
     """topolet's admission engine: each pod a one-pod gang, placed on the view and committed to it."""
 
     def __init__(self, mix: Mix, models: Models) -> None:
-        from agent.admission.engine import commit, place  # the engine may land after this bench
+        from agent.admission.engine.place import commit, place  # the engine may land after this bench
 
         self.place = place
         self.commit = commit
@@ -532,9 +532,10 @@ def main() -> None:
     direct = args.direct
     if "topolet" in policies and not direct:
         try:
-            from agent.admission.engine import place  # noqa: F401
+            from agent.admission.engine.place import place  # noqa: F401
         except ImportError:
-            print("note: agent.admission.engine.place is missing; topolet column scored through gpu_choice")
+            print("note: agent.admission.engine.place.place is missing; topolet column scored through "
+                  "gpu_choice")
             direct = True
     capacity = sum(h.gpus for h in hosts) * WHOLE
     if args.all:

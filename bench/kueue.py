@@ -62,10 +62,10 @@ import admission_workload as workload  # noqa: E402
 from admission import percentile  # noqa: E402
 from admission_api import LEDGER_TIMEOUT_S, NAMESPACE, BindWatch, _job, _parallel, _populate, _replay  # noqa: E402
 
-from agent.admission.engine import commit, place  # noqa: E402
-from agent.admission.ledger import Ledger  # noqa: E402
-from agent.admission.model import Gang, Placement  # noqa: E402
-from agent.admission.view import build_view  # noqa: E402
+from agent.admission.cluster.ledger import Ledger  # noqa: E402
+from agent.admission.cluster.view import build_view  # noqa: E402
+from agent.admission.engine.model import Gang, Placement  # noqa: E402
+from agent.admission.engine.place import commit, place  # noqa: E402
 from agent.errors import KubeAPIError  # noqa: E402
 from agent.kube.client import KubeClient  # noqa: E402
 from agent.topology.model import Topology  # noqa: E402

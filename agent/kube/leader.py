@@ -13,6 +13,8 @@ Public API:
 - `.run(stop, on_change=None)`: retry every `retry_period` until `stop` is set, calling
   `on_change(leading)` when leadership changes; `.start(...)` runs it on a daemon thread.
 - `.release()`: give the Lease up (holder cleared) so a successor need not wait for it to expire.
+- `NotLeader`: raised by a leader's own code when it finds it no longer leads mid-work (the admission
+  controller's writes check before each one), so that it writes nothing more.
 
 Expiry follows client-go's rule: a replica does not compare the holder's `renewTime` with its own
 clock (clocks differ between machines); it measures, on its own monotonic clock, how long the Lease
@@ -41,6 +43,10 @@ def _dict(value: object) -> dict[str, Any]:
 def _micro_time(seconds: float) -> str:
     """A metav1.MicroTime (RFC 3339 with microseconds, UTC)."""
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class NotLeader(Exception):
+    """This replica stopped leading in the middle of its work: write nothing more."""
 
 
 class LeaderElector:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from agent.admission.metrics import capacity_figures
-from agent.admission.model import ClusterView, Node, Resources, Zone
+from agent.admission.engine.model import ClusterView, Node, Resources, Zone
+from agent.admission.report.metrics import capacity_figures
 from tests.controlplane.cluster import Cluster
 from tests.controlplane.fixtures import IN_CI
 from tests.controlplane.harness import free_port
@@ -135,7 +135,7 @@ def _zones(*pairs: tuple[int, int]) -> tuple[Zone, ...]:
 
 def test_events_are_queued_bounded_and_sent_off_the_pass(api: KubeClient, namespace: str) -> None:
     """`record` never waits on the API: it queues; a full queue drops (counted); the thread sends the rest."""
-    from agent.admission.events import ObjectEvents
+    from agent.admission.report.events import ObjectEvents
 
     dropped: list[int] = []
     sender = ObjectEvents(api, "test", on_drop=lambda: dropped.append(1), capacity=2)
@@ -150,7 +150,7 @@ def test_events_are_queued_bounded_and_sent_off_the_pass(api: KubeClient, namesp
 
 
 def test_version_cache_computes_once_per_version_and_forgets_gone_objects() -> None:
-    from agent.admission.store import VersionCache
+    from agent.admission.cluster.store import VersionCache
 
     calls: list[str] = []
 
@@ -178,7 +178,7 @@ def test_the_store_keeps_a_written_version_over_an_older_watch_event(api: KubeCl
     not look undecided again (its ledger entries would be dropped and its capacity given twice)."""
     import threading
 
-    from agent.admission.store import Reflector
+    from agent.admission.cluster.store import Reflector
 
     store = Reflector(api, "/apis/batch/v1/jobs", "jobs", threading.Event())
     job = {"metadata": {"namespace": "ns", "name": "g", "uid": "u1", "resourceVersion": "10"}}

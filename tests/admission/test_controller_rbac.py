@@ -28,13 +28,8 @@ from typing import Any
 
 import pytest
 
-from agent.admission.placing import (
-    BY_INDEX_LABEL,
-    AdmissionRecord,
-    SlotPlacement,
-    decision_patch,
-    node_affinity,
-)
+from agent.admission.gangs.record import AdmissionRecord, SlotPlacement
+from agent.admission.jobs.patches import BY_INDEX_LABEL, decision_patch, node_affinity
 from tests.admission.test_controller import DUMP, all_bound_as_recorded, events, gang_job, record, wait_for
 from tests.conftest import REPO, topolet_bin
 from tests.controlplane.cluster import Cluster
@@ -345,7 +340,7 @@ def test_admits_a_job_by_gating_its_template_then_unsuspending_it(setup: Setup) 
 
 
 def test_admits_a_job_on_one_node_by_pinning_its_template(setup: Setup) -> None:
-    """The one-node route, with the very patch the controller sends (`placing.decision_patch`)."""
+    """The one-node route, with the very patch the controller sends (`patches.decision_patch`)."""
     jobs = f"/apis/batch/v1/namespaces/{setup.team}/jobs"
     job = created(setup.plane, jobs, suspended_job(f"one-node-{uuid.uuid4().hex[:6]}"))
     record = AdmissionRecord("admitted", "d1", "2026-12-02T00:00:00Z",
@@ -428,7 +423,7 @@ def test_posts_events_on_jobs(setup: Setup) -> None:
 
 
 def event(setup: Setup, name: str) -> dict[str, Any]:
-    """A core/v1 Event on the setup's Job, as agent/admission/controller.py posts it."""
+    """A core/v1 Event on the setup's Job, as agent/admission/report/events.py posts it."""
     return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
             "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "namespace": setup.team,
                                "name": setup.job},

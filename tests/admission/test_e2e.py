@@ -175,9 +175,9 @@ def test_without_the_controller_the_scheduler_half_places_the_gang(
 
 
 def admission_record(api: KubeClient, namespace: str, job: str) -> Any:
-    """The controller's decision recorded on the Job (agent.admission.placing.AdmissionRecord)."""
-    from agent.admission.jobs import ADMISSION_ANNOTATION
-    from agent.admission.placing import decode_record
+    """The controller's decision recorded on the Job (agent.admission.gangs.record.AdmissionRecord)."""
+    from agent.admission.gangs.job import ADMISSION_ANNOTATION
+    from agent.admission.gangs.record import decode_record
 
     obj = api.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}")
     return decode_record(obj["metadata"]["annotations"][ADMISSION_ANNOTATION])

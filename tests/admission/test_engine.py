@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from agent.admission.engine import commit, place
-from agent.admission.model import (
+from agent.admission.engine.model import (
     ClusterView,
     Gang,
     Node,
@@ -22,6 +21,7 @@ from agent.admission.model import (
     Toleration,
     Zone,
 )
+from agent.admission.engine.place import commit, place
 
 GI = 1 << 30
 
@@ -208,7 +208,7 @@ def test_shared_gpu_best_fit_without_a_mix() -> None:
 
 
 def test_shared_gpu_with_a_mix_follows_the_fragmentation_score() -> None:
-    fragmentation = pytest.importorskip("agent.admission.fragmentation")
+    fragmentation = pytest.importorskip("agent.admission.engine.fragmentation")
     mix = ((Resources(cpu_milli=1000, gpu_milli=500), 0.5), (Resources(cpu_milli=1000, gpus=1), 0.5))
     nodes = (node("g1", [(8, 8)], gpu_free=(1000, 500)), node("g2", [(8, 8)], gpu_free=(1000, 1000)))
     req = Resources(cpu_milli=1000, memory=GI, gpu_milli=500)
@@ -220,7 +220,7 @@ def test_shared_gpu_with_a_mix_follows_the_fragmentation_score() -> None:
 
 
 def test_gpu_scores_equal_but_for_float_noise_tie_and_the_cpu_rules_decide() -> None:
-    fragmentation = pytest.importorskip("agent.admission.fragmentation")
+    fragmentation = pytest.importorskip("agent.admission.engine.fragmentation")
     # 200-shares and whole GPUs at popularities 0.7, 0.2 and 0.3 (two whole-GPU types), whose sums
     # are not exact in binary: a 100-share lowers either node's fragment by exactly 50 on paper,
     # (800, 800, 1000) 800 -> 750 and (300, 1000) 150 -> 100, but the floats differ in the last bits

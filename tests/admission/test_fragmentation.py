@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from agent.admission.engine import place
-from agent.admission.fragmentation import (
+from agent.admission.engine.fragmentation import (
     GpuMix,
     cluster_cpu_per_milli,
     fits,
@@ -20,7 +19,8 @@ from agent.admission.fragmentation import (
     gpu_choice,
     gpu_supply,
 )
-from agent.admission.model import ClusterView, Gang, Node, Placement, PodSet, Resources
+from agent.admission.engine.model import ClusterView, Gang, Node, Placement, PodSet, Resources
+from agent.admission.engine.place import place
 
 GIB = 1 << 30
 HALF = Resources(cpu_milli=1000, memory=GIB, gpu_milli=500)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.admission import heap
+from agent.admission.cluster import heap
 
 
 class Cycle:

@@ -1,4 +1,5 @@
-"""agent.admission.jobread: what a pass reads of a Job and its slots, read again only when a version moves."""
+"""agent.admission.jobs.jobread: what a pass reads of a Job and its slots, read again only when a version
+moves."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from agent.admission.jobread import JobReader
-from agent.admission.jobs import ADMISSION_ANNOTATION, GATE, QUEUE_LABEL
-from agent.admission.placing import AdmissionRecord, SlotPlacement, assign_slots
+from agent.admission.gangs.job import ADMISSION_ANNOTATION, GATE, QUEUE_LABEL
+from agent.admission.gangs.record import AdmissionRecord, SlotPlacement
+from agent.admission.gangs.slots import assign_slots
+from agent.admission.jobs.jobread import JobReader
 
 SLOTS = {0: SlotPlacement("n1", 0), 1: SlotPlacement("n2", 1)}
 RECORD = AdmissionRecord("admitted", "d1", "2026-12-02T10:00:00Z", SLOTS)

@@ -1,4 +1,5 @@
-"""Job -> Gang (agent.admission.jobs), the admission record and the patch bodies (placing), as tables."""
+"""Job -> Gang (agent.admission.gangs.job), the admission record (gangs.record), the slots (gangs.slots) and
+the patch bodies (agent.admission.jobs.patches), as tables."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent.admission.jobs import (
+from agent.admission.engine.model import NodeSelectorRequirement, Resources, Toleration
+from agent.admission.gangs.job import (
     ADMISSION_ANNOTATION,
     GATE,
     HOSTNAME_LABEL,
@@ -15,21 +17,17 @@ from agent.admission.jobs import (
     JobSpecError,
     gang_from_job,
 )
-from agent.admission.model import NodeSelectorRequirement, Resources, Toleration
-from agent.admission.placing import (
-    BY_INDEX_LABEL,
+from agent.admission.gangs.record import (
     PLACEMENTS_ANNOTATION,
     PLACEMENTS_MAX_CHARS,
     AdmissionRecord,
     SlotPlacement,
-    assign_slots,
-    decision_patch,
     decode_record,
     placements_value,
-    pod_patch,
     record_of,
-    still_undecided,
 )
+from agent.admission.gangs.slots import assign_slots
+from agent.admission.jobs.patches import BY_INDEX_LABEL, decision_patch, pod_patch, still_undecided
 
 GI = 1 << 30
 

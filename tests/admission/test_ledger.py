@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from agent.admission.ledger import Entry, Ledger, agent_pins, job_slot
-from agent.admission.model import Placement, PodPlacement, Resources
-from agent.admission.podindex import PodIndex
+from agent.admission.cluster.ledger import Entry, Ledger, agent_pins, job_slot
+from agent.admission.cluster.podindex import PodIndex
+from agent.admission.engine.model import Placement, PodPlacement, Resources
 from agent.kube.nrt import pod_set_fingerprint
 
 REQ = Resources(cpu_milli=2000, memory=1 << 30)

@@ -7,10 +7,10 @@ import copy
 import random
 from typing import Any
 
-from agent.admission.ledger import Entry, Ledger, agent_pins, job_slot
-from agent.admission.model import Resources
-from agent.admission.podindex import NodeUse, PodIndex
-from agent.admission.view import build_view, pod_requests
+from agent.admission.cluster.ledger import Entry, Ledger, agent_pins, job_slot
+from agent.admission.cluster.podindex import NodeUse, PodIndex
+from agent.admission.cluster.view import build_view, pod_requests
+from agent.admission.engine.model import Resources
 from tests.admission.test_ledger import pod as ledger_pod
 from tests.admission.test_view import node_obj, nrt_obj, pod_obj, zone
 

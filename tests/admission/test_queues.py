@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.admission.model import Gang, Placement, PodSet, Refusal, Resources
-from agent.admission.queues import Blocked, Pending, admission_pass, parse_queue_modes
+from agent.admission.engine.model import Gang, Placement, PodSet, Refusal, Resources
+from agent.admission.jobs.queues import Blocked, Pending, admission_pass, parse_queue_modes
 from agent.errors import ConfigError
 
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from agent.admission.engine import commit, place
-from agent.admission.ledger import Ledger
-from agent.admission.model import Gang, Placement, PodSet, Resources
-from agent.admission.view import build_view
+from agent.admission.cluster.ledger import Ledger
+from agent.admission.cluster.view import build_view
+from agent.admission.engine.model import Gang, Placement, PodSet, Resources
+from agent.admission.engine.place import commit, place
 from agent.alloc.exclusive import allocate
 from agent.alloc.request import Request
 from agent.enforce.state import Allocation, Owner, State

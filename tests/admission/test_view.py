@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from agent.admission.ledger import Entry, Ledger
-from agent.admission.model import Resources, Taint
-from agent.admission.view import build_view, pod_requests
+from agent.admission.cluster.ledger import Entry, Ledger
+from agent.admission.cluster.view import build_view, pod_requests
+from agent.admission.engine.model import Resources, Taint
 
 GI = 1 << 30
 

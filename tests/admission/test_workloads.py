@@ -1,4 +1,4 @@
-"""`agent.admission.workloads`: Kueue Workloads as gangs and the topology-fit check's bodies (pure)."""
+"""`agent.admission.kueue.workloads`: Kueue Workloads as gangs and the topology-fit check's bodies (pure)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from agent.admission.model import Gang, Placement, PodPlacement, PodSet, Resources, Toleration
-from agent.admission.placing import SlotPlacement
-from agent.admission.workloads import (
+from agent.admission.engine.model import Gang, Placement, PodPlacement, PodSet, Resources, Toleration
+from agent.admission.gangs.record import SlotPlacement
+from agent.admission.kueue.workloads import (
     CONTROLLER_NAME,
     FAILSAFE_LABEL,
     WorkloadSpecError,

@@ -389,7 +389,7 @@ def test_kueue_auto_is_on_only_where_the_controller_may_read_kueue(
         cluster: Cluster, api: KubeClient, namespace: str) -> None:
     """`--kueue auto`'s probe: on with Kueue served and readable; off (None) for an identity without
     RBAC for it, whose reflectors would never sync and hold up the Job route."""
-    from agent.admission.kueue import kueue_served
+    from agent.admission.kueue.check import kueue_served
 
     install_kueue_crds(api)
     assert kueue_served(api) is True

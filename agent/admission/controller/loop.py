@@ -1,0 +1,406 @@
+"""The decision loop of `topolet controller`: admits queued Jobs as gangs, pins their pods through gates.
+
+Public API:
+
+- `ControllerConfig` (namespace, queue modes, resync and ledger timeout, identity).
+- `Controller(kube, config, metrics, leader=None)`: `.start()` starts the list+watch reflectors
+  (queued Jobs, pods, Nodes, NRTs, PriorityClasses) into an in-memory store; `.run(stop)` runs a
+  decision pass after every change (debounced) and every `resync_seconds`, while leading;
+  `.decide_once()` runs one pass now (its pod patches may still be in flight when it returns).
+
+The pieces it is built from: `agent.admission.cluster` (`store`: list+watch into memory;
+`capacity`: the ledger and the engine's view across passes), `agent.admission.jobs` (`jobread`: each
+Job version and its slots read once across passes; `queues`; the patch bodies, all pure),
+`agent.admission.kueue` (the check), `writes` (beside it: the pass's writes and Events), and `command`
+(the `topolet controller` sub-command around it).
+
+A pass, in order (each step is idempotent and re-derived from the API objects, so a controller
+killed at any point finishes the work on restart and never decides a Job twice):
+
+1. Admitted Jobs (annotation `topolet.io/admission` result admitted) that are still suspended (an
+   earlier version wrote the decision and the unsuspend apart) are unsuspended; their gated pods
+   each get `nodeSelector kubernetes.io/hostname`, the `topolet.io/numa-zone` annotation and lose
+   the gate, in one patch (`topolet_admission_pods_patched_total`).  Where the placement policy is
+   installed, the API server does this for Indexed Jobs' pods as they are created, from the slots the
+   admitting write put in the pod template (`agent.admission.jobs.patches`), so they are never gated
+   here.  A slot is held by a live pod already pinned to its (node, zone); a new pod takes its
+   completion index's slot when that is free (Indexed Jobs), else the lowest free one, in pod creation
+   order (`agent.admission.gangs.slots.assign_slots`).
+2. The view: Nodes, NRTs and pods, with the ledger of admitted Jobs' slots the NRTs do not show yet.
+3. Pending Jobs (suspended, queue label, no record) in queue order through the engine: admitted ones
+   get the record, `suspend: false` and, in the pod template, either their node (a Job placed on one
+   node: its pods are created pinned, `patches.one_node_template`) or the gate (and, for Indexed Jobs,
+   the slots in `topolet.io/placements`), in one patch; "never" refusals get a rejected record
+   (only while no node is left out of the view: else they wait, as the node may come back); "not
+   now" ones an Event when their reason changes.  A malformed Job gets an Event and is left as
+   it is.
+
+Writes (`agent.admission.controller.writes`) carry the resourceVersion they were computed from, so a
+stale store makes a write fail instead of overwriting.  A Job write that fails so (the Job controller
+updates a suspended Job's status too) re-reads that Job and, while it is still undecided and
+suspended, retries at once with the fresh resourceVersion; any other conflict is left to the next
+pass.  A pass sends its writes
+through a pool of `WRITERS` threads (each Job's writes in order in one task) and waits for them all
+before it ends, so the next pass sees every record it made; pod patches go through a second such
+pool and may still be in flight when the next pass starts (a pod is never sent twice at once).
+Events (Admitted, Waiting, Rejected, malformed input) go to a bounded queue that one thread sends
+from; no pass waits on them, and an Event that finds the queue full is dropped and counted
+(`topolet_admission_events_dropped_total`).
+Only the leader writes, and it checks before every write; a replica that loses the Lease stops at
+once.
+
+For the kill tests, env `TOPOLET_CONTROLLER_CRASH_AT=<step>` (or `--crash-at <step>`) makes the
+process SIGKILL itself the first time it reaches `<step>`: `after-decision`, `after-unsuspend` (both
+right after the one admitting write; `after-unsuspend` also after unsuspending a Job admitted but left
+suspended) or `after-pod-patch`; with `--kueue`, `after-decision` also right after a Workload's Ready
+write.
+
+With `ControllerConfig.kueue`, the pass also decides the `topolet.io/topology-fit` Kueue AdmissionCheck
+(`agent.admission.kueue.check`): its Ready Workloads join the ledger of admitted Jobs and its pending
+ones are decided after the Job queues, on the same view.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.admission.cluster.capacity import Capacity
+from agent.admission.cluster.heap import Heap
+from agent.admission.cluster.store import Reflector
+from agent.admission.controller.writes import JobWrites, crash_point
+from agent.admission.engine.model import ClusterView, Gang, Placement, Refusal, Resources
+from agent.admission.engine.place import commit, place
+from agent.admission.gangs.job import (
+    ADMISSION_ANNOTATION,
+    QUEUE_LABEL,
+    JobSpecError,
+    gang_from_job,
+    gang_requests,
+    job_finished,
+    job_suspended,
+)
+from agent.admission.gangs.objects import as_dict, metadata_of, object_key
+from agent.admission.gangs.record import AdmissionRecord
+from agent.admission.gangs.slots import pod_gated
+from agent.admission.jobs.jobread import JobRead, JobReader
+from agent.admission.jobs.queues import Blocked, Pending, admission_pass
+from agent.admission.kueue.check import KueueCheck
+from agent.admission.report.metrics import AdmissionMetrics
+from agent.kube.client import KubeClient, resource_path
+from agent.kube.leader import LeaderElector, NotLeader
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "topolet-controller"
+DEBOUNCE_SECONDS = 0.2
+PACE = 2.0
+PACE_MAX_SECONDS = 2.0
+VIEW_REFRESH_SECONDS = 30.0  # how stale the capacity metrics may get while no gang waits
+NRT_GROUP, NRT_VERSION, NRT_PLURAL = "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies"
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    namespace: str = "topolet-system"
+    queue_modes: Mapping[str, str] = field(default_factory=dict)
+    resync_seconds: float = 30.0
+    ledger_timeout_seconds: float = 120.0
+    identity: str = ""
+    kueue: bool = False  # also decide the topolet.io/topology-fit AdmissionCheck (agent.admission.kueue)
+
+
+class Controller:
+    """The store, the decision pass and the loop (see the module docstring)."""
+
+    def __init__(self, kube: KubeClient, config: ControllerConfig, metrics: AdmissionMetrics,
+                 leader: LeaderElector | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
+        self.changed = threading.Event()
+        self.jobs = Reflector(kube, resource_path("batch", "v1", "jobs"), "queued Jobs", self.changed,
+                              {"labelSelector": QUEUE_LABEL}, matters=_job_change_matters)
+        self.pods = Reflector(kube, resource_path("", "v1", "pods"), "pods", self.changed,
+                              matters=_pod_change_matters)
+        self.nodes = Reflector(kube, resource_path("", "v1", "nodes"), "nodes", self.changed)
+        self.nrts = Reflector(kube, resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL), "NRTs", self.changed)
+        self.priorities = Reflector(kube, resource_path("scheduling.k8s.io", "v1", "priorityclasses"),
+                                    "PriorityClasses", self.changed)
+        self.reflectors: tuple[Reflector, ...] = (self.jobs, self.pods, self.nodes, self.nrts,
+                                                  self.priorities)
+        # The pass's writes and the Events about each Job (agent.admission.controller.writes).
+        self.writes = JobWrites(kube, self.jobs, self.pods, metrics, self.identity, leader, self.changed,
+                                clock)
+        self.kueue: KueueCheck | None = None
+        if config.kueue:
+            self.kueue = KueueCheck(kube, self.changed, metrics, self.writes.submit, self.writes.check_leader,
+                                    clock, self._guaranteed_policy, crash_point, self.identity)
+            self.reflectors += self.kueue.reflectors
+        self.capacity = Capacity(self.nodes, self.nrts, metrics, config.ledger_timeout_seconds, clock)
+        self._pod_slots: dict[str, tuple[str, str]] = {}  # pod uid -> (Job key, slot), this pass
+        self.passes = 0
+        self.heap = Heap()
+        self._pass_cpu = 0.0  # the process's CPU seconds over the last pass, for the pace
+        self.reader = JobReader()  # each Job version and its slots read once across passes
+        self._timings = (0.0, 0.0)  # this pass's seconds building the view, deciding (logged)
+        self._view_at: float | None = None  # monotonic time the view (and its metrics) was last built
+
+    # -- loop ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.writes.events.start()
+        for r in self.reflectors:
+            r.start()
+
+    def stop(self) -> None:
+        for r in self.reflectors:
+            r.stop()
+        self.writes.shutdown()
+        if self.kueue is not None:
+            self.kueue.stop()
+        self.writes.events.stop()
+
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors)
+
+    def leading(self) -> bool:
+        return self.writes.leading()
+
+    def run(self, stop: threading.Event) -> None:
+        """Pass after every change (debounced) and every resync, until `stop` is set."""
+        due = self.kueue.due if self.kueue is not None else threading.Event()
+        while not stop.is_set():
+            self.changed.wait(self.config.resync_seconds)
+            # The debounce gathers a burst of events into one pass; a Kueue Workload waiting for our
+            # check (`due`) ends it at once: Kueue's admission waits on that decision.  On a big
+            # cluster it is stretched to PACE times the CPU time the process spent over the last pass
+            # (at most PACE_MAX_SECONDS): its writes and the watches' decoding meanwhile count too.  A
+            # pass's cost grows with the cluster, not with the few Jobs that arrived, so under a stream
+            # of Jobs the controller then takes about 1/(1 + PACE) of a core.
+            due.wait(max(DEBOUNCE_SECONDS, min(PACE_MAX_SECONDS, PACE * self._pass_cpu)))
+            if stop.is_set():
+                break
+            due.clear()
+            self.changed.clear()
+            self.metrics.leader.set(1 if self.leading() else 0)
+            if not self.synced() or not self.leading():
+                self.metrics.last_pass.set(self.clock())
+                continue
+            try:
+                cpu = time.process_time()
+                self.decide_once()
+                self.heap.after_pass()
+                self._pass_cpu = time.process_time() - cpu
+            except NotLeader:
+                log.info("lost the lease mid-pass: stopped deciding")
+            except Exception:  # noqa: BLE001 - one bad pass must not end the controller
+                log.exception("decision pass failed")
+                self.metrics.decisions.labels(result="error").inc()
+                self.changed.set()
+                stop.wait(1.0)
+
+    # -- one pass -----------------------------------------------------------------------------------
+
+    def decide_once(self) -> None:
+        """One decision pass over the store (see the module docstring)."""
+        started = time.perf_counter()
+        try:
+            self._pass()
+        finally:
+            self.writes.drain()
+        elapsed = time.perf_counter() - started
+        if self.writes.written or elapsed > 1.0:  # a timing line per pass that did something (profiling)
+            log.info("pass %d: %.2f s (view %.2f s, decisions %.2f s, then writes), %d writes, "
+                     "%d conflicts so far", self.passes, elapsed, self._timings[0], self._timings[1],
+                     self.writes.written, self.writes.conflicts)
+        self.writes.written = 0
+
+    def _pass(self) -> None:
+        self.writes.reap()
+        self.writes.check_leader()
+        self.passes += 1
+        all_jobs = sorted(self.jobs.snapshot(), key=object_key)
+        pods = self.pods.snapshot()
+        by_owner: dict[str, list[dict[str, Any]]] = {}
+        for pod in pods:
+            for ref in metadata_of(pod).get("ownerReferences") or []:
+                ref = as_dict(ref)
+                if ref.get("kind") == "Job" and ref.get("controller"):
+                    by_owner.setdefault(str(ref.get("uid")), []).append(pod)
+        priorities = {str(metadata_of(p).get("name")): int(p.get("value") or 0)
+                      for p in self.priorities.snapshot() if isinstance(p.get("value"), int)}
+        admitted: list[tuple[dict[str, Any], JobRead, AdmissionRecord]] = []
+        pending: list[Pending] = []
+        jobs_by_key: dict[str, dict[str, Any]] = {}
+        policy = self._guaranteed_policy()  # once a pass: it reads every NRT
+        for job in all_jobs:
+            read = self.reader.read(job)
+            if read.queue is None:
+                continue
+            queue = read.queue
+            if read.bad_record is not None:
+                self.writes.invalid(job, "InvalidAdmissionRecord", read.bad_record)
+                continue
+            if read.record is not None:
+                if read.record.result == "admitted" and not read.finished:
+                    admitted.append((job, read, read.record))
+                continue
+            if not read.suspended:
+                self.writes.invalid(job, "NotSuspended",
+                                    "a queued Job must be created with spec.suspend: true; left alone")
+                continue
+            try:
+                gang = gang_from_job(job, priorities, policy)
+            except JobSpecError as exc:
+                self.writes.invalid(job, "InvalidJob", str(exc))
+                continue
+            jobs_by_key[gang.key] = job
+            pending.append(Pending(gang, queue, str(metadata_of(job).get("creationTimestamp") or ""),
+                                   str(metadata_of(job).get("name"))))
+
+        # With no gang to decide, a pass only hands gated pods their slots: rebuilding the whole view
+        # (seconds on a big cluster) would delay those patches, so it is refreshed for the capacity
+        # metrics at most every VIEW_REFRESH_SECONDS then.
+        kueue = self.kueue.collect(pods) if self.kueue is not None else None
+        t_view = time.perf_counter()
+        build = (bool(pending) or bool(kueue and kueue.pending) or self._view_at is None
+                 or t_view - self._view_at >= VIEW_REFRESH_SECONDS)
+        self._pod_slots = dict(kueue.pod_slots) if kueue is not None else {}
+        for job, read, record in admitted:
+            held = self._finish_admitted(job, read, record, by_owner.get(read.uid, []), slots_needed=build)
+            self._pod_slots.update({uid: (read.key, str(slot)) for uid, slot in held.items()})
+
+        depths: dict[str, int] = {}
+        for p in pending:
+            depths[p.queue] = depths.get(p.queue, 0) + 1
+        t_view = time.perf_counter()
+        if build:
+            holding = [(read.key, record, _requests_of(job)) for job, read, record in admitted]
+            holding += kueue.admitted if kueue is not None else []
+            view = self.capacity.view(holding, pods, self._slot_of)
+            self._view_at = time.perf_counter()
+            self.metrics.set_view(view)
+        else:
+            view = ClusterView(nodes=())
+        t_decide = time.perf_counter()
+
+        state = {"view": view}
+
+        def decide(gang: Gang) -> Placement | Refusal:
+            result = place(state["view"], gang)
+            if isinstance(result, Placement):
+                state["view"] = commit(state["view"], gang, result)
+            return result
+
+        started: dict[str, float] = {}
+
+        def timed(gang: Gang) -> Placement | Refusal:
+            started[gang.key] = time.perf_counter()
+            return decide(gang)
+
+        decided: list[tuple[str, Future[Any]]] = []  # (queue, write that returns whether it landed)
+        for outcome in admission_pass(pending, self.config.queue_modes, timed):
+            job = jobs_by_key[outcome.pending.gang.key]
+            result = outcome.result
+            if isinstance(result, Placement):
+                self.writes.check_leader()
+                decided.append((outcome.pending.queue, self.writes.submit(self.writes.admit, job, result)))
+            elif isinstance(result, Refusal) and result.kind == "never" and self.capacity.left_out:
+                # "Never" counts only the usable nodes: with some left out (NotReady, stale NRT) the
+                # gang may fit once they are back, so it waits instead of being rejected for good.
+                self.writes.wait(job,
+                                 f"{result.reason}; {len(self.capacity.left_out)} nodes are left out now")
+            elif isinstance(result, Refusal) and result.kind == "never":
+                self.writes.check_leader()
+                decided.append((outcome.pending.queue,
+                                self.writes.submit(self.writes.reject, job, result.reason)))
+            elif isinstance(result, Refusal):
+                self.writes.wait(job, result.reason)
+            elif isinstance(result, Blocked):
+                self.writes.wait(job, f"behind {result.head}, the head of StrictFIFO queue "
+                                      f"{outcome.pending.queue}")
+            if outcome.pending.gang.key in started:
+                self.metrics.decision_seconds.observe(time.perf_counter() - started[outcome.pending.gang.key])
+        if self.kueue is not None and kueue is not None:
+            # Kueue's Workloads on the same view, after the Job queues: one ledger, no double booking.
+            self.kueue.decide(kueue, decide, self.capacity.left_out)
+        self._timings = (t_decide - t_view, time.perf_counter() - t_decide)
+        self.writes.drain()
+        for queue, landed in decided:
+            if landed.result():
+                depths[queue] -= 1
+        self.metrics.set_queue_depths(depths)
+        # Forget what was said about Jobs that are gone, so the memory stays bounded by the queue.
+        uids = {str(metadata_of(job).get("uid")) for job in all_jobs}
+        self.writes.retain(uids)
+        self.reader.retain(uids)
+        self.metrics.last_pass.set(self.clock())
+
+    def _guaranteed_policy(self) -> str:
+        """The Topology Manager policy every NRT reports, when they agree; else "none"."""
+        policies = set()
+        for nrt in self.nrts.snapshot():
+            for attr in nrt.get("attributes") or []:
+                attr = as_dict(attr)
+                if attr.get("name") == "topologyManagerPolicy":
+                    policies.add(str(attr.get("value")))
+        if len(policies) == 1:
+            (policy,) = policies
+            if policy in ("single-numa-node", "restricted", "best-effort"):
+                return policy
+        return "none"
+
+    def _finish_admitted(self, job: dict[str, Any], read: JobRead, record: AdmissionRecord,
+                         pods: list[dict[str, Any]], slots_needed: bool = True) -> Mapping[str, int]:
+        """Unsuspend an admitted Job still suspended; give its gated pods their slots.  Returns the
+        slot each of its live pods holds (pod uid -> slot); with `slots_needed` False (no view is
+        built this pass) an empty map when no pod of the Job is gated, as it need not be worked out."""
+        if read.suspended:
+            self.writes.check_leader()
+            self.writes.submit(self.writes.unsuspend, job)
+        if not slots_needed and not any(pod_gated(p) for p in pods):
+            return {}
+        assignment = self.reader.slots(read, pods)
+        for pod, slot in assignment.place:
+            self.writes.place(pod, slot, record.slots[slot])
+        # A pod whose patch fails still names its slot this pass: it is gated, so unbound, and the
+        # slot's ledger entry stays either way; the next pass assigns it again.
+        return assignment.held
+
+    # -- the view -----------------------------------------------------------------------------------
+
+    def _slot_of(self, pod: Mapping[str, Any]) -> tuple[str, str] | None:
+        """A pod's ledger entry: (Job key, the slot it holds this pass); None when it holds none."""
+        return self._pod_slots.get(str(metadata_of(pod).get("uid")))
+
+
+def _job_change_matters(kind: str, job: Mapping[str, Any]) -> bool:
+    """Whether a queued Job's watch event calls for a pass: a Job new, gone, undecided, suspended or
+    finished.  The Job controller's status updates of a running admitted Job (most events on a busy
+    cluster) change nothing a pass reads."""
+    if kind in ("ADDED", "DELETED") or job_suspended(job) or job_finished(job):
+        return True
+    return ADMISSION_ANNOTATION not in as_dict(metadata_of(job).get("annotations"))
+
+
+def _pod_change_matters(kind: str, pod: Mapping[str, Any]) -> bool:
+    """Whether a pod's watch event calls for a pass: a pod gone or finished frees capacity, and a pod
+    held by our gate waits for its slot.  Binds and status updates of other pods only use capacity a
+    pass already counted, and on a busy cluster they are most events (the resync covers the rest)."""
+    if kind == "DELETED" or pod_gated(pod):
+        return True
+    return as_dict(pod.get("status")).get("phase") in ("Succeeded", "Failed")
+
+
+def _requests_of(job: Mapping[str, Any]) -> Callable[[], Resources]:
+    """One pod's requests of an admitted Job, read when the ledger first takes its decision."""
+    return lambda: gang_requests(job)

@@ -1,0 +1,5 @@
+"""The placement engine: `place.place(view, gang)` and `place.commit`, pure functions on plain values.
+
+Holds the values (`model`), the gang search and its parts, and the shared-GPU score.  Imports nothing
+from `agent` outside itself: no I/O, no clock, no API objects.
+"""

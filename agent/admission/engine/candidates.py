@@ -1,0 +1,355 @@
+"""Where one pod can go and what it costs: the candidates of one placement attempt, and their scores.
+
+Public API:
+
+- `Choice`: one place for one pod (node, zones and the CPU taken from each, GPU) with its sort key
+  and cost;
+- `Work(index, mix, models)`: one placement attempt over a `viewindex.Index`: the node states it
+  changed (`touched`), `candidates(pod_set, allowed, limit)` (the best places for one pod, best
+  first), `options(pod_set, node)` (every way one node takes one pod), `restricted(...)` (the
+  restricted policy's zones on one node) and `take(pod_set, choice)` (count one pod);
+- `WINDOW`: how many feasible candidates a pod compares.
+
+Scoring (lower is better), so the cluster is left less fragmented than plain best fit:
+PreferNoSchedule taints first, then the GPU score (`fragmentation.gpu_choice` against
+`view.gpu_mix`, else best fit), then whether the pod breaks a whole zone, then the CPU left in the
+zone (best fit), then whether that remainder splits an L3 group (`Zone.l3_cpus`), then the node's free CPU
+(the busier node first, so idle nodes stay idle), then node order.
+A choice's cost is the GPU score plus the share of the zone left over plus one per whole zone broken.
+
+Candidates come from the index's zones sorted by free CPU (bisected at the request), so a pod
+compares the `WINDOW` tightest zones that hold it (plus the nodes the attempt already changed)
+instead of every node.  A restricted pod takes the fewest zones an empty node would need, tightest
+first.  GPU scoring uses `agent.admission.engine.fragmentation` when it is importable, else best fit.
+"""
+
+from __future__ import annotations
+
+import bisect
+import importlib
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.admission.engine.filters import filter_reason, untolerated
+from agent.admission.engine.model import Node, PodSet, Resources
+from agent.admission.engine.viewindex import WHOLE_GPU, Index, NodeState, minus, node_holds, zone_holds
+
+# How many feasible candidates a pod compares before choosing (the index yields them tightest first).
+WINDOW = 16
+
+# GPU scores are sums of float products: two nodes whose fragmentation rises equally can differ in the
+# last bits, and that noise, not the CPU rules after it, would pick the node.  Scores tie to this many
+# decimals (of a GPU thousandth).
+_GPU_SCORE_DIGITS = 6
+
+
+def _optional(name: str) -> Callable[..., Any] | None:
+    """`agent.admission.engine.fragmentation.<name>` when that module defines it, else None."""
+    # The fragmentation module is developed beside this one; without it GPUs fall back to best fit.
+    try:
+        module = importlib.import_module("agent.admission.engine.fragmentation")
+    except ImportError:
+        return None
+    found = getattr(module, name, None)
+    return found if callable(found) else None
+
+
+# the rise in fragmentation of one node for one pod, and the GPU a shared pod takes there
+_gpu_choice: Callable[..., tuple[float, int | None] | None] | None = _optional("gpu_choice")
+# the cluster's GPUs per model, for pod mixes whose types name GPU models
+_gpu_supply: Callable[[Sequence[Node]], dict[str, int]] | None = _optional("gpu_supply")
+# the cluster's CPU per GPU thousandth, which tells the score a workload asks more CPU than it has
+_cluster_cpu: Callable[[Sequence[Node]], float] | None = _optional("cluster_cpu_per_milli")
+
+
+def _cpu_per_gpu(ix: Index) -> float:
+    """The index's nodes' CPU millicores per GPU thousandth when empty, worked out once per index."""
+    if ix.cpu_per_gpu is None:
+        ix.cpu_per_gpu = _cluster_cpu(ix.nodes) if _cluster_cpu is not None else 0.0
+    return ix.cpu_per_gpu
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """Where one pod would go and what it costs."""
+
+    key: tuple[Any, ...]
+    node: int
+    zones: tuple[int, ...]  # the zones it takes CPU from (empty for node totals)
+    cpu_split: tuple[int, ...]  # millicores taken from each of `zones`
+    gpu_index: int | None
+    cost: float
+
+
+class Work:
+    """One placement attempt over an index: the nodes it changed and the pod sets' node filters."""
+
+    def __init__(self, ix: Index, mix: tuple[tuple[Resources, float], ...],
+                 models: tuple[frozenset[str] | None, ...] = ()) -> None:
+        self.ix = ix
+        self.mix = mix
+        self.models = models
+        # the cluster's GPUs per model price the GPUs model-constrained pod types need
+        self.supply = _gpu_supply(ix.nodes) if models and _gpu_supply is not None else None
+        # and its CPU per GPU tells a workload that asks more CPU than the cluster has
+        self.cluster_cpu = _cpu_per_gpu(ix) if mix else 0.0
+        self.touched: dict[int, NodeState] = {}
+        self.eligible: dict[tuple[str, int], tuple[bool, int]] = {}
+        self.base: dict[tuple[str, int], tuple[bool, int]] = {}
+
+    def state(self, i: int) -> NodeState:
+        return self.touched.get(i) or self.ix.states[i]
+
+    def filter(self, ps: PodSet, i: int) -> tuple[bool, int]:
+        """(node `i` may take pods of `ps`, its PreferNoSchedule penalty), cached per pod set."""
+        k = (ps.name, i)
+        hit = self.eligible.get(k)
+        if hit is None:
+            node = self.ix.nodes[i]
+            if not (node.taints or node.unschedulable or ps.node_selector or ps.required_affinity):
+                # the common case, without building a reason
+                return bool(node.zones) or ps.numa_policy not in ("single-numa-node", "restricted"), 0
+            hit = (filter_reason(node, ps) is None,
+                   untolerated(node, ps.tolerations)[1] if node.taints else 0)
+            self.eligible[k] = hit
+        return hit
+
+    def base_fit(self, ps: PodSet, i: int, dead: set[int]) -> tuple[bool, int]:
+        """`filter`, and whether untouched node `i`'s totals hold a pod of `ps` (cached).
+
+        `dead` is the index's set of nodes whose totals cannot hold this request: states only
+        shrink while an index lives (`commit`), so a node that cannot hold it never will.
+        """
+        if i in dead:
+            return False, 0
+        k = (ps.name, i)
+        hit = self.base.get(k)
+        if hit is None:
+            ok, soft = self.filter(ps, i)
+            if ok and not node_holds(self.ix.states[i], ps.requests):
+                dead.add(i)
+                ok = False
+            hit = (ok, soft)
+            self.base[k] = hit
+        return hit
+
+    # -- candidates --
+
+    def candidates(self, ps: PodSet, allowed: tuple[int, ...] | None, limit: int) -> list[Choice]:
+        """The best `limit` places for one pod of `ps`, best first."""
+        r = ps.requests
+        found: list[Choice] = []
+        if r.gpus or r.gpu_milli or self.mix:
+            # With a GPU mix every pod is scored by GPU fragmentation, CPU-only ones too: taking
+            # a GPU node's CPUs can strand its GPUs as surely as taking a share of them.
+            pool: Iterable[int] = (self.ix.gpu_nodes if not self.mix else range(len(self.ix.nodes))) \
+                if allowed is None else allowed
+            for i in pool:
+                found.extend(self.options(ps, i))
+        elif allowed is not None:
+            for i in allowed:
+                found.extend(self.options(ps, i))
+        elif ps.numa_policy == "single-numa-node":
+            found = self._scan_zones(ps)
+        else:
+            found = self._scan_nodes(ps)
+        found.sort(key=lambda c: c.key)
+        return found[:limit]
+
+    def _scan_zones(self, ps: PodSet) -> list[Choice]:
+        r = ps.requests
+        zkeys = self.ix.zkeys
+        found: list[Choice] = []
+        seen = 0
+        for i in self.touched:  # their index keys are stale: look at them directly
+            found.extend(self.options(ps, i))
+        dead = self.ix.dead.setdefault(_signature(r), set())
+        for pos in range(bisect.bisect_left(zkeys, (r.cpu_milli, -1, -1)), len(zkeys)):
+            _, i, p = zkeys[pos]
+            if i in self.touched:
+                continue
+            ok, soft = self.base_fit(ps, i, dead)
+            if not ok:
+                continue
+            s = self.ix.states[i]
+            if not zone_holds(s, p, r):
+                continue
+            found.append(self._zone_choice(ps, i, s, p, soft))
+            seen += 1
+            if seen >= WINDOW:
+                break
+        return found
+
+    def _scan_nodes(self, ps: PodSet) -> list[Choice]:
+        r = ps.requests
+        nkeys = self.ix.nkeys
+        found: list[Choice] = []
+        seen = 0
+        for i in self.touched:
+            found.extend(self.options(ps, i))
+        for pos in range(bisect.bisect_left(nkeys, (r.cpu_milli, -1)), len(nkeys)):
+            i = nkeys[pos][1]
+            if i in self.touched:
+                continue
+            options = self.options(ps, i)
+            if options:
+                found.extend(options)
+                seen += 1
+                if seen >= WINDOW:
+                    break
+        return found
+
+    def options(self, ps: PodSet, i: int) -> list[Choice]:
+        """Every way node `i` can take one pod of `ps` now (at most one per zone)."""
+        ok, soft = self.filter(ps, i)
+        if not ok:
+            return []
+        s = self.state(i)
+        r = ps.requests
+        if not node_holds(s, r):
+            return []
+        gpu: tuple[float, int | None] = (0.0, None)
+        if r.gpus or r.gpu_milli or self.mix:
+            scored = self._gpu_score(i, s, r)
+            if scored is None:
+                return []
+            gpu = scored
+        policy = ps.numa_policy
+        if policy == "single-numa-node":
+            return [self._zone_choice(ps, i, s, p, soft, gpu)
+                    for p in range(len(s.zcpu)) if zone_holds(s, p, r)]
+        if policy == "restricted":
+            choice = self.restricted(ps, i, s, soft, gpu)
+            return [choice] if choice is not None else []
+        key = (soft, gpu[0], 0, s.cpu - r.cpu_milli, 0, i, -1)
+        return [Choice(key, i, (), (), gpu[1], gpu[0])]
+
+    def _gpu_score(self, i: int, s: NodeState, r: Resources) -> tuple[float, int | None] | None:
+        if self.mix and _gpu_choice is not None:
+            node = self.ix.nodes[i]
+            if i in self.touched:
+                node = s.to_node(node)
+            scored = _gpu_choice(node, r, self.mix, self.models, self.supply, self.cluster_cpu)
+            return None if scored is None else (round(scored[0], _GPU_SCORE_DIGITS), scored[1])
+        if r.gpu_milli:  # best fit: the GPU with the least free that holds the share
+            fits = [(f, g) for g, f in enumerate(s.gfree) if f >= r.gpu_milli]
+            if not fits:
+                return None
+            f, g = min(fits)
+            return float(f - r.gpu_milli) / WHOLE_GPU, g
+        return float(s.whole_gpus() - r.gpus), None
+
+    def _zone_choice(self, ps: PodSet, i: int, s: NodeState, p: int, soft: int,
+                     gpu: tuple[float, int | None] | None = None) -> Choice:
+        r = ps.requests
+        if gpu is None:
+            gpu = (0.0, None)
+        zone = self.ix.nodes[i].zones[p]
+        free = s.zcpu[p]
+        left = free - r.cpu_milli
+        cap = zone.cpu_capacity_milli or free
+        broken = 1 if free >= cap and left > 0 else 0
+        l3 = zone.l3_cpus * 1000
+        l3_split = 1 if l3 and left % l3 else 0
+        cost = gpu[0] + broken + (left / cap if cap else 0.0)
+        key = (soft, gpu[0], broken, left, l3_split, s.cpu, i, p)
+        return Choice(key, i, (p,), (r.cpu_milli,), gpu[1], cost)
+
+    def restricted(self, ps: PodSet, i: int, s: NodeState, soft: int,
+                    gpu: tuple[float, int | None]) -> Choice | None:
+        r = ps.requests
+        k = self._kmin(i, r.cpu_milli)
+        if k == 1:
+            options = [self._zone_choice(ps, i, s, p, soft, gpu)
+                       for p in range(len(s.zcpu)) if zone_holds(s, p, r)]
+            return min(options, key=lambda c: c.key) if options else None
+        if k == 0:
+            return None
+        best: tuple[tuple[int, tuple[int, ...]], tuple[int, ...]] | None = None
+        for combo in itertools.combinations(range(len(s.zcpu)), k):
+            cpu = sum(s.zcpu[p] for p in combo)
+            if (cpu < r.cpu_milli or sum(s.zmem[p] for p in combo) < r.memory
+                    or sum(s.zgpus[p] for p in combo) < r.gpus):
+                continue
+            rank = (cpu - r.cpu_milli, combo)
+            if best is None or rank < best[0]:
+                best = (rank, combo)
+        if best is None:
+            return None
+        combo = tuple(sorted(best[1], key=lambda p: (s.zcpu[p], p)))
+        split: list[int] = []
+        need = r.cpu_milli
+        for p in combo:  # tightest zones first, as the allocator's best fit would
+            take = min(need, s.zcpu[p])
+            split.append(take)
+            need -= take
+        left = best[0][0]
+        cap = sum(self.ix.nodes[i].zones[p].cpu_capacity_milli for p in combo) or 1
+        broken = sum(1 for p, t in zip(combo, split, strict=True)
+                     if s.zcpu[p] >= self.ix.nodes[i].zones[p].cpu_capacity_milli and t < s.zcpu[p])
+        cost = gpu[0] + broken + left / cap
+        key = (soft, gpu[0], broken, left, 0, i, combo[0])
+        return Choice(key, i, combo, tuple(split), gpu[1], cost)
+
+    def _kmin(self, i: int, cpu: int) -> int:
+        """The fewest zones an empty node `i` needs for `cpu` millicores (0: none can)."""
+        k = (i, cpu)
+        hit = self.ix.kmin.get(k)
+        if hit is None:
+            caps = sorted((z.cpu_capacity_milli for z in self.ix.nodes[i].zones), reverse=True)
+            total, hit = 0, 0
+            for n, c in enumerate(caps, 1):
+                total += c
+                if total >= cpu:
+                    hit = n
+                    break
+            self.ix.kmin[k] = hit
+        return hit
+
+    # -- applying --
+
+    def take(self, ps: PodSet, c: Choice) -> None:
+        """Count one pod of `ps` at `c`."""
+        r = ps.requests
+        s = self.state(c.node).clone()
+        s.pods -= 1
+        s.cpu -= r.cpu_milli
+        s.mem -= r.memory
+        s.hp = minus(s.hp, r.hugepages)
+        s.mig = minus(s.mig, r.mig)
+        if r.gpus:
+            left = r.gpus
+            for g, f in enumerate(s.gfree):
+                if left and f >= WHOLE_GPU:
+                    s.gfree[g] = 0
+                    left -= 1
+            s.gpus -= r.gpus
+        elif r.gpu_milli and c.gpu_index is not None:
+            if s.gfree[c.gpu_index] >= WHOLE_GPU:  # a shared GPU is no longer a whole one
+                s.gpus = max(0, s.gpus - 1)
+            s.gfree[c.gpu_index] -= r.gpu_milli
+        if c.zones:
+            first = c.zones[0]
+            for p, cpu in zip(c.zones, c.cpu_split, strict=True):
+                s.zcpu[p] -= cpu
+            if len(c.zones) == 1:
+                s.zmem[first] -= r.memory
+                s.zgpus[first] -= r.gpus
+                s.zhp[first] = minus(s.zhp[first], r.hugepages)
+                s.zmig[first] = minus(s.zmig[first], r.mig)
+            else:
+                mem, gpus = r.memory, r.gpus
+                for p in c.zones:
+                    m, g = min(mem, s.zmem[p]), min(gpus, s.zgpus[p])
+                    s.zmem[p] -= m
+                    s.zgpus[p] -= g
+                    mem, gpus = mem - m, gpus - g
+        self.touched[c.node] = s
+
+
+def _signature(r: Resources) -> tuple[Any, ...]:
+    return (r.cpu_milli, r.memory, r.gpus, r.gpu_milli, tuple(sorted(r.hugepages.items())),
+            tuple(sorted(r.mig.items())))
+

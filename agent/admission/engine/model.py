@@ -1,0 +1,199 @@
+"""The admission engine's values: what a gang asks for, what the cluster has free, and the answer.
+
+Everything here is an immutable value with no I/O, so the engine (`agent.admission.engine.place.place`)
+is a pure function of `(ClusterView, Gang)`.  Quantities are integers in base units: CPU in
+millicores, memory and hugepages in bytes, GPU shares in thousandths of one GPU (`gpu_milli`).
+
+A zone is one NUMA node as the node's NodeResourceTopology reports it (`node-<N>`, type Node); the
+view's zone figures are what is *available* there now, after the view subtracted the controller's
+own ledger (placements the NRT does not show yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+NUMA_POLICIES = ("single-numa-node", "restricted", "best-effort", "none")
+"""A pod set's NUMA policy, the kubelet Topology Manager's names: single-numa-node must fit one zone;
+restricted must fit the fewest zones an empty node would use; best-effort and none fit node totals."""
+
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+_EMPTY: Mapping[str, int] = MappingProxyType({})
+
+
+def _empty() -> Mapping[str, Any]:
+    # A factory, not a default: dataclasses refuse an unhashable default such as a mappingproxy.
+    return _EMPTY
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """Amounts of every resource the engine places, in base units.
+
+    cpu_milli: millicores; memory: bytes; hugepages: `hugepages-<size>` -> bytes;
+    gpus: whole `nvidia.com/gpu` devices; gpu_milli: a share of one GPU (0 < gpu_milli < 1000), 0 for
+    none (a pod takes whole GPUs or one share, never both); mig: `nvidia.com/mig-<profile>` -> count.
+    """
+
+    cpu_milli: int = 0
+    memory: int = 0
+    hugepages: Mapping[str, int] = field(default_factory=_empty)
+    gpus: int = 0
+    gpu_milli: int = 0
+    mig: Mapping[str, int] = field(default_factory=_empty)
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """A pod's toleration, core/v1 semantics (operator Equal or Exists; empty key with Exists = all)."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorRequirement:
+    """One requirement of a required node-affinity term (In, NotIn, Exists, DoesNotExist, Gt, Lt)."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Zone:
+    """One NUMA zone of a node with what is available in it now (after the ledger).
+
+    cpu_milli: available exclusive CPU, in millicores (whole CPUs × 1000 as the NRT reports them);
+    cpu_capacity_milli: the zone's allocatable CPU when empty (for fragmentation scoring);
+    l3_cpus: CPUs per L3 group in this zone, 0 when unknown.
+    """
+
+    numa: int
+    cpu_milli: int = 0
+    cpu_capacity_milli: int = 0
+    memory: int = 0
+    hugepages: Mapping[str, int] = field(default_factory=_empty)
+    gpus: int = 0
+    mig: Mapping[str, int] = field(default_factory=_empty)
+    l3_cpus: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node the engine may place on, with its free capacity now.
+
+    free: node-level free resources (allocatable less the requests of bound pods less the ledger);
+    zones: its NUMA zones (empty when the node publishes no NRT: such a node takes only pods whose
+    policy is best-effort or none);
+    gpu_free_milli: per physical GPU, the thousandths still free for sharing (1000 = whole GPU free);
+    free_pods: how many more pods the node admits (allocatable pods less bound pods).
+    """
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=_empty)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    free: Resources = field(default_factory=Resources)
+    capacity: Resources = field(default_factory=Resources)
+    zones: tuple[Zone, ...] = ()
+    gpu_free_milli: tuple[int, ...] = ()
+    gpu_model: str = ""
+    free_pods: int = 110
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Every node the engine may use, in a fixed order (name order), plus the empty-cluster capacity.
+
+    nodes: the nodes with their free capacity now (NRT available, less the ledger);
+    empty: the same nodes as if nothing ran on them (capacity/allocatable), used to tell a "never"
+    refusal from a "not now" one;
+    gpu_mix: the typical GPU pod mix, (request, popularity) pairs whose popularities sum to 1, that
+    the fragmentation score of shared GPUs is measured against (FGD's "target workload"); empty
+    means plain best fit for GPUs;
+    gpu_mix_models: parallel to gpu_mix, the GPU models (`Node.gpu_model`) each type may use, None
+    for any; empty means no type is constrained.
+    """
+
+    nodes: tuple[Node, ...]
+    empty: tuple[Node, ...] = ()
+    gpu_mix: tuple[tuple[Resources, float], ...] = ()
+    gpu_mix_models: tuple[frozenset[str] | None, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodSet:
+    """`count` identical pods of one gang.
+
+    colocate_label: when set, every pod of the set (and of every other set of the gang that names the
+    same label) lands on nodes that share one value of that label (a rack or a block).
+    """
+
+    name: str
+    count: int
+    requests: Resources
+    numa_policy: str = "none"
+    node_selector: Mapping[str, str] = field(default_factory=_empty)
+    required_affinity: tuple[tuple[NodeSelectorRequirement, ...], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    colocate_label: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """A workload admitted all or nothing: one or more pod sets."""
+
+    key: str
+    pod_sets: tuple[PodSet, ...]
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlacement:
+    """Where one pod goes: `pod_set` name, its index within the set, the node and the zone counted on.
+
+    zone is the NUMA id the engine counted the pod's CPUs (and devices) against, None for pods placed
+    on node totals (best-effort/none); gpu_index is the physical GPU of a shared-GPU pod, else None.
+    """
+
+    pod_set: str
+    index: int
+    node: str
+    zone: int | None = None
+    gpu_index: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Every pod of the gang placed; `score` is the engine's fragmentation figure for the result."""
+
+    gang: str
+    pods: tuple[PodPlacement, ...]
+    score: float = 0.0
+
+
+REFUSAL_KINDS = ("not-now", "never")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The gang does not fit: kind "not-now" (it would on a less busy cluster) or "never" (not even on
+    the empty cluster); reason names the binding constraint in one line."""
+
+    gang: str
+    kind: str
+    reason: str

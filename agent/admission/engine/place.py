@@ -1,0 +1,139 @@
+"""The placement engine: `place(view, gang) -> Placement | Refusal`, a pure function.
+
+Public API:
+
+- `place(view, gang) -> Placement | Refusal`: every pod of every pod set of `gang` on a node (and, by
+  NUMA policy, a zone) of `view`, or a refusal naming the binding constraint.  No I/O, no clock, no
+  randomness: the same view and gang give the same answer.
+- `commit(view, gang, placement) -> ClusterView`: `view` with the placed pods' requests taken off
+  their nodes and zones, exactly as `place` counted them (the next gang of one pass sees this).
+
+Rules per pod: the node is schedulable, its NoSchedule/NoExecute taints are tolerated
+(PreferNoSchedule only ranks it lower), its labels match the nodeSelector and the required node
+affinity, it admits one more pod, and its node-level free resources hold the request.  Then by policy:
+
+- `single-numa-node`: CPU, memory, hugepages, whole GPUs and MIG devices from one zone; the pod's
+  `PodPlacement.zone` is that zone.  CPU is compared in millicores as the NRT reports whole CPUs.
+- `restricted`: the zones the node would use must be as few as an empty node would need (the fewest
+  zones whose `cpu_capacity_milli` hold the CPU request, kubelet's "preferred" hint).  The pod's
+  zone is recorded only when that is one zone (then it pins exactly like single-numa-node); a
+  multi-zone pod gets zone None, and the view takes its CPUs from the chosen zones tightest first
+  (`commit` chooses those zones again on the state it counts: the same number of zones, possibly
+  other ones than `place` counted, which only the NRT settles).
+- `best-effort` / `none`: node totals only, zone None.  Nodes without zones take only these.
+- GPUs: a shared-GPU pod (`gpu_milli`) takes one physical GPU of `Node.gpu_free_milli` (its
+  `gpu_index`); whole GPUs come from the zone for single-numa-node, else from the node's whole free
+  GPUs (the first entries at 1000, as `agent.admission.engine.fragmentation.taken` counts them).
+
+`Placement.score` sums, per pod, the GPU score plus the share of the zone left over plus one per
+whole zone broken.
+
+A refusal is "never" when the gang does not fit `view.empty` either (the same nodes, nothing
+running), else "not-now"; with no `view.empty` it is always "not-now".
+
+Each pod compares a few dozen candidates however large the cluster, and the index a decision
+searches is cached per view object and carried over by `commit`, so one pass's decisions build it
+once.  The cache is per process and not shared between threads: call `place`/`commit` from one
+thread.
+
+How it is built, each part importing only the ones after it: `search` (the gang, all or nothing:
+greedy, bounded backtracking, colocation domains), `refusals` (the one-line constraint of a refusal),
+`candidates` (where one pod can go and the scoring that keeps the cluster less fragmented than best
+fit), `filters` (taints, nodeSelector, node affinity) and `viewindex` (per-node free figures, the
+zones sorted by free CPU, the cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from agent.admission.engine.candidates import Choice, Work
+from agent.admission.engine.model import ClusterView, Gang, Node, Placement, PodPlacement, PodSet, Refusal
+from agent.admission.engine.search import attempt
+from agent.admission.engine.viewindex import WHOLE_GPU, carry, index_of
+
+
+def place(view: ClusterView, gang: Gang) -> Placement | Refusal:
+    """Place every pod of `gang` on `view`, all or nothing; a Refusal names the binding constraint."""
+    bad = _invalid(gang)
+    if bad:
+        return Refusal(gang.key, "never", bad)
+    ix = index_of(view, view.nodes)
+    found, why = attempt(ix, view.gpu_mix, gang, view.gpu_mix_models)
+    if found is not None:
+        pods = sorted(
+            (PodPlacement(pod_set=ps.name, index=k, node=ix.nodes[c.node].name,
+                          zone=(ix.nodes[c.node].zones[c.zones[0]].numa
+                                if _pod_zone(ps, c) is not None else None),
+                          gpu_index=c.gpu_index)
+             for ps, k, c in found),
+            key=lambda p: (p.pod_set, p.index))
+        return Placement(gang.key, tuple(pods), round(sum(c.cost for _, _, c in found), 6))
+    if not view.empty:
+        return Refusal(gang.key, "not-now", why)
+    empty = index_of(view.empty, view.empty)
+    never, why_never = attempt(empty, view.gpu_mix, gang, view.gpu_mix_models)
+    if never is None:
+        return Refusal(gang.key, "never", f"{why_never} even on the empty cluster")
+    return Refusal(gang.key, "not-now", why)
+
+
+def _invalid(gang: Gang) -> str:
+    if not gang.pod_sets:
+        return "the gang has no pod sets"
+    names = [ps.name for ps in gang.pod_sets]
+    if len(set(names)) != len(names):
+        return "pod set names repeat"
+    for ps in gang.pod_sets:
+        r = ps.requests
+        if ps.count < 1:
+            return f'pod set "{ps.name}": count must be at least 1'
+        if r.gpus and r.gpu_milli:
+            return f'pod set "{ps.name}": a pod takes whole GPUs or one share, not both'
+        if not 0 <= r.gpu_milli < WHOLE_GPU:
+            return f'pod set "{ps.name}": gpu_milli must be below {WHOLE_GPU}'
+        if min(r.cpu_milli, r.memory, r.gpus) < 0:
+            return f'pod set "{ps.name}": negative request'
+    return ""
+
+
+def commit(view: ClusterView, gang: Gang, placement: Placement) -> ClusterView:
+    """`view` with `placement`'s pods counted on their nodes and zones, as `place` counted them."""
+    ix = index_of(view, view.nodes)
+    by_name = ix.by_name
+    sets = {ps.name: ps for ps in gang.pod_sets}
+    work = Work(ix, view.gpu_mix, view.gpu_mix_models)
+    for pod in placement.pods:
+        ps = sets[pod.pod_set]
+        i = by_name[pod.node]
+        node = ix.nodes[i]
+        c = _recount(work, ps, i, node, pod)
+        work.take(ps, c)
+    changed = {i: s.to_node(ix.nodes[i]) for i, s in work.touched.items()}
+    nodes = list(ix.nodes)
+    for i, node in changed.items():
+        nodes[i] = node
+    new = replace(view, nodes=tuple(nodes))
+    # carry the index over, so the next decision of a pass does not build it again
+    carry(view, new, ix, changed)
+    return new
+
+
+def _recount(work: Work, ps: PodSet, i: int, node: Node, pod: PodPlacement) -> Choice:
+    """The choice `place` made for `pod`, rebuilt from its placement record."""
+    s = work.state(i)
+    r = ps.requests
+    if pod.zone is not None:
+        p = next(k for k, z in enumerate(node.zones) if z.numa == pod.zone)
+        return Choice((), i, (p,), (r.cpu_milli,), pod.gpu_index, 0.0)
+    if ps.numa_policy == "restricted" and node.zones:
+        c = work.restricted(ps, i, s, 0, (0.0, pod.gpu_index))
+        if c is not None:
+            return c
+    return Choice((), i, (), (), pod.gpu_index, 0.0)
+
+
+def _pod_zone(ps: PodSet, c: Choice) -> int | None:
+    if len(c.zones) != 1:
+        return None
+    return c.zones[0]

@@ -1,0 +1,300 @@
+"""Jobs as gangs: reading a queued Job into a `Gang`, and the names admission reads and writes.
+
+Pure: no I/O, no clock.  Both routes read pod templates with it: the Job route
+(`agent.admission.jobs`, `agent.admission.controller`) and the Kueue route
+(`agent.admission.kueue.workloads` reads each Workload pod set as a Job's).
+
+Public API:
+
+- Names: `QUEUE_LABEL` (`topolet.io/queue`), `GATE` (`topolet.io/placement`), `ADMISSION_ANNOTATION`
+  (`topolet.io/admission`), `NUMA_POLICY_ANNOTATION`, `COLOCATE_ANNOTATION`, `NUMA_ZONE_ANNOTATION`,
+  `COMPLETION_INDEX_ANNOTATION`, `HOSTNAME_LABEL`.
+- `job_queue(job) -> str | None`.
+- `gang_from_job(job, priorities, guaranteed_policy="none") -> Gang`: one pod set per Job (see
+  `gang_from_job`); raises `JobSpecError` naming what is wrong.
+- `gang_requests(job)`: one pod's requests (Resources) from the template; `pod_requests(pod_spec)`,
+  `resources_of(requests)`.
+- `job_finished(job)`, `job_indexed(job)`, `job_suspended(job)`.
+
+The admission record is in `agent.admission.gangs.record`, the slot assignment in
+`agent.admission.gangs.slots`, the Job route's patch bodies in `agent.admission.jobs.patches`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Any
+
+from agent.admission.engine.model import (
+    NUMA_POLICIES,
+    TAINT_EFFECTS,
+    Gang,
+    NodeSelectorRequirement,
+    PodSet,
+    Resources,
+    Toleration,
+)
+from agent.admission.gangs.objects import as_dict, as_list, metadata_of, namespaced_name
+from agent.errors import TopoletError
+from agent.kube.pods import COMPLETION_INDEX, NUMA_ZONE, parse_quantity
+from agent.labels.validate import is_dns_subdomain
+
+QUEUE_LABEL = "topolet.io/queue"
+GATE = "topolet.io/placement"
+ADMISSION_ANNOTATION = "topolet.io/admission"
+NUMA_POLICY_ANNOTATION = "topolet.io/numa-policy"
+COLOCATE_ANNOTATION = "topolet.io/colocate"
+NUMA_ZONE_ANNOTATION = NUMA_ZONE  # the zone the node's agent pins the pod in (agent.kube.pods)
+COMPLETION_INDEX_ANNOTATION = COMPLETION_INDEX
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+MAX_POD_SET = 100_000  # a Job this wide is a typo, not a gang
+_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)")
+_GPU = "nvidia.com/gpu"
+_MIG_PREFIX = "nvidia.com/mig-"
+
+
+class JobSpecError(TopoletError):
+    """A queued Job (or its `topolet.io/*` annotation) cannot be read as a gang; the message says why."""
+
+
+def job_queue(job: Mapping[str, Any]) -> str | None:
+    """The queue the Job is in (its `topolet.io/queue` label), None when it carries none."""
+    value = as_dict(metadata_of(job).get("labels")).get(QUEUE_LABEL)
+    return value if isinstance(value, str) and value else None
+
+
+def job_suspended(job: Mapping[str, Any]) -> bool:
+    return as_dict(job.get("spec")).get("suspend") is True
+
+
+def job_indexed(job: Mapping[str, Any]) -> bool:
+    return as_dict(job.get("spec")).get("completionMode") == "Indexed"
+
+
+def job_finished(job: Mapping[str, Any]) -> bool:
+    """True once the Job has a true Complete or Failed condition (its pods hold nothing any more)."""
+    for cond in as_list(as_dict(job.get("status")).get("conditions")):
+        c = as_dict(cond)
+        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True":
+            return True
+    return False
+
+
+# -- Job -> Gang ------------------------------------------------------------------------------------
+
+def _count(spec: Mapping[str, Any], indexed: bool) -> int:
+    """Pods the Job runs at once: parallelism (default 1), for Indexed Jobs at most completions."""
+    parallelism = spec.get("parallelism", 1)
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+        raise JobSpecError(f"spec.parallelism must be a positive integer, got {parallelism!r}")
+    if indexed:
+        completions = spec.get("completions")
+        if isinstance(completions, bool) or not isinstance(completions, int) or completions < 1:
+            raise JobSpecError(f"an Indexed Job needs positive spec.completions, got {completions!r}")
+        parallelism = min(parallelism, completions)
+    if parallelism > MAX_POD_SET:
+        raise JobSpecError(f"spec.parallelism {parallelism} is over {MAX_POD_SET}")
+    return int(parallelism)
+
+
+def _requests(container: Mapping[str, Any], where: str) -> dict[str, Fraction]:
+    """A container's requests (limits stand in for missing requests, as the API server defaults them)."""
+    res = as_dict(container.get("resources"))
+    merged = {**as_dict(res.get("limits")), **as_dict(res.get("requests"))}
+    out: dict[str, Fraction] = {}
+    for name, text in merged.items():
+        value = parse_quantity(text)
+        if value is None or value < 0:
+            raise JobSpecError(f"{where}: resource {name} has an invalid quantity {text!r}")
+        out[str(name)] = value
+    return out
+
+
+def _add(a: Mapping[str, Fraction], b: Mapping[str, Fraction]) -> dict[str, Fraction]:
+    return {k: a.get(k, Fraction(0)) + b.get(k, Fraction(0)) for k in set(a) | set(b)}
+
+
+def _max(a: Mapping[str, Fraction], b: Mapping[str, Fraction]) -> dict[str, Fraction]:
+    return {k: max(a.get(k, Fraction(0)), b.get(k, Fraction(0))) for k in set(a) | set(b)}
+
+
+def pod_requests(pod_spec: Mapping[str, Any]) -> dict[str, Fraction]:
+    """What the scheduler counts for one pod: the larger of (containers + sidecars) and each init
+    container's peak (it plus the sidecars started before it), plus the pod overhead."""
+    containers = as_list(pod_spec.get("containers"))
+    if not containers:
+        raise JobSpecError("the pod template has no containers")
+    total: dict[str, Fraction] = {}
+    for i, c in enumerate(containers):
+        total = _add(total, _requests(as_dict(c), f"containers[{i}]"))
+    sidecars: dict[str, Fraction] = {}
+    init_peak: dict[str, Fraction] = {}
+    for i, c in enumerate(as_list(pod_spec.get("initContainers"))):
+        req = _requests(as_dict(c), f"initContainers[{i}]")
+        if as_dict(c).get("restartPolicy") == "Always":  # a sidecar runs beside everything after it
+            sidecars = _add(sidecars, req)
+            init_peak = _max(init_peak, sidecars)
+        else:
+            init_peak = _max(init_peak, _add(req, sidecars))
+    effective = _max(_add(total, sidecars), init_peak)
+    for name, text in as_dict(pod_spec.get("overhead")).items():
+        value = parse_quantity(text)
+        if value is None or value < 0:
+            raise JobSpecError(f"overhead {name} has an invalid quantity {text!r}")
+        effective[str(name)] = effective.get(str(name), Fraction(0)) + value
+    return effective
+
+
+def _whole(name: str, value: Fraction) -> int:
+    if value.denominator != 1:
+        raise JobSpecError(f"{name} must be a whole number, got {float(value)}")
+    return int(value)
+
+
+def resources_of(requests: Mapping[str, Fraction]) -> Resources:
+    """Requests in the engine's base units (CPU millicores rounded up, as the scheduler counts them)."""
+    hugepages: dict[str, int] = {}
+    mig: dict[str, int] = {}
+    for name, value in requests.items():
+        if name.startswith("hugepages-"):
+            hugepages[name] = math.ceil(value)
+        elif name.startswith(_MIG_PREFIX):
+            mig[name] = _whole(name, value)
+    gpus = _whole(_GPU, requests.get(_GPU, Fraction(0)))
+    return Resources(cpu_milli=math.ceil(requests.get("cpu", Fraction(0)) * 1000),
+                     memory=math.ceil(requests.get("memory", Fraction(0))),
+                     hugepages={k: v for k, v in sorted(hugepages.items()) if v},
+                     gpus=gpus, mig={k: v for k, v in sorted(mig.items()) if v})
+
+
+def _guaranteed_integer_cpus(pod_spec: Mapping[str, Any]) -> bool:
+    """Every container Guaranteed (requests = limits for cpu and memory) with whole CPUs."""
+    for c in as_list(pod_spec.get("containers")) + as_list(pod_spec.get("initContainers")):
+        res = as_dict(as_dict(c).get("resources"))
+        limits, requests = as_dict(res.get("limits")), as_dict(res.get("requests"))
+        for name in ("cpu", "memory"):
+            limit = parse_quantity(limits.get(name))
+            request = parse_quantity(requests.get(name, limits.get(name)))
+            if limit is None or request != limit:
+                return False
+        cpu = parse_quantity(limits.get("cpu"))
+        if cpu is None or cpu.denominator != 1 or cpu < 1:
+            return False
+    return True
+
+
+def _label_key(key: object, where: str) -> str:
+    """A valid label key (optional DNS-subdomain prefix, then a name of at most 63 characters)."""
+    if not isinstance(key, str):
+        raise JobSpecError(f"{where}: label key {key!r} is not a string")
+    prefix, _, name = key.rpartition("/")
+    if (prefix and not is_dns_subdomain(prefix)) or not _LABEL_NAME.fullmatch(name):
+        raise JobSpecError(f"{where}: invalid label key {key!r}")
+    return key
+
+
+def _node_selector(pod_spec: Mapping[str, Any]) -> dict[str, str]:
+    raw = pod_spec.get("nodeSelector")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise JobSpecError("nodeSelector is not a map")
+    out = {}
+    for k, v in raw.items():
+        if not isinstance(v, str):
+            raise JobSpecError(f"nodeSelector {k!r} has a non-string value")
+        out[_label_key(k, "nodeSelector")] = v
+    return dict(sorted(out.items()))
+
+
+def _required_affinity(pod_spec: Mapping[str, Any]) -> tuple[tuple[NodeSelectorRequirement, ...], ...]:
+    required = as_dict(as_dict(as_dict(pod_spec.get("affinity")).get("nodeAffinity")).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"))
+    terms: list[tuple[NodeSelectorRequirement, ...]] = []
+    for t, term in enumerate(as_list(required.get("nodeSelectorTerms"))):
+        term = as_dict(term)
+        if term.get("matchFields"):
+            # metadata.name is the only field; a Job pinned to named nodes is not a gang we can place.
+            raise JobSpecError(f"nodeSelectorTerms[{t}]: matchFields is not supported")
+        reqs = []
+        for r in as_list(term.get("matchExpressions")):
+            r = as_dict(r)
+            op = r.get("operator")
+            if op not in _OPERATORS:
+                raise JobSpecError(f"nodeSelectorTerms[{t}]: unknown operator {op!r}")
+            values = r.get("values") or []
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise JobSpecError(f"nodeSelectorTerms[{t}]: values must be strings")
+            reqs.append(NodeSelectorRequirement(_label_key(r.get("key"), f"nodeSelectorTerms[{t}]"),
+                                                str(op), tuple(values)))
+        terms.append(tuple(reqs))
+    return tuple(terms)
+
+
+def _tolerations(pod_spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
+    out = []
+    for i, t in enumerate(as_list(pod_spec.get("tolerations"))):
+        t = as_dict(t)
+        op = t.get("operator", "Equal") or "Equal"
+        effect = t.get("effect", "") or ""
+        if op not in ("Equal", "Exists") or (effect and effect not in TAINT_EFFECTS):
+            raise JobSpecError(f"tolerations[{i}]: invalid operator {op!r} or effect {effect!r}")
+        out.append(Toleration(key=str(t.get("key", "") or ""), operator=op,
+                              value=str(t.get("value", "") or ""), effect=effect))
+    return tuple(out)
+
+
+def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
+                  guaranteed_policy: str = "none") -> Gang:
+    """The Job as a gang of one pod set (named "main").
+
+    count: `parallelism` (Indexed: min(parallelism, completions)); requests: the pod template's, as
+    the scheduler counts them; NUMA policy: the template annotation `topolet.io/numa-policy`, else
+    `guaranteed_policy` (the nodes' kubelet Topology Manager policy, passed by the caller) when every
+    container is Guaranteed with whole CPUs, else "none"; priority: the template's priorityClassName
+    looked up in `priorities` (unknown class: JobSpecError), else its `priority`, else 0; the Job
+    annotation `topolet.io/colocate: <label key>` keeps every pod within one value of that label.
+    """
+    meta = metadata_of(job)
+    if not meta.get("name") or not meta.get("namespace"):
+        raise JobSpecError("the Job has no namespace or name")
+    spec = as_dict(job.get("spec"))
+    template = as_dict(spec.get("template"))
+    pod_spec = as_dict(template.get("spec"))
+    count = _count(spec, job_indexed(job))
+    requests = resources_of(pod_requests(pod_spec))
+    if requests.gpus and requests.mig:
+        raise JobSpecError("a pod takes whole GPUs or MIG devices, not both")
+    annotations = as_dict(metadata_of(template).get("annotations"))
+    policy = annotations.get(NUMA_POLICY_ANNOTATION)
+    if policy is None:
+        policy = guaranteed_policy if _guaranteed_integer_cpus(pod_spec) else "none"
+    if policy not in NUMA_POLICIES:
+        raise JobSpecError(f"{NUMA_POLICY_ANNOTATION} must be one of {', '.join(NUMA_POLICIES)}, "
+                           f"got {policy!r}")
+    colocate = as_dict(meta.get("annotations")).get(COLOCATE_ANNOTATION)
+    if colocate is not None:
+        colocate = _label_key(colocate, COLOCATE_ANNOTATION)
+    class_name = pod_spec.get("priorityClassName")
+    if class_name:
+        if class_name not in priorities:
+            raise JobSpecError(f"PriorityClass {class_name!r} does not exist")
+        priority = priorities[class_name]
+    else:
+        raw = pod_spec.get("priority", 0)
+        priority = raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
+    pod_set = PodSet(name="main", count=count, requests=requests, numa_policy=str(policy),
+                     node_selector=_node_selector(pod_spec), required_affinity=_required_affinity(pod_spec),
+                     tolerations=_tolerations(pod_spec), colocate_label=colocate)
+    return Gang(key=namespaced_name(job), pod_sets=(pod_set,), priority=int(priority))
+
+
+def gang_requests(job: Mapping[str, Any]) -> Resources:
+    """One pod's requests from the Job's template, as `gang_from_job` counts them."""
+    pod_spec = as_dict(as_dict(as_dict(job.get("spec")).get("template")).get("spec"))
+    return resources_of(pod_requests(pod_spec))

@@ -1,0 +1,117 @@
+"""What a decision pass reads of each queued Job and of its pods, each object version read once.
+
+Public API:
+
+- `JobRead`: one Job version as a pass sees it: its uid, `namespace/name`, queue, admission record
+  (or why that record is malformed), and whether it is suspended, finished and Indexed.
+- `JobReader()`: `.read(job) -> JobRead`, memoised by the Job's uid and resourceVersion, the record
+  decoded once per annotation text; `.slots(read, pods) -> SlotAssignment`, `assign_slots`
+  for an admitted Job, memoised by its decision and the versions of its pods; `.retain(uids)` forgets
+  the Jobs not among `uids`.
+
+Every pass reads every queued Job and works out the slots of every admitted one, but on a running
+cluster most of them have not changed since the last pass: reading them again was most of a pass's
+own cost once thousands of Jobs were admitted.  An object without a resourceVersion (never one the API
+serves) is read afresh each time.  Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.admission.gangs.job import (
+    ADMISSION_ANNOTATION,
+    JobSpecError,
+    job_finished,
+    job_indexed,
+    job_queue,
+    job_suspended,
+)
+from agent.admission.gangs.objects import as_dict, metadata_of, namespaced_name
+from agent.admission.gangs.record import AdmissionRecord, decode_record, record_of
+from agent.admission.gangs.slots import SlotAssignment, assign_slots
+
+
+@dataclass(frozen=True, slots=True)
+class JobRead:
+    """One Job version as a pass reads it.  `record` is None with `bad_record` set when the Job's
+    admission record is malformed (the message says why), and None alone when it has none."""
+
+    uid: str
+    key: str
+    queue: str | None
+    record: AdmissionRecord | None
+    bad_record: str | None
+    suspended: bool
+    finished: bool
+    indexed: bool
+
+
+def _version(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    meta = metadata_of(obj)
+    rv = meta.get("resourceVersion")
+    return (str(meta.get("uid")), rv) if isinstance(rv, str) and rv else None
+
+
+class JobReader:
+    """`read` and `slots` with their memos (see the module docstring); one per controller."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, tuple[str, JobRead, object]] = {}  # uid -> (resourceVersion, read, record text)
+        self._records: dict[str, AdmissionRecord] = {}  # annotation text -> decoded record
+        # Job uid -> (its decision, its pods' (uid, resourceVersion) sorted, the assignment).
+        self._slots: dict[str, tuple[Any, SlotAssignment]] = {}
+
+    def read(self, job: Mapping[str, Any]) -> JobRead:
+        """What the pass reads of `job` (memoised by version)."""
+        version = _version(job)
+        if version is not None:
+            hit = self._jobs.get(version[0])
+            if hit is not None and hit[0] == version[1]:
+                return hit[1]
+        text = as_dict(metadata_of(job).get("annotations")).get(ADMISSION_ANNOTATION)
+        try:
+            record, bad = self._record_of(job, text), None
+        except JobSpecError as exc:
+            record, bad = None, str(exc)
+        read = JobRead(uid=str(metadata_of(job).get("uid")), key=namespaced_name(job),
+                       queue=job_queue(job), record=record, bad_record=bad,
+                       suspended=job_suspended(job), finished=job_finished(job),
+                       indexed=job_indexed(job))
+        if version is not None:
+            self._jobs[version[0]] = (version[1], read, text)
+        return read
+
+    def slots(self, read: JobRead, pods: Sequence[Mapping[str, Any]]) -> SlotAssignment:
+        """`assign_slots` of the admitted Job `read` over its live `pods` (memoised by the
+        decision and the pods' versions: the same pod versions get the same slots)."""
+        assert read.record is not None
+        versions = [v for v in map(_version, pods) if v is not None]
+        key = (read.record.decision, tuple(sorted(versions))) if len(versions) == len(pods) else None
+        hit = self._slots.get(read.uid)
+        if key is not None and hit is not None and hit[0] == key:
+            return hit[1]
+        assignment = assign_slots(read.record.slots, pods, read.indexed)
+        if key is not None:
+            self._slots[read.uid] = (key, assignment)
+        return assignment
+
+    def retain(self, uids: Iterable[str]) -> None:
+        """Forget the Jobs not among `uids` (gone from the store), and records no kept Job holds."""
+        live = set(uids)
+        self._jobs = {uid: v for uid, v in self._jobs.items() if uid in live}
+        self._slots = {uid: v for uid, v in self._slots.items() if uid in live}
+        texts = {text for _, _, text in self._jobs.values()}
+        self._records = {t: r for t, r in self._records.items() if t in texts}
+
+    def _record_of(self, job: Mapping[str, Any], text: object) -> AdmissionRecord | None:
+        """`record_of(job)`, decoded once per annotation text (`text`, the Job's)."""
+        if not isinstance(text, str):
+            return record_of(job)
+        record = self._records.get(text)
+        if record is None:
+            record = decode_record(text)
+            self._records[text] = record
+        return record

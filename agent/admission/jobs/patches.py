@@ -1,0 +1,168 @@
+"""The Job route's writes as bodies: the admitting, unsuspending and rejecting Job patches, and the pod pin.
+
+Pure: no I/O, no clock.  The controller's write path (`agent.admission.controller.writes`) sends what
+these return.
+
+Public API (JSON merge patches, `MERGE_PATCH`, each carrying the resourceVersion it was computed from
+so a concurrent writer makes it fail instead of being overwritten):
+
+- `decision_patch(job, record)` pins (one node, `one_node_template`) or gates the still-suspended
+  Job's template, records the decision and unsuspends the Job, in one write; `unsuspend_patch()` (for
+  a Job admitted but left suspended, by an earlier version); `reject_patch(job, record)`;
+  `pod_patch(pod, node, zone)` pins a gated pod to its node and zone and removes the gate in one write;
+  `node_affinity(node)`.
+- `still_undecided(job, fresh) -> bool`: whether a decision made on `job` may still be written onto
+  its re-read version `fresh` (after a 409).
+
+Three routes to a pinned pod.  A Job placed wholly on one node (most gangs: the engine keeps a gang
+on one node where that costs no whole zone) needs no per-pod pin: the decision patch writes the node
+into the pod template (`one_node_template`), with the zone as `topolet.io/numa-zone` when all slots
+share it, else as `topolet.io/placements` (an Indexed Job; the node's agent reads its own index's
+entry), and adds no gate.  The pods are created pinned: no pod write, no policy at work.  For a Job
+over several nodes, the decision patch of an Indexed Job also writes the slots into the pod
+template's annotation `topolet.io/placements` ("node:zone" per completion index, comma-separated;
+the zone empty when the slot has none) and the label `topolet.io/placements-by-index: "true"` (the
+policy's objectSelector: other pods never meet the policy).  Where the MutatingAdmissionPolicy
+`topolet-placement` (daemonset/controller/placement-policy.yaml) is installed, the API server pins
+each pod as the Job controller creates it: node selector (and required node affinity on the
+node's name, `node_affinity`) and zone from its index's entry, our gate and the placements
+annotation removed.  No pod write by the controller, no second scheduling pass.  Wherever the policy
+is absent, fails or does not apply (a non-indexed Job; a value over PLACEMENTS_MAX_CHARS; a pod
+without the label), the pod is created gated and the controller pins it with `pod_patch`, which
+removes the placements annotation too, so the node's agent never sees it.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from agent.admission.gangs.job import (
+    ADMISSION_ANNOTATION,
+    GATE,
+    HOSTNAME_LABEL,
+    NUMA_ZONE_ANNOTATION,
+    job_indexed,
+    job_suspended,
+)
+from agent.admission.gangs.objects import as_dict, metadata_of
+from agent.admission.gangs.record import PLACEMENTS_ANNOTATION, AdmissionRecord, placements_value
+from agent.admission.gangs.slots import scheduling_gates
+
+MERGE_PATCH = "application/merge-patch+json"
+# On the pod template beside PLACEMENTS_ANNOTATION (gated Indexed Jobs): the placement policy's
+# objectSelector, so the API server skips the policy outright for every other pod it creates.
+BY_INDEX_LABEL = ("topolet.io/placements-by-index", "true")
+REQUIRED_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def one_node_template(record: AdmissionRecord, pod_spec: Mapping[str, Any],
+                      indexed: bool) -> dict[str, Any] | None:
+    """The pod template change that pins every pod of a Job placed wholly on one node, with no gate
+    (None when the slots span nodes, or their zones differ and the pods carry no completion index).
+
+    The node selector `kubernetes.io/hostname=<node>` (other selectors kept) and, where the template
+    has no affinity, the required node affinity on the node's name (`node_affinity`); the zone as
+    `topolet.io/numa-zone` when every slot has the same one, else as `topolet.io/placements` (the
+    node's agent reads its completion index's entry, `agent.kube.pods`)."""
+    places = set(record.slots.values())
+    nodes = {p.node for p in places}
+    if record.result != "admitted" or len(nodes) != 1:
+        return None
+    (node,) = nodes
+    annotations: dict[str, str] = {}
+    if len(places) > 1:
+        placements = placements_value(record, indexed)
+        if placements is None:
+            return None
+        annotations[PLACEMENTS_ANNOTATION] = placements
+    else:
+        (place,) = places
+        if place.zone is not None:
+            annotations[NUMA_ZONE_ANNOTATION] = str(place.zone)
+    spec: dict[str, Any] = {"nodeSelector": {HOSTNAME_LABEL: node}}
+    if pod_spec.get("affinity") is None:  # an empty one too is the user's (and the write policy's)
+        spec["affinity"] = {"nodeAffinity": node_affinity(node)}
+    template: dict[str, Any] = {"spec": spec}
+    if annotations:
+        template["metadata"] = {"annotations": annotations}
+    return template
+
+
+def decision_patch(job: Mapping[str, Any], record: AdmissionRecord) -> dict[str, Any]:
+    """Record the decision on the suspended Job, pin its pod template, and unsuspend, in one write.
+
+    One write makes the decision atomic: a recorded decision always has its Job running.  Job
+    validation takes the template change because the *old* Job is suspended and never started.  A Job
+    placed on one node gets `one_node_template`: its pods are created pinned.  Any other gets our
+    gate, and an Indexed Job's template also `topolet.io/placements` (see the module docstring)."""
+    pod_spec = as_dict(as_dict(as_dict(job.get("spec")).get("template")).get("spec"))
+    template = one_node_template(record, pod_spec, job_indexed(job))
+    if template is None:
+        gates = scheduling_gates(pod_spec)
+        if not any(g.get("name") == GATE for g in gates):
+            gates.append({"name": GATE})
+        template = {"spec": {"schedulingGates": gates}}
+        placements = placements_value(record, job_indexed(job))
+        if placements is not None:
+            template["metadata"] = {"annotations": {PLACEMENTS_ANNOTATION: placements},
+                                    "labels": {BY_INDEX_LABEL[0]: BY_INDEX_LABEL[1]}}
+    return {"metadata": {"resourceVersion": metadata_of(job).get("resourceVersion"),
+                         "annotations": {ADMISSION_ANNOTATION: record.encode()}},
+            "spec": {"suspend": False, "template": template}}
+
+
+def still_undecided(job: Mapping[str, Any], fresh: Mapping[str, Any]) -> bool:
+    """`fresh` (the Job re-read after a conflict) is still the Job decided on and still undecided.
+
+    Same uid, still suspended, no admission record, same pod template: only something the decision
+    does not read moved on (the Job controller writes a suspended Job's status), so the decision may
+    be written with `fresh`'s resourceVersion.  A record there means another writer (a replica that
+    led before) decided first; a changed template means other requests than the ones placed."""
+    if metadata_of(fresh).get("uid") != metadata_of(job).get("uid") or not job_suspended(fresh):
+        return False
+    if as_dict(metadata_of(fresh).get("annotations")).get(ADMISSION_ANNOTATION) is not None:
+        return False
+    return as_dict(fresh.get("spec")).get("template") == as_dict(job.get("spec")).get("template")
+
+
+def unsuspend_patch() -> dict[str, Any]:
+    """Let the Job controller create the (gated) pods."""
+    return {"spec": {"suspend": False}}
+
+
+def reject_patch(job: Mapping[str, Any], record: AdmissionRecord) -> dict[str, Any]:
+    """Record a "never" refusal; the Job stays suspended."""
+    return {"metadata": {"resourceVersion": metadata_of(job).get("resourceVersion"),
+                         "annotations": {ADMISSION_ANNOTATION: record.encode()}}}
+
+
+def pod_patch(pod: Mapping[str, Any], node: str, zone: int | None) -> dict[str, Any]:
+    """Pin a gated pod to `node` (and NUMA `zone`) and remove our gate, in one write.
+
+    Only what the node and the scheduler read: no annotation of our own beside the zone (the node's
+    agent refuses a pod with a `topolet.io/` annotation it does not know), so a pod's slot is found
+    again by `assign_slots`; the placements annotation the template gave it is removed.  A pod with no
+    required node affinity also gets one on the node's name (`node_affinity`)."""
+    spec = as_dict(pod.get("spec"))
+    gates = [g for g in scheduling_gates(spec) if g.get("name") != GATE]
+    body: dict[str, Any] = {
+        "metadata": {"resourceVersion": metadata_of(pod).get("resourceVersion")},
+        "spec": {"nodeSelector": {HOSTNAME_LABEL: node}, "schedulingGates": gates or None}}
+    if not as_dict(as_dict(spec.get("affinity")).get("nodeAffinity")).get(REQUIRED_AFFINITY):
+        body["spec"]["affinity"] = {"nodeAffinity": node_affinity(node)}
+    annotations: dict[str, str | None] = {}
+    if PLACEMENTS_ANNOTATION in as_dict(metadata_of(pod).get("annotations")):
+        annotations[PLACEMENTS_ANNOTATION] = None
+    if zone is not None:
+        annotations[NUMA_ZONE_ANNOTATION] = str(zone)
+    if annotations:
+        body["metadata"]["annotations"] = annotations
+    return body
+
+
+def node_affinity(node: str) -> dict[str, Any]:
+    """Required node affinity on the node's name, beside the hostname selector: the same node, but the
+    scheduler's NodeAffinity PreFilter narrows a pod with a `metadata.name` field term to that one
+    node, where a label selector makes it filter every node of the cluster to find it."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {REQUIRED_AFFINITY: {"nodeSelectorTerms": [term]}}

@@ -1,0 +1,264 @@
+"""The `topolet.io/topology-fit` Kueue AdmissionCheck, decided inside the controller's pass.
+
+Public API:
+
+- `KueueCheck(kube, changed, metrics, submit, check_leader, clock, guaranteed_policy, crash_point,
+  identity)`: `.reflectors` (AdmissionChecks, Workloads, ResourceFlavors; the controller starts, stops
+  and waits for them with its own), `.due` (set when a watch event shows a Workload waiting for our
+  decision: the controller's next pass skips its debounce),
+  `.collect(pods) -> Round`, `.decide(round, decide, left_out)` and `.stop()` (waits for the
+  decisions being written).
+- `Round`: what one pass knows of Kueue: `admitted` (the ledger's `(gang key, record, requests)` of
+  every Ready Workload, one per pod set), `pod_slots` (pod uid -> (gang key, slot) for their pods) and
+  `pending` (Workloads to decide, in the order Kueue reserved their quota).
+- `kueue_served(kube) -> bool | None`: whether the API serves Kueue's v1beta2 to us (None: served but
+  forbidden).
+
+The check's writes run in `agent.admission.kueue.writes` (`.writes`), and what the Ready Workloads
+hold is worked out in `agent.admission.kueue.holds` (`.holds`).
+
+A pass (`agent.admission.controller.loop`): `collect` keeps every AdmissionCheck whose controllerName is
+ours at `Active=True` and reads the Workloads; the controller puts `admitted` into the view's ledger
+next to its admitted Jobs (one ledger, so the two routes never double-book) and `pod_slots` into its
+slot map; after its own queue it calls `decide` with the engine call it uses for Jobs (`place` then
+`commit` on the same view).  Each decision is one server-side apply of `status.admissionChecks[<our
+check>]` (field manager `topolet.io/topology-fit`) carrying the resourceVersion it was decided on:
+Ready with podSetUpdates (`agent.admission.kueue.workloads`), Retry with requeueAfterSeconds, or
+Rejected.
+When more than one check of ours is Pending on a Workload, the one decision sets them all; one still
+Pending on a Ready Workload (added to its ClusterQueue later) gets the Ready state's copy.
+Once a Retry or Rejected state is written, an Event on the Workload (`agent.admission.report.events`,
+as `identity`) says why: Waiting (Normal, only when the reason differs from the last one told) or
+Rejected (Warning).
+
+Latency: a watch event that shows a Workload waiting for our decision sets `due`, and the controller
+starts its next pass without the debounce it gives other changes.  The decisions are written on the
+check's own writer pool, and the pass does not wait for them (a status write goes through Kueue's
+webhook and may take a second on a busy API server), so a Workload whose check turns Pending
+meanwhile is decided by the very next pass.  Until its write has landed in the store, a Ready
+decision counts in the ledger from memory (the records the Ready state will carry) and the Workload
+is not decided again; a failed write is forgotten and decided again.
+Whether a Workload's Job is Indexed (which a pod set spread over several slots needs) is read once
+per Job, ahead, while the Workload waits for its quota, so the Ready write needs no GET first.
+
+Restart safety: the decision lives only in the Ready state's podSetUpdates, so the ledger is rebuilt
+from the Workloads on the first pass (`workloads.records_of_state`).  A kill before the write leaves
+the check Pending (decided again); after it, the Workload is Ready and holds its slots.  A stale
+store makes the write fail (409) instead of deciding twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from agent.admission.cluster.store import Reflector
+from agent.admission.engine.model import Gang, Placement, Refusal
+from agent.admission.gangs.objects import as_dict, metadata_of, object_key
+from agent.admission.kueue import workloads
+from agent.admission.kueue.holds import Held, Holds, ready_entries
+from agent.admission.kueue.workloads import CONTROLLER_NAME, KUEUE_GROUP, KUEUE_VERSION, WorkloadSpecError
+from agent.admission.kueue.writes import CheckWrites
+from agent.admission.report.events import timestamp
+from agent.admission.report.metrics import AdmissionMetrics
+from agent.errors import KubeAPIError
+from agent.kube.client import KubeClient, resource_path
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A Workload waiting for our decision: which of our checks (every one of ours that is Pending on
+    it: one decision sets them all), and the gang read from it."""
+
+    workload: dict[str, Any]
+    checks: tuple[str, ...]
+    gang: Gang | None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one pass knows of Kueue (see the module docstring)."""
+
+    admitted: list[Held]
+    pod_slots: dict[str, tuple[str, str]]
+    pending: list[Pending]
+
+
+def kueue_served(kube: KubeClient) -> bool | None:
+    """True when we may list Kueue's AdmissionChecks (v1beta2), False when the API does not serve them,
+    None when it does but refuses us (no RBAC for them)."""
+    try:
+        kube.list(resource_path(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks"), {"limit": 1},
+                  what="look for Kueue's AdmissionChecks")
+    except KubeAPIError as exc:
+        if exc.not_found:
+            return False
+        if exc.status == 403:
+            return None
+        raise
+    return True
+
+
+def _quota_time(wl: Mapping[str, Any]) -> str:
+    for cond in as_dict(wl.get("status")).get("conditions") or []:
+        if as_dict(cond).get("type") == "QuotaReserved":
+            return str(as_dict(cond).get("lastTransitionTime") or "")
+    return ""
+
+
+class KueueCheck:
+    """The check's store and its part of a pass (see the module docstring)."""
+
+    def __init__(self, kube: KubeClient, changed: Any, metrics: AdmissionMetrics,
+                 submit: Callable[..., Future[Any]], check_leader: Callable[[], None],
+                 clock: Callable[[], float], guaranteed_policy: Callable[[], str],
+                 crash_point: Callable[[str], None] = lambda step: None, identity: str = CONTROLLER_NAME
+                 ) -> None:
+        self.submit = submit
+        self.check_leader = check_leader
+        self.clock = clock
+        self.guaranteed_policy = guaranteed_policy
+        self.checks = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks"),
+                                "AdmissionChecks", changed)
+        self.workloads = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "workloads"),
+                                   "Workloads", changed, matters=self._workload_event)
+        # Set when a watch event shows a Workload waiting for our decision: the controller then starts
+        # its pass without the debounce it gives other changes (Kueue's admission waits on us).
+        self.due = threading.Event()
+        self._names: tuple[str, ...] = ()  # our checks' names as the last pass read them
+        self.flavors = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "resourceflavors"),
+                                 "ResourceFlavors", changed)
+        self.reflectors = (self.checks, self.workloads, self.flavors)
+        self.holds = Holds()  # the Ready Workloads' ledger entries and pod slots, by version
+        self.writes = CheckWrites(kube, metrics, self.workloads, self.checks, changed, check_leader, clock,
+                                  crash_point, identity)
+
+    def stop(self) -> None:
+        """Wait for the decisions being written; start no more."""
+        self.writes.stop()
+
+    # -- reading --------------------------------------------------------------------------------------
+
+    def collect(self, pods: Sequence[Mapping[str, Any]]) -> Round:
+        """Activate our AdmissionChecks; read the Ready Workloads' slots and the Workloads to decide."""
+        checks = self.checks.snapshot()
+        for ac in checks:
+            if (as_dict(ac.get("spec")).get("controllerName") == CONTROLLER_NAME
+                    and not workloads.check_active(ac)):
+                self.check_leader()
+                self.submit(self.writes.activate, ac)
+        names = workloads.our_checks(checks)
+        self._names = names
+        round_ = Round([], {}, [])
+        if not names:
+            return round_
+        by_owner: dict[str, list[Mapping[str, Any]]] = {}
+        for pod in pods:
+            for ref in metadata_of(pod).get("ownerReferences") or []:
+                ref = as_dict(ref)
+                if ref.get("controller"):
+                    by_owner.setdefault(str(ref.get("uid")), []).append(pod)
+        flavors = {str(metadata_of(f).get("name")): as_dict(as_dict(f.get("spec")).get("nodeLabels"))
+                   for f in self.flavors.snapshot()}
+        # In flight first, then the store: a write that lands in between is then counted from memory
+        # (its store entry may be either version), never from neither.
+        inflight = self.writes.in_flight()
+        every = sorted(self.workloads.snapshot(), key=object_key)
+        policy: str | None = None  # read once a pass, when needed: it reads every NRT
+        for wl in every:
+            if str(metadata_of(wl).get("uid")) in inflight:
+                round_.admitted.extend(inflight[str(metadata_of(wl).get("uid"))])
+                continue
+            held = workloads.holding(wl, names)
+            ours = workloads.checks_to_decide(wl, names)
+            if held is not None:
+                self.writes.due_at.pop(str(metadata_of(wl).get("uid")), None)  # (a late event of its Pending)
+                entries, slots = self.holds.of(wl, held, by_owner.get(workloads.owner_uid(wl) or "", []),
+                                               self.writes.known_indexed(wl))
+                round_.admitted.extend(entries)
+                round_.pod_slots.update(slots)
+                if ours:
+                    self._copy_ready(wl, held, ours, entries)
+                continue
+            if not ours:
+                if any(workloads.check_state(wl, name) is not None for name in names):
+                    self.writes.read_ahead(wl)
+                continue
+            try:
+                policy = self.guaranteed_policy() if policy is None else policy
+                gang = workloads.gang_from_workload(wl, flavors, policy)
+                round_.pending.append(Pending(wl, ours, gang))
+            except WorkloadSpecError as exc:
+                round_.pending.append(Pending(wl, ours, None, str(exc)))
+        live = {(str(metadata_of(wl).get("uid")), str(metadata_of(wl).get("resourceVersion")))
+                for wl in every}
+        self.holds.end_pass(live)
+        self.writes.retain({uid for uid, _ in live}, {workloads.owner_uid(wl) for wl in every})
+        # First come, first served among those Kueue already gave quota to.
+        round_.pending.sort(key=lambda p: (_quota_time(p.workload), object_key(p.workload)))
+        return round_
+
+    def _workload_event(self, kind: str, wl: Mapping[str, Any]) -> bool:
+        """Every Workload event calls for a pass; one that leaves a Workload waiting for our decision
+        also sets `due` (runs on the watch thread)."""
+        if kind != "DELETED" and self._names and workloads.to_decide(wl, self._names) is not None:
+            uid = str(metadata_of(wl).get("uid"))
+            if not self.writes.writing(uid):  # (its decision is being written: no pass decides it now)
+                self.writes.due_at.setdefault(uid, time.monotonic())
+                self.due.set()
+        return True
+
+    def _copy_ready(self, wl: Mapping[str, Any], held: str, checks: tuple[str, ...], entries: list[Held]
+                    ) -> None:
+        """Set our other checks that are still Pending on a Ready Workload (one added to its ClusterQueue
+        later) to the Ready state `held` carries: the same pods on the same slots, so Kueue's merge of
+        their podSetUpdates agrees and the ledger sees one decision."""
+        def ours(name: str) -> dict[str, Any]:
+            state = workloads.check_state(wl, held) or {}
+            return {k: state[k] for k in ("state", "message", "lastTransitionTime", "podSetUpdates")
+                    if k in state} | {"name": name}
+
+        # The apply restates the Ready ones too: fields of ours left out of an apply would be dropped.
+        ready = [n for n in self._names if as_dict(workloads.check_state(wl, n)).get("state") == "Ready"]
+        self.check_leader()
+        self.writes.write(wl, entries, self.writes.apply, wl, [ours(n) for n in sorted({*ready, *checks})],
+                          None)
+
+    # -- deciding -------------------------------------------------------------------------------------
+
+    def decide(self, round_: Round, decide: Callable[[Gang], Placement | Refusal],
+               left_out: Mapping[str, str]) -> None:
+        """Decide each pending Workload on the pass's view and send its state (on the check's writers,
+        not waited for: see the module docstring)."""
+        for p in round_.pending:
+            now = timestamp(self.clock())
+            if p.gang is None:
+                why = f"unreadable: {p.error}"
+                self._send(p, "rejected", [workloads.rejected_state(c, why, now) for c in p.checks], why)
+                continue
+            result = decide(p.gang)
+            if isinstance(result, Placement):
+                self.check_leader()
+                self.writes.write(p.workload, ready_entries(p.workload, p.checks[0], p.gang, result, now),
+                                  self.writes.ready, p.workload, p.checks, p.gang, result, now)
+            elif result.kind == "never" and not left_out:
+                why = result.reason
+                self._send(p, "rejected", [workloads.rejected_state(c, why, now) for c in p.checks], why)
+            else:
+                reason = result.reason
+                if result.kind == "never":
+                    # "Never" counts only the usable nodes: one left out may come back.
+                    reason = f"{reason}; {len(left_out)} nodes are left out now"
+                states = [workloads.retry_state(c, reason, workloads.retry_count(p.workload, c), now)
+                          for c in p.checks]
+                self._send(p, "waiting", states, reason)
+
+    def _send(self, p: Pending, result: str, states: list[dict[str, Any]], why: str) -> None:
+        """Write Retry (`result` waiting) or Rejected states, then say `why` in an Event on the Workload."""
+        self.check_leader()
+        self.writes.write(p.workload, [], self.writes.refuse, p.workload, states, result, why)

@@ -1,0 +1,360 @@
+"""Kueue Workloads as gangs, and the `topolet.io/topology-fit` check's state bodies.
+
+Pure: no I/O, no clock (times are passed in).  The check (`agent.admission.kueue.check`, its writes in
+`agent.admission.kueue.writes`) reads API dicts, calls these and sends what they return.
+
+Public API:
+
+- Names: `CONTROLLER_NAME` (`topolet.io/topology-fit`, the AdmissionCheck's spec.controllerName and the
+  field manager of every write), `KUEUE_GROUP`/`KUEUE_VERSION` (`kueue.x-k8s.io/v1beta2`),
+  `FAILSAFE_LABEL` (a node selector no node has, see below).
+- `gang_key(wl)`, `owner_uid(wl)`, `condition_true(obj, type)`,
+  `check_state(wl, name)`.
+- `our_checks(admission_checks) -> tuple[str, ...]`: the names of the AdmissionChecks we serve;
+  `check_active(ac)`; `active_status(ac, now)`: the SSA body that sets `Active=True`.
+- `to_decide(wl, names) -> str | None`: our check to decide (QuotaReserved, our check Pending);
+  `checks_to_decide(wl, names) -> tuple[str, ...]`: every one of ours waiting so (one decision sets all);
+  `holding(wl, names) -> str | None`: our Ready check while the Workload holds its quota.
+- `gang_from_workload(wl, flavor_labels, guaranteed_policy) -> Gang`: one engine pod set per Workload
+  PodSet, read by `agent.admission.gangs.job`' own pod-template readers; raises `WorkloadSpecError`.
+- `pod_set_updates(gang, placement, indexed) -> list[dict]`: the podSetUpdates of a Ready state;
+  raises `WorkloadSpecError` when a pod set needs completion indexes it does not have.
+- `records_of_state(wl, state) -> {pod set: AdmissionRecord}`: the decision back from a Ready state.
+- `ready_state`, `retry_state`, `rejected_state`, `status_apply(wl, states)`; `retry_after(count)`.
+
+How a Ready Workload's pods land on the engine's exact slots, with no webhook server of ours: Kueue
+copies a Ready check's `podSetUpdates` onto the Job's pod template when it unsuspends the Job (and
+restores the template when it suspends it again, so a re-admitted Workload starts clean and gets a
+fresh decision).  A pod set whose pods all go to one (node, zone) gets the node selector
+`kubernetes.io/hostname=<node>` and the `topolet.io/numa-zone` annotation directly.  A pod set spread
+over several slots gets the slots in the template annotation `topolet.io/placements` (the Job route's
+format, `agent.admission.gangs.record.placements_value`: "node:zone" per completion index) and the node
+selector `FAILSAFE_LABEL`, which no node carries: the MutatingAdmissionPolicy
+`topolet-kueue-placement` (daemonset/components/kueue/) turns each pod's completion index into its
+node selector and zone annotation and drops the failsafe selector and the placements annotation as
+the Job controller creates the pod.  Where that policy is missing or cannot read the value, the pod
+stays Pending instead of running anywhere else.  Such a pod set therefore needs completion indexes
+(an Indexed Job).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from agent.admission.engine.model import Gang, Placement
+from agent.admission.gangs.job import HOSTNAME_LABEL, NUMA_ZONE_ANNOTATION, JobSpecError, gang_from_job
+from agent.admission.gangs.objects import as_dict, as_list, metadata_of, namespaced_name
+from agent.admission.gangs.record import (
+    PLACEMENTS_ANNOTATION,
+    AdmissionRecord,
+    SlotPlacement,
+    placements_value,
+)
+from agent.kube.pods import parse_placement
+
+CONTROLLER_NAME = "topolet.io/topology-fit"
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
+FAILSAFE_LABEL = ("topolet.io/awaiting-placement", "true")
+RETRY_BASE_SECONDS = 5
+RETRY_MAX_SECONDS = 300
+MESSAGE_MAX = 1024  # ours are one line; the API allows 32768
+
+
+class WorkloadSpecError(JobSpecError):
+    """A Workload cannot be read as a gang, or its placement cannot be carried out; the message says why."""
+
+
+# -- reading Workloads and AdmissionChecks ----------------------------------------------------------
+
+def gang_key(wl: Mapping[str, Any]) -> str:
+    """The gang (and ledger) key of a Workload: apart from a Job's `namespace/name` by its prefix."""
+    return f"workload:{namespaced_name(wl)}"
+
+
+def owner_uid(wl: Mapping[str, Any]) -> str | None:
+    """The uid of the Workload's controlling owner (the Job whose pods it admits), None without one."""
+    for ref in as_list(metadata_of(wl).get("ownerReferences")):
+        ref = as_dict(ref)
+        if ref.get("controller") and isinstance(ref.get("uid"), str):
+            return str(ref["uid"])
+    return None
+
+
+def condition_true(obj: Mapping[str, Any], kind: str) -> bool:
+    """Whether `obj`'s status has condition `kind` with status True."""
+    return any(as_dict(c).get("type") == kind and as_dict(c).get("status") == "True"
+               for c in as_list(as_dict(obj.get("status")).get("conditions")))
+
+
+def check_state(wl: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    """The Workload's `status.admissionChecks` entry named `name`, None when it has none."""
+    for state in as_list(as_dict(wl.get("status")).get("admissionChecks")):
+        if as_dict(state).get("name") == name:
+            return as_dict(state)
+    return None
+
+
+def our_checks(admission_checks: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The names of the AdmissionChecks whose controllerName is ours, sorted."""
+    return tuple(sorted(str(metadata_of(ac).get("name")) for ac in admission_checks
+                        if as_dict(ac.get("spec")).get("controllerName") == CONTROLLER_NAME))
+
+
+def check_active(ac: Mapping[str, Any]) -> bool:
+    """The AdmissionCheck has Active=True for its current generation."""
+    generation = metadata_of(ac).get("generation")
+    for cond in as_list(as_dict(ac.get("status")).get("conditions")):
+        cond = as_dict(cond)
+        if cond.get("type") == "Active":
+            return cond.get("status") == "True" and cond.get("observedGeneration") == generation
+    return False
+
+
+def active_status(ac: Mapping[str, Any], now: str) -> dict[str, Any]:
+    """The server-side apply body (on admissionchecks/status) that sets Active=True."""
+    meta = metadata_of(ac)
+    return {"apiVersion": API_VERSION, "kind": "AdmissionCheck", "metadata": {"name": meta.get("name")},
+            "status": {"conditions": [{
+                "type": "Active", "status": "True", "reason": "Active",
+                "message": "topolet controller decides by NUMA, GPU and MIG fit",
+                "lastTransitionTime": now, "observedGeneration": meta.get("generation")}]}}
+
+
+def to_decide(wl: Mapping[str, Any], names: Sequence[str]) -> str | None:
+    """The first of our checks on the Workload that waits for a decision: quota reserved, check Pending,
+    the Workload neither finished, deactivated nor being evicted (Kueue resets our check to Pending as
+    it evicts, before it releases the quota; a new reservation clears Evicted)."""
+    if not condition_true(wl, "QuotaReserved") or condition_true(wl, "Finished"):
+        return None
+    if condition_true(wl, "Evicted"):
+        return None
+    if as_dict(wl.get("spec")).get("active") is False:
+        return None
+    for name in names:
+        state = check_state(wl, name)
+        if state is not None and state.get("state") == "Pending":
+            return name
+    return None
+
+
+def checks_to_decide(wl: Mapping[str, Any], names: Sequence[str]) -> tuple[str, ...]:
+    """Every one of our checks on the Workload that waits for a decision (`to_decide`'s rule), in name
+    order: one decision sets them all, so each of them lets Kueue admit it."""
+    if to_decide(wl, names) is None:
+        return ()
+    return tuple(n for n in names if as_dict(check_state(wl, n)).get("state") == "Pending")
+
+
+def holding(wl: Mapping[str, Any], names: Sequence[str]) -> str | None:
+    """The first of our checks that is Ready while the Workload holds its quota and has not finished:
+    its slots count in the ledger.  Eviction, preemption, deactivation and deletion take the quota
+    away (and Kueue resets the check to Pending), so they free the slots."""
+    if not condition_true(wl, "QuotaReserved") or condition_true(wl, "Finished"):
+        return None
+    for name in names:
+        state = check_state(wl, name)
+        if state is not None and state.get("state") == "Ready":
+            return name
+    return None
+
+
+# -- Workload -> Gang -------------------------------------------------------------------------------
+
+def _assignments(wl: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    admission = as_dict(as_dict(wl.get("status")).get("admission"))
+    return {str(as_dict(a).get("name")): as_dict(a) for a in as_list(admission.get("podSetAssignments"))}
+
+
+def _flavor_selector(assignment: Mapping[str, Any], flavor_labels: Mapping[str, Mapping[str, str]],
+                     where: str) -> dict[str, str]:
+    """The node labels of the ResourceFlavors Kueue assigned to a pod set (Kueue adds them to its pods)."""
+    out: dict[str, str] = {}
+    for flavor in sorted({str(f) for f in as_dict(assignment.get("flavors")).values()}):
+        for key, value in as_dict(flavor_labels.get(flavor)).items():
+            if out.get(key, value) != value:
+                raise WorkloadSpecError(f"{where}: flavors disagree on node label {key}")
+            out[key] = value
+    return out
+
+
+def gang_from_workload(wl: Mapping[str, Any], flavor_labels: Mapping[str, Mapping[str, str]],
+                       guaranteed_policy: str = "none") -> Gang:
+    """The Workload as a gang: one pod set per Workload PodSet, named as it.
+
+    count: the admitted count (partial admission), else the PodSet's; requests, NUMA policy (template
+    annotation `topolet.io/numa-policy`, else `guaranteed_policy` for Guaranteed whole-CPU pods), node
+    selector, required node affinity and tolerations: the pod template's, read as a Job's
+    (`gang_from_job`); the node labels of the assigned ResourceFlavors join the node selector;
+    priority: spec.priority (Kueue orders the queue; kept for the record)."""
+    meta = metadata_of(wl)
+    if not meta.get("name") or not meta.get("namespace"):
+        raise WorkloadSpecError("the Workload has no namespace or name")
+    spec = as_dict(wl.get("spec"))
+    pod_sets = as_list(spec.get("podSets"))
+    if not pod_sets:
+        raise WorkloadSpecError("the Workload has no podSets")
+    assignments = _assignments(wl)
+    out = []
+    for i, raw in enumerate(pod_sets):
+        raw = as_dict(raw)
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise WorkloadSpecError(f"podSets[{i}] has no name")
+        assignment = assignments.get(name, {})
+        count = assignment.get("count", raw.get("count"))
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise WorkloadSpecError(f"podSets[{i}] ({name}): count must be a positive integer, got {count!r}")
+        template = dict(as_dict(raw.get("template")))
+        pod_spec = dict(as_dict(template.get("spec")))
+        # Kueue resolved the priority already (spec.priority); the class need not exist here.
+        pod_spec.pop("priorityClassName", None)
+        selector = {**as_dict(pod_spec.get("nodeSelector")),
+                    **_flavor_selector(assignment, flavor_labels, f"podSets[{i}] ({name})")}
+        if selector:
+            pod_spec["nodeSelector"] = selector
+        template["spec"] = pod_spec
+        job = {"metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+               "spec": {"parallelism": count, "template": template}}
+        try:
+            (pod_set,) = gang_from_job(job, {}, guaranteed_policy).pod_sets
+        except JobSpecError as exc:
+            raise WorkloadSpecError(f"podSets[{i}] ({name}): {exc}") from exc
+        out.append(replace(pod_set, name=name))
+    priority = spec.get("priority", 0)
+    return Gang(key=gang_key(wl), pod_sets=tuple(out),
+                priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)
+
+
+# -- the decision on the Workload -------------------------------------------------------------------
+
+def _slots_by_set(placement: Placement) -> dict[str, list[SlotPlacement]]:
+    by_set: dict[str, list[tuple[int, SlotPlacement]]] = {}
+    for p in placement.pods:
+        by_set.setdefault(p.pod_set, []).append((p.index, SlotPlacement(p.node, p.zone)))
+    return {name: [s for _, s in sorted(slots, key=lambda x: x[0])] for name, slots in by_set.items()}
+
+
+def pod_set_updates(gang: Gang, placement: Placement, indexed: Callable[[str], bool]) -> list[dict[str, Any]]:
+    """The podSetUpdates that put `placement` on the pods (see the module docstring).
+
+    `indexed(pod_set)` says whether that pod set's pods carry completion indexes; a pod set over
+    several slots without them cannot be pinned per pod (WorkloadSpecError)."""
+    slots = _slots_by_set(placement)
+    updates = []
+    for ps in gang.pod_sets:
+        mine = slots.get(ps.name, [])
+        if len(set(mine)) == 1:
+            (one,) = set(mine)
+            update: dict[str, Any] = {"name": ps.name, "nodeSelector": {HOSTNAME_LABEL: one.node}}
+            if one.zone is not None:
+                update["annotations"] = {NUMA_ZONE_ANNOTATION: str(one.zone)}
+            updates.append(update)
+            continue
+        if not indexed(ps.name):
+            nodes = sorted({s.node for s in mine})
+            raise WorkloadSpecError(
+                f"pod set {ps.name} fits only over {len(set(mine))} node/zone slots ({', '.join(nodes[:4])}"
+                f"{', ...' if len(nodes) > 4 else ''}) and its pods have no completion index to tell "
+                f"them apart: make it an Indexed Job (spec.completionMode: Indexed)")
+        record = AdmissionRecord("admitted", "-", "-", dict(enumerate(mine)))
+        value = placements_value(record, indexed=True)
+        if value is None:
+            raise WorkloadSpecError(f"pod set {ps.name}: {len(mine)} slots do not fit one annotation")
+        updates.append({"name": ps.name, "annotations": {PLACEMENTS_ANNOTATION: value},
+                        "nodeSelector": {FAILSAFE_LABEL[0]: FAILSAFE_LABEL[1]}})
+    return updates
+
+
+def parse_placements(text: str) -> list[SlotPlacement]:
+    """A `topolet.io/placements` value back into slots; WorkloadSpecError when it is not one."""
+    out = []
+    for i, entry in enumerate(text.split(",")):
+        parsed = parse_placement(entry)
+        if parsed is None:
+            raise WorkloadSpecError(f"{PLACEMENTS_ANNOTATION}: bad entry {i}: {entry!r}")
+        out.append(SlotPlacement(*parsed))
+    return out
+
+
+def records_of_state(wl: Mapping[str, Any], state: Mapping[str, Any]) -> dict[str, AdmissionRecord]:
+    """The decision a Ready state of ours carries, per pod set, as the ledger takes it: slots numbered
+    by completion index within the pod set; decision: a digest of the Workload's uid, the state's time
+    and its podSetUpdates (the same on every read, new on every new decision); time: the state's
+    lastTransitionTime.
+
+    WorkloadSpecError when the state does not say where every pod goes."""
+    updates = {str(as_dict(u).get("name")): as_dict(u) for u in as_list(state.get("podSetUpdates"))}
+    assignments = _assignments(wl)
+    time = str(state.get("lastTransitionTime") or "")
+    digest = hashlib.sha256(json.dumps([metadata_of(wl).get("uid"), time, state.get("podSetUpdates")],
+                                       sort_keys=True).encode()).hexdigest()[:32]
+    out: dict[str, AdmissionRecord] = {}
+    for raw in as_list(as_dict(wl.get("spec")).get("podSets")):
+        raw = as_dict(raw)
+        name = str(raw.get("name"))
+        count = assignments.get(name, {}).get("count", raw.get("count"))
+        update = updates.get(name)
+        if update is None or isinstance(count, bool) or not isinstance(count, int):
+            raise WorkloadSpecError(f"Ready state {state.get('name')}: no placement for pod set {name}")
+        text = as_dict(update.get("annotations")).get(PLACEMENTS_ANNOTATION)
+        if isinstance(text, str):
+            mine = parse_placements(text)
+        else:
+            node = as_dict(update.get("nodeSelector")).get(HOSTNAME_LABEL)
+            zone = as_dict(update.get("annotations")).get(NUMA_ZONE_ANNOTATION)
+            if not isinstance(node, str) or not node:
+                raise WorkloadSpecError(f"Ready state {state.get('name')}: pod set {name} has no node")
+            numa = int(zone) if isinstance(zone, str) and zone.isdigit() else None
+            mine = [SlotPlacement(node, numa)] * count
+        out[name] = AdmissionRecord("admitted", digest, time, dict(enumerate(mine)))
+    return out
+
+
+def retry_after(retry_count: int) -> int:
+    """Seconds before Kueue tries a Workload again after its `retry_count`-th Retry: doubling from
+    RETRY_BASE_SECONDS up to RETRY_MAX_SECONDS."""
+    return int(min(RETRY_BASE_SECONDS * 2 ** min(max(retry_count, 0), 16), RETRY_MAX_SECONDS))
+
+
+def ready_state(name: str, gang: Gang, placement: Placement, updates: list[dict[str, Any]],
+                now: str) -> dict[str, Any]:
+    """Our check Ready, with the podSetUpdates that pin the pods."""
+    nodes = sorted({p.node for p in placement.pods})
+    message = (f"{len(placement.pods)} pods fit on {len(nodes)} nodes ({', '.join(nodes[:8])}"
+               f"{', ...' if len(nodes) > 8 else ''})")
+    return {"name": name, "state": "Ready", "message": message[:MESSAGE_MAX], "lastTransitionTime": now,
+            "podSetUpdates": updates}
+
+
+def retry_state(name: str, reason: str, retry_count: int, now: str) -> dict[str, Any]:
+    """Our check Retry: the binding constraint and when Kueue should try again (exponential backoff)."""
+    after = retry_after(retry_count)
+    return {"name": name, "state": "Retry", "lastTransitionTime": now, "requeueAfterSeconds": after,
+            "message": f"does not fit now: {reason}; next try in {after}s"[:MESSAGE_MAX]}
+
+
+def rejected_state(name: str, reason: str, now: str) -> dict[str, Any]:
+    """Our check Rejected: the gang can never fit (Kueue deactivates the Workload)."""
+    return {"name": name, "state": "Rejected", "lastTransitionTime": now,
+            "message": f"can never fit this cluster: {reason}"[:MESSAGE_MAX]}
+
+
+def retry_count(wl: Mapping[str, Any], name: str) -> int:
+    """How many times Kueue counted our check's Retry on this Workload (its retryCount)."""
+    count = as_dict(check_state(wl, name)).get("retryCount", 0)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else 0
+
+
+def status_apply(wl: Mapping[str, Any], states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The server-side apply body (on workloads/status, field manager CONTROLLER_NAME) that sets our
+    checks' states, carrying the resourceVersion it was decided on so a stale decision fails (409)."""
+    meta = metadata_of(wl)
+    return {"apiVersion": API_VERSION, "kind": "Workload",
+            "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                         "resourceVersion": meta.get("resourceVersion")},
+            "status": {"admissionChecks": [dict(s) for s in states]}}

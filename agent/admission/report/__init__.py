@@ -1,0 +1,5 @@
+"""What the controller tells operators: its Prometheus metrics (`metrics`) and Events (`events`).
+
+May import `agent.admission.engine`, `agent.admission.gangs`, `agent.kube.client`, `agent.metrics` and
+`agent.errors`.
+"""

@@ -1,0 +1,110 @@
+"""Events from `topolet.io/controller` on the objects it decides (Jobs; Kueue Workloads), sent off the pass.
+
+Public API: `ObjectEvents(kube, instance, involved=("batch/v1", "Job"), on_drop=..., capacity=...)`
+with `.record(obj, type, reason, message)`, `.start()`, `.stop(timeout)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from agent.admission.gangs.objects import as_dict, metadata_of
+from agent.errors import KubeAPIError
+from agent.kube.client import KubeClient, resource_path
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "topolet.io/controller"
+EVENT_QUEUE = 10_000  # Events waiting to be sent before new ones are dropped
+
+
+def timestamp(seconds: float) -> str:
+    """`seconds` since the epoch as the API's second-resolution UTC time."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ObjectEvents:
+    """core/v1 Events from `topolet.io/controller` on one kind of object (`involved`: apiVersion, kind),
+    sent by one thread the pass never waits on.
+
+    Best effort: `record` only queues the Event; when the queue already holds `capacity` Events the new
+    one is dropped and counted (`on_drop`), and a failed write is logged."""
+
+    def __init__(self, kube: KubeClient, instance: str, involved: tuple[str, str] = ("batch/v1", "Job"),
+                 on_drop: Callable[[], None] = lambda: None,
+                 capacity: int = EVENT_QUEUE) -> None:
+        self.kube = kube
+        self.instance = instance
+        self.involved = involved
+        self.on_drop = on_drop
+        self.writes = 0
+        self.failures = 0
+        self.dropped = 0
+        # None is the stop sign, queued behind the Events already there so they are sent first.
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(capacity)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="admission-events", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Send what is queued (for at most `timeout` seconds), then end the thread."""
+        if self._thread is None:
+            return
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            log.warning("event queue still full after %.0f s; %d Events not sent",
+                        timeout, self._queue.qsize())
+            return
+        self._thread.join(timeout)
+        self._thread = None
+
+    def record(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        """Queue an Event of type `kind` (Normal, Warning) on `obj`; never blocks."""
+        m = metadata_of(obj)
+        ns, name = str(m.get("namespace")), str(m.get("name"))
+        stamp = timestamp(time.time())
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": ns},
+            "involvedObject": {"apiVersion": self.involved[0], "kind": self.involved[1], "namespace": ns,
+                               "name": name, "uid": m.get("uid"),
+                               "resourceVersion": m.get("resourceVersion")},
+            "reason": reason, "message": message[:1024], "type": kind,
+            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        }
+        try:
+            self._queue.put_nowait(body)
+        except queue.Full:
+            self.dropped += 1
+            self.on_drop()
+            log.warning("event queue full: %s on %s %s/%s dropped", reason, self.involved[1], ns, name)
+
+    def _run(self) -> None:
+        while (body := self._queue.get()) is not None:
+            self._send(body)
+
+    def _send(self, body: Mapping[str, Any]) -> None:
+        involved = as_dict(body.get("involvedObject"))
+        ns, name = str(involved.get("namespace")), str(involved.get("name"))
+        try:
+            self.kube.create(resource_path("", "v1", "events", namespace=ns), body,
+                             what=f"create Event on {self.involved[1]} {ns}/{name}")
+            self.writes += 1
+        except KubeAPIError as exc:
+            self.failures += 1
+            log.warning("event %s on %s %s/%s not recorded: %s", body.get("reason"), self.involved[1],
+                        ns, name, exc)
+
+
+# -- the controller ---------------------------------------------------------------------------------
