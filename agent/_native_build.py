@@ -11,7 +11,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 _CSRC = _ROOT / "csrc"
 _SOURCES = [
     "cpulist.c", "scan.c", "scan_pool.c", "scan_fs.c", "scan_cpus.c", "scan_numa.c", "scan_pci.c",
-    "cpuinfo.c", "cpuid.c", "syscalls.c",
+    "cpuinfo.c", "cpuid.c", "syscalls.c", "inotify.c",
 ]
 
 

@@ -206,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "topolet.io/mig.config overrides it)")
     g.add_argument("--allow-mig-mode-change", action="store_true",
                    help="let the agent switch MIG mode on GPUs that run no processes")
+    g.add_argument("--route", default="auto", choices=["auto", "nri", "pod-cgroup"],
+                   help="Kubernetes mode: how containers are pinned from their first instruction. nri: as "
+                        "an NRI plugin answering the runtime's CreateContainer; pod-cgroup: by the pod "
+                        "watch; auto (default): nri when --nri-socket exists and registration answers, "
+                        "else pod-cgroup")
+    g.add_argument("--nri-socket", default="/var/run/nri/nri.sock",
+                   help="the runtime's NRI socket (Kubernetes mode, --route nri|auto), default "
+                        "/var/run/nri/nri.sock")
     g.add_argument("--enforcement", default="on", choices=["on", "off"],
                    help="Kubernetes mode: off = decide, record in the state file and publish labels and "
                         "NRT as with on, but write no cgroup and need no cpuset hierarchy; a container "

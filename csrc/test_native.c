@@ -2,7 +2,10 @@
  * fail on the build machine's own root or crash on a missing one. */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "topolet.h"
 
@@ -133,12 +136,47 @@ static void test_scan_root(const char *root)
     topo_scan_free(one);
 }
 
+/* A folder made in a watched folder is one IN_CREATE|IN_ISDIR event naming it; nothing queued
+ * reads as no events; a read too small for one event is refused. */
+static void test_inotify(void)
+{
+    char dir[] = "/tmp/topolet-inotify-XXXXXX", sub[64];
+    topo_inotify_event_t ev[4];
+    char names[TOPO_INOTIFY_MIN_READ];
+    int32_t fd, wd;
+    size_t n = 99;
+
+    EXPECT(mkdtemp(dir) != NULL, "mkdtemp");
+    EXPECT(topo_inotify_init(&fd) == 0 && fd >= 0, "init");
+    EXPECT(topo_inotify_add_watch(fd, dir, TOPO_IN_CREATE | TOPO_IN_ONLYDIR, &wd) == 0, "add_watch");
+    EXPECT(topo_inotify_read(fd, ev, 4, names, sizeof names, &n) == EINVAL, "4 records are too few");
+    EXPECT(topo_inotify_read(fd, ev, 1, names, sizeof names, &n) == EINVAL && n == 0, "too small");
+    EXPECT(topo_inotify_read(fd, ev, 4, names, sizeof names - 1, &n) == EINVAL, "names too small");
+    snprintf(sub, sizeof sub, "%s/pod1", dir);
+    EXPECT(mkdir(sub, 0700) == 0, "mkdir");
+    {
+        topo_inotify_event_t many[TOPO_INOTIFY_MIN_READ / 16 + 1];
+        EXPECT(topo_inotify_read(fd, many, sizeof many / sizeof many[0], names, sizeof names, &n) == 0 &&
+                   n == 1 && many[0].wd == wd && many[0].mask == (TOPO_IN_CREATE | TOPO_IN_ISDIR) &&
+                   many[0].name == 0 && strcmp(names, "pod1") == 0,
+               "one IN_CREATE naming pod1 (%zu events)", n);
+        EXPECT(topo_inotify_read(fd, many, sizeof many / sizeof many[0], names, sizeof names, &n) == 0 &&
+                   n == 0, "nothing queued");
+    }
+    EXPECT(topo_inotify_rm_watch(fd, wd) == 0, "rm_watch");
+    EXPECT(topo_inotify_rm_watch(fd, wd) == EINVAL, "rm_watch twice");
+    rmdir(sub);
+    rmdir(dir);
+    close(fd);
+}
+
 int main(int argc, char **argv)
 {
     test_parsers();
     test_small_buffer();
     test_mask_format();
     test_scan();
+    test_inotify();
     test_scan_root("/");
     for (int i = 1; i < argc; i++)
         test_scan_root(argv[i]);

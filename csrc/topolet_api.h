@@ -171,3 +171,35 @@ int topo_get_affinity(int32_t pid, uint64_t *out, size_t cap, size_t *nwords);
 /* set_mempolicy(2) for the calling thread through the raw syscall; words is a node bitmap
  * (ignored for TOPO_MPOL_DEFAULT). */
 int topo_set_mempolicy(int32_t mode, const uint64_t *words, size_t nwords);
+
+/* inotify(7), for watching cgroup folders and files.  The event bits are the kernel's (inotify.c
+ * checks each against <sys/inotify.h> at compile time). */
+#define TOPO_IN_MODIFY 0x00000002
+#define TOPO_IN_CREATE 0x00000100
+#define TOPO_IN_DELETE 0x00000200
+#define TOPO_IN_DELETE_SELF 0x00000400
+#define TOPO_IN_MOVE_SELF 0x00000800
+#define TOPO_IN_Q_OVERFLOW 0x00004000
+#define TOPO_IN_IGNORED 0x00008000
+#define TOPO_IN_ONLYDIR 0x01000000
+#define TOPO_IN_ISDIR 0x40000000
+#define TOPO_INOTIFY_MIN_READ 272   /* sizeof(struct inotify_event) + NAME_MAX + 1: one event always fits */
+
+typedef struct {
+    int32_t wd;                     /* the watch; -1 with TOPO_IN_Q_OVERFLOW */
+    uint32_t mask;                  /* TOPO_IN_* bits */
+    int32_t name;                   /* offset in the names buffer, -1 when the event names nothing */
+} topo_inotify_event_t;
+
+/* inotify_init1(IN_NONBLOCK | IN_CLOEXEC): *fd is the new descriptor (close it with close(2)). */
+int topo_inotify_init(int32_t *fd);
+/* inotify_add_watch(2): *wd is the watch (the same one again for a path already watched). */
+int topo_inotify_add_watch(int32_t fd, const char *path, uint32_t mask, int32_t *wd);
+/* inotify_rm_watch(2); EINVAL when the watch is gone already (its file was removed). */
+int topo_inotify_rm_watch(int32_t fd, int32_t wd);
+/* One read(2) of the queued events, never blocking: 0 events when none are queued.  Each event
+ * becomes a record in events and its name, NUL-terminated, goes to names (back to back).  The read
+ * takes at most min(cap * 16, names_cap) bytes, so whatever it returns fits both; that must be at
+ * least TOPO_INOTIFY_MIN_READ (EINVAL otherwise). */
+int topo_inotify_read(int32_t fd, topo_inotify_event_t *events, size_t cap, char *names,
+                      size_t names_cap, size_t *nevents);

@@ -25,6 +25,10 @@ Ordered changes (`agent.enforce.apply`):
     find_drift(layout, cpus, mems=None) -> Drift; repair_drift(layout, cpus, mems=None) -> int
 Kubernetes (`agent.enforce.kubepods`): the one pod -> cgroup mapping
     container_cgroup_path(pod_uid, qos, container_id, runtime, driver) -> rel; pod_cgroup_path(...)
+    qos_cgroup_path(qos, driver) -> rel; pod_uid_of_cgroup(name, qos, driver) -> uid | None
+Pod cgroups written as the kubelet makes them (`agent.enforce.podcgroups`, over `agent.enforce.inotify`):
+    PodCgroupWatcher(layout, driver, pod_cpuset, shared_pool): .start(), .stop(), .write_pod(uid),
+        .keep_shared(), .shared_targets(), .pods(), .undone
 State: commit the state BEFORE applying the cgroup change it describes
     StateFile(folder, on_write=None): .lock(timeout=None), .load(missing_ok=False), .commit(state),
         .load_or_rebuild(rebuild_fn), .writes                    (`agent.enforce.state_file`)

@@ -258,14 +258,16 @@ def apply_with_shared_pool(
     shared: Iterable[str],
     mems: Mapping[str, CPUSet] | None = None,
     remove: Iterable[str] = (),
+    absent: Iterable[CPUSet] = (),
 ) -> list[CgroupWrite]:
     """Apply every exclusive allocation and give every `shared` cgroup the pool, in one ordered step.
 
-    `exclusive` must name all exclusive cgroups (the pool is what they leave); granting narrows the
-    shared cgroups before the exclusive one widens, releasing (via `remove`) drops the old owner
-    before the shared cgroups widen.
+    `exclusive` must name all exclusive cgroups that exist, and `absent` the CPUs of allocations whose
+    cgroup does not exist (yet): the pool is what they all leave.  Granting narrows the shared cgroups
+    before the exclusive one widens, releasing (via `remove`) drops the old owner before the shared
+    cgroups widen.
     """
-    pool = shared_pool(allowed, reserved, exclusive.values())
+    pool = shared_pool(allowed, reserved, [*exclusive.values(), *absent])
     desired = {clean_path(p): pool for p in shared}
     for rel in exclusive:
         if clean_path(rel) in desired:

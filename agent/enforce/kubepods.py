@@ -13,11 +13,17 @@ Naming follows kubelet's cgroup manager and the CRI runtimes (verified against k
 
 The relative path is the same on cgroup v1 (under the cpuset mount) and v2 (under the unified
 mount); `CgroupLayout.abspath` adds the mount.
+
+The other way round, `read_runtime_cgroups_path` reads the `cgroupsPath` a CRI runtime gives a
+container (what NRI passes a plugin) back into QoS class, driver, runtime, pod and container: the
+cgroupfs form `/kubepods[/<qos>]/pod<uid>/[crio-]<id>` and the systemd form
+`kubepods[-<qos>]-pod<uid_>.slice:<prefix>:<id>`.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
@@ -79,6 +85,31 @@ def split_container_id(container_id: str) -> tuple[Runtime | None, str]:
     return runtime, container_id
 
 
+def _kubelet_cgroup(parts: list[str], driver: CgroupDriver, kubelet_root: tuple[str, ...]) -> str:
+    """The kubelet's cgroup named by `parts` below `kubelet_root` ("kubepods", "burstable", "pod<uid>")."""
+    for part in kubelet_root:
+        if not _ROOT_PART_RE.fullmatch(part):
+            raise EnforcementError("invalid kubelet cgroup root component", part)
+    parts = [*kubelet_root, *parts]
+    if driver is CgroupDriver.CGROUPFS:
+        return "/".join(parts)
+    # systemd: "a-b-c.slice" lives at a.slice/a-b.slice/a-b-c.slice; "-" inside a part is escaped.
+    escaped = [p.replace("-", "_") for p in parts]
+    return "/".join("-".join(escaped[: i + 1]) + ".slice" for i in range(len(escaped)))
+
+
+def _qos_parts(qos: QOSClass) -> list[str]:
+    return ["kubepods"] if qos is QOSClass.GUARANTEED else ["kubepods", qos.value]
+
+
+def qos_cgroup_path(
+    qos: QOSClass | str, driver: CgroupDriver | str, kubelet_root: tuple[str, ...] = ()
+) -> str:
+    """The cgroup the kubelet makes a QoS class's pods in, relative to the controller root: `kubepods`
+    itself for Guaranteed pods, `kubepods/burstable` and `kubepods/besteffort` (or their slices)."""
+    return _kubelet_cgroup(_qos_parts(_enum(QOSClass, qos)), _enum(CgroupDriver, driver), kubelet_root)
+
+
 def pod_cgroup_path(
     pod_uid: str, qos: QOSClass | str, driver: CgroupDriver | str, kubelet_root: tuple[str, ...] = ()
 ) -> str:
@@ -89,18 +120,28 @@ def pod_cgroup_path(
     qos, driver = _enum(QOSClass, qos), _enum(CgroupDriver, driver)
     if not _UID_RE.fullmatch(pod_uid):
         raise EnforcementError("invalid pod UID", pod_uid)
-    for part in kubelet_root:
-        if not _ROOT_PART_RE.fullmatch(part):
-            raise EnforcementError("invalid kubelet cgroup root component", part)
-    parts = [*kubelet_root, "kubepods"]
-    if qos is not QOSClass.GUARANTEED:
-        parts.append(qos.value)
-    parts.append(f"pod{pod_uid}")
+    return _kubelet_cgroup([*_qos_parts(qos), f"pod{pod_uid}"], driver, kubelet_root)
+
+
+def pod_uid_of_cgroup(
+    name: str, qos: QOSClass | str, driver: CgroupDriver | str, kubelet_root: tuple[str, ...] = ()
+) -> str | None:
+    """The UID of the pod whose cgroup is folder `name` in `qos_cgroup_path(qos, ...)`, or None when
+    that folder is not a pod's (a QoS class's folder, a container's)."""
+    qos, driver = _enum(QOSClass, qos), _enum(CgroupDriver, driver)
     if driver is CgroupDriver.CGROUPFS:
-        return "/".join(parts)
-    # systemd: "a-b-c.slice" lives at a.slice/a-b.slice/a-b-c.slice; "-" inside a part is escaped.
-    escaped = [p.replace("-", "_") for p in parts]
-    return "/".join("-".join(escaped[: i + 1]) + ".slice" for i in range(len(escaped)))
+        uid = name[3:] if name.startswith("pod") else ""
+    else:
+        stem = qos_cgroup_path(qos, driver, kubelet_root).rsplit("/", 1)[-1].removesuffix(".slice")
+        head, tail = f"{stem}-pod", ".slice"
+        named = name.startswith(head) and name.endswith(tail)
+        uid = name[len(head):-len(tail)].replace("_", "-") if named else ""
+    if not _UID_RE.fullmatch(uid):
+        return None
+    # The one mapping, read backwards: the name must be exactly what pod_cgroup_path makes.
+    if pod_cgroup_path(uid, qos, driver, kubelet_root).rsplit("/", 1)[-1] != name:
+        return None
+    return uid
 
 
 def container_cgroup_path(
@@ -128,3 +169,43 @@ def container_cgroup_path(
     if _enum(CgroupDriver, driver) is CgroupDriver.SYSTEMD:
         return f"{pod}/{_SCOPE_PREFIX[rt]}-{cid}.scope"
     return f"{pod}/crio-{cid}" if rt is Runtime.CRIO else f"{pod}/{cid}"
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeCgroup:
+    """What a runtime's `cgroupsPath` for a kubelet pod's container says."""
+
+    qos: QOSClass
+    driver: CgroupDriver
+    runtime: Runtime
+    pod_uid: str  # as the path spells it (systemd: "-" escaped to "_")
+    container_id: str  # bare
+
+    def names_pod(self, uid: str) -> bool:
+        """Whether the path's pod is `uid` (the systemd form escapes its "-")."""
+        want = uid.replace("-", "_") if self.driver is CgroupDriver.SYSTEMD else uid
+        return self.pod_uid == want
+
+
+_QOS_PART = {None: QOSClass.GUARANTEED, "burstable": QOSClass.BURSTABLE, "besteffort": QOSClass.BESTEFFORT}
+_CGROUPFS_RE = re.compile(r"/?kubepods(?:/(burstable|besteffort))?/pod([0-9a-fA-F][0-9a-fA-F-]{0,127})"
+                          r"/(crio-)?([0-9a-f]{12,128})")
+_SYSTEMD_RE = re.compile(r"kubepods(?:-(burstable|besteffort))?-pod([0-9a-fA-F][0-9a-fA-F_]{0,127})\.slice"
+                         r":(cri-containerd|crio):([0-9a-f]{12,128})")
+_SCOPE_RUNTIME = {prefix: runtime for runtime, prefix in _SCOPE_PREFIX.items()}
+
+
+def read_runtime_cgroups_path(text: str) -> RuntimeCgroup | None:
+    """The container a runtime's `cgroupsPath` names, or None when it is not a kubelet pod's container
+    at the top of the hierarchy (a kubelet `--cgroup-root`, which `container_cgroup_path` callers in
+    the agent do not use either, reads as None)."""
+    m = _CGROUPFS_RE.fullmatch(text)
+    if m is not None:
+        qos, uid, crio, cid = m.groups()
+        return RuntimeCgroup(_QOS_PART[qos], CgroupDriver.CGROUPFS,
+                             Runtime.CRIO if crio else Runtime.CONTAINERD, uid, cid)
+    m = _SYSTEMD_RE.fullmatch(text)
+    if m is not None:
+        qos, uid, prefix, cid = m.groups()
+        return RuntimeCgroup(_QOS_PART[qos], CgroupDriver.SYSTEMD, _SCOPE_RUNTIME[prefix], uid, cid)
+    return None

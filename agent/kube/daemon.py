@@ -1,11 +1,13 @@
 """`topolet agent` in Kubernetes mode: pin this node's pods, publish labels and NodeResourceTopology.
 
-Three threads, so that losing the API server stops publishing, never enforcing:
+Three threads (four with NRI), so that losing the API server stops publishing, never enforcing:
 
 - the pod watch (`agent.kube.watch.PodWatcher`) reads the API and queues pod changes;
 - the enforcer (this module's main loop) owns the pod cache and the `PodPinner`: it turns each
   change into engine calls (state first, then cgroups), repairs drift every reconcile, and never
   calls the API;
+- the NRI plugin (`agent.kube.route`, where the runtime has NRI) pins containers as the runtime
+  creates them, through the enforcer's `PodPinner` under its lock (`agent.kube.nri_pinning`);
 - the publisher writes what the enforcer changed — the NodeResourceTopology after every
   allocation change, labels when the topology changes, Events for bad annotations (which ones, and
   how often per pod, the pinner's `WarningLimiter` decides) — retrying every second at most while
@@ -65,10 +67,12 @@ from agent.errors import ConfigError, EnforcementError, TopoletError
 from agent.kube.kubelet import Kubelet
 from agent.kube.mig_enforcer import MigEnforcer
 from agent.kube.mig_status import MigConfigChanged, MigStatus
+from agent.kube.nri_pinning import NRIPinning
 from agent.kube.nrt_build import MemoryRequests, Snapshot
 from agent.kube.pinner import PodPinner, alloc_id
 from agent.kube.publisher import RETRY_MAX_SECONDS, Publisher
 from agent.kube.recording import RecordingEngine
+from agent.kube.route import DEFAULT_NRI_SOCKET, POD_CGROUP, PinningRoute
 from agent.kube.watch import PodChange, PodWatcher
 from agent.metrics.registry import GPUZones, Metrics
 from agent.metrics.server import MetricsServer, staleness_health
@@ -139,6 +143,11 @@ class KubeAgent:
                                 enforce=self.enforce)
         self.watcher = PodWatcher(self.api, self.node, self.changes.put, retry_max_seconds=RETRY_MAX_SECONDS,
                                   on_list=metrics.pod_lists.inc)
+        # Chosen and connected in run(): NRI pins as the runtime creates containers (agent.kube.route).
+        self.route = PinningRoute(str(getattr(args, "route", POD_CGROUP)),
+                                  str(getattr(args, "nri_socket", "") or DEFAULT_NRI_SOCKET),
+                                  NRIPinning(self.pinner, self.node), enforce=self.enforce)
+        self.route_name: str | None = None
         self.generation = -1
         self.pinned_pods: tuple[tuple[str, str], ...] = ()  # replaced whole: the publisher reads it
         self.memory_requests: MemoryRequests = {}  # likewise: allocation id → memory it asked for
@@ -164,7 +173,7 @@ class KubeAgent:
         instances."""
         return Snapshot(self.topology, self.state_file.load(missing_ok=True), self.pinned_pods,
                         self.kubelet.assigned_gpus, self.memory_requests,
-                        self.mig.inventory if self.mig is not None else None)
+                        self.mig.inventory if self.mig is not None else None, self.route_name)
 
     def _after_changes(self) -> None:
         """Tell the publisher when the allocation state moved."""
@@ -172,9 +181,10 @@ class KubeAgent:
         if state.generation != self.generation:
             self.generation = state.generation
             uids = {a.owner.pod_uid for a in state.allocations if a.owner.pod_uid}
-            self.pinned_pods = tuple(sorted((p.namespace, p.name) for uid, p in self.pinner.pods.items()
-                                            if uid in uids))
-            self.memory_requests = {alloc_id(uid, c.name): c.memory for uid, p in self.pinner.pods.items()
+            with self.pinner.lock:  # the NRI route's thread may be pinning
+                pods = list(self.pinner.pods.items())
+            self.pinned_pods = tuple(sorted((p.namespace, p.name) for uid, p in pods if uid in uids))
+            self.memory_requests = {alloc_id(uid, c.name): c.memory for uid, p in pods
                                     if uid in uids for c in p.containers if c.memory}
             self.publisher.notify()
 
@@ -204,7 +214,8 @@ class KubeAgent:
                 self.kubelet.check_cpu_manager()
                 if self.kubelet.cpu_manager_refusal:
                     return  # run() stops with it before writing another cpuset
-            result = self.engine.reconcile()
+            with self.pinner.lock:  # one thread at a time in the engine (the NRI route's too)
+                result = self.engine.reconcile()
             if result.drift_repaired:
                 self.metrics.drift.inc(result.drift_repaired)
             self.pinner.retry()
@@ -223,6 +234,8 @@ class KubeAgent:
     def run(self, stop: threading.Event) -> None:
         """Run until `stop` is set."""
         self.publisher.start()
+        self.route_name = self.route.start()
+        self.metrics.set_node(self.node, self.enforce, mode="kubernetes", route=self.route_name)
         self.watcher.start()
         self.reconcile()
         next_reconcile = time.monotonic() + self.args.reconcile_seconds
@@ -259,6 +272,7 @@ class KubeAgent:
                     next_reconcile = time.monotonic() + self.args.reconcile_seconds
                 self._after_changes()
         finally:
+            self.route.stop()
             self.watcher.stop()
             self.publisher.stop()
 

@@ -52,7 +52,8 @@ Zones with an id above 63 are left out: the plugin indexes NUMA ids in a 64-slot
 
 Top-level `attributes`: `topologyManagerPolicy` and `topologyManagerScope` (kubelet's values
 verbatim), `nodeTopologyPodsFingerprint` and, when given, `nodeTopologyPodsFingerprintMethod`
-(podfingerprint's names: "all", "with-exclusive-resources", "exclude-terminal").  The deprecated
+(podfingerprint's names: "all", "with-exclusive-resources", "exclude-terminal") and
+`topolet.io/pinning-route` (how the agent pins: "nri" or "pod-cgroup", `agent.kube.route`).  The deprecated
 `topologyPolicies` list is filled too (e.g. "SingleNUMANodeContainerLevel") for older consumers.
 """
 
@@ -88,6 +89,7 @@ ATTR_POLICY = "topologyManagerPolicy"
 ATTR_SCOPE = "topologyManagerScope"
 ATTR_FINGERPRINT = "nodeTopologyPodsFingerprint"
 ATTR_FINGERPRINT_METHOD = "nodeTopologyPodsFingerprintMethod"
+ATTR_PINNING_ROUTE = "topolet.io/pinning-route"
 
 # kubelet's topologyManagerPolicy / topologyManagerScope values, and the deprecated v1alpha2
 # `topologyPolicies` enum they map to (noderesourcetopology-api v1alpha2 TopologyManagerPolicy).
@@ -269,6 +271,7 @@ def nrt_object(
     pods_fingerprint: str | None = None,
     pods_fingerprint_method: str | None = None,
     memory_held: Mapping[int, Mapping[str, int]] | None = None,
+    pinning_route: str | None = None,
 ) -> dict[str, Any]:
     """The NodeResourceTopology object for this node, its `available` taken from `state`."""
     name, uid = _node_ref(node)
@@ -321,6 +324,8 @@ def nrt_object(
         attributes.append({"name": ATTR_FINGERPRINT, "value": pods_fingerprint})
     if pods_fingerprint_method is not None:
         attributes.append({"name": ATTR_FINGERPRINT_METHOD, "value": pods_fingerprint_method})
+    if pinning_route is not None:
+        attributes.append({"name": ATTR_PINNING_ROUTE, "value": pinning_route})
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,

@@ -41,6 +41,7 @@ class Snapshot:
     assigned_gpus: frozenset[str] = frozenset()  # whole GPUs the kubelet handed out (PCI addresses)
     memory: MemoryRequests = field(default_factory=dict)  # memory requests of pinned containers
     mig: MigInventory | None = None  # MIG mode and instances per GPU index, when NVML was read
+    route: str | None = None  # how pods are pinned ("nri", "pod-cgroup"), once chosen
 
 
 def zone_memory_held(topology: Topology, state: State, requests: MemoryRequests) -> dict[int, dict[str, int]]:
@@ -71,14 +72,15 @@ def zone_memory_held(topology: Topology, state: State, requests: MemoryRequests)
 def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
               pinned: tuple[tuple[str, str], ...], gpus: Sequence[GPU] = (),
               assigned_gpus: Collection[str] = (), *, memory: MemoryRequests | None = None,
-              mig: MigInventory | None = None) -> dict[str, Any]:
+              mig: MigInventory | None = None, route: str | None = None) -> dict[str, Any]:
     """The node's NRT: CPUs and GPUs less what `state` holds, GPUs less those the kubelet assigned
     (`assigned_gpus`: PCI addresses or UUIDs), memory and hugepages less what memory-bound
     containers request (`memory`, by allocation id), and the fingerprint of the pinned pods.
 
     With `mig` (NVML's word), a GPU in MIG mode offers its instances by profile
     (`nvidia.com/mig-<profile>`) in the zone of the GPU, available unless in use; without it no
-    MIG resource is published (instances unknown)."""
+    MIG resource is published (instances unknown).  `route` becomes the `topolet.io/pinning-route`
+    attribute."""
     from agent.kube.nrt import nrt_object, pod_set_fingerprint
 
     gpu_capacity: Mapping[int, Mapping[str, tuple[int, int]]] | None = None
@@ -90,7 +92,7 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
         node_ref, topology, state, gpu_capacity=gpu_capacity,
         pods_fingerprint=pod_set_fingerprint(pinned),
         pods_fingerprint_method="with-exclusive-resources",
-        memory_held=zone_memory_held(topology, state, memory or {}))
+        memory_held=zone_memory_held(topology, state, memory or {}), pinning_route=route)
     return obj
 
 

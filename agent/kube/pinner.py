@@ -11,6 +11,14 @@ zone that cannot be met, invalid annotations) once per container and reason, how
 retried; `error` (the state or a cgroup could not be written) at every attempt.  Releases are
 counted by the engine's `on_release`, which the agent wires to the metrics.
 
+The NRI route (`agent.kube.nri_pinning`) calls in from the NRI plugin's thread: every public method
+holds `lock` (re-entrant; the enforcer thread takes it too around engine calls and reads of `pods`),
+so the pod cache and the engine are used by one thread at a time.  A container the NRI route pinned
+before the pod watch lists it running is remembered in `created` (allocation id → its cgroup): the
+watch neither releases nor moves that allocation while the pod status has not caught up (the
+container still waiting, or an older container of the same name still listed), and hands it over
+once it lists that very container running.
+
 Which warnings become Events is decided here (`WarningLimiter`), how an Event is written in
 `agent.kube.events`.  A pod's owner controls its annotations, and so the text of its warnings: a
 pod cycling bad values must cost a bounded number of Events and bounded memory.  Each distinct
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -33,12 +42,13 @@ from dataclasses import dataclass, field
 from agent.alloc.request import Request
 from agent.enforce import CgroupDriver, container_cgroup_path, exists
 from agent.enforce.cgroup import at_own_namespace_root, read_procs
-from agent.enforce.state import Owner, State
+from agent.enforce.state import Allocation, Owner, State
 from agent.errors import AllocationError, EnforcementError, TopoletError
 from agent.kube.pods import REASON_INVALID, ContainerPlan, PodPlan, PodWarning
 from agent.kube.watch import Changed, Gone, PodChange, Synced
 from agent.metrics.registry import ALLOCATED, ERROR, INVALID, Metrics
 from agent.standalone.engine import AllocationRefused, PinningEngine
+from agent.topology.cpuset import CPUSet
 
 log = logging.getLogger("topolet.kube")
 
@@ -141,6 +151,9 @@ class PodPinner:
                  gpu_numa: Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None = None,
                  *, enforce: bool = True, warnings: WarningLimiter | None = None) -> None:
         self.engine = engine
+        self.lock = threading.RLock()  # the pod cache and the engine, one thread at a time
+        # Allocation id → cgroup of containers the NRI route pinned that the watch does not list running yet.
+        self.created: dict[str, str] = {}
         # False (`--enforcement off`): no container cgroup is looked for; a running container (its
         # status carries a container ID) is named by the cgroup the kubelet would give it.
         self.enforce = enforce
@@ -194,22 +207,33 @@ class PodPinner:
 
     def handle(self, change: PodChange) -> None:
         """Apply one change from the pod watch."""
-        if isinstance(change, Synced):
-            for uid in set(self.pods) - set(change.plans):
-                self.forget(uid)
-            # Allocations of pods the API no longer lists (deleted while we were away) go too.
-            for a in self._state().allocations:
-                if a.owner.pod_uid is not None and a.owner.pod_uid not in change.plans:
-                    self._release(a.id)
-            for plan in change.plans.values():
-                self.apply(plan)
-        elif isinstance(change, Changed):
-            self.apply(change.plan)
-        elif isinstance(change, Gone):
-            self.forget(change.uid)
+        with self.lock:
+            if isinstance(change, Synced):
+                for uid in set(self.pods) - set(change.plans):
+                    self._forget(uid)
+                # Allocations of pods the API no longer lists (deleted while we were away) go too; not
+                # those the NRI route made for containers of pods bound after that list.
+                for a in self._state().allocations:
+                    if a.owner.pod_uid is not None and a.owner.pod_uid not in change.plans \
+                            and a.id not in self.created:
+                        self._release(a.id)
+                for plan in change.plans.values():
+                    self.apply(plan)
+            elif isinstance(change, Changed):
+                self.apply(change.plan)
+            elif isinstance(change, Gone):
+                self._forget(change.uid)
 
     def _state(self) -> State:
         return self.engine.state_file.load(missing_ok=True)
+
+    def state(self) -> State:
+        """The allocation state now (read from the state file)."""
+        return self._state()
+
+    def pool(self, state: State) -> CPUSet:
+        """The shared pool under `state`: every allowed CPU no allocation holds (reserved ones included)."""
+        return self.engine.pool_of(state)
 
     def _warn_once(self, plan: PodPlan, w: PodWarning) -> None:
         if self.warnings.admit(plan.uid, w.reason, w.message):
@@ -218,13 +242,15 @@ class PodPinner:
 
     def offer_held_warnings(self) -> None:
         """Offer again the warnings of pods the rate limit held back, as their plans say now."""
-        for uid in sorted(self.warnings.take_held()):
-            plan = self.pods.get(uid)
-            if plan is not None:
-                for w in plan.warnings:
-                    self._warn_once(plan, w)
+        with self.lock:
+            for uid in sorted(self.warnings.take_held()):
+                plan = self.pods.get(uid)
+                if plan is not None:
+                    for w in plan.warnings:
+                        self._warn_once(plan, w)
 
     def _release(self, aid: str) -> None:
+        self.created.pop(aid, None)
         if self.engine.release_container(aid):  # counted by the engine's on_release
             log.info("released %s", aid)
             # Freed CPUs may now satisfy a container that was refused them.
@@ -266,6 +292,10 @@ class PodPinner:
 
     def forget(self, uid: str) -> None:
         """A pod the API says is gone: free its CPUs, drop its containers from the pool set."""
+        with self.lock:
+            self._forget(uid)
+
+    def _forget(self, uid: str) -> None:
         self.pods.pop(uid, None)
         self.pending.discard(uid)
         self.unsatisfied.discard(uid)
@@ -281,6 +311,17 @@ class PodPinner:
 
     def apply(self, plan: PodPlan, *, force: bool = False) -> None:
         """Bring the engine to `plan`: unchanged containers are left alone (no write, no state commit)."""
+        with self.lock:
+            self._apply_plan(plan, force)
+
+    def _ahead_of_watch(self, plan: PodPlan, a: Allocation, running: dict[str, ContainerPlan]) -> bool:
+        """Whether `a` is the NRI route's pin of a container this plan does not list running yet."""
+        if self.created.get(a.id) != a.cgroup:
+            return False
+        c = running.get(a.owner.container or "")
+        return c is None or self.cgroup_of(plan, c) != a.cgroup
+
+    def _apply_plan(self, plan: PodPlan, force: bool) -> None:
         if not force and self.pods.get(plan.uid) == plan and plan.uid not in self.pending:
             return
         self.pods[plan.uid] = plan
@@ -291,8 +332,13 @@ class PodPinner:
         self._count_invalid(plan)
         running = {c.name: c for c in plan.containers}
         mine = {a.owner.container: a for a in self._state().allocations if a.owner.pod_uid == plan.uid}
+        # Containers the NRI route pinned ahead of the pod status are the route's until the status
+        # lists them running: neither released nor moved to the older container a stale status names.
+        ahead = {name for name, a in mine.items() if self._ahead_of_watch(plan, a, running)}
         # Stopped containers and ones that turned shared (or changed size) give their CPUs back first.
         for name, a in list(mine.items()):
+            if name in ahead:
+                continue
             c = running.get(name or "")
             if c is None or len(a.cpus) != c.cpus:
                 self._release(a.id)
@@ -301,6 +347,8 @@ class PodPinner:
             del self.shared[key]
         paths: dict[str, str] = {}
         for c in plan.containers:
+            if c.name in ahead:
+                continue
             rel = self.cgroup_of(plan, c)
             if rel is None:
                 self.pending.add(plan.uid)
@@ -322,7 +370,9 @@ class PodPinner:
             held = mine.get(c.name)
             if held is None:
                 self._allocate(plan, c, rel)
-            elif held.cgroup != rel:
+            elif held.cgroup == rel:
+                self.created.pop(held.id, None)  # the watch has caught up with the NRI route
+            else:
                 self.engine.rebind(held.id, rel)  # a restarted container keeps its CPUs, as with kubelet
                 log.info("%s moved to restarted container %s", held.id, rel)
 
@@ -336,13 +386,17 @@ class PodPinner:
             self.metrics.refused(INVALID)
 
     def _join_pool(self, rel: str) -> None:
+        if self.enforce and not exists(self.engine.layout, rel):
+            return  # not created yet: the NRI route gives it the pool as its runtime creates it
         try:
             if self.engine.join_pool(rel):
                 self.metrics.pool_writes.inc()
         except EnforcementError as exc:
             log.warning("shared container %s: %s", rel, exc)
 
-    def _allocate(self, plan: PodPlan, c: ContainerPlan, rel: str) -> None:
+    def _allocate(self, plan: PodPlan, c: ContainerPlan, rel: str, *,
+                  fail: bool = False) -> Allocation | None:
+        """Pin `c` (state first, then cgroups); None when refused or (unless `fail`) on an error."""
         started = time.perf_counter()
         aid = alloc_id(plan.uid, c.name)
         if c.numa_zone is not None:  # the admission controller's zone decides, GPUs included
@@ -353,24 +407,27 @@ class PodPinner:
             request = Request(c.cpus, c.numa_policy, c.smt, near)
         except AllocationError as exc:
             self._refuse(plan, c, rel, INVALID, exc)
-            return
+            return None
         try:
             a = self.engine.allocate(
                 aid, request, Owner(pod_uid=plan.uid, container=c.name),
                 memory_binding=c.memory_binding, policy=f"{c.numa_policy}/{c.smt}", cgroup=rel)
         except AllocationRefused as exc:  # no room, or the policy cannot be met
             self._refuse(plan, c, rel, exc.reason, exc)
-            return
+            return None
         except TopoletError as exc:  # the state or the cgroup could not be written
             self.metrics.allocations.labels(result=ERROR).inc()
+            if fail:
+                raise
             self._refuse(plan, c, rel, None, exc)
-            return
+            return None
         self.refusals.pop((plan.uid, c.name), None)
         self.metrics.allocations.labels(result=ALLOCATED).inc()
         self.metrics.pin_latency.observe(time.perf_counter() - started)
         log.info("pod %s/%s container %s: CPUs %s (%s%s)", plan.namespace, plan.name, c.name, a.cpus,
                  a.policy, f", zone {c.numa_zone}" if c.numa_zone is not None
                  else f", GPUs on NUMA {sorted(near)}" if near else "")
+        return a
 
     def _refuse(self, plan: PodPlan, c: ContainerPlan, rel: str, reason: str | None,
                 exc: TopoletError) -> None:
@@ -388,10 +445,56 @@ class PodPinner:
 
     def retry(self, *, refused: bool = True) -> None:
         """Look again for cgroups that were missing and (with `refused`) CPUs for refused containers."""
-        for uid in sorted(self.pending | self.unsatisfied if refused else self.pending):
-            plan = self.pods.get(uid)
-            if plan is None:
-                self.pending.discard(uid)
-                self.unsatisfied.discard(uid)
-                continue
-            self.apply(plan, force=True)
+        with self.lock:
+            for uid in sorted(self.pending | self.unsatisfied if refused else self.pending):
+                plan = self.pods.get(uid)
+                if plan is None:
+                    self.pending.discard(uid)
+                    self.unsatisfied.discard(uid)
+                    continue
+                self._apply_plan(plan, True)
+
+    # -- the NRI route (agent.kube.nri_pinning), on the plugin's thread ---------------------------
+
+    def pin_container(self, plan: PodPlan, c: ContainerPlan, rel: str) -> Allocation | None:
+        """Bring one container the runtime creates (or has) to `c`: its allocation (kept when it holds
+        the right number of CPUs, moved to `rel` from an older container of the same name), or None
+        for the shared pool (refused: counted and warned as the watch path does, retried when CPUs
+        free up).  A state or cgroup write that fails raises (TopoletError)."""
+        with self.lock:
+            for w in plan.warnings:  # told once per pod, whichever route reads the pod first
+                self._warn_once(plan, w)
+            self._count_invalid(plan)
+            aid = alloc_id(plan.uid, c.name)
+            held = self._state().get(aid)
+            if held is not None and len(held.cpus) != c.cpus:
+                self._release(aid)
+                held = None
+            if not c.exclusive:
+                self.shared[(plan.uid, c.name)] = rel
+                self._set_shared()
+                return None
+            self.shared.pop((plan.uid, c.name), None)
+            self._set_shared()
+            if held is not None and held.cgroup != rel:
+                held = self.engine.rebind(aid, rel)
+                log.info("%s moved to restarted container %s", aid, rel)
+            elif held is None:
+                held = self._allocate(plan, c, rel, fail=True)
+            if held is not None:
+                self.created[aid] = rel
+            return held
+
+    def release_container(self, uid: str, name: str, rel: str) -> bool:
+        """The runtime stopped or removed the container at `rel`: free its CPUs if its allocation is
+        still this container's (idempotent with the watch path's release); True if freed."""
+        with self.lock:
+            if self.shared.get((uid, name)) == rel:
+                del self.shared[(uid, name)]
+                self._set_shared()
+            aid = alloc_id(uid, name)
+            held = self._state().get(aid)
+            if held is None or held.cgroup != rel:
+                return False
+            self._release(aid)
+            return True

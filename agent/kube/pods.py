@@ -37,7 +37,9 @@ The rules (DESIGN.md "Pods"; the node's kubelet runs `cpuManagerPolicy: none`, s
   run on the shared pool while they run: kubelet hands init containers CPUs only for their short
   life and gives them back, which buys nothing here but churn.
 - A container counts only while its status says running with a container ID; a pod that is
-  Succeeded or Failed has none running.
+  Succeeded or Failed has none running.  The regular containers that do not run yet are decided
+  all the same (`PodPlan.waiting`, without warnings until they run): the NRI route answers the
+  runtime's CreateContainer with that decision.
 """
 
 from __future__ import annotations
@@ -125,6 +127,9 @@ class PodPlan:
     qos: QOSClass
     containers: tuple[ContainerPlan, ...]
     warnings: tuple[PodWarning, ...] = ()
+    # Regular containers of the spec the status does not list running (yet), each decided as it will
+    # be once it runs (container_id ""): what the NRI route answers when the runtime creates one.
+    waiting: tuple[ContainerPlan, ...] = ()
 
 
 class PodError(ValueError):
@@ -377,32 +382,36 @@ def plan_pod(pod: object) -> PodPlan:
                                    "(as the kubelet's Memory Manager does); left unbound"))
         binding = False
     plans: list[ContainerPlan] = []
+    waiting: list[ContainerPlan] = []
     for c in _list(_dict(pod.get("spec")).get("containers")):
         c = _dict(c)
         cname = c.get("name")
-        if not isinstance(cname, str) or cname not in running:
+        if not isinstance(cname, str):
             continue
-        cpus = 0
-        cid, cstatus = running[cname]
+        cid, cstatus = running.get(cname, ("", {}))
         requests, limits = _granted(c, cstatus)
         devices = any(_is_gpu_resource(k) for k in (*requests, *limits))
+        cpus = 0
         if pinning_allowed and policy != "shared":
+            # Warnings are told once the container runs, as before the NRI route asked ahead.
+            said = warnings if cid else []
             whole = _whole_cpus(requests.get("cpu"))
             if qos is QOSClass.GUARANTEED:
                 cpus = whole or 0
                 if not cpus and policy == "exclusive":
-                    warnings.append(PodWarning(REASON_NOT_ELIGIBLE, f"container {cname}: exclusive CPUs "
-                                            "need a whole-number CPU request"))
+                    said.append(PodWarning(REASON_NOT_ELIGIBLE, f"container {cname}: exclusive CPUs "
+                                           "need a whole-number CPU request"))
             elif policy == "exclusive":
                 limit = parse_quantity(limits.get("cpu"))
                 if whole is not None and limit == whole:
                     cpus = whole
                 else:
-                    warnings.append(PodWarning(REASON_NOT_ELIGIBLE, f"container {cname}: exclusive CPUs "
-                                            "need a whole-number CPU request equal to its CPU limit"))
-        plans.append(ContainerPlan(cname, cid, cpus, numa, smt, binding and cpus > 0, devices,
-                                   zone if cpus > 0 else None, _memory_requests(requests, limits)))
+                    said.append(PodWarning(REASON_NOT_ELIGIBLE, f"container {cname}: exclusive CPUs "
+                                           "need a whole-number CPU request equal to its CPU limit"))
+        plan = ContainerPlan(cname, cid, cpus, numa, smt, binding and cpus > 0, devices,
+                             zone if cpus > 0 else None, _memory_requests(requests, limits))
+        (plans if cid else waiting).append(plan)
     for cname, cid in sorted(others.items()):
         if cname not in running:
             plans.append(ContainerPlan(cname, cid))
-    return PodPlan(uid, namespace, name, qos, tuple(plans), tuple(warnings))
+    return PodPlan(uid, namespace, name, qos, tuple(plans), tuple(warnings), tuple(waiting))

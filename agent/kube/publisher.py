@@ -188,7 +188,7 @@ class Publisher:
         if self._node_ref is None:  # _read_node sets it or raises
             raise TopoletError(f"Node {self.node} not read")
         return build_nrt(self._node_ref, snap.topology, snap.state, snap.pinned, self.gpus,
-                         snap.assigned_gpus, memory=snap.memory, mig=snap.mig)
+                         snap.assigned_gpus, memory=snap.memory, mig=snap.mig, route=snap.route)
 
 
 def _pod_ref(plan: PodPlan) -> dict[str, Any]:

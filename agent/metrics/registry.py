@@ -10,7 +10,8 @@ Values that live elsewhere are read when scraped, not copied in: `watch_cpus(sou
 state}` (whole GPUs, allocated or free) and `topolet_mig_devices{numa, profile, state}` the GPUs'
 per-zone figures the NRT publishes, at scrape time, `watch_mig(source)` exports the MIG applier's
 totals (`MIG_APPLY_TOTALS`).  `topolet_info` carries `nodename` (never `node`, which scrape configs
-add as a target label).  `agent.metrics.server` serves a registry over HTTP.
+add as a target label), `enforcement`, `mode` and, in Kubernetes mode once chosen, `route` (how pods
+are pinned: `nri` or `pod-cgroup`, `agent.kube.route`).  `agent.metrics.server` serves a registry over HTTP.
 """
 
 from __future__ import annotations

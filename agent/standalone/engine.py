@@ -155,8 +155,11 @@ class PinningEngine:
         exclusive = {a.cgroup: a.cpus for a in state.allocations if exists(self.layout, a.cgroup)}
         mems = {a.cgroup: a.mems for a in state.allocations if a.mems and a.cgroup in exclusive}
         pool = [rel for rel in self._shared_cgroups(shared) if rel not in exclusive]
+        # A container the runtime is about to create (the NRI route) holds its CPUs already.
+        absent = [a.cpus for a in state.allocations if a.cgroup not in exclusive]
         apply_with_shared_pool(self.layout, allowed=self.allowed, reserved=state.reserved,
-                               exclusive=exclusive, shared=pool, mems=mems or None, remove=remove)
+                               exclusive=exclusive, shared=pool, mems=mems or None, remove=remove,
+                               absent=absent)
 
     def _alive(self, alloc: Allocation) -> bool:
         return allocation_in_use(self.layout, alloc, self.proc)
@@ -261,10 +264,14 @@ class PinningEngine:
             self._apply(state, shared=(alloc.cgroup,) if alloc.cgroup != cgroup else ())
             return moved
 
+    def pool_of(self, state: State) -> CPUSet:
+        """The shared pool under `state`: every allowed CPU no allocation holds (reserved ones included)."""
+        return shared_pool(self.allowed, state.reserved, [a.cpus for a in state.allocations])
+
     def join_pool(self, rel: str) -> bool:
         """Give one existing cgroup (a kubelet container's) the shared pool; True if it was written."""
         with self.locked() as state:
-            pool = shared_pool(self.allowed, state.reserved, [a.cpus for a in state.allocations])
+            pool = self.pool_of(state)
             if read_cpuset(self.layout, rel)[0] == pool:
                 return False
             apply_assignment(self.layout, {rel: pool})

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from agent.enforce.cgroup import CgroupLayout
-from agent.enforce.kubepods import container_cgroup_path, pod_cgroup_path, split_container_id
+from agent.enforce.kubepods import (
+    container_cgroup_path,
+    pod_cgroup_path,
+    pod_uid_of_cgroup,
+    qos_cgroup_path,
+    split_container_id,
+)
 from agent.errors import EnforcementError
 
 UID = "1b3e5a7c-90d2-4e6f-8a1b-2c3d4e5f6a7b"
@@ -64,6 +70,29 @@ STATIC_UID = "0a1b2c3d4e5f60718293a4b5c6d7e8f9"  # a static pod's UID is its con
 )
 def test_pod_cgroup_path(uid: str, qos: str, driver: str, root: tuple[str, ...], expected: str) -> None:
     assert pod_cgroup_path(uid, qos, driver, root) == expected
+    # The QoS class's folder holds it, and its name reads back to the pod (what a watch of it sees).
+    folder, name = expected.rsplit("/", 1)
+    assert qos_cgroup_path(qos, driver, root) == folder
+    assert pod_uid_of_cgroup(name, qos, driver, root) == uid
+
+
+@pytest.mark.parametrize(
+    ("name", "qos", "driver"),
+    [
+        ("burstable", "guaranteed", "cgroupfs"),  # the QoS folders inside kubepods
+        ("kubepods-besteffort.slice", "guaranteed", "systemd"),
+        (CID, "burstable", "cgroupfs"),  # a container
+        (f"pod{U_}", "guaranteed", "cgroupfs"),  # systemd's escaping where cgroupfs names it
+        (f"kubepods-pod{UID}.slice", "guaranteed", "systemd"),  # and the other way round
+        (f"kubepods-besteffort-pod{U_}.slice", "burstable", "systemd"),  # another class's pod
+        (f"kubepods-burstable-pod{U_}.slice", "burstable", "cgroupfs"),
+        ("pod../x", "guaranteed", "cgroupfs"),
+        ("pod", "guaranteed", "cgroupfs"),
+        ("kubepods-pod.slice", "guaranteed", "systemd"),
+    ],
+)
+def test_folders_that_are_not_pods(name: str, qos: str, driver: str) -> None:
+    assert pod_uid_of_cgroup(name, qos, driver) is None
 
 
 @pytest.mark.parametrize(

@@ -41,13 +41,14 @@ from kubernetes import client as k8s
 from agent.enforce.cgroup import CgroupLayout, create_cgroup, exists, read_cpuset, read_procs
 from agent.enforce.kubepods import CgroupDriver, QOSClass, container_cgroup_path, pod_cgroup_path
 from agent.kube.pods import qos_of
+from agent.topology.cpuset import CPUSet
 
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _join_cgroup(procs_file: str) -> None:
+def join_cgroup(procs_file: str) -> None:
     # In the child between fork and exec: move ourselves ("0" is the writer) into the cgroup.
     fd = os.open(procs_file, os.O_WRONLY)
     try:
@@ -138,8 +139,14 @@ class KubeletStandIn:
 
     # -- running pods ----------------------------------------------------------------------------
 
-    def start_pod(self, namespace: str, name: str, *, report: bool = True) -> Pod:
-        """Create the pod's cgroups and processes (as kubelet + runtime would) and report Running."""
+    def start_pod(self, namespace: str, name: str, *, report: bool = True,
+                  container_ids: dict[str, str] | None = None,
+                  cpusets: dict[str, CPUSet] | None = None) -> Pod:
+        """Create the pod's cgroups and processes (as kubelet + runtime would) and report Running.
+
+        `container_ids` names containers the runtime already created (an NRI test's); `cpusets` gives
+        a container the cpuset its runtime's adjusted spec says (else runc copies the parent's).
+        """
         raw = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
         obj = json.loads(raw.data)
         assert obj["spec"].get("nodeName") == self.node_name, "pod is not bound to this node"
@@ -147,17 +154,21 @@ class KubeletStandIn:
         self.pods[pod.uid] = pod
         root_cpus, root_mems = read_cpuset(self.layout, "")
         create_cgroup(self.layout, pod.cgroup, cpus=root_cpus, mems=root_mems)  # as kubelet's own
+        ids, given = container_ids or {}, cpusets or {}
         for c in obj["spec"]["containers"]:
-            pod.containers[c["name"]] = self._run_container(pod, c["name"])
+            pod.containers[c["name"]] = self._run_container(pod, c["name"], ids.get(c["name"]),
+                                                            given.get(c["name"]))
         if report:
             self.report(pod)
         return pod
 
-    def _run_container(self, pod: Pod, name: str) -> Container:
-        cid = secrets.token_hex(32)
+    def _run_container(self, pod: Pod, name: str, cid: str | None = None,
+                       cpus: CPUSet | None = None) -> Container:
+        cid = cid or secrets.token_hex(32)
         rel = container_cgroup_path(pod.uid, pod.qos, f"containerd://{cid}", None, CgroupDriver.CGROUPFS)
         parent_cpus, parent_mems = read_cpuset(self.layout, pod.cgroup)
-        create_cgroup(self.layout, rel, cpus=parent_cpus, mems=parent_mems)  # runc copies the parent's
+        # runc copies the parent's, unless the runtime's spec says otherwise (an NRI adjustment).
+        create_cgroup(self.layout, rel, cpus=cpus or parent_cpus, mems=parent_mems)
         c = Container(name, cid, rel)
         self._spawn(c)
         return c
@@ -165,7 +176,7 @@ class KubeletStandIn:
     def _spawn(self, c: Container) -> None:
         procs = os.path.join(self.layout.abspath(c.cgroup), "cgroup.procs")
         c.process = subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL,
-                                     preexec_fn=lambda: _join_cgroup(procs))
+                                     preexec_fn=lambda: join_cgroup(procs))
         c.exit_code = None
 
     def status_body(self, pod: Pod) -> dict[str, Any]:

@@ -116,6 +116,14 @@ def test_object_identity_owner_and_attributes() -> None:
     assert obj["topologyPolicies"] == ["SingleNUMANodePodLevel"]
 
 
+def test_pinning_route_attribute_only_once_chosen() -> None:
+    node = ("worker-1", "u-1")
+    assert "topolet.io/pinning-route" not in attributes(nrt_object(node, TWO_SOCKETS_AND_CXL, State()))
+    for route in ("nri", "pod-cgroup"):
+        obj = nrt_object(node, TWO_SOCKETS_AND_CXL, State(), pinning_route=route)
+        assert attributes(obj)["topolet.io/pinning-route"] == route
+
+
 def test_zones_costs_and_resources() -> None:
     state = State(allocations=(allocation("a", [2, 3]), allocation("b", [4])), reserved=CPUSet([0]))
     obj = nrt_object(("worker-1", "u-1"), TWO_SOCKETS_AND_CXL, state, reserved=CPUSet([1]),

@@ -93,6 +93,19 @@ def test_decisions(pod_obj: dict[str, Any], want: dict[str, int], reasons: tuple
         assert x.container_id == CID
 
 
+def test_waiting_containers_are_decided_ahead_and_warned_of_once_running() -> None:
+    """What the NRI route answers for a container the runtime creates before the status lists it."""
+    obj = pod([g("a", cpu="2"), g("b", cpu="1500m")], qos="Guaranteed", running=("b",),
+              annotations={"topolet.io/cpu-policy": "exclusive", "topolet.io/smt": "full-cores"})
+    plan = plan_pod(obj)
+    assert [(x.name, x.cpus) for x in plan.containers] == [("b", 0)]
+    assert [(x.name, x.container_id, x.cpus, x.smt) for x in plan.waiting] == [("a", "", 2, "full-cores")]
+    said = ["container b: exclusive CPUs need a whole-number CPU request"]
+    assert [w.message for w in plan.warnings] == said
+    ahead = plan_pod(pod([g("a", cpu="1500m")], qos="Guaranteed", running=(), annotations=EXCL))
+    assert ahead.warnings == () and [(x.name, x.cpus) for x in ahead.waiting] == [("a", 0)]
+
+
 def test_refinements_are_carried() -> None:
     plan = plan_pod(pod([g(cpu="4")], qos="Guaranteed", annotations={
         "topolet.io/numa-policy": "single-numa-node", "topolet.io/smt": "full-cores",

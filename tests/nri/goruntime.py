@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,12 @@ def build_runtime() -> str:
 class GoRuntime:
     """NRI's runtime side listening on `socket`; its stdout JSON lines as dicts, in order."""
 
-    def __init__(self, binary: str, socket: Path, *args: str) -> None:
+    def __init__(self, binary: str, socket: Path, *args: str, stdin: int | None = None) -> None:
         self.socket = socket
         self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._proc = subprocess.Popen(
             [binary, "-socket", str(socket), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         self._stderr: list[str] = []
         threading.Thread(target=self._read_stdout, daemon=True).start()
@@ -92,6 +93,69 @@ class GoRuntime:
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait()
+
+
+class ScriptedRuntime(GoRuntime):
+    """NRI's runtime side driven one command at a time (main.go's -script mode).
+
+    `request(op, ...)` sends a command (pods and containers as api_pb2 messages) and returns its
+    reply; lines printed meanwhile (a plugin's Synchronize, its UpdateContainers) are kept for
+    `wait_event`.
+    """
+
+    def __init__(self, binary: str, socket: Path) -> None:
+        super().__init__(binary, socket, "-script", stdin=subprocess.PIPE)
+        self._seq = 0
+        self._kept: list[dict[str, Any]] = []
+
+    def request(self, op: str, *, pod: Any = None, container: Any = None, resources: Any = None,
+                pods: Sequence[Any] = (), containers: Sequence[Any] = (),
+                timeout: float = 30.0) -> dict[str, Any]:
+        """Send one command and return its reply ({"response": ..., "error": ..., "us": ...})."""
+        self._seq += 1
+        command: dict[str, Any] = {"seq": self._seq, "op": op,
+                                   "pods": [_as_json(p) for p in pods],
+                                   "containers": [_as_json(c) for c in containers]}
+        for key, message in (("pod", pod), ("container", container), ("resources", resources)):
+            if message is not None:
+                command[key] = _as_json(message)
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(command) + "\n")
+        self._proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self.next_event(max(0.1, deadline - time.monotonic()))
+            if event["event"] == "reply" and event["seq"] == self._seq:
+                return event
+            self._kept.append(event)
+
+    def wait_event(self, name: str, timeout: float = 30.0) -> dict[str, Any]:
+        """The first line named `name` not yet taken, waiting up to `timeout` seconds for it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, event in enumerate(self._kept):
+                if event["event"] == name:
+                    return self._kept.pop(i)
+            self._kept.append(self.next_event(max(0.1, deadline - time.monotonic())))
+
+    def close(self) -> None:
+        """End the script (stdin closed) and the process."""
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            try:
+                self._proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        super().close()
+
+
+def _as_json(message: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    return dict(MessageToDict(message, preserving_proto_field_name=True))
 
 
 def start_reference_plugin(binary: str, socket: Path) -> subprocess.Popen[bytes]:

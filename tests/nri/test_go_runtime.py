@@ -9,18 +9,14 @@ failure under CI=true.  Prints the runtime's CreateContainer round trips; assert
 
 from __future__ import annotations
 
-import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from agent.nri import api_pb2
 from agent.nri.plugin import Handler, Plugin, cpuset_adjustment, cpuset_update, event_mask
-from tests.conftest import require
-from tests.nri.goruntime import GoRuntime, build_runtime, go_available
+from tests.nri.goruntime import GoRuntime
 
 SYNC_BYTES = 5 << 20  # above ttrpc's 4 MiB: the runtime must split Synchronize (`more`)
 BIG_ENV = [f"TOPOLET_PAD_{i}={'y' * 200}" for i in range(100)]  # ~21 KB: a multi-frame answer
@@ -72,19 +68,6 @@ class PinningHandler(Handler):
 def cpus(update: dict[str, Any]) -> str:
     """The cpuset CPUs of a ContainerUpdate as the runtime printed it (protojson, proto names)."""
     return str(update["linux"]["resources"]["cpu"]["cpus"])
-
-
-@pytest.fixture(scope="module")
-def runtime_binary() -> str:
-    require(go_available(), "needs go to build NRI's runtime side from the Go module proxy")
-    return build_runtime()
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    # A unix socket path must stay under 108 bytes; pytest's tmp_path can be longer.
-    with tempfile.TemporaryDirectory(prefix="nri-") as d:
-        yield Path(d)
 
 
 def test_plugin_against_nri_runtime(runtime_binary: str, short_tmp: Path) -> None:

@@ -120,6 +120,17 @@ def test_info_names_the_node_nodename_and_a_refusal_reason_is_checked() -> None:
     assert m.registry.get_sample_value("topolet_allocations_total", {"result": "refused"}) == 1
 
 
+def test_info_names_the_pinning_route_once_chosen() -> None:
+    m = Metrics()
+    m.set_node("n1", True, mode="kubernetes", route="nri")
+    want = {"version": agent_metrics.__version__, "nodename": "n1", "enforcement": "on",
+            "mode": "kubernetes", "route": "nri"}
+    assert m.registry.get_sample_value("topolet_info", want) == 1
+    m.set_node("n1", True, mode="kubernetes", route="pod-cgroup")  # one series: the route it has now
+    assert m.registry.get_sample_value("topolet_info", want) is None
+    assert m.registry.get_sample_value("topolet_info", want | {"route": "pod-cgroup"}) == 1
+
+
 def test_cpu_gauge_has_no_series_without_a_source_and_survives_a_failing_one() -> None:
     m = Metrics()
     assert m.registry.get_sample_value("topolet_cpus", {"numa": "0", "state": "shared"}) is None

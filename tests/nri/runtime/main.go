@@ -7,9 +7,15 @@
 // RemoveContainer), optionally waits for the plugin's UpdateContainers, and prints one JSON object a
 // line: each answer as protojson, then {"event":"timing"} with the CreateContainer round trips as
 // the runtime measured them.  It exits when done, which closes the plugin's connection.
+//
+// With -script the runtime instead reads one JSON command a line from stdin and answers each with
+// {"event":"reply","seq":N,...} (see runScript); plugins may connect, leave and reconnect at any
+// time, and each plugin's Synchronize is printed as {"event":"Synchronize",...} when it happens.
+// It exits at the end of stdin.
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -113,6 +119,21 @@ func newContainer(i int) *api.Container {
 	}
 }
 
+// startAdaptation starts NRI's runtime side listening on socket (plugin folders under dir, empty).
+func startAdaptation(socket, dir string, syncFn adaptation.SyncFn, updateFn adaptation.UpdateFn) *adaptation.Adaptation {
+	r, err := adaptation.New("nri-runtime", "v0.12.3", syncFn, updateFn,
+		adaptation.WithSocketPath(socket),
+		adaptation.WithPluginPath(filepath.Join(dir, "plugins")),
+		adaptation.WithPluginConfigPath(filepath.Join(dir, "conf.d")))
+	if err != nil {
+		fail("adaptation: %v", err)
+	}
+	if err := r.Start(); err != nil {
+		fail("start: %v", err)
+	}
+	return r
+}
+
 func percentile(sorted []time.Duration, p float64) float64 {
 	idx := int(float64(len(sorted)-1) * p)
 	return float64(sorted[idx].Nanoseconds()) / 1e3
@@ -146,16 +167,7 @@ func runRuntime(socket string, creates, syncBytes int, waitUpdates time.Duration
 		updates <- upd
 		return nil, nil
 	}
-	r, err := adaptation.New("nri-runtime", "v0.12.3", syncFn, updateFn,
-		adaptation.WithSocketPath(socket),
-		adaptation.WithPluginPath(filepath.Join(dir, "plugins")),
-		adaptation.WithPluginConfigPath(filepath.Join(dir, "conf.d")))
-	if err != nil {
-		fail("adaptation: %v", err)
-	}
-	if err := r.Start(); err != nil {
-		fail("start: %v", err)
-	}
+	r := startAdaptation(socket, dir, syncFn, updateFn)
 	listening.Store(true)
 	emit(map[string]any{"event": "listening", "socket": socket})
 
@@ -220,6 +232,134 @@ func runRuntime(socket string, creates, syncBytes int, waitUpdates time.Duration
 	emit(map[string]any{"event": "done"})
 }
 
+// scriptCommand is one line of -script input.  Pods and containers are protojson (proto or JSON
+// field names), as `existing` (what Synchronize reports to the next plugin that connects) or as the
+// subject of create, update, stop and remove.
+type scriptCommand struct {
+	Seq        int               `json:"seq"`
+	Op         string            `json:"op"`
+	Pods       []json.RawMessage `json:"pods"`
+	Containers []json.RawMessage `json:"containers"`
+	Pod        json.RawMessage   `json:"pod"`
+	Container  json.RawMessage   `json:"container"`
+	Resources  json.RawMessage   `json:"resources"`
+}
+
+func unmarshal(raw json.RawMessage, m proto.Message) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	return protojson.Unmarshal(raw, m)
+}
+
+func runScript(socket string) {
+	dir, err := os.MkdirTemp("", "nri-runtime-")
+	if err != nil {
+		fail("temp dir: %v", err)
+	}
+	defer os.RemoveAll(dir)
+
+	var existingLock sync.Mutex
+	var existingPods []*api.PodSandbox
+	var existingContainers []*api.Container
+	var listening atomic.Bool
+	syncFn := func(ctx context.Context, cb adaptation.SyncCB) error {
+		if !listening.Load() {
+			return nil
+		}
+		existingLock.Lock()
+		pods, containers := existingPods, existingContainers
+		existingLock.Unlock()
+		upd, err := cb(ctx, pods, containers)
+		if err != nil {
+			emit(map[string]any{"event": "Synchronize", "error": err.Error()})
+			return err
+		}
+		emit(map[string]any{"event": "Synchronize", "pods": len(pods), "containers": len(containers),
+			"update": updatesJSON(upd)})
+		return nil
+	}
+	updateFn := func(_ context.Context, upd []*api.ContainerUpdate) ([]*api.ContainerUpdate, error) {
+		emit(map[string]any{"event": "UpdateContainers", "update": updatesJSON(upd)})
+		return nil, nil
+	}
+	r := startAdaptation(socket, dir, syncFn, updateFn)
+	listening.Store(true)
+	emit(map[string]any{"event": "listening", "socket": socket})
+
+	ctx := context.Background()
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<20), 64<<20)
+	for in.Scan() {
+		var cmd scriptCommand
+		if err := json.Unmarshal(in.Bytes(), &cmd); err != nil {
+			fail("script: %v", err)
+		}
+		reply := map[string]any{"event": "reply", "seq": cmd.Seq, "op": cmd.Op}
+		pod, container := &api.PodSandbox{}, &api.Container{}
+		if err := unmarshal(cmd.Pod, pod); err != nil {
+			fail("script pod: %v", err)
+		}
+		if err := unmarshal(cmd.Container, container); err != nil {
+			fail("script container: %v", err)
+		}
+		// As containerd does around container operations: no plugin joins halfway through one.
+		block := r.BlockPluginSync()
+		start := time.Now()
+		var opErr error
+		switch cmd.Op {
+		case "existing":
+			pods, containers := []*api.PodSandbox{}, []*api.Container{}
+			for _, raw := range cmd.Pods {
+				p := &api.PodSandbox{}
+				if err := unmarshal(raw, p); err != nil {
+					fail("script existing pod: %v", err)
+				}
+				pods = append(pods, p)
+			}
+			for _, raw := range cmd.Containers {
+				c := &api.Container{}
+				if err := unmarshal(raw, c); err != nil {
+					fail("script existing container: %v", err)
+				}
+				containers = append(containers, c)
+			}
+			existingLock.Lock()
+			existingPods, existingContainers = pods, containers
+			existingLock.Unlock()
+		case "create":
+			rpl, err := r.CreateContainer(ctx, &api.CreateContainerRequest{Pod: pod, Container: container})
+			opErr = err
+			reply["response"] = asJSON(rpl)
+		case "update":
+			res := &api.LinuxResources{}
+			if err := unmarshal(cmd.Resources, res); err != nil {
+				fail("script resources: %v", err)
+			}
+			rpl, err := r.UpdateContainer(ctx, &api.UpdateContainerRequest{Pod: pod, Container: container,
+				LinuxResources: res})
+			opErr = err
+			reply["response"] = asJSON(rpl)
+		case "stop":
+			rpl, err := r.StopContainer(ctx, &api.StopContainerRequest{Pod: pod, Container: container})
+			opErr = err
+			reply["response"] = asJSON(rpl)
+		case "remove":
+			opErr = r.RemoveContainer(ctx, &api.RemoveContainerRequest{Pod: pod, Container: container})
+		default:
+			fail("script: unknown op %q", cmd.Op)
+		}
+		reply["us"] = float64(time.Since(start).Nanoseconds()) / 1e3
+		block.Unblock()
+		if opErr != nil {
+			reply["error"] = opErr.Error()
+		}
+		emit(reply)
+	}
+	r.Stop()
+	emit(map[string]any{"event": "done"})
+}
+
 // referencePlugin answers CreateContainer with the same adjustment as the Python test handler.
 type referencePlugin struct{}
 
@@ -252,12 +392,17 @@ func main() {
 	creates := flag.Int("creates", 1, "CreateContainer requests to send")
 	syncBytes := flag.Int("sync-bytes", 0, "pad Synchronize's pods by about this many bytes")
 	waitUpdates := flag.Duration("wait-updates", 0, "wait this long for the plugin's UpdateContainers")
+	script := flag.Bool("script", false, "take commands from stdin, one JSON object a line (runScript)")
 	flag.Parse()
 	if *socket == "" {
 		fail("-socket is required")
 	}
 	if *plugin {
 		runPlugin(*socket)
+		return
+	}
+	if *script {
+		runScript(*socket)
 		return
 	}
 	runRuntime(*socket, *creates, *syncBytes, *waitUpdates)

@@ -1,0 +1,417 @@
+"""Pod cgroups narrowed as the kubelet makes them, before any container exists (the pod-cgroup route).
+
+Without NRI nobody is asked before a container starts, but the kubelet makes a pod's cgroup first
+and runc starts each container with the cpuset of that cgroup: on cgroup v1 runc copies the parent's
+`cpuset.cpus`/`cpuset.mems` into a new, empty child; on v2 it leaves the child's own files empty, so
+the child runs on its parent's effective set.  Whatever the pod's cgroup holds when runc makes a
+container is what that container's first instruction runs on.
+
+`PodCgroupWatcher` watches the QoS classes' folders with inotify (Guaranteed pods sit in `kubepods`
+itself, the others in `kubepods/burstable` and `kubepods/besteffort`, or their systemd slices; no
+polling loop) and, as soon as a pod's cgroup appears, writes it:
+
+- a pod the policy names gets its `(cpus, mems)`: the union of its containers' exclusive CPUs (and
+  the shared pool when some of its containers are shared: the policy's call), mems where bound;
+- any other pod gets the shared pool, so nothing of its starts on another pod's exclusive CPUs;
+- the Burstable and BestEffort folders hold the shared pool (plus the CPUs the policy gives pods
+  inside them), so a pod the kubelet makes there starts on the pool even before it is written.
+
+Below a pod's cgroup nothing is widened: a container keeps what it holds within the pod's new set
+(per-container narrowing stays the engine's), and only a v1 child outside it is brought inside.
+Writes go through `apply_assignment` (the one ordered writer), each pod with its subtree.
+
+Nothing may undo the pod-level write: the kubelet's own copy from the parent (libcontainer reads the
+new cgroup's empty set, then writes the parent's) can land after ours, so each written cpuset file is
+watched for writes too and rewritten when it no longer says what it should (`undone` counts those).
+
+Policy stays out: the CPUs come from `pod_cpuset(uid)` and `shared_pool()`; call `write_pod(uid)`
+when a pod's answer changes and `keep_shared()` when the pool does.  Neither callable may call back
+into the watcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent.enforce import inotify
+from agent.enforce.apply import CgroupWrite, apply_assignment
+from agent.enforce.cgroup import CgroupLayout, exists, list_children, read_cpus, read_mems
+from agent.enforce.inotify import Inotify, InotifyEvent
+from agent.enforce.kubepods import CgroupDriver, QOSClass, pod_uid_of_cgroup, qos_cgroup_path
+from agent.errors import EnforcementError
+from agent.topology.cpuset import EMPTY, CPUSet
+
+log = logging.getLogger(__name__)
+
+PodCpuset = tuple[CPUSet, CPUSet]
+"""(cpus, mems) for a pod's cgroup; mems EMPTY leaves its memory nodes as they are."""
+PodPolicy = Callable[[str], PodCpuset | None]
+"""Pod UID (as the API spells it) → its pod cgroup's (cpus, mems), or None: the shared pool."""
+
+SHARED_QOS = (QOSClass.BURSTABLE, QOSClass.BESTEFFORT)
+_ATTEMPTS = 3  # a container made while a subtree is written changes it under the write: look again
+_FOLDER_EVENTS = inotify.CREATE | inotify.DELETE | inotify.ONLYDIR
+_FILE_EVENTS = inotify.MODIFY
+
+
+@dataclass(frozen=True, slots=True)
+class PodCgroup:
+    """A pod's cgroup as the kubelet made it."""
+
+    uid: str
+    qos: QOSClass
+    path: str  # relative to the layout's root
+
+
+Targets = tuple[dict[str, CPUSet], dict[str, CPUSet]]
+
+
+def subtree_targets(layout: CgroupLayout, rel: str, cpus: CPUSet, mems: CPUSet = EMPTY) -> Targets:
+    """The cpus (and, when `mems` is given, mems) to write to cgroup `rel` and below so it holds `cpus`:
+    `rel` gets them; a cgroup below keeps what it holds of them, or gets them all when it holds
+    none.  On v2 a cgroup below with empty files inherits and is left alone."""
+    want_cpus = {rel: cpus}
+    want_mems = {rel: mems} if mems else {}
+    stack = list_children(layout, rel)
+    while stack:
+        child = stack.pop()
+        stack.extend(list_children(layout, child))
+        for key, value, want in (("cpus", cpus, want_cpus), ("mems", mems, want_mems)):
+            if not value:
+                continue
+            try:
+                live = read_cpus(layout, child) if key == "cpus" else read_mems(layout, child)
+            except EnforcementError:
+                if exists(layout, child) and layout.version == 1:
+                    raise
+                continue  # gone meanwhile, or a v2 cgroup without the cpuset files
+            if layout.version == 2 and not live:
+                continue
+            want[child] = (live & value) or value
+    return want_cpus, want_mems
+
+
+def write_subtrees(layout: CgroupLayout, targets: list[tuple[str, CPUSet, CPUSet]]) -> list[CgroupWrite]:
+    """Bring each `(cgroup, cpus, mems)` and its subtree to its set in one ordered step
+    (`subtree_targets`, `apply_assignment`); returns the writes made."""
+    for attempt in range(_ATTEMPTS):
+        cpus: dict[str, CPUSet] = {}
+        mems: dict[str, CPUSet] = {}
+        for rel, c, m in targets:
+            got_cpus, got_mems = subtree_targets(layout, rel, c, m)
+            cpus.update(got_cpus)
+            mems.update(got_mems)
+        try:
+            return apply_assignment(layout, cpus, mems or None)
+        except EnforcementError:
+            if attempt == _ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+class PodCgroupWatcher:
+    """Writes each pod cgroup as the kubelet makes it, and keeps the shared QoS folders at the pool.
+
+    `start()` watches the QoS folders, writes what is there already and the shared folders, then
+    serves inotify on a thread of its own until `stop()`.
+    """
+
+    def __init__(self, layout: CgroupLayout, driver: CgroupDriver | str, pod_cpuset: PodPolicy,
+                 shared_pool: Callable[[], CPUSet], *, kubelet_root: tuple[str, ...] = ()) -> None:
+        self.folders = {q: qos_cgroup_path(q, driver, kubelet_root) for q in QOSClass}  # checks both
+        self.layout = layout
+        self.driver = CgroupDriver(driver)
+        self.kubelet_root = kubelet_root
+        self.pod_cpuset = pod_cpuset
+        self.shared_pool = shared_pool
+        self.undone = 0  # writes of others to a written cpuset file, rewritten
+        self._lock = threading.RLock()  # the thread and the callers write one at a time
+        self._inotify: Inotify | None = None
+        self._watching: dict[int, QOSClass] = {}  # wd → the QoS class whose folder it is
+        self._awaiting: int | None = None  # wd of kubepods' parent while kubepods is missing
+        self._files: dict[int, str | QOSClass] = {}  # wd → the pod UID or QoS class whose cpuset file it is
+        self._pods: dict[str, PodCgroup] = {}
+        self._thread: threading.Thread | None = None
+        self._wake: tuple[int, int] | None = None
+        self._looking = False  # looking at what a folder holds: shared pods are written once, after
+
+    # -- the public side ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Watch, write what exists, then serve events on a thread; raises EnforcementError when the
+        folder kubepods would be made in does not exist."""
+        if self._thread is not None:
+            raise EnforcementError("pod cgroup watcher already started", self.layout.root)
+        self._inotify = Inotify()
+        try:
+            with self._lock:
+                self._arm()
+            self._wake = os.pipe2(os.O_CLOEXEC)
+        except BaseException:
+            self._inotify.close()
+            self._inotify = None
+            raise
+        self._thread = threading.Thread(target=self._run, name="pod-cgroups", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread and drop every watch; cgroups keep what was written."""
+        if self._thread is not None and self._wake is not None:
+            os.write(self._wake[1], b"x")
+            self._thread.join(timeout=10)
+        self._thread = None
+        if self._wake is not None:
+            for fd in self._wake:
+                os.close(fd)
+            self._wake = None
+        if self._inotify is not None:
+            self._inotify.close()
+            self._inotify = None
+        self._watching.clear()
+        self._files.clear()
+        self._awaiting = None
+
+    def pods(self) -> dict[str, PodCgroup]:
+        """The pod cgroups that exist now, by pod UID."""
+        with self._lock:
+            return dict(self._pods)
+
+    def write_pod(self, uid: str) -> list[CgroupWrite]:
+        """Write pod `uid`'s cgroup as the policy says now, if it exists (else it is written when it
+        appears); returns the writes made."""
+        with self._lock:
+            pod = self._pods.get(uid)
+            if pod is None:
+                return []
+            if pod.qos in SHARED_QOS:  # its folder may have to widen first (a pod the policy pins)
+                return self.keep_shared()
+            cpus, mems = self._target(uid)
+            try:
+                return write_subtrees(self.layout, [(pod.path, cpus, mems)])
+            except EnforcementError:
+                if not exists(self.layout, pod.path):
+                    self._forget(uid)
+                    return []
+                raise
+
+    def keep_shared(self) -> list[CgroupWrite]:
+        """Bring the Burstable and BestEffort folders to the pool (plus what the policy gives pods in
+        them) and each pod in them to its own set; returns the writes made."""
+        with self._lock:
+            targets = self.shared_targets()
+            return write_subtrees(self.layout, targets) if targets else []
+
+    def shared_targets(self, only: QOSClass | None = None) -> list[tuple[str, CPUSet, CPUSet]]:
+        """(cgroup, cpus, mems) of each shared QoS folder that exists (or only `only`'s), then of each
+        pod in it: what `keep_shared()` writes, for a caller that writes them in its own ordered step
+        (`subtree_targets` of each)."""
+        with self._lock:
+            pool = self.shared_pool()
+            targets: list[tuple[str, CPUSet, CPUSet]] = []
+            for qos in SHARED_QOS:
+                folder = self.folders[qos]
+                if (only is not None and qos is not only) or not exists(self.layout, folder):
+                    continue
+                pods = [(p.path, *self._target(p.uid)) for p in self._pods.values() if p.qos is qos]
+                targets.append((folder, pool.union(*(c for _, c, _ in pods)), EMPTY))
+                targets.extend(pods)
+            return targets
+
+    # -- watching -----------------------------------------------------------------------------
+
+    def _target(self, uid: str) -> PodCpuset:
+        return self.pod_cpuset(uid) or (self.shared_pool(), EMPTY)
+
+    def _drifted(self, owner: str | QOSClass) -> bool:
+        """Whether the cgroup behind a watched file no longer holds its set (one or two reads: most
+        writes seen are our own)."""
+        if isinstance(owner, QOSClass):
+            targets = self.shared_targets(owner)
+            if not targets:
+                return False
+            rel, cpus, mems = targets[0]
+        elif owner in self._pods:
+            rel, (cpus, mems) = self._pods[owner].path, self._target(owner)
+        else:
+            return False
+        return read_cpus(self.layout, rel) != cpus or bool(mems and read_mems(self.layout, rel) != mems)
+
+    def _add(self, path: str, mask: int) -> int | None:
+        assert self._inotify is not None
+        return self._inotify.add_watch(path, mask)
+
+    def _arm(self) -> None:
+        """Watch the QoS folders (or, while kubepods is missing, the folder it will be made in) and
+        write what they hold."""
+        kubepods = self.folders[QOSClass.GUARANTEED]
+        if not exists(self.layout, kubepods):
+            above = os.path.dirname(self.layout.abspath(kubepods))
+            self._awaiting = self._add(above, inotify.CREATE | inotify.ONLYDIR)
+            if self._awaiting is None:
+                raise EnforcementError("no folder to watch for the kubelet's kubepods cgroup", above)
+            if not exists(self.layout, kubepods):
+                return
+            self._inotify_rm(self._awaiting)  # made before the watch was set
+            self._awaiting = None
+        self._watch_folder(QOSClass.GUARANTEED)
+        self._write_shared()
+
+    def _watch_folder(self, qos: QOSClass) -> None:
+        """Watch one QoS folder, then look at what it holds already (the watch sees only what comes)."""
+        folder = self.folders[qos]
+        wd = self._add(self.layout.abspath(folder), _FOLDER_EVENTS)
+        if wd is None:
+            return  # not made yet: its parent's watch sees it come
+        self._watching[wd] = qos
+        if qos in SHARED_QOS:
+            self._watch_files(folder, qos)
+        self._look(qos)
+
+    def _look(self, qos: QOSClass) -> None:
+        """Take in every folder a QoS folder holds now (its shared pods are written by the caller)."""
+        looking, self._looking = self._looking, True
+        try:
+            for child in list_children(self.layout, self.folders[qos]):
+                self._appeared(qos, child)
+        finally:
+            self._looking = looking
+
+    def _watch_files(self, rel: str, owner: str | QOSClass) -> None:
+        for name in ("cpus", "mems"):
+            wd = self._add(self.layout.file(rel, name), _FILE_EVENTS)
+            if wd is not None:
+                self._files[wd] = owner
+
+    def _appeared(self, qos: QOSClass, rel: str) -> None:
+        """A folder in a QoS folder: a pod's cgroup (watched, then written) or a QoS class's folder."""
+        name = rel.rsplit("/", 1)[-1]
+        if qos is QOSClass.GUARANTEED:
+            for other in SHARED_QOS:
+                if rel == self.folders[other]:
+                    self._watch_folder(other)
+                    if not self._looking:
+                        self._write_shared()
+                    return
+        uid = pod_uid_of_cgroup(name, qos, self.driver, self.kubelet_root)
+        if uid is None:
+            return
+        self._pods[uid] = PodCgroup(uid, qos, rel)
+        # The files first: a write of the kubelet's landing after ours must be seen.
+        self._watch_files(rel, uid)
+        if not (self._looking and qos in SHARED_QOS):  # else one keep_shared() after the look
+            self._write_quietly(uid)
+
+    def _inotify_rm(self, wd: int) -> None:
+        if self._inotify is not None:
+            self._inotify.rm_watch(wd)
+
+    def _forget(self, uid: str) -> None:
+        self._pods.pop(uid, None)
+        for wd in [wd for wd, owner in self._files.items() if owner == uid]:
+            del self._files[wd]
+            self._inotify_rm(wd)
+
+    def _write_quietly(self, uid: str) -> None:
+        try:
+            writes = self.write_pod(uid)
+        except EnforcementError as exc:
+            log.warning("pod cgroup of %s: %s", uid, exc)
+            return
+        if writes:
+            log.info("pod cgroup of %s: %s", uid, _shown(writes))
+
+    def _write_shared(self) -> None:
+        try:
+            writes = self.keep_shared()
+        except EnforcementError as exc:
+            log.warning("shared QoS cgroups: %s", exc)
+            return
+        if writes:
+            log.info("shared QoS cgroups: %s", _shown(writes))
+
+    def _rewrite(self, owner: str | QOSClass) -> None:
+        """A watched cpuset file was written (by us, or by someone else): write it back if it drifted."""
+        try:
+            if not self._drifted(owner):
+                return
+            shared = isinstance(owner, QOSClass) or self._pods[owner].qos in SHARED_QOS
+            writes = self.keep_shared() if shared else self.write_pod(owner)
+        except EnforcementError as exc:
+            path = self.folders[owner] if isinstance(owner, QOSClass) else self._pods[owner].path
+            if exists(self.layout, path):
+                log.warning("cpuset of %s: %s", owner, exc)
+            return
+        if writes:
+            self.undone += 1
+            log.warning("cpuset of %s was rewritten by someone else; restored: %s", owner, _shown(writes))
+
+    def _handle(self, events: list[InotifyEvent]) -> None:
+        written: dict[str | QOSClass, None] = {}  # each file once per batch: our own writes come in runs
+        with self._lock:
+            for ev in events:
+                if ev.mask & inotify.Q_OVERFLOW:
+                    self._rescan()
+                elif ev.wd == self._awaiting:
+                    kubepods = os.path.basename(self.folders[QOSClass.GUARANTEED])
+                    if ev.mask & inotify.CREATE and ev.name == kubepods:
+                        self._inotify_rm(ev.wd)
+                        self._awaiting = None
+                        self._arm()
+                elif ev.wd in self._watching:
+                    self._folder_event(self._watching[ev.wd], ev)
+                elif ev.wd in self._files:
+                    if ev.mask & inotify.IGNORED:
+                        del self._files[ev.wd]
+                    elif ev.mask & inotify.MODIFY:
+                        written[self._files[ev.wd]] = None
+            for owner in written:
+                if isinstance(owner, QOSClass) or owner in self._pods:
+                    self._rewrite(owner)
+
+    def _folder_event(self, qos: QOSClass, ev: InotifyEvent) -> None:
+        folder = self.folders[qos]
+        if ev.mask & inotify.IGNORED:  # the folder itself is gone
+            del self._watching[ev.wd]
+            for uid in [u for u, p in self._pods.items() if p.qos is qos]:
+                self._forget(uid)
+            if qos is QOSClass.GUARANTEED:
+                self._arm()
+        elif ev.mask & inotify.CREATE and ev.mask & inotify.ISDIR:
+            self._appeared(qos, f"{folder}/{ev.name}")
+        elif ev.mask & inotify.DELETE and ev.mask & inotify.ISDIR:
+            gone = pod_uid_of_cgroup(ev.name, qos, self.driver, self.kubelet_root)
+            if gone is not None:
+                self._forget(gone)
+
+    def _rescan(self) -> None:
+        """Events were lost: look at every watched folder again."""
+        log.warning("inotify queue overflowed: looking at every pod cgroup again")
+        for uid in list(self._pods):
+            if not exists(self.layout, self._pods[uid].path):
+                self._forget(uid)
+        for qos in list(self._watching.values()):
+            self._look(qos)
+        self._write_shared()
+
+    def _run(self) -> None:
+        assert self._inotify is not None and self._wake is not None
+        poller = select.poll()
+        poller.register(self._inotify.fileno(), select.POLLIN)
+        poller.register(self._wake[0], select.POLLIN)
+        while True:
+            ready = {fd for fd, _ in poller.poll()}
+            if self._wake[0] in ready:
+                return
+            try:
+                self._handle(self._inotify.read())
+            except Exception:  # a policy callable's bug must not end the watch
+                log.exception("pod cgroup watcher")
+
+
+def _shown(writes: list[CgroupWrite]) -> str:
+    return ", ".join(f"{w.path} {w.key}={w.value}" for w in writes)

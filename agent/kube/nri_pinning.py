@@ -1,0 +1,238 @@
+"""The NRI route's answers: a container's exclusive CPUs in force before it runs.
+
+`NRIPinning` is the `agent.nri.plugin.Handler` the agent registers on the runtime's NRI socket
+(`agent.kube.route` connects it).  It decides with the pod watch's rules and pins through the pod
+watch's `PodPinner`, so both routes share one engine, one state file and one allocation id per pod
+container (`alloc_id(uid, name)`): whichever sees a container first pins it, the other finds the
+allocation and leaves it be.
+
+- CreateContainer: the pod as the watch's cache knows it (its plan lists every regular container,
+  running or waiting), else as NRI describes it (`agent.kube.nri_pods`).  A container that asks
+  for exclusive CPUs gets them recorded in the state file (committed before the answer), and the
+  answer sets its cpuset (and `cpuset.mems` where memory binding is on and allowed); every other
+  container of a kubelet pod gets the shared pool as its cpuset, so it never starts on a CPU
+  someone holds.  When the pool shrank, the answer's updates narrow every shared container the
+  runtime runs to the new pool (the engine narrows their cgroups too, as the watch path does).
+- StopContainer / RemoveContainer: the container's CPUs are freed (idempotent with the watch path's
+  release) and the updates widen the shared containers to the new pool.
+- UpdateContainer: the container keeps the cpuset it holds (a resize is re-pinned by the watch once
+  the kubelet reports it).
+- Synchronize (the plugin's start, a runtime restart): every container the runtime has is brought
+  to the state as the watch's relist does: ones that started while the agent was away are pinned,
+  ones that stopped are released, and the answer's updates give each its cpuset.
+
+Failures: a refusal (no room, a NUMA policy or zone that cannot be met, invalid annotations) is not
+a failure: the container gets the shared pool, the refusal is counted and told as an Event as on the
+watch path, and the watch pins it when CPUs free up.  An internal error (the state file or a cgroup
+could not be written, or the pod cache busy past `LOCK_SECONDS`) fails CreateContainer for a
+container that asks for exclusive CPUs: the runtime fails it and the kubelet creates it again after
+its back-off, so no Guaranteed container runs on CPUs the agent could not record.  A container on
+the shared pool is never failed by the agent: on an internal error it is answered unadjusted (it
+inherits its pod's cgroup) and the watch path gives it the pool.
+
+Threading: the plugin calls these methods on its own thread, one at a time.  Every use of the pinner
+holds `PodPinner.lock` (the enforcer thread takes the same lock around its pinner and engine calls),
+acquired with a deadline of `LOCK_SECONDS`, well inside NRI's 2 s plugin timeout.  The runtime's
+containers (`known`) are this thread's alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from agent.enforce.state import Allocation, State
+from agent.errors import TopoletError
+from agent.kube.nri_pods import KubeletContainer, cached_decision, kubelet_container, plan_from_nri
+from agent.kube.pinner import PodPinner
+from agent.kube.pods import ContainerPlan, PodPlan
+from agent.nri import api_pb2
+from agent.nri.plugin import Handler, cpuset_adjustment, cpuset_update, event_mask
+from agent.topology.cpuset import CPUSet
+
+log = logging.getLogger("topolet.kube.nri")
+
+LOCK_SECONDS = 1.0  # the longest a request waits for the enforcer thread (NRI's timeout is 2 s)
+_LIVE = (api_pb2.CONTAINER_CREATED, api_pb2.CONTAINER_RUNNING, api_pb2.CONTAINER_PAUSED)
+
+
+class PinnerBusy(TopoletError):
+    """The pod cache stayed busy past the request's deadline."""
+
+
+class NRIPinning(Handler):
+    """The agent's NRI plugin: pins containers as the runtime creates them (module docstring)."""
+
+    def __init__(self, pinner: PodPinner, node: str, *, lock_seconds: float = LOCK_SECONDS) -> None:
+        self.pinner = pinner
+        self.node = node
+        self.lock_seconds = lock_seconds
+        self.runtime = ""  # "<name> <version>" from Configure
+        self.known: dict[str, KubeletContainer] = {}  # runtime container id → live kubelet container
+
+    # -- the runtime's requests ------------------------------------------------------------------
+
+    def configure(self, request: api_pb2.ConfigureRequest) -> int:
+        self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
+        return event_mask(api_pb2.CREATE_CONTAINER, api_pb2.UPDATE_CONTAINER, api_pb2.STOP_CONTAINER,
+                          api_pb2.REMOVE_CONTAINER)
+
+    def synchronize(self, pods: Sequence[api_pb2.PodSandbox],
+                    containers: Sequence[api_pb2.Container]) -> Sequence[api_pb2.ContainerUpdate]:
+        started = time.time()
+        sandboxes = {p.id: p for p in pods}
+        self.known.clear()
+        live: list[tuple[str, KubeletContainer, PodPlan, ContainerPlan]] = []
+        for ctr in containers:
+            pod = sandboxes.get(ctr.pod_sandbox_id)
+            ref = kubelet_container(pod, ctr) if pod is not None and ctr.state in _LIVE else None
+            if pod is None or ref is None:
+                continue
+            self.known[ctr.id] = ref
+            live.append((ctr.id, ref, *self._decide(pod, ctr, ref)))
+        pinned = 0
+        with self._pinning():
+            # First free what stopped while the agent was away (the runtime no longer has it)...
+            running = {(ref.pod_uid, ref.name) for _, ref, _, _ in live}
+            for a in self.pinner.state().allocations:
+                uid, name = a.owner.pod_uid, a.owner.container
+                if uid and name and (uid, name) not in running and a.created_at < started:
+                    self.pinner.release_container(uid, name, a.cgroup)
+            # ...then pin what runs.
+            for _, ref, plan, c in live:
+                try:
+                    pinned += self.pinner.pin_container(plan, c, ref.cgroup) is not None
+                except TopoletError as exc:  # stays on the pool; the watch path tries again
+                    log.error("NRI synchronize: %s/%s container %s: %s", ref.namespace, ref.pod_name,
+                              ref.name, exc)
+            state = self.pinner.state()
+        pool = self.pinner.pool(state)
+        log.info("NRI synchronize with %s: %d kubelet containers, %d on exclusive CPUs",
+                 self.runtime or "the runtime", len(live), pinned)
+        return [self._cpuset_update(cid, ref, state, pool) for cid, ref, _, _ in live]
+
+    def create_container(
+        self, pod: api_pb2.PodSandbox, container: api_pb2.Container,
+    ) -> tuple[api_pb2.ContainerAdjustment | None, Sequence[api_pb2.ContainerUpdate]]:
+        ref = kubelet_container(pod, container)
+        if ref is None:
+            return None, ()
+        self.known[container.id] = ref
+        plan, c = self._decide(pod, container, ref)
+        try:
+            with self._pinning():
+                before = self.pinner.pool(self.pinner.state())
+                alloc = self.pinner.pin_container(plan, c, ref.cgroup)
+                state = self.pinner.state()
+        except TopoletError as exc:
+            if c.exclusive:
+                log.error("NRI: pod %s/%s container %s: not created: %s", ref.namespace, ref.pod_name,
+                          ref.name, exc)
+                raise  # the runtime fails the container; the kubelet creates it again
+            log.warning("NRI: pod %s/%s container %s left unadjusted: %s", ref.namespace, ref.pod_name,
+                        ref.name, exc)
+            return None, ()
+        pool = self.pinner.pool(state)
+        if alloc is None:
+            adjust = cpuset_adjustment(pool.cpulist())
+        else:
+            adjust = cpuset_adjustment(alloc.cpus.cpulist(), alloc.mems.cpulist() if alloc.mems else "")
+        return adjust, self._pool_updates(state, pool, before, skip=container.id)
+
+    def update_container(self, pod: api_pb2.PodSandbox, container: api_pb2.Container,
+                         resources: api_pb2.LinuxResources) -> Sequence[api_pb2.ContainerUpdate]:
+        ref = self.known.get(container.id) or kubelet_container(pod, container)
+        if ref is None:
+            return ()
+        state = self.pinner.state()
+        return [self._cpuset_update(container.id, ref, state, self.pinner.pool(state), ignore_failure=False)]
+
+    def stop_container(self, pod: api_pb2.PodSandbox,
+                       container: api_pb2.Container) -> Sequence[api_pb2.ContainerUpdate]:
+        ref = self.known.pop(container.id, None) or kubelet_container(pod, container)
+        if ref is None:
+            return ()
+        try:
+            with self._pinning():
+                before = self.pinner.pool(self.pinner.state())
+                self.pinner.release_container(ref.pod_uid, ref.name, ref.cgroup)
+                state = self.pinner.state()
+        except TopoletError as exc:  # the watch path releases it once the pod status says it stopped
+            log.error("NRI: pod %s/%s container %s: release failed: %s", ref.namespace, ref.pod_name,
+                      ref.name, exc)
+            return ()
+        return self._pool_updates(state, self.pinner.pool(state), before, skip=container.id)
+
+    def remove_container(self, pod: api_pb2.PodSandbox, container: api_pb2.Container | None) -> None:
+        if container is None:
+            return
+        ref = self.known.pop(container.id, None) or kubelet_container(pod, container)
+        if ref is None:
+            return
+        try:
+            with self._pinning():
+                self.pinner.release_container(ref.pod_uid, ref.name, ref.cgroup)
+        except TopoletError as exc:
+            log.error("NRI: pod %s/%s container %s: release failed: %s", ref.namespace, ref.pod_name,
+                      ref.name, exc)
+
+    def shutdown(self) -> None:
+        log.info("NRI: %s is shutting down", self.runtime or "the runtime")
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    @contextmanager
+    def _pinning(self) -> Iterator[None]:
+        if not self.pinner.lock.acquire(timeout=self.lock_seconds):
+            raise PinnerBusy(f"the pod cache stayed busy for {self.lock_seconds} s")
+        try:
+            yield
+        finally:
+            self.pinner.lock.release()
+
+    def _decide(self, pod: api_pb2.PodSandbox, container: api_pb2.Container,
+                ref: KubeletContainer) -> tuple[PodPlan, ContainerPlan]:
+        """The pod watch's decision for the container: its cached plan's, else one made from NRI.
+
+        The cache is read without the lock: `pods` maps uids to immutable plans, replaced whole,
+        and one `dict.get` is atomic.
+        """
+        plan = self.pinner.pods.get(ref.pod_uid)
+        if plan is None:
+            return plan_from_nri(pod, container, ref, self.node)
+        c = cached_decision(plan, ref)
+        if c is None:  # not a regular container of the spec (an init or ephemeral one): the pool
+            c = ContainerPlan(ref.name, ref.container_id)
+        return plan, c
+
+    def _cpuset_update(self, container_id: str, ref: KubeletContainer, state: State, pool: CPUSet, *,
+                       ignore_failure: bool = True) -> api_pb2.ContainerUpdate:
+        """The cpuset `container_id` should have now: its allocation's, else the pool."""
+        held = _allocation_at(state, ref.cgroup)
+        if held is None:
+            update = cpuset_update(container_id, pool.cpulist())
+        else:
+            mems = held.mems.cpulist() if held.mems else ""
+            update = cpuset_update(container_id, held.cpus.cpulist(), mems)
+        update.ignore_failure = ignore_failure  # a container may stop meanwhile
+        return update
+
+    def _pool_updates(self, state: State, pool: CPUSet, before: CPUSet,
+                      skip: str) -> list[api_pb2.ContainerUpdate]:
+        """Every other shared container the runtime runs, given `pool` when it differs from `before`."""
+        if pool == before:
+            return []
+        held = {a.cgroup for a in state.allocations}
+        out = []
+        for cid, ref in self.known.items():
+            if cid != skip and ref.cgroup not in held:
+                update = cpuset_update(cid, pool.cpulist())
+                update.ignore_failure = True
+                out.append(update)
+        return out
+
+
+def _allocation_at(state: State, cgroup: str) -> Allocation | None:
+    return next((a for a in state.allocations if a.cgroup == cgroup), None)
