@@ -54,14 +54,11 @@ def _write(data: bytes, fmt: str, output: str | None) -> None:
 
 def run_discover_picture(args: argparse.Namespace) -> int:
     """`topolet discover --format svg|png`: the machine (or dump) drawn as lstopo draws it."""
-    from agent.topology.discover import discover
-    from agent.topology.report import printable
+    from agent.topology.report import discover_and_warn
 
     if args.format not in PICTURE_FORMATS:
         raise ConfigError("--output is for the pictures: --format svg or png")
-    topo = discover(args.fsroot)
-    for warning in topo.warnings:
-        sys.stderr.write(f"topolet discover: warning: {printable(warning)}\n")
+    topo = discover_and_warn(args.fsroot)
     _write(_draw(topo, None, args.format), args.format, getattr(args, "output", None))
     return 0
 
