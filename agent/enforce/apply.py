@@ -259,19 +259,24 @@ def apply_with_shared_pool(
     mems: Mapping[str, CPUSet] | None = None,
     remove: Iterable[str] = (),
     absent: Iterable[CPUSet] = (),
+    around: Mapping[str, CPUSet] | None = None,
 ) -> list[CgroupWrite]:
     """Apply every exclusive allocation and give every `shared` cgroup the pool, in one ordered step.
 
     `exclusive` must name all exclusive cgroups that exist, and `absent` the CPUs of allocations whose
     cgroup does not exist (yet): the pool is what they all leave.  Granting narrows the shared cgroups
     before the exclusive one widens, releasing (via `remove`) drops the old owner before the shared
-    cgroups widen.
+    cgroups widen.  `around` gives other cgroups their sets in the same step (the kubelet's QoS and
+    pod cgroups above the containers, which must widen before them); `shared` and `exclusive` win a
+    cgroup named there too.
     """
     pool = shared_pool(allowed, reserved, [*exclusive.values(), *absent])
-    desired = {clean_path(p): pool for p in shared}
+    pooled = {clean_path(p): pool for p in shared}
     for rel in exclusive:
-        if clean_path(rel) in desired:
+        if clean_path(rel) in pooled:
             raise EnforcementError("cgroup is both shared and exclusive", rel)
+    desired = {clean_path(p): c for p, c in (around or {}).items()}
+    desired.update(pooled)
     desired.update({clean_path(p): c for p, c in exclusive.items()})
     return apply_assignment(layout, desired, mems, remove=remove)
 

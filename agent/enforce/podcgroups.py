@@ -96,16 +96,22 @@ def subtree_targets(layout: CgroupLayout, rel: str, cpus: CPUSet, mems: CPUSet =
     return want_cpus, want_mems
 
 
+def subtrees_targets(layout: CgroupLayout, targets: list[tuple[str, CPUSet, CPUSet]]) -> Targets:
+    """`subtree_targets` of each `(cgroup, cpus, mems)`, merged (a later one wins a cgroup named twice)."""
+    cpus: dict[str, CPUSet] = {}
+    mems: dict[str, CPUSet] = {}
+    for rel, c, m in targets:
+        got_cpus, got_mems = subtree_targets(layout, rel, c, m)
+        cpus.update(got_cpus)
+        mems.update(got_mems)
+    return cpus, mems
+
+
 def write_subtrees(layout: CgroupLayout, targets: list[tuple[str, CPUSet, CPUSet]]) -> list[CgroupWrite]:
     """Bring each `(cgroup, cpus, mems)` and its subtree to its set in one ordered step
     (`subtree_targets`, `apply_assignment`); returns the writes made."""
     for attempt in range(_ATTEMPTS):
-        cpus: dict[str, CPUSet] = {}
-        mems: dict[str, CPUSet] = {}
-        for rel, c, m in targets:
-            got_cpus, got_mems = subtree_targets(layout, rel, c, m)
-            cpus.update(got_cpus)
-            mems.update(got_mems)
+        cpus, mems = subtrees_targets(layout, targets)
         try:
             return apply_assignment(layout, cpus, mems or None)
         except EnforcementError:
@@ -130,7 +136,9 @@ class PodCgroupWatcher:
         self.pod_cpuset = pod_cpuset
         self.shared_pool = shared_pool
         self.undone = 0  # writes of others to a written cpuset file, rewritten
-        self._lock = threading.RLock()  # the thread and the callers write one at a time
+        # The thread and the callers write one at a time; a caller that writes these cgroups in an
+        # ordered step of its own (with `shared_targets()`) holds it across that step.
+        self.lock = threading.RLock()
         self._inotify: Inotify | None = None
         self._watching: dict[int, QOSClass] = {}  # wd → the QoS class whose folder it is
         self._awaiting: int | None = None  # wd of kubepods' parent while kubepods is missing
@@ -149,7 +157,7 @@ class PodCgroupWatcher:
             raise EnforcementError("pod cgroup watcher already started", self.layout.root)
         self._inotify = Inotify()
         try:
-            with self._lock:
+            with self.lock:
                 self._arm()
             self._wake = os.pipe2(os.O_CLOEXEC)
         except BaseException:
@@ -178,13 +186,13 @@ class PodCgroupWatcher:
 
     def pods(self) -> dict[str, PodCgroup]:
         """The pod cgroups that exist now, by pod UID."""
-        with self._lock:
+        with self.lock:
             return dict(self._pods)
 
     def write_pod(self, uid: str) -> list[CgroupWrite]:
         """Write pod `uid`'s cgroup as the policy says now, if it exists (else it is written when it
         appears); returns the writes made."""
-        with self._lock:
+        with self.lock:
             pod = self._pods.get(uid)
             if pod is None:
                 return []
@@ -202,7 +210,7 @@ class PodCgroupWatcher:
     def keep_shared(self) -> list[CgroupWrite]:
         """Bring the Burstable and BestEffort folders to the pool (plus what the policy gives pods in
         them) and each pod in them to its own set; returns the writes made."""
-        with self._lock:
+        with self.lock:
             targets = self.shared_targets()
             return write_subtrees(self.layout, targets) if targets else []
 
@@ -210,7 +218,7 @@ class PodCgroupWatcher:
         """(cgroup, cpus, mems) of each shared QoS folder that exists (or only `only`'s), then of each
         pod in it: what `keep_shared()` writes, for a caller that writes them in its own ordered step
         (`subtree_targets` of each)."""
-        with self._lock:
+        with self.lock:
             pool = self.shared_pool()
             targets: list[tuple[str, CPUSet, CPUSet]] = []
             for qos in SHARED_QOS:
@@ -352,7 +360,7 @@ class PodCgroupWatcher:
 
     def _handle(self, events: list[InotifyEvent]) -> None:
         written: dict[str | QOSClass, None] = {}  # each file once per batch: our own writes come in runs
-        with self._lock:
+        with self.lock:
             for ev in events:
                 if ev.mask & inotify.Q_OVERFLOW:
                     self._rescan()

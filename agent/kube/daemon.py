@@ -7,7 +7,9 @@ Three threads (four with NRI), so that losing the API server stops publishing, n
   change into engine calls (state first, then cgroups), repairs drift every reconcile, and never
   calls the API;
 - the NRI plugin (`agent.kube.route`, where the runtime has NRI) pins containers as the runtime
-  creates them, through the enforcer's `PodPinner` under its lock (`agent.kube.nri_pinning`);
+  creates them, through the enforcer's `PodPinner` under its lock (`agent.kube.nri_pinning`); else,
+  with enforcement on, the pod-cgroup route's watcher (`agent.kube.podcgroup_route`, started once the
+  first list is applied) writes each pod cgroup as the kubelet makes it, from the enforcer's policy;
 - the publisher writes what the enforcer changed — the NodeResourceTopology after every
   allocation change, labels when the topology changes, Events for bad annotations (which ones, and
   how often per pod, the pinner's `WarningLimiter` decides) — retrying every second at most while
@@ -70,10 +72,11 @@ from agent.kube.mig_status import MigConfigChanged, MigStatus
 from agent.kube.nri_pinning import NRIPinning
 from agent.kube.nrt_build import MemoryRequests, Snapshot
 from agent.kube.pinner import PodPinner, alloc_id
+from agent.kube.podcgroup_route import PodCgroupRoute
 from agent.kube.publisher import RETRY_MAX_SECONDS, Publisher
 from agent.kube.recording import RecordingEngine
 from agent.kube.route import DEFAULT_NRI_SOCKET, POD_CGROUP, PinningRoute
-from agent.kube.watch import PodChange, PodWatcher
+from agent.kube.watch import PodChange, PodWatcher, Synced
 from agent.metrics.registry import GPUZones, Metrics
 from agent.metrics.server import MetricsServer, staleness_health
 from agent.standalone.engine import PinningEngine, cpu_rows
@@ -148,6 +151,7 @@ class KubeAgent:
                                   str(getattr(args, "nri_socket", "") or DEFAULT_NRI_SOCKET),
                                   NRIPinning(self.pinner, self.node), enforce=self.enforce)
         self.route_name: str | None = None
+        self.pod_cgroups: PodCgroupRoute | None = None  # the pod-cgroup route with enforcement on
         self.generation = -1
         self.pinned_pods: tuple[tuple[str, str], ...] = ()  # replaced whole: the publisher reads it
         self.memory_requests: MemoryRequests = {}  # likewise: allocation id → memory it asked for
@@ -176,7 +180,9 @@ class KubeAgent:
                         self.mig.inventory if self.mig is not None else None, self.route_name)
 
     def _after_changes(self) -> None:
-        """Tell the publisher when the allocation state moved."""
+        """Bring the pod cgroups to the pins; tell the publisher when the allocation state moved."""
+        if self.pod_cgroups is not None:
+            self.pod_cgroups.sync()
         state = self.state_file.load(missing_ok=True)
         if state.generation != self.generation:
             self.generation = state.generation
@@ -200,6 +206,9 @@ class KubeAgent:
         except TopoletError as exc:
             self.metrics.reconcile_errors.inc()
             log.error("pod change not applied: %s", exc)
+        # Only once the pinner has the first list: a pod pinned in the state file is then known.
+        if isinstance(change, Synced) and self.pod_cgroups is not None and self.pod_cgroups.watcher is None:
+            self.pod_cgroups.start()
 
     def reconcile(self) -> None:
         """Drift repair, retries, topology refresh; works without the API."""
@@ -236,6 +245,8 @@ class KubeAgent:
         self.publisher.start()
         self.route_name = self.route.start()
         self.metrics.set_node(self.node, self.enforce, mode="kubernetes", route=self.route_name)
+        if self.route_name == POD_CGROUP and self.enforce:
+            self.pod_cgroups = PodCgroupRoute(self.pinner)
         self.watcher.start()
         self.reconcile()
         next_reconcile = time.monotonic() + self.args.reconcile_seconds
@@ -273,6 +284,8 @@ class KubeAgent:
                 self._after_changes()
         finally:
             self.route.stop()
+            if self.pod_cgroups is not None:
+                self.pod_cgroups.stop()
             self.watcher.stop()
             self.publisher.stop()
 

@@ -11,6 +11,13 @@ zone that cannot be met, invalid annotations) once per container and reason, how
 retried; `error` (the state or a cgroup could not be written) at every attempt.  Releases are
 counted by the engine's `on_release`, which the agent wires to the metrics.
 
+On the pod-cgroup route (`ahead`, set by `agent.kube.podcgroup_route`) a pod's exclusive containers
+are pinned as soon as the watch lists the pod, before they run: each waiting container that asks
+for exclusive CPUs is allocated (the one `_allocate`, state first) with a `planned_cgroup` no runtime
+makes, so its pod cgroup can hold its CPUs when runc creates it; the watch keeps that allocation while
+the container waits to start (across a restart too, as with the kubelet's CPU manager; one that
+exited gives its CPUs back) and moves it to the container's cgroup once the status lists it running.
+
 The NRI route (`agent.kube.nri_pinning`) calls in from the NRI plugin's thread: every public method
 holds `lock` (re-entrant; the enforcer thread takes it too around engine calls and reads of `pods`),
 so the pod cache and the engine are used by one thread at a time.  A container the NRI route pinned
@@ -42,6 +49,7 @@ from dataclasses import dataclass, field
 from agent.alloc.request import Request
 from agent.enforce import CgroupDriver, container_cgroup_path, exists
 from agent.enforce.cgroup import at_own_namespace_root, read_procs
+from agent.enforce.kubepods import pod_cgroup_path
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import AllocationError, EnforcementError, TopoletError
 from agent.kube.pods import REASON_INVALID, ContainerPlan, PodPlan, PodWarning
@@ -143,6 +151,16 @@ def alloc_id(pod_uid: str, container: str) -> str:
     return f"pod-{pod_uid}.{container}"
 
 
+PLANNED_PREFIX = "topolet-planned-"  # no runtime names a container's cgroup so
+
+
+def planned_cgroup(plan: PodPlan, container: str, driver: CgroupDriver | None) -> str:
+    """The cgroup an allocation made before its container exists names: below the pod's cgroup,
+    where no runtime makes one (the pod-cgroup route's; the engine counts it absent)."""
+    pod = pod_cgroup_path(plan.uid, plan.qos, driver or CgroupDriver.CGROUPFS)
+    return f"{pod}/{PLANNED_PREFIX}{container}"
+
+
 class PodPinner:
     """The pod cache and what it means for the engine; every method runs on the enforcer thread."""
 
@@ -157,6 +175,8 @@ class PodPinner:
         # False (`--enforcement off`): no container cgroup is looked for; a running container (its
         # status carries a container ID) is named by the cgroup the kubelet would give it.
         self.enforce = enforce
+        # True on the pod-cgroup route: exclusive containers are pinned before they run (docstring).
+        self.ahead = False
         self.metrics = metrics
         self.warn = warn
         self.gpu_numa = gpu_numa  # the NUMA nodes of a container's GPUs (kubelet's pod-resources), if known
@@ -331,6 +351,10 @@ class PodPinner:
             self._warn_once(plan, w)
         self._count_invalid(plan)
         running = {c.name: c for c in plan.containers}
+        # On the pod-cgroup route a container about to start that asks for exclusive CPUs holds them
+        # already; one that exited holds nothing.
+        planned = {c.name: c for c in plan.waiting if c.exclusive and c.name not in plan.exited} \
+            if self.ahead and self.enforce else {}
         mine = {a.owner.container: a for a in self._state().allocations if a.owner.pod_uid == plan.uid}
         # Containers the NRI route pinned ahead of the pod status are the route's until the status
         # lists them running: neither released nor moved to the older container a stale status names.
@@ -339,7 +363,7 @@ class PodPinner:
         for name, a in list(mine.items()):
             if name in ahead:
                 continue
-            c = running.get(name or "")
+            c = running.get(name or "") or planned.get(name or "")
             if c is None or len(a.cpus) != c.cpus:
                 self._release(a.id)
                 del mine[name]
@@ -374,7 +398,11 @@ class PodPinner:
                 self.created.pop(held.id, None)  # the watch has caught up with the NRI route
             else:
                 self.engine.rebind(held.id, rel)  # a restarted container keeps its CPUs, as with kubelet
-                log.info("%s moved to restarted container %s", held.id, rel)
+                log.info("%s moved to %s container %s", held.id,
+                         "started" if _is_planned(held.cgroup) else "restarted", rel)
+        for c in planned.values():
+            if c.name not in mine and c.name not in running:
+                self._allocate(plan, c, planned_cgroup(plan, c.name, self.driver))
 
     def _count_invalid(self, plan: PodPlan) -> None:
         """A pod whose topolet annotations are invalid is refused pinning: counted once while they are."""
@@ -498,3 +526,7 @@ class PodPinner:
                 return False
             self._release(aid)
             return True
+
+
+def _is_planned(cgroup: str) -> bool:
+    return cgroup.rsplit("/", 1)[-1].startswith(PLANNED_PREFIX)

@@ -39,7 +39,8 @@ The rules (DESIGN.md "Pods"; the node's kubelet runs `cpuManagerPolicy: none`, s
 - A container counts only while its status says running with a container ID; a pod that is
   Succeeded or Failed has none running.  The regular containers that do not run yet are decided
   all the same (`PodPlan.waiting`, without warnings until they run): the NRI route answers the
-  runtime's CreateContainer with that decision.
+  runtime's CreateContainer with that decision, and the pod-cgroup route pins them before they run
+  (not those whose status says terminated: `PodPlan.exited`).
 """
 
 from __future__ import annotations
@@ -130,6 +131,8 @@ class PodPlan:
     # Regular containers of the spec the status does not list running (yet), each decided as it will
     # be once it runs (container_id ""): what the NRI route answers when the runtime creates one.
     waiting: tuple[ContainerPlan, ...] = ()
+    # Names of the waiting ones whose status says terminated (exited, not waiting to start again).
+    exited: frozenset[str] = frozenset()
 
 
 class PodError(ValueError):
@@ -308,6 +311,12 @@ def _running(status: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
     return out
 
 
+def _terminated(status: dict[str, Any]) -> set[str]:
+    """Names of the regular containers the status says have terminated."""
+    return {str(cs.get("name")) for cs in map(_dict, _list(status.get("containerStatuses")))
+            if "terminated" in _dict(cs.get("state"))}
+
+
 def _running_others(status: dict[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     for key in ("initContainerStatuses", "ephemeralContainerStatuses"):
@@ -414,4 +423,5 @@ def plan_pod(pod: object) -> PodPlan:
     for cname, cid in sorted(others.items()):
         if cname not in running:
             plans.append(ContainerPlan(cname, cid))
-    return PodPlan(uid, namespace, name, qos, tuple(plans), tuple(warnings), tuple(waiting))
+    exited = frozenset(c.name for c in waiting if c.name in _terminated(status))
+    return PodPlan(uid, namespace, name, qos, tuple(plans), tuple(warnings), tuple(waiting), exited)

@@ -8,8 +8,12 @@ Both live in one agent and the pod watch stays the reconciler and safety net und
   restart, an upgrade), connects again with a back-off of `BACKOFF_MIN_SECONDS` doubling to
   `BACKOFF_MAX_SECONDS`; the runtime then synchronizes again and the agent pins what started
   meanwhile.
-- `pod-cgroup`: the pod watch pins containers once they run (today's route; narrowing the pod's
-  cgroup as the kubelet creates it comes later, behind this same name).
+- `pod-cgroup`: without NRI nobody is asked before a container starts, so the pins come first: the
+  pod watch allocates a bound pod's exclusive CPUs as soon as it lists the pod (state committed
+  first), and a watcher on the kubelet's QoS folders writes the pod's cgroup the moment the kubelet
+  makes it (the union of its containers' CPUs), keeping the Burstable and BestEffort folders on the
+  pool; runc then starts each container on its pod's set, and the watch narrows each container to
+  its own once it runs (`agent.kube.podcgroup_route`, with enforcement on).
 
 `--route auto` chooses at start: NRI when the socket exists and the runtime answers our
 registration within `REGISTER_SECONDS`, else pod-cgroup.  `--route nri` insists: the agent keeps

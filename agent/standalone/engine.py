@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 from agent.alloc.devices import allocate_with_gpus, is_held
@@ -65,6 +65,10 @@ class AllocationRefused(AllocationError):
         self.reason = reason  # one of agent.metrics.registry.REFUSAL_REASONS
 
 
+OuterTargets = tuple[dict[str, CPUSet], dict[str, CPUSet]]
+"""(cpus, mems) of cgroups outside the engine's own that move with the pool (see `PinningEngine.outer`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ReconcileResult:
     released: tuple[str, ...]  # allocations whose processes were gone
@@ -90,6 +94,11 @@ class PinningEngine:
     defer_rebuild = False
     _unsaved = False
     on_release: Callable[[str], None] | None = None
+    # The kubelet's cgroups above the containers (the pod-cgroup route's QoS folders and pod cgroups):
+    # given the state being applied, a context yielding their targets, held while they are written in
+    # the engine's own ordered step, so one write widens folder, pod and container in that order (v1
+    # refuses a container wider than its pod).  None: the engine writes only its own cgroups.
+    outer: Callable[[State], AbstractContextManager[OuterTargets]] | None = None
 
     def __init__(self, topology: Topology, layout: CgroupLayout, state_file: StateFile,
                  reserved: CPUSet = EMPTY, proc: str = "/proc", gpus: tuple[GPU, ...] = (),
@@ -157,9 +166,13 @@ class PinningEngine:
         pool = [rel for rel in self._shared_cgroups(shared) if rel not in exclusive]
         # A container the runtime is about to create (the NRI route) holds its CPUs already.
         absent = [a.cpus for a in state.allocations if a.cgroup not in exclusive]
-        apply_with_shared_pool(self.layout, allowed=self.allowed, reserved=state.reserved,
-                               exclusive=exclusive, shared=pool, mems=mems or None, remove=remove,
-                               absent=absent)
+        with self._outer_targets(state) as (around, around_mems):
+            apply_with_shared_pool(self.layout, allowed=self.allowed, reserved=state.reserved,
+                                   exclusive=exclusive, shared=pool, mems={**around_mems, **mems} or None,
+                                   remove=remove, absent=absent, around=around)
+
+    def _outer_targets(self, state: State) -> AbstractContextManager[OuterTargets]:
+        return nullcontext(({}, {})) if self.outer is None else self.outer(state)
 
     def _alive(self, alloc: Allocation) -> bool:
         return allocation_in_use(self.layout, alloc, self.proc)
@@ -270,11 +283,11 @@ class PinningEngine:
 
     def join_pool(self, rel: str) -> bool:
         """Give one existing cgroup (a kubelet container's) the shared pool; True if it was written."""
-        with self.locked() as state:
+        with self.locked() as state, self._outer_targets(state) as (around, around_mems):
             pool = self.pool_of(state)
             if read_cpuset(self.layout, rel)[0] == pool:
                 return False
-            apply_assignment(self.layout, {rel: pool})
+            apply_assignment(self.layout, {**around, rel: pool}, around_mems or None)
             return True
 
     def join(self, alloc: Allocation, pid: int) -> None:

@@ -38,8 +38,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.enforce.cgroup import CgroupLayout, create_cgroup, exists, read_cpuset, read_procs
+from agent.enforce.cgroup import CgroupLayout, create_cgroup, exists, read_cpuset, read_procs, write_set
 from agent.enforce.kubepods import CgroupDriver, QOSClass, container_cgroup_path, pod_cgroup_path
+from agent.errors import EnforcementError
 from agent.kube.pods import qos_of
 from agent.topology.cpuset import CPUSet
 
@@ -147,19 +148,44 @@ class KubeletStandIn:
         `container_ids` names containers the runtime already created (an NRI test's); `cpusets` gives
         a container the cpuset its runtime's adjusted spec says (else runc copies the parent's).
         """
-        raw = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
-        obj = json.loads(raw.data)
-        assert obj["spec"].get("nodeName") == self.node_name, "pod is not bound to this node"
-        pod = Pod(namespace, name, obj["metadata"]["uid"], qos_of(obj))
-        self.pods[pod.uid] = pod
-        root_cpus, root_mems = read_cpuset(self.layout, "")
-        create_cgroup(self.layout, pod.cgroup, cpus=root_cpus, mems=root_mems)  # as kubelet's own
+        obj = self._bound_pod(namespace, name)
+        pod = self.make_pod_cgroup(namespace, name, obj)
         ids, given = container_ids or {}, cpusets or {}
         for c in obj["spec"]["containers"]:
             pod.containers[c["name"]] = self._run_container(pod, c["name"], ids.get(c["name"]),
                                                             given.get(c["name"]))
         if report:
             self.report(pod)
+        return pod
+
+    def _bound_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        raw = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+        obj: dict[str, Any] = json.loads(raw.data)
+        assert obj["spec"].get("nodeName") == self.node_name, "pod is not bound to this node"
+        return obj
+
+    def make_pod_cgroup(self, namespace: str, name: str, obj: dict[str, Any] | None = None) -> Pod:
+        """Make the pod's cgroup (and its QoS folders), as the kubelet does before the runtime makes
+        any container: each new cgroup gets its parent's cpuset, as libcontainer copies it on v1.  A
+        pod cgroup made before is left as it is."""
+        obj = obj or self._bound_pod(namespace, name)
+        uid = obj["metadata"]["uid"]
+        pod = self.pods.get(uid) or Pod(namespace, name, uid, qos_of(obj))
+        self.pods[uid] = pod
+        parts = pod.cgroup.split("/")
+        for i in range(1, len(parts) + 1):
+            rel, up = "/".join(parts[:i]), "/".join(parts[:i - 1])
+            if exists(self.layout, rel):
+                continue
+            create_cgroup(self.layout, rel, mems=read_cpuset(self.layout, up)[1])
+            for attempt in range(20):  # a watcher may narrow the parent between our read and write
+                try:
+                    write_set(self.layout, rel, "cpus", read_cpuset(self.layout, up)[0])
+                    break
+                except EnforcementError:
+                    if attempt == 19:
+                        raise
+                    time.sleep(0.01)
         return pod
 
     def _run_container(self, pod: Pod, name: str, cid: str | None = None,

@@ -55,8 +55,11 @@ def test_guaranteed_pod_gets_an_exclusive_cpu_and_shared_pods_shrink(kube_node: 
     pool = everything - mine
     wait_for(lambda: proc_cpus(shared.containers["c0"].pid) == pool.cpulist(), "the shared pod to shrink")
     # The record names the kubelet's container cgroup and its owner; the cgroup holds what was recorded.
-    alloc = next(a for a in StateFile(node.state_dir).load().allocations if a.owner.pod_uid == pinned.uid)
-    assert alloc.cgroup == sleeper.cgroup and alloc.owner.container == "c0" and alloc.cpus == mine
+    # (The pod-cgroup route pinned the pod before its container ran: the watch then names the container.)
+    alloc = wait_for(lambda: next((a for a in StateFile(node.state_dir).load().allocations
+                                   if a.owner.pod_uid == pinned.uid and a.cgroup == sleeper.cgroup), None),
+                     "the record to name the container's cgroup")
+    assert alloc.owner.container == "c0" and alloc.cpus == mine
     assert read_cpuset(node.layout, sleeper.cgroup)[0] == mine
     wait_for(lambda: node.nrt_available_cpus() == len(everything) - 1, "NRT to count the allocation")
 
@@ -81,8 +84,8 @@ def test_restarted_container_keeps_its_cpus_and_exited_one_frees_them(kube_node:
                      "the container to be pinned")
     again = node.kubelet.restart_container(pod, "c0")
     wait_for(lambda: proc_cpus(again.pid) == first, "the restarted container (new ID) on the same CPU")
-    alloc = StateFile(node.state_dir).load().allocations[0]
-    assert alloc.cgroup == again.cgroup
+    wait_for(lambda: StateFile(node.state_dir).load().allocations[0].cgroup == again.cgroup,
+             "the record to name the restarted container's cgroup")
     node.kubelet.stop_container(pod, "c0", exit_code=0)
     wait_for(lambda: not StateFile(node.state_dir).load().allocations, "the exited container's release")
 
@@ -122,7 +125,9 @@ def test_opt_out_and_burstable_opt_in(kube_node: KubeNode) -> None:
 def test_relist_repins_nothing_and_drift_is_repaired(kube_node: KubeNode) -> None:
     node = kube_node
     everything = allowed(node)
-    node.start_agent()
+    # The watch alone (an NRI route whose runtime never answers): on the pod-cgroup route the pod
+    # cgroups would keep the kernel from taking the drift written below (tests/kube/test_pod_cgroup_route.py).
+    node.start_agent("--route", "nri", "--nri-socket", str(node.tmp / "absent.sock"))
     shared = node.run_pod("shared", cpu="100m", memory="32Mi", limits=False)
     pinned = node.run_pod("pinned", **G1)
     wait_for(lambda: len(StateFile(node.state_dir).load(missing_ok=True).allocations) == 1, "the allocation")

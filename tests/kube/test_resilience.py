@@ -28,7 +28,9 @@ def test_api_outage_keeps_pinning_and_publishing_catches_up(kube_node: KubeNode,
                                                             control_plane: object) -> None:
     node = kube_node
     everything = read_cpuset(node.layout, "", effective=True)[0]
-    node.start_agent()
+    # The watch alone (an NRI route whose runtime never answers): on the pod-cgroup route the pod
+    # cgroups would keep the kernel from taking the drift written below.
+    node.start_agent("--route", "nri", "--nri-socket", str(node.tmp / "absent.sock"))
     shared = node.run_pod("shared", cpu="100m", memory="32Mi", limits=False)
     pinned = node.run_pod("pinned", cpu="1", memory="64Mi")
     wait_for(lambda: len(StateFile(node.state_dir).load(missing_ok=True).allocations) == 1, "the allocation")

@@ -2,9 +2,14 @@
 containerd 1.6 (no NRI) and runc, and `agent.enforce.podcgroups.PodCgroupWatcher` writing the pod
 cgroups the kubelet makes, before any container exists.
 
-No agent runs: a stand-in policy maps the Guaranteed test pod's UID to the node's last CPU (the
-agent's wiring comes later); every other pod gets the pool (every other CPU), and so do the
-Burstable and BestEffort folders.  What is checked is what each container's first process read of
+`test_agent_pins_from_the_first_instruction` runs the real agent (`topolet agent --route
+pod-cgroup`): the Guaranteed pod's container runs its first instruction on the allocation its state
+file records, and a Burstable pod's on the rest.
+
+`test_first_instruction_runs_on_the_pod_cgroups_cpus` runs the watcher alone with a stand-in policy
+(the Guaranteed test pod's UID → the node's last CPU; every other pod, and the Burstable and
+BestEffort folders, the pool), to count whose writes land on the pod cgroup across a kubelet
+restart.  What is checked is what each container's first process read of
 itself before anything else (`/proc/self/status` with shell builtins, then `nproc`; its log on the
 node), and what the kernel says of the cgroups runc made.
 
@@ -29,7 +34,9 @@ from agent.enforce.kubepods import CgroupDriver, QOSClass, pod_cgroup_path, qos_
 from agent.enforce.podcgroups import PodCgroupWatcher, PodCpuset
 from agent.topology.cpuset import EMPTY, CPUSet
 from tests.conftest import require
+from tests.kube.kubelet_standin import wait_for
 from tests.realnode.node import (
+    NodeAgent,
     RealNode,
     WriteCounter,
     container_id,
@@ -147,3 +154,32 @@ def test_first_instruction_runs_on_the_pod_cgroups_cpus(real_node: RealNode, pod
           f"\nwrites to the pod cgroup's cpuset.cpus after the test saw it: {sum(during_life.values())} "
           f"(after a kubelet restart: {sum(after_restart.values())}); someone else's, put back: "
           f"{undone_life} (after the restart: {watcher.undone})")
+
+
+def test_agent_pins_from_the_first_instruction(real_node: RealNode, pods: list[str]) -> None:
+    everything = CPUSet.parse((real_node.cpuset_root / "cpuset.cpus").read_text().strip())
+    require(len(everything) >= 2, "needs two CPUs to tell a pinned pod from the pool")
+    agent = NodeAgent(real_node, "--route", "pod-cgroup")
+    agent.start()
+    try:
+        wait_for(lambda: "pod-cgroup route: watching" in agent.log() or not agent.running(),
+                 "the agent's pod-cgroup watcher")
+        assert agent.running(), agent.log()[-4000:]
+        uid = create(real_node, pods, "agent-pinned", cpu="1")["metadata"]["uid"]
+        create(real_node, pods, "agent-shared", cpu="100m", limits=False)  # Burstable
+        seen = first_read(real_node, running(real_node, "agent-pinned"))
+        (alloc,) = [a for a in agent.state().allocations if a.owner.pod_uid == uid]
+        assert (seen["Cpus_allowed_list"], seen["nproc"]) == \
+            (alloc.cpus.cpulist(), str(len(alloc.cpus))), seen
+        shared_seen = first_read(real_node, running(real_node, "agent-shared"))
+        assert CPUSet.parse(shared_seen["Cpus_allowed_list"]) == everything - alloc.cpus, shared_seen
+        wait_for(lambda: [a.cgroup.rsplit("/", 1)[-1] for a in agent.state().allocations
+                          if a.owner.pod_uid == uid] == [container_id(running(real_node, "agent-pinned"))],
+                 "the watch to move the allocation to the container")
+        assert agent.running() and "Traceback" not in agent.log()
+        print(f"\nagent, pod-cgroup route: first instruction of the Guaranteed pod on "
+              f"{seen['Cpus_allowed_list']} (state: {alloc.cpus.cpulist()}), of the Burstable pod on "
+              f"{shared_seen['Cpus_allowed_list']}")
+    finally:
+        print(f"--- agent ---\n{agent.log()[-4000:]}")
+        agent.stop()

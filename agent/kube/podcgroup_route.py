@@ -1,0 +1,159 @@
+"""The pod-cgroup route wired into the agent: pod cgroups hold their pods' exclusive CPUs before any
+container exists.
+
+`PodCgroupRoute` turns the pinner (`agent.kube.pinner`, with `ahead` on: a bound pod's exclusive
+containers are allocated as soon as the watch lists it) into the policy of a
+`agent.enforce.podcgroups.PodCgroupWatcher`, which writes each pod cgroup as the kubelet makes it:
+
+- a pod that holds allocations gets their union (their memory nodes too, when every one of them is
+  bound and the pod has no other container); a pod with a container on the pool besides (a shared or
+  refused container, an init container running) gets the pool as well, so that container can join it;
+- every other pod, and the Burstable and BestEffort folders, the shared pool.
+
+Threads: the watcher calls the policy on its own thread, so the policy reads a snapshot
+(`PodCpusets`, replaced whole) that only the enforcer thread makes, from the state file and the
+pinner's pod cache under the pinner's lock, and only while it holds the watcher's lock, so the watcher
+never writes from half a snapshot.  Lock order: the pinner's, the state file's, then the watcher's;
+the watcher's thread takes only its own.
+
+Ordering (hazard: v1 refuses a container wider than its pod): the engine writes the QoS folders and
+pod cgroups in its own ordered step (`PinningEngine.outer`), so a release widens folder, pod and
+container in that order, and an allocation narrows them the other way.  After each pod change and
+reconcile `sync()` writes the pods whose answer changed and the shared folders when the pool moved.
+
+Start order: `start()` only once the pinner has the watch's first list (and the state file agrees
+with it): a pod still pinned in the state but unknown to the pinner would otherwise be put on the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from agent.enforce.kubepods import CgroupDriver, QOSClass
+from agent.enforce.podcgroups import PodCgroupWatcher, PodCpuset, subtrees_targets
+from agent.enforce.state import State
+from agent.errors import EnforcementError
+from agent.kube.pinner import PodPinner
+from agent.kube.pods import PodPlan
+from agent.standalone.engine import OuterTargets
+from agent.topology.cpuset import EMPTY, CPUSet
+
+log = logging.getLogger("topolet.kube.podcgroups")
+
+
+@dataclass(frozen=True, slots=True)
+class PodCpusets:
+    """The policy at one moment: each pinned pod's cgroup set, and the shared pool."""
+
+    pods: Mapping[str, PodCpuset] = field(default_factory=dict)
+    pool: CPUSet = EMPTY
+
+
+def pod_cpusets(state: State, plans: Mapping[str, PodPlan], pool: CPUSet) -> PodCpusets:
+    """What each pod's cgroup holds under `state` (pure; see the module docstring)."""
+    held: dict[str, list[tuple[str, CPUSet, CPUSet]]] = {}
+    for a in state.allocations:
+        if a.owner.pod_uid is not None and a.owner.container is not None:
+            held.setdefault(a.owner.pod_uid, []).append((a.owner.container, a.cpus, a.mems))
+    pods: dict[str, PodCpuset] = {}
+    for uid, allocs in held.items():
+        cpus = EMPTY.union(*(c for _, c, _ in allocs))
+        plan = plans.get(uid)
+        names = {n for n, _, _ in allocs}
+        others = plan is not None and any(c.name not in names and c.name not in plan.exited
+                                          for c in (*plan.containers, *plan.waiting))
+        bound = all(m for _, _, m in allocs) and not others
+        mems = EMPTY.union(*(m for _, _, m in allocs)) if bound else EMPTY
+        pods[uid] = (cpus | pool if others else cpus, mems)
+    return PodCpusets(pods, pool)
+
+
+class PodCgroupRoute:
+    """The pod-cgroup route of one agent: its watcher, the policy snapshot it reads, the engine's hook."""
+
+    def __init__(self, pinner: PodPinner) -> None:
+        self.pinner = pinner
+        self.engine = pinner.engine
+        pinner.ahead = True
+        self.policy = PodCpusets()
+        self.watcher: PodCgroupWatcher | None = None
+
+    # -- what the watcher asks, on its thread ---------------------------------------------------
+
+    def pod_cpuset(self, uid: str) -> PodCpuset | None:
+        return self.policy.pods.get(uid)
+
+    def shared_pool(self) -> CPUSet:
+        return self.policy.pool
+
+    # -- the enforcer's side --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take the policy from the state and the pinner, watch the kubelet's QoS folders (writing
+        what is there) and hook the engine's ordered writes; a watch that cannot start is logged and
+        the pod watch pins alone."""
+        driver = self.pinner.driver or CgroupDriver.CGROUPFS  # no kubepods yet: the kubelet's default
+        watcher = PodCgroupWatcher(self.engine.layout, driver, self.pod_cpuset, self.shared_pool)
+        with self.pinner.lock:
+            self.policy = self._snapshot(self.pinner.state())
+        try:
+            watcher.start()
+        except EnforcementError as exc:
+            log.error("pod-cgroup route: cannot watch the kubelet's cgroups (%s); pods are pinned once "
+                      "their containers run", exc)
+            return
+        self.watcher = watcher
+        self.engine.outer = self._outer
+        log.info("pod-cgroup route: watching %s (%s driver) for pod cgroups; %d pods there now",
+                 watcher.folders[QOSClass.GUARANTEED], driver, len(watcher.pods()))
+
+    def stop(self) -> None:
+        """Stop watching; cgroups keep what was written."""
+        self.engine.outer = None
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
+
+    def sync(self) -> None:
+        """Bring the policy to the state and the pod cache now, and write the pods it changed (and
+        the shared folders when the pool moved)."""
+        watcher = self.watcher
+        if watcher is None:
+            return
+        with self.pinner.lock, watcher.lock:
+            before = self.policy
+            self.policy = after = self._snapshot(self.pinner.state())
+            moved = after.pool != before.pool
+            try:
+                if moved:  # the folders and every pod in them
+                    watcher.keep_shared()
+                for uid, pod in watcher.pods().items():
+                    answer_moved = after.pods.get(uid) != before.pods.get(uid)
+                    if (pod.qos is QOSClass.GUARANTEED and moved) or answer_moved:
+                        watcher.write_pod(uid)
+            except EnforcementError as exc:  # the watcher rewrites what drifts; the next sync again
+                log.warning("pod cgroups: %s", exc)
+
+    # -- the engine's ordered step ----------------------------------------------------------------
+
+    @contextmanager
+    def _outer(self, state: State) -> Iterator[OuterTargets]:
+        """The QoS folders' and pod cgroups' targets under `state` (the policy taken from it), the
+        watcher held until the engine has written them (`PinningEngine.outer`)."""
+        watcher = self.watcher
+        if watcher is None:
+            yield {}, {}
+            return
+        with watcher.lock:  # the caller holds the pinner's lock (every engine call does)
+            self.policy = self._snapshot(state)
+            targets = watcher.shared_targets()
+            for uid, pod in watcher.pods().items():
+                if pod.qos is QOSClass.GUARANTEED:
+                    targets.append((pod.path, *(self.pod_cpuset(uid) or (self.policy.pool, EMPTY))))
+            yield subtrees_targets(self.engine.layout, targets)
+
+    def _snapshot(self, state: State) -> PodCpusets:
+        return pod_cpusets(state, dict(self.pinner.pods), self.pinner.pool(state))
