@@ -12,7 +12,7 @@ Three threads (four with NRI), so that losing the API server stops publishing, n
   first list is applied) writes each pod cgroup as the kubelet makes it, from the enforcer's policy;
 - the publisher writes what the enforcer changed — the NodeResourceTopology after every
   allocation change, labels when the topology changes, Events for bad annotations (which ones, and
-  how often per pod, the pinner's `WarningLimiter` decides) — retrying every second at most while
+  how often per pod, `agent.kube.warnings.WarningLimiter` decides) — retrying every second at most while
   the API is down, so it catches up within seconds of its return.
 
 MIG follows NVIDIA MIG manager's protocol on the Node: the user's label `topolet.io/mig.config`

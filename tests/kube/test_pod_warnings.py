@@ -1,4 +1,4 @@
-"""When a pod warning becomes an Event (`agent.kube.pinner.WarningLimiter`): once per distinct warning,
+"""When a pod warning becomes an Event (`agent.kube.warnings.WarningLimiter`): once per distinct warning,
 a burst then one per refill period per pod, bounded memory, forgotten with the pod.
 
 The pinner rows run a real `PodPinner` over a `RecordingEngine` (no cgroups) on a hardware dump, as
@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.enforce.state_file import StateFile
-from agent.kube.pinner import PodPinner, WarningLimiter
+from agent.kube.pinner import PodPinner
 from agent.kube.pods import PodPlan, plan_pod
 from agent.kube.recording import RecordingEngine
+from agent.kube.warnings import WarningLimiter
 from agent.kube.watch import Changed, Gone, Synced
 from agent.metrics.registry import Metrics
 from agent.topology.discover import discover
