@@ -32,12 +32,9 @@ from typing import Any
 
 from agent.errors import ConfigError, KubeAPIError
 from agent.kube.client import KubeClient, resource_path
+from agent.kube.objects import as_dict
 
 log = logging.getLogger(__name__)
-
-
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _micro_time(seconds: float) -> str:
@@ -121,8 +118,8 @@ class LeaderElector:
                 raise
             log.info("leader election: %s acquired new Lease %s/%s", self.identity, self.namespace, self.name)
             return True
-        spec = _dict(lease.get("spec"))
-        meta = _dict(lease.get("metadata"))
+        spec = as_dict(lease.get("spec"))
+        meta = as_dict(lease.get("metadata"))
         holder = str(spec.get("holderIdentity") or "")
         seen = (holder, str(spec.get("renewTime") or ""), str(meta.get("resourceVersion") or ""))
         if seen != self._observed:
@@ -147,7 +144,7 @@ class LeaderElector:
             if exc.status == 409:
                 return False
             raise
-        umeta = _dict(updated.get("metadata"))
+        umeta = as_dict(updated.get("metadata"))
         self._observed = (self.identity, new_spec["renewTime"], str(umeta.get("resourceVersion") or ""))
         self._observed_at = now
         if holder != self.identity:
@@ -161,7 +158,7 @@ class LeaderElector:
             self._renewed_at = None
         try:
             lease = self.kube.get(self.path, what=f"get Lease {self.namespace}/{self.name}")
-            spec = _dict(lease.get("spec"))
+            spec = as_dict(lease.get("spec"))
             if spec.get("holderIdentity") != self.identity:
                 return
             # A one-second duration and no holder: the next replica takes it on its next round.

@@ -53,6 +53,7 @@ from fractions import Fraction
 from typing import Any
 
 from agent.enforce.kubepods import QOSClass
+from agent.kube.objects import as_dict, as_list
 
 ANNOTATION_PREFIX = "topolet.io/"
 CPU_POLICY = "topolet.io/cpu-policy"
@@ -166,18 +167,10 @@ def _parse_quantity(text: str | int) -> Fraction | None:
     return value * _SUFFIX[suffix]
 
 
-def _dict(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def _resources(container: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    res = _dict(container.get("resources"))
-    limits = _dict(res.get("limits"))
-    requests = dict(_dict(res.get("requests")))
+    res = as_dict(container.get("resources"))
+    limits = as_dict(res.get("limits"))
+    requests = dict(as_dict(res.get("requests")))
     # The API defaults a missing request to its limit; do the same for objects that skipped defaulting.
     for key, value in limits.items():
         requests.setdefault(key, value)
@@ -195,10 +188,10 @@ def _granted(container: dict[str, Any], status: dict[str, Any]) -> tuple[dict[st
     """
     requests, spec_limits = _resources(container)
     limits = dict(spec_limits)  # a copy: the pod object is the watch's, never changed here
-    given = _dict(status.get("resources"))
-    limits.update(_dict(given.get("limits")))
-    requests.update(_dict(given.get("requests")))
-    requests.update(_dict(status.get("allocatedResources")))
+    given = as_dict(status.get("resources"))
+    limits.update(as_dict(given.get("limits")))
+    requests.update(as_dict(given.get("requests")))
+    requests.update(as_dict(status.get("allocatedResources")))
     for key, value in limits.items():
         requests.setdefault(key, value)
     return requests, limits
@@ -207,14 +200,14 @@ def _granted(container: dict[str, Any], status: dict[str, Any]) -> tuple[dict[st
 def qos_of(pod: dict[str, Any]) -> QOSClass:
     """The pod's QoS class: `status.qosClass` when set (what kubelet used for its cgroup), else
     derived from the containers' requests and limits as the API server does."""
-    given = _dict(pod.get("status")).get("qosClass")
+    given = as_dict(pod.get("status")).get("qosClass")
     if isinstance(given, str):
         try:
             return QOSClass(given)
         except ValueError:
             pass
-    spec = _dict(pod.get("spec"))
-    containers = [_dict(c) for c in _list(spec.get("containers")) + _list(spec.get("initContainers"))]
+    spec = as_dict(pod.get("spec"))
+    containers = [as_dict(c) for c in as_list(spec.get("containers")) + as_list(spec.get("initContainers"))]
     any_set = False
     guaranteed = bool(containers)
     for c in containers:
@@ -232,7 +225,7 @@ def qos_of(pod: dict[str, Any]) -> QOSClass:
 
 def _annotations(meta: dict[str, Any]) -> tuple[dict[str, str], list[PodWarning]]:
     """Our annotations with defaults applied, and a warning for each bad one."""
-    raw = _dict(meta.get("annotations"))
+    raw = as_dict(meta.get("annotations"))
     out: dict[str, str] = {}
     warnings: list[PodWarning] = []
     for key, value in raw.items():
@@ -287,14 +280,14 @@ def placement_entry(text: str, index: int) -> tuple[str, int | None] | str:
 
 def _placed_zone(pod: dict[str, Any], meta: dict[str, Any], text: str) -> tuple[int | None, str]:
     """The zone `topolet.io/placements` gives this pod: (zone or None, "") or (None, why it cannot)."""
-    index = _dict(meta.get("annotations")).get(COMPLETION_INDEX)
+    index = as_dict(meta.get("annotations")).get(COMPLETION_INDEX)
     if not (isinstance(index, str) and index.isdigit()):
         return None, f"{PLACEMENTS}: the pod has no {COMPLETION_INDEX} to read its entry by"
     entry = placement_entry(text, int(index))
     if isinstance(entry, str):
         return None, entry
     node, zone = entry
-    here = _dict(pod.get("spec")).get("nodeName")
+    here = as_dict(pod.get("spec")).get("nodeName")
     if node != here:
         return None, f"{PLACEMENTS}: entry {index} places the pod on {node[:64]}, it runs on {str(here)[:64]}"
     return zone, ""
@@ -303,27 +296,28 @@ def _placed_zone(pod: dict[str, Any], meta: dict[str, Any], text: str) -> tuple[
 def _running(status: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
     """Container name → (container ID, its status) of every container the status says is running."""
     out: dict[str, tuple[str, dict[str, Any]]] = {}
-    for cs in _list(status.get("containerStatuses")):
-        cs = _dict(cs)
+    for cs in as_list(status.get("containerStatuses")):
+        cs = as_dict(cs)
         name, cid = cs.get("name"), cs.get("containerID")
-        if isinstance(name, str) and isinstance(cid, str) and cid and "running" in _dict(cs.get("state")):
+        if isinstance(name, str) and isinstance(cid, str) and cid and "running" in as_dict(cs.get("state")):
             out[name] = (cid, cs)
     return out
 
 
 def _terminated(status: dict[str, Any]) -> set[str]:
     """Names of the regular containers the status says have terminated."""
-    return {str(cs.get("name")) for cs in map(_dict, _list(status.get("containerStatuses")))
-            if "terminated" in _dict(cs.get("state"))}
+    return {str(cs.get("name")) for cs in map(as_dict, as_list(status.get("containerStatuses")))
+            if "terminated" in as_dict(cs.get("state"))}
 
 
 def _running_others(status: dict[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     for key in ("initContainerStatuses", "ephemeralContainerStatuses"):
-        for cs in _list(status.get(key)):
-            cs = _dict(cs)
+        for cs in as_list(status.get(key)):
+            cs = as_dict(cs)
             name, cid = cs.get("name"), cs.get("containerID")
-            if isinstance(name, str) and isinstance(cid, str) and cid and "running" in _dict(cs.get("state")):
+            running = "running" in as_dict(cs.get("state"))
+            if isinstance(name, str) and isinstance(cid, str) and cid and running:
                 out[name] = cid
     return out
 
@@ -360,11 +354,11 @@ def plan_pod(pod: object) -> PodPlan:
     """
     if not isinstance(pod, dict):
         raise PodError("not an object")
-    meta = _dict(pod.get("metadata"))
+    meta = as_dict(pod.get("metadata"))
     uid, namespace, name = meta.get("uid"), meta.get("namespace"), meta.get("name")
     if not (isinstance(uid, str) and uid and isinstance(namespace, str) and isinstance(name, str)):
         raise PodError("pod without uid, namespace or name")
-    status = _dict(pod.get("status"))
+    status = as_dict(pod.get("status"))
     qos = qos_of(pod)
     notes, warnings = _annotations(meta)
     phase = status.get("phase")
@@ -392,8 +386,8 @@ def plan_pod(pod: object) -> PodPlan:
         binding = False
     plans: list[ContainerPlan] = []
     waiting: list[ContainerPlan] = []
-    for c in _list(_dict(pod.get("spec")).get("containers")):
-        c = _dict(c)
+    for c in as_list(as_dict(pod.get("spec")).get("containers")):
+        c = as_dict(c)
         cname = c.get("name")
         if not isinstance(cname, str):
             continue

@@ -22,9 +22,9 @@ from agent.admission.cluster.podindex import PodIndex
 from agent.admission.cluster.store import Reflector, VersionCache
 from agent.admission.cluster.view import build_view, node_allocatable, nrt_zones, pod_requests
 from agent.admission.engine.model import ClusterView, Resources
-from agent.admission.gangs.objects import as_dict, metadata_of
 from agent.admission.gangs.record import AdmissionRecord
 from agent.admission.report.metrics import AdmissionMetrics
+from agent.kube.objects import as_dict, metadata_of
 
 log = logging.getLogger(__name__)
 

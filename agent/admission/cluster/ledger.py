@@ -49,8 +49,8 @@ from typing import Any
 
 from agent.admission.cluster.podindex import PodIndex
 from agent.admission.engine.model import Placement, Resources
-from agent.admission.gangs.objects import as_mapping
 from agent.kube.nrt import ATTR_FINGERPRINT, pod_set_fingerprint
+from agent.kube.objects import as_mapping
 from agent.kube.pods import PodError, plan_pod
 
 DEFAULT_TIMEOUT = 120.0

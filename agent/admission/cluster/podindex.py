@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.admission.engine.model import Resources
-from agent.admission.gangs.objects import as_mapping
+from agent.kube.objects import as_mapping
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 Ident = tuple[str, str]

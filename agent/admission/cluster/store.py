@@ -7,7 +7,7 @@ Public API:
 - `VersionCache(compute)`: `compute(obj)` memoised by the object's uid and resourceVersion;
   `.retain(objs)` forgets the objects not among `objs`.
 
-Objects are keyed by `agent.admission.gangs.objects.object_key`.
+Objects are keyed by `agent.kube.objects.object_key`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from agent.admission.cluster import heap
-from agent.admission.gangs.objects import as_dict, metadata_of, object_key, resource_version
 from agent.errors import KubeAPIError
 from agent.kube.client import KubeClient, WatchStream
+from agent.kube.objects import as_dict, metadata_of, object_key, resource_version
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -42,8 +42,8 @@ from typing import Any
 from agent.admission.cluster.ledger import Entry, Ledger, SlotOf, agent_pins, job_slot
 from agent.admission.cluster.podindex import NodeUse, PodIndex
 from agent.admission.engine.model import ClusterView, Node, Resources, Taint, Zone
-from agent.admission.gangs.objects import as_list, as_mapping
 from agent.kube.nrt import ZONE_TYPE
+from agent.kube.objects import as_list, as_mapping
 from agent.kube.pods import parse_quantity
 
 GPU = "nvidia.com/gpu"

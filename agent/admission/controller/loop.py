@@ -87,7 +87,6 @@ from agent.admission.gangs.job import (
     job_finished,
     job_suspended,
 )
-from agent.admission.gangs.objects import as_dict, metadata_of, object_key
 from agent.admission.gangs.record import AdmissionRecord
 from agent.admission.gangs.slots import pod_gated
 from agent.admission.jobs.jobread import JobRead, JobReader
@@ -96,6 +95,7 @@ from agent.admission.kueue.check import KueueCheck
 from agent.admission.report.metrics import AdmissionMetrics
 from agent.kube.client import KubeClient, resource_path
 from agent.kube.leader import LeaderElector, NotLeader
+from agent.kube.objects import as_dict, metadata_of, object_key
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,6 @@ from typing import Any
 
 from agent.admission.cluster.store import Reflector
 from agent.admission.engine.model import Placement
-from agent.admission.gangs.objects import metadata_of, namespaced_name, object_key
 from agent.admission.gangs.record import AdmissionRecord, SlotPlacement
 from agent.admission.jobs.patches import (
     MERGE_PATCH,
@@ -56,6 +55,7 @@ from agent.admission.report.metrics import AdmissionMetrics
 from agent.errors import KubeAPIError
 from agent.kube.client import KubeClient, resource_path
 from agent.kube.leader import LeaderElector, NotLeader
+from agent.kube.objects import metadata_of, namespaced_name, object_key
 
 log = logging.getLogger(__name__)
 

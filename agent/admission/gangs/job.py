@@ -37,8 +37,8 @@ from agent.admission.engine.model import (
     Resources,
     Toleration,
 )
-from agent.admission.gangs.objects import as_dict, as_list, metadata_of, namespaced_name
 from agent.errors import TopoletError
+from agent.kube.objects import as_dict, as_list, metadata_of, namespaced_name
 from agent.kube.pods import COMPLETION_INDEX, NUMA_ZONE, parse_quantity
 from agent.labels.validate import is_dns_subdomain
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.admission.gangs.job import ADMISSION_ANNOTATION, JobSpecError
-from agent.admission.gangs.objects import as_dict, metadata_of
+from agent.kube.objects import as_dict, metadata_of
 from agent.kube.pods import PLACEMENTS
 
 PLACEMENTS_ANNOTATION = PLACEMENTS  # the agent reads it too (agent.kube.pods)

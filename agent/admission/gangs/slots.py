@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.admission.gangs.job import COMPLETION_INDEX_ANNOTATION, GATE, HOSTNAME_LABEL, NUMA_ZONE_ANNOTATION
-from agent.admission.gangs.objects import as_dict, as_list, metadata_of
 from agent.admission.gangs.record import PLACEMENTS_ANNOTATION, SlotPlacement
+from agent.kube.objects import as_dict, as_list, metadata_of
 from agent.kube.pods import placement_entry
 
 

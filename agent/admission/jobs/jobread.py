@@ -29,9 +29,9 @@ from agent.admission.gangs.job import (
     job_queue,
     job_suspended,
 )
-from agent.admission.gangs.objects import as_dict, metadata_of, namespaced_name
 from agent.admission.gangs.record import AdmissionRecord, decode_record, record_of
 from agent.admission.gangs.slots import SlotAssignment, assign_slots
+from agent.kube.objects import as_dict, metadata_of, namespaced_name
 
 
 @dataclass(frozen=True, slots=True)

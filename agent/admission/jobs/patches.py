@@ -44,9 +44,9 @@ from agent.admission.gangs.job import (
     job_indexed,
     job_suspended,
 )
-from agent.admission.gangs.objects import as_dict, metadata_of
 from agent.admission.gangs.record import PLACEMENTS_ANNOTATION, AdmissionRecord, placements_value
 from agent.admission.gangs.slots import scheduling_gates
+from agent.kube.objects import as_dict, metadata_of
 
 MERGE_PATCH = "application/merge-patch+json"
 # On the pod template beside PLACEMENTS_ANNOTATION (gated Indexed Jobs): the placement policy's

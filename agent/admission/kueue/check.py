@@ -58,7 +58,6 @@ from typing import Any
 
 from agent.admission.cluster.store import Reflector
 from agent.admission.engine.model import Gang, Placement, Refusal
-from agent.admission.gangs.objects import as_dict, metadata_of, object_key
 from agent.admission.kueue import workloads
 from agent.admission.kueue.holds import Held, Holds, ready_entries
 from agent.admission.kueue.workloads import CONTROLLER_NAME, KUEUE_GROUP, KUEUE_VERSION, WorkloadSpecError
@@ -67,6 +66,7 @@ from agent.admission.report.events import timestamp
 from agent.admission.report.metrics import AdmissionMetrics
 from agent.errors import KubeAPIError
 from agent.kube.client import KubeClient, resource_path
+from agent.kube.objects import as_dict, metadata_of, object_key
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,11 @@ from typing import Any
 
 from agent.admission.engine.model import Gang, Placement, Resources
 from agent.admission.gangs.job import gang_requests
-from agent.admission.gangs.objects import as_dict, metadata_of, object_key
 from agent.admission.gangs.record import AdmissionRecord
 from agent.admission.gangs.slots import assign_slots
 from agent.admission.kueue import workloads
 from agent.admission.kueue.workloads import WorkloadSpecError
+from agent.kube.objects import as_dict, metadata_of, object_key
 
 log = logging.getLogger(__name__)
 

@@ -47,13 +47,13 @@ from typing import Any
 
 from agent.admission.engine.model import Gang, Placement
 from agent.admission.gangs.job import HOSTNAME_LABEL, NUMA_ZONE_ANNOTATION, JobSpecError, gang_from_job
-from agent.admission.gangs.objects import as_dict, as_list, metadata_of, namespaced_name
 from agent.admission.gangs.record import (
     PLACEMENTS_ANNOTATION,
     AdmissionRecord,
     SlotPlacement,
     placements_value,
 )
+from agent.kube.objects import as_dict, as_list, metadata_of, namespaced_name
 from agent.kube.pods import parse_placement
 
 CONTROLLER_NAME = "topolet.io/topology-fit"

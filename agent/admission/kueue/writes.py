@@ -38,7 +38,6 @@ from typing import Any
 from agent.admission.cluster.store import Reflector
 from agent.admission.engine.model import Gang, Placement
 from agent.admission.gangs.job import job_indexed
-from agent.admission.gangs.objects import as_dict, metadata_of, object_key
 from agent.admission.kueue import workloads
 from agent.admission.kueue.holds import Held
 from agent.admission.kueue.workloads import CONTROLLER_NAME, KUEUE_GROUP, KUEUE_VERSION, WorkloadSpecError
@@ -47,6 +46,7 @@ from agent.admission.report.metrics import AdmissionMetrics
 from agent.errors import KubeAPIError
 from agent.kube.client import KubeClient, resource_path
 from agent.kube.leader import NotLeader
+from agent.kube.objects import as_dict, metadata_of, object_key
 
 log = logging.getLogger(__name__)
 

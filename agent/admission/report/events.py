@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.admission.gangs.objects import as_dict, metadata_of
 from agent.errors import KubeAPIError
 from agent.kube.client import KubeClient, resource_path
+from agent.kube.objects import as_dict, metadata_of
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Tolerant readers of API objects as plain dicts: the one set every admission module reads them with.
+"""Tolerant readers of API objects as plain dicts: the one set the agent and the admission controller use.
 
 An object from the API server or a watch may lack any field, or carry one of another JSON type than
 its schema says; these readers give an empty value then, so callers read it without checks.
@@ -55,4 +55,4 @@ def namespaced_name(obj: Mapping[str, Any]) -> str:
 def resource_version(obj: Mapping[str, Any]) -> int:
     """The object's resourceVersion as a number (-1 when it has none or it is not a number)."""
     text = metadata_of(obj).get("resourceVersion")
-    return int(text) if isinstance(text, str) and text.isdigit() else -1
+    return int(text) if isinstance(text, str) and text.isascii() and text.isdigit() else -1
