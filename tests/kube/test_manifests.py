@@ -164,7 +164,7 @@ def test_agent_command_line_is_one_the_cli_accepts(docs: list[dict[str, Any]]) -
     assert args.mode == "kubernetes"
     mounted = {m["mountPath"] for m in agent["volumeMounts"]}
     # Every path the agent is told to use lies on a mount (the root file system is read-only).
-    for path in (args.state_dir, args.features_dir, args.pod_resources_socket):
+    for path in (args.state_dir, args.features_dir, args.pod_resources_socket, args.nri_socket):
         assert any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounted), path
 
 
@@ -213,7 +213,7 @@ def test_host_paths_are_the_listed_ones_and_only_three_are_writable(docs: list[d
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert set(host.values()) == {
         *SYSFS_SUBTREES, "/sys/fs/cgroup", "/var/lib/topolet",
-        "/etc/kubernetes/node-feature-discovery/features.d", "/var/lib/kubelet/pod-resources",
+        "/etc/kubernetes/node-feature-discovery/features.d", "/var/lib/kubelet/pod-resources", "/var/run/nri",
     }
     writable = {host[m["name"]] for c in containers(docs) for m in c.get("volumeMounts", [])
                 if m["name"] in host and not m.get("readOnly", False)}
@@ -330,6 +330,48 @@ def test_cgroup_v1_component_mounts_only_the_cpuset_hierarchy(docs: list[dict[st
         "950 900 0:31 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime - cgroup cgroup rw,cpuset\n")
     layout = detect_layout(mountinfo=str(mountinfo))
     assert (layout.version, layout.root) == (1, "/sys/fs/cgroup")
+
+
+def test_agent_chooses_its_route_and_sees_the_nri_socket_folder(docs: list[dict[str, Any]]) -> None:
+    """--route auto with the default NRI socket, through a read-only mount of the socket's directory
+    (a runtime restart makes a new socket there) that a node without NRI creates empty, not refuses."""
+    from agent.cli import build_parser
+    from agent.kube.route import DEFAULT_NRI_SOCKET
+
+    (agent,) = pod_spec(docs)["containers"]
+    args = build_parser().parse_args([*agent["command"][1:], *agent["args"]])
+    assert (args.route, args.nri_socket) == ("auto", DEFAULT_NRI_SOCKET)
+    folder = os.path.dirname(args.nri_socket)
+    host, mount = agent_mounts(docs)[folder]
+    assert host == folder
+    assert mount.get("readOnly") is True
+    (volume,) = [v for v in pod_spec(docs)["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"]["type"] == "DirectoryOrCreate"
+    # The index the README's reserved-CPUs patch names stays that of --reserved-cpus.
+    assert agent["args"][6].startswith("--reserved-cpus=")
+
+
+def test_nri_required_component_insists_on_nri_and_lets_the_agent_start_without_itself(
+        docs: list[dict[str, Any]], tmp_path: Path) -> None:
+    """With topolet in containerd's required_plugins the agent must never settle on the pod-cgroup
+    route, and its own pod must tolerate topolet's absence, or it could never start again."""
+    from agent.cli import build_parser
+
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(BASE, overlay)
+    (overlay / "kustomization.yaml").write_text(
+        f"resources: [{base}]\ncomponents: [{base}/components/nri-required]\n")
+    required = [d for d in yaml.safe_load_all(kustomize_build(build_kubectl(), overlay)) if d]
+    (agent,) = pod_spec(required)["containers"]
+    args = build_parser().parse_args([*agent["command"][1:], *agent["args"]])
+    assert args.route == "nri"
+    ds = one(required, "DaemonSet", "topolet-agent")
+    assert ds["spec"]["template"]["metadata"]["annotations"]["tolerate-missing-plugins.nri.io"] == "true"
+    (before,) = pod_spec(docs)["containers"]
+    assert [a for a in agent["args"] if not a.startswith("--route=")] == \
+        [a for a in before["args"] if not a.startswith("--route=")]
+    assert agent_mounts(required) == agent_mounts(docs)
 
 
 def test_the_readmes_overlay_for_older_api_servers_drops_only_the_placement_policy(

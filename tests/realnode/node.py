@@ -803,8 +803,11 @@ def write_overlay(folder: Path, node: RealNode, image_ref: str, metrics_port: in
     nodeSelector on the node (a session's cluster also has simulated nodes); hostNetwork with
     KUBERNETES_SERVICE_HOST/PORT set to the test API server, which listens on 127.0.0.1 only (no
     kube-proxy routes the `kubernetes` Service here) and a free metrics port; the node's own host
-    paths (its kubelet's pod-resources folder, a state and a features.d folder); the kubelet's cgroup
-    root as --cgroup-root; no reserved CPU (a 2-CPU machine would have nothing to pin otherwise)."""
+    paths (its kubelet's pod-resources folder, a state and a features.d folder, and an NRI socket
+    folder of its own: never this machine's /var/run/nri, whose socket may belong to another runtime;
+    the node's containerd 1.6 has no NRI, so --route auto finds no socket there and takes the
+    pod-cgroup route); the kubelet's cgroup root as --cgroup-root; no reserved CPU (a 2-CPU machine
+    would have nothing to pin otherwise)."""
     folder.mkdir(parents=True, exist_ok=True)
     base = os.path.relpath(REPO / "daemonset", folder)
     api_port = node.cluster.plane.url.rsplit(":", 1)[1]
@@ -825,6 +828,9 @@ def write_overlay(folder: Path, node: RealNode, image_ref: str, metrics_port: in
         {"op": "replace", "path": "/spec/template/spec/volumes/4/hostPath/path", "value": str(features)},
         {"op": "replace", "path": "/spec/template/spec/volumes/5/hostPath/path",
          "value": str(node.kubelet_root / "pod-resources")},
+        {"op": "test", "path": "/spec/template/spec/volumes/7/name", "value": "nri"},
+        {"op": "replace", "path": "/spec/template/spec/volumes/7/hostPath/path",
+         "value": str(node.dir / "agent-nri")},
     ]
     if emulated():
         # Python starts in minutes, not seconds, under emulation: probes that a real machine passes

@@ -39,6 +39,7 @@ from tests.realnode.test_realnode import (
     delete_pod,
     exclusive_cpus,
     get_pod,
+    nrt,
     nrt_available_cpus,
     run,
 )
@@ -68,6 +69,12 @@ def test_daemonset_pod_publishes_and_pins_on_the_real_node(real_node: RealNode, 
     restarting containerd lose no allocation and assign nothing twice; deleting the pod frees its CPU."""
     everything = all_cpus(real_node)
     wait(lambda: nrt_available_cpus(real_node) == len(everything), "the NRT from the DaemonSet's pod")
+    # No NRI on this node (containerd 1.6; the NRI folder mounted is the node's own, empty): --route
+    # auto falls back to the pod-cgroup route and says so.
+    def route() -> str | None:
+        return {a["name"]: a["value"] for a in (nrt(real_node) or {}).get("attributes") or []}.get(
+            "topolet.io/pinning-route")
+    wait(lambda: route() == "pod-cgroup", "the NRT to report the pod-cgroup route")
     with real_node.api() as api:
         path = f"/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{AGENT_NS}/nodefeatures"
         features = wait(lambda: api.list(path)["items"], "the agent's NodeFeature")
