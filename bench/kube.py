@@ -9,28 +9,31 @@ Figures, each beside a reference measured in the same run:
 - agent RSS with 500 pods on the node (target < 60 MiB); reference: the RSS of a bare interpreter that
   imports the same modules.
 
-`--real-node` measures on a real node instead (tests/realnode/node.py: kubelet v1.37.2, containerd,
-runc), side by side:
-- container started (its process in the cgroup runc made) -> cpuset written, p50/p99 over Guaranteed
-  pods created one by one, and the part of it after the pod's status says Running (the agent waits
-  for that status: it names the container); reference: the kubelet's own pod creation -> Running
-  (phase seen on a watch) for the same pods;
-- the agent's memory: with the image built, the agent runs as the DaemonSet's pod (tests/realnode's
-  overlay) and this is its container's cgroup memory (memory.current; usage_in_bytes on cgroup v1)
-  against its 128Mi limit; without it, the RSS of a host-process agent;
-- the agent image's size, from R1's `make image` (build/image/image.env), "n/a" before it is built.
-Last line: `real node: started->pinned p99 X ms | agent memory Y MiB | image Z MiB`.
+`--real-node` measures on real nodes instead (tests/realnode/node.py: kubelet v1.37.2, runc), three
+arms one after the other (bench/realnode_arms.py): the agent on the pod-cgroup route (containerd
+1.6), the agent on the NRI route (containerd 2.4.2, `--route nri --nri-socket <node's>`) and, as the
+anchor, the kubelet's static CPU manager without topolet.  Each runs `--pods` Guaranteed 1-CPU pods
+one at a time (some with memory binding, one with a second container) and a Burstable pod beside every
+`--burstable-every`th, and reads each container's first instruction from its log:
+- first instruction pinned N/N: every container saw its allocation (agent state / cpu_manager_state),
+  every Burstable pod saw no exclusive CPU;
+- created -> Running p50/p99 per arm (phase seen on a watch), and its p99 with topolet over static's;
+- created -> pinned p50/p99 (a cgroup under the pod first seen holding the allocation);
+- the agent's memory (host process RSS at the end of each route's arm; the larger is printed);
+- the agent image's size, from `make image` (build/image/image.env), "n/a" before it is built.
+Last line: `real node: first instruction pinned N/N nri, N/N pod-cgroup (kubelet static N/N) |
+created->Running p99 with/static R.RR | create->pinned p99 X ms | agent memory Y MiB | image Z MiB`
+(a figure per route, `R.RR nri, R.RR pod-cgroup`, where the routes' differ); exit 1 on any miss.
 
 Needs root, a writable cpuset hierarchy and the control plane build (tests/controlplane/build.sh).
 Run: `.venv/bin/python bench/kube.py [--exclusive 200 --shared 500 --steady-seconds 60]`;
 a quick RSS probe (~30 s): `... bench/kube.py --exclusive 0 --shared 20 --steady-seconds 0`;
-the real node (~2 min): `... bench/kube.py --real-node [--pods 30]`.
+the real nodes (~45 s per arm for 10 pods): `... bench/kube.py --real-node [--pods 30]`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -87,7 +90,9 @@ def main() -> int:
                     help="extra `topolet agent` argument, repeatable: --agent-arg=--pod-resources-socket=")
     ap.add_argument("--real-node", action="store_true",
                     help="measure on a real kubelet + containerd + runc node (tests/realnode) instead")
-    ap.add_argument("--pods", type=int, default=30, help="--real-node: Guaranteed pods to time, default 30")
+    ap.add_argument("--pods", type=int, default=30, help="--real-node: Guaranteed pods per arm, default 30")
+    ap.add_argument("--burstable-every", type=int, default=5,
+                    help="--real-node: a Burstable pod beside every Nth Guaranteed pod, default 5")
     args = ap.parse_args()
     if args.real_node:
         return real_node_main(args)
@@ -195,147 +200,83 @@ def image_mib(env: dict[str, str]) -> str:
     return f"{int(size) / 2**20:.0f}" if size.isdigit() else "n/a"
 
 
-class PodTimes:
-    """When each pod (by name) was first seen Running, from a watch on a thread."""
-
-    def __init__(self, api: object, namespace: str) -> None:
-        import threading
-
-        self.api = api
-        self.namespace = namespace
-        self.running: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._stream: object = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        from agent.errors import KubeAPIError
-
-        api: Any = self.api
-        while not self._stop.is_set():
-            try:
-                with api.watch(f"/api/v1/namespaces/{self.namespace}/pods", {"timeoutSeconds": 60},
-                               timeout=(5.0, 90.0)) as stream:
-                    self._stream = stream
-                    for event in stream:
-                        if self._stop.is_set():
-                            return
-                        obj = (event or {}).get("object") or {}
-                        name = obj.get("metadata", {}).get("name")
-                        if (obj.get("status") or {}).get("phase") == "Running" and name not in self.running:
-                            self.running[name] = time.monotonic()
-            except KubeAPIError:
-                time.sleep(0.2)
-
-    def stop(self) -> None:
-        self._stop.set()
-        stream: Any = self._stream
-        if stream is not None:
-            stream.shutdown()
-
-
-def started_to_pinned(pod_dir: Path, timeout: float = 60.0) -> tuple[float, float]:
-    """Poll a pod's cgroup until a container in it runs on one CPU: (when its process was first seen
-    in its cgroup, when its cpuset was first seen narrowed)."""
-    started: dict[str, float] = {}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            children = [e for e in os.scandir(pod_dir) if e.is_dir()]
-        except FileNotFoundError:
-            children = []
-        for child in children:
-            try:
-                with open(os.path.join(child.path, "cgroup.procs")) as f:
-                    if child.name not in started and f.read().strip():
-                        started[child.name] = time.monotonic()
-                with open(os.path.join(child.path, "cpuset.cpus")) as f:
-                    text = f.read().strip()
-            except FileNotFoundError:
-                continue
-            if child.name in started and text and len(CPUSet.parse(text)) == 1:
-                return started[child.name], time.monotonic()
-        time.sleep(0.0005)
-    raise SystemExit(f"timed out waiting for a pinned container under {pod_dir}")
-
-
 def real_node_main(args: argparse.Namespace) -> int:
-    """The --real-node figures: a test cluster, a real node on it, the agent on that node (the
-    DaemonSet's pod from `make image`'s image when it is built, else a host process)."""
+    """The --real-node figures: a test cluster and, one after the other, the three arms of
+    bench/realnode_arms.py (the agent on the pod-cgroup route, on the NRI route, the kubelet's static
+    CPU manager), each a real node of its own."""
+    from realnode_arms import NRI, STATIC, run_arms
+
     from tests.controlplane.cluster import start_cluster
-    from tests.realnode.node import DaemonSetAgent, NodeAgent, RealNode, find_parts, guaranteed_pod, image_env
+    from tests.realnode.node import find_parts, image_env
 
     env = image_env()
     work = Path(tempfile.mkdtemp(prefix="topolet-bench-realnode-"))
     cluster = start_cluster(work)
-    node = RealNode(cluster, find_parts())
-    host_agent = NodeAgent(node, "--reconcile-seconds", "5", *args.agent_arg)
-    daemonset = DaemonSetAgent(node, env) if env and not args.agent_arg else None
-
-    def available() -> int:
-        obj = cluster.nrt(node.name) or {}
-        return sum(int(r["available"]) for z in obj.get("zones") or [] for r in z.get("resources") or []
-                   if r["name"] == "cpu")
-
     try:
-        node.start()
-        if daemonset is not None:
-            daemonset.start()
-        else:
-            proc = host_agent.start()
-        wait_for(lambda: cluster.nrt(node.name) is not None, "the agent's first NRT")
-        total = int(wait_for(available, "the NRT's available CPUs"))
-        with node.api() as api:
-            times = PodTimes(api, "default")
-            pinned: list[float] = []
-            running: list[float] = []
-            after_running: list[float] = []  # the agent's own share: the status it waits for -> pinned
-            try:
-                for i in range(args.pods):
-                    name = f"bench-{i}"
-                    made = api.create("/api/v1/namespaces/default/pods", guaranteed_pod(name, node.name))
-                    created = time.monotonic()
-                    pod_dir = node.cpuset_root / "kubepods" / f"pod{made['metadata']['uid']}"
-                    t_started, t_pinned = started_to_pinned(pod_dir)
-                    pinned.append(t_pinned - t_started)
-                    wait_for(lambda n=name: n in times.running, f"{name} Running")
-                    running.append(times.running[name] - created)
-                    after_running.append(t_pinned - times.running[name])
-                    api.request("DELETE", f"/api/v1/namespaces/default/pods/{name}")
-                    wait_for(lambda d=pod_dir: not d.exists(), f"{name}'s cgroup removed", timeout=90)
-                    wait_for(lambda: available() == total, f"{name}'s CPU released in the NRT")
-            finally:
-                times.stop()
-        if daemonset is not None:
-            memory = daemonset.memory_bytes() / 2**20
-            what = "agent container's cgroup memory (memory.current / v1 usage_in_bytes)"
-        else:
-            memory = rss_mib(proc.popen.pid)
-            what = "agent memory (host process RSS; no image built)"
+        results = run_arms(cluster, find_parts(), args.pods, args.burstable_every,
+                           agent_args=("--reconcile-seconds", "5", *args.agent_arg), rss=rss_mib)
     finally:
-        if daemonset is not None:
-            daemonset.stop()
-        host_agent.stop()
-        node.stop()
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)  # the cluster's etcd data and logs
-    image = image_mib(env)
     ms = 1e3
-    print(f"topolet real-node bench: kubelet v1.37.2 + containerd + runc, node {node.name}, {args.pods} pods,"
-          f" agent {'as the DaemonSet pod' if daemonset is not None else 'as a host process'}")
-    print(f"  reference: kubelet pod created -> Running   p50 {statistics.median(running) * ms:8.2f} ms"
-          f"  p99 {pct(running, 0.99) * ms:8.2f} ms  (n={len(running)})")
-    print(f"  container started -> cpuset written         p50 {statistics.median(pinned) * ms:8.2f} ms"
-          f"  p99 {pct(pinned, 0.99) * ms:8.2f} ms  (n={len(pinned)}; target p99 < 100 ms)")
-    print(f"    of which status Running (on a watch) -> cpuset written"
-          f"  p50 {statistics.median(after_running) * ms:8.2f} ms"
-          f"  p99 {pct(after_running, 0.99) * ms:8.2f} ms  (the rest: the kubelet reporting the start)")
-    print(f"  {what}: {memory:.1f} MiB  (limit {AGENT_MEMORY_LIMIT_MIB} Mi)")
-    print(f"  image: {image} MiB unpacked (build/image/image.env)")
-    print(f"real node: started->pinned p99 {pct(pinned, 0.99) * ms:.1f} ms | agent memory {memory:.0f} MiB"
-          f" | image {image} MiB")
-    return 0
+
+    def p99(vals: list[float]) -> str:
+        return f"{pct(vals, 0.99) * ms:.1f}" if vals else "n/a"
+
+    print(f"topolet real-node bench: kubelet v1.37.2 + runc, {args.pods} Guaranteed pods per arm "
+          f"(one at a time), a Burstable pod every {args.burstable_every}")
+    for r in results.values():
+        runtime = "containerd 2.4.2 (NRI)" if r.arm == NRI else "containerd 1.6"
+        who = "kubelet static CPU manager" if r.arm == STATIC else f"agent --route {r.arm} (host process)"
+        print(f"  {r.arm:10s} {who}, {runtime}: first instruction pinned {r.pinned}/{r.guaranteed}, "
+              f"Burstable clean {r.burstable_clean}/{r.burstable}")
+        if r.running_s:
+            print(f"    created -> Running  p50 {statistics.median(r.running_s) * ms:8.1f} ms  "
+                  f"p99 {p99(r.running_s):>8s} ms  (n={len(r.running_s)})")
+        if r.pinned_s:
+            print(f"    created -> pinned   p50 {statistics.median(r.pinned_s) * ms:8.1f} ms  "
+                  f"p99 {p99(r.pinned_s):>8s} ms  (n={len(r.pinned_s)})")
+        if r.agent_mib is not None:
+            print(f"    agent RSS at the end: {r.agent_mib:.1f} MiB (limit {AGENT_MEMORY_LIMIT_MIB} Mi)")
+        for miss in r.misses[:10]:
+            print(f"    miss: {miss}")
+        if len(r.misses) > 10:
+            print(f"    ... {len(r.misses) - 10} more misses")
+    print(f"  image: {image_mib(env)} MiB unpacked (build/image/image.env)")
+    print(last_line(results, image_mib(env)))
+    return 0 if all(r.pinned == r.guaranteed and r.burstable_clean == r.burstable
+                    for r in results.values()) else 1
+
+
+def last_line(results: dict[str, Any], image: str) -> str:
+    """The issue's last line: `real node: first instruction pinned N/N nri, N/N pod-cgroup (kubelet
+    static N/N) | created->Running p99 with/static R.RR | create->pinned p99 X ms | agent memory Y MiB
+    | image Z MiB` (a figure per route where the two routes' differ)."""
+    from realnode_arms import NRI, POD_CGROUP, STATIC
+
+    routes = [a for a in (NRI, POD_CGROUP) if a in results]
+    static = results.get(STATIC)
+
+    def per_route(fmt: Any) -> str:
+        vals = {a: fmt(results[a]) for a in routes}
+        if len(set(vals.values())) == 1:
+            return str(next(iter(vals.values())))
+        return ", ".join(f"{v} {a}" for a, v in vals.items())
+
+    def ratio(r: Any) -> str:
+        if static is None or not static.running_s or not r.running_s:
+            return "n/a"
+        return f"{pct(r.running_s, 0.99) / pct(static.running_s, 0.99):.2f}"
+
+    def pinned_ms(r: Any) -> str:
+        return f"{pct(r.pinned_s, 0.99) * 1e3:.1f} ms" if r.pinned_s else "n/a"
+
+    counts = ", ".join(f"{results[a].pinned}/{results[a].guaranteed} {a}" for a in routes)
+    anchor = f" (kubelet static {static.pinned}/{static.guaranteed})" if static is not None else ""
+    memory = max((r.agent_mib for r in results.values() if r.agent_mib is not None), default=None)
+    return (f"real node: first instruction pinned {counts}{anchor} | created->Running p99 with/static "
+            f"{per_route(ratio)} | create->pinned p99 {per_route(pinned_ms)} | agent memory "
+            f"{f'{memory:.0f}' if memory is not None else 'n/a'} MiB | image {image} MiB")
 
 
 if __name__ == "__main__":
