@@ -123,6 +123,33 @@ def _mountinfo_cgroups(text: str) -> list[tuple[str, str, frozenset[str]]]:
     return found
 
 
+def hierarchy_path(layout: CgroupLayout, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """Where `layout.root` sits inside its cgroup hierarchy, as runtimes spell cgroup paths ("" at the
+    hierarchy's top; "/a/b" below it, e.g. under a kubelet `--cgroup-root`).  A bind mount of a
+    subtree counts from the subtree's own place (mountinfo's root field)."""
+    try:
+        with open(mountinfo) as f:
+            text = f.read()
+    except OSError as exc:
+        raise EnforcementError(f"cannot read mount table: {exc.strerror}", mountinfo) from exc
+    best: tuple[str, str] | None = None  # (mount point, the mount's root in the hierarchy)
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        lf, rf = left.split(), right.split()
+        if not sep or len(lf) < 5 or not rf or rf[0] not in ("cgroup", "cgroup2"):
+            continue
+        point = _unescape_mountinfo(lf[4])
+        inside = layout.root == point or layout.root.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) > len(best[0])):
+            best = (point, _unescape_mountinfo(lf[3]))
+    if best is None:
+        raise EnforcementError("the cpuset root is on no cgroup mount", layout.root)
+    point, mount_root = best
+    below = layout.root[len(point):].strip("/")
+    path = "/".join(part for part in (mount_root.strip("/"), below) if part)
+    return f"/{path}" if path else ""
+
+
 def _v2_has_cpuset(root: str) -> bool:
     try:
         with open(os.path.join(root, "cgroup.controllers")) as f:

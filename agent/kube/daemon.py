@@ -64,6 +64,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from agent.enforce import detect_layout
+from agent.enforce.cgroup import hierarchy_path
 from agent.enforce.state_file import StateFile
 from agent.errors import ConfigError, EnforcementError, TopoletError
 from agent.kube.kubelet import Kubelet
@@ -120,7 +121,9 @@ class KubeAgent:
             if not os.access(layout.root, os.W_OK):
                 raise EnforcementError("cpuset hierarchy is not writable (run as root)", layout.root)
             self.engine: PinningEngine = PinningEngine(self.topology, layout, self.state_file, reserved)
+            cgroup_root = hierarchy_path(layout)  # how the runtime spells the cpuset root (NRI)
         else:
+            cgroup_root = ""
             self.engine = RecordingEngine(self.topology, self.state_file, reserved)
         self.engine.on_release = metrics.released
         engine = self.engine
@@ -149,7 +152,8 @@ class KubeAgent:
         # Chosen and connected in run(): NRI pins as the runtime creates containers (agent.kube.route).
         self.route = PinningRoute(str(getattr(args, "route", POD_CGROUP)),
                                   str(getattr(args, "nri_socket", "") or DEFAULT_NRI_SOCKET),
-                                  NRIPinning(self.pinner, self.node), enforce=self.enforce)
+                                  NRIPinning(self.pinner, self.node, cgroup_root=cgroup_root),
+                                  enforce=self.enforce)
         self.route_name: str | None = None
         self.pod_cgroups: PodCgroupRoute | None = None  # the pod-cgroup route with enforcement on
         self.generation = -1

@@ -65,9 +65,11 @@ class PinnerBusy(TopoletError):
 class NRIPinning(Handler):
     """The agent's NRI plugin: pins containers as the runtime creates them (module docstring)."""
 
-    def __init__(self, pinner: PodPinner, node: str, *, lock_seconds: float = LOCK_SECONDS) -> None:
+    def __init__(self, pinner: PodPinner, node: str, *, lock_seconds: float = LOCK_SECONDS,
+                 cgroup_root: str = "") -> None:
         self.pinner = pinner
         self.node = node
+        self.cgroup_root = cgroup_root  # the agent's cpuset root inside the hierarchy (hierarchy_path)
         self.lock_seconds = lock_seconds
         self.runtime = ""  # "<name> <version>" from Configure
         self.known: dict[str, KubeletContainer] = {}  # runtime container id → live kubelet container
@@ -87,7 +89,8 @@ class NRIPinning(Handler):
         live: list[tuple[str, KubeletContainer, PodPlan, ContainerPlan]] = []
         for ctr in containers:
             pod = sandboxes.get(ctr.pod_sandbox_id)
-            ref = kubelet_container(pod, ctr) if pod is not None and ctr.state in _LIVE else None
+            live_ctr = pod is not None and ctr.state in _LIVE
+            ref = kubelet_container(pod, ctr, self.cgroup_root) if pod is not None and live_ctr else None
             if pod is None or ref is None:
                 continue
             self.known[ctr.id] = ref
@@ -116,7 +119,7 @@ class NRIPinning(Handler):
     def create_container(
         self, pod: api_pb2.PodSandbox, container: api_pb2.Container,
     ) -> tuple[api_pb2.ContainerAdjustment | None, Sequence[api_pb2.ContainerUpdate]]:
-        ref = kubelet_container(pod, container)
+        ref = kubelet_container(pod, container, self.cgroup_root)
         if ref is None:
             return None, ()
         self.known[container.id] = ref
@@ -143,7 +146,7 @@ class NRIPinning(Handler):
 
     def update_container(self, pod: api_pb2.PodSandbox, container: api_pb2.Container,
                          resources: api_pb2.LinuxResources) -> Sequence[api_pb2.ContainerUpdate]:
-        ref = self.known.get(container.id) or kubelet_container(pod, container)
+        ref = self.known.get(container.id) or kubelet_container(pod, container, self.cgroup_root)
         if ref is None:
             return ()
         state = self.pinner.state()
@@ -151,7 +154,7 @@ class NRIPinning(Handler):
 
     def stop_container(self, pod: api_pb2.PodSandbox,
                        container: api_pb2.Container) -> Sequence[api_pb2.ContainerUpdate]:
-        ref = self.known.pop(container.id, None) or kubelet_container(pod, container)
+        ref = self.known.pop(container.id, None) or kubelet_container(pod, container, self.cgroup_root)
         if ref is None:
             return ()
         try:
@@ -168,7 +171,7 @@ class NRIPinning(Handler):
     def remove_container(self, pod: api_pb2.PodSandbox, container: api_pb2.Container | None) -> None:
         if container is None:
             return
-        ref = self.known.pop(container.id, None) or kubelet_container(pod, container)
+        ref = self.known.pop(container.id, None) or kubelet_container(pod, container, self.cgroup_root)
         if ref is None:
             return
         try:

@@ -65,12 +65,19 @@ class KubeletContainer:
     qos: QOSClass
 
 
-def kubelet_container(pod: api_pb2.PodSandbox, container: api_pb2.Container) -> KubeletContainer | None:
+def kubelet_container(pod: api_pb2.PodSandbox, container: api_pb2.Container,
+                      root: str = "") -> KubeletContainer | None:
     """The container as the agent names it; None when it is no kubelet pod's container we can pin
-    (no pod identity, or a `cgroupsPath` that is not the kubelet's under the hierarchy's top)."""
+    (no pod identity, or a `cgroupsPath` that is not the kubelet's under the agent's cgroup root,
+    `root` as `agent.enforce.cgroup.hierarchy_path` spells it: "" at the hierarchy's top)."""
     if not (pod.uid and pod.namespace and pod.name and container.name):
         return None
-    path = read_runtime_cgroups_path(container.linux.cgroups_path)
+    cgroups_path = container.linux.cgroups_path
+    if root:
+        if not cgroups_path.startswith(root + "/"):
+            return None
+        cgroups_path = cgroups_path[len(root):]
+    path = read_runtime_cgroups_path(cgroups_path)
     if path is None or not path.names_pod(pod.uid) or path.container_id != container.id:
         return None
     uri = f"{_ID_SCHEMES[path.runtime]}://{path.container_id}"

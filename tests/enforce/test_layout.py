@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.enforce.cgroup import CgroupLayout, depth_of, detect_layout, parent_of
+from agent.enforce.cgroup import CgroupLayout, depth_of, detect_layout, hierarchy_path, parent_of
 from agent.errors import EnforcementError
 from tests.enforce.conftest import Require
 
@@ -115,3 +115,33 @@ def test_path_arithmetic(rel: str, parent: str, depth: int) -> None:
 def test_cpuset_file_names(version: int, rel: str, key: str, name: str) -> None:
     layout = CgroupLayout(version, "/cg", "p")
     assert layout.file(rel, key) == os.path.join(layout.abspath(rel), name)
+
+
+@pytest.mark.parametrize(
+    ("mounts", "root", "expected"),
+    [
+        ("34 31 0:31 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset", "/sys/fs/cgroup/cpuset", ""),
+        # a kubelet --cgroup-root the agent's --cgroup-root names (the test node's shape)
+        ("34 31 0:31 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset",
+         "/sys/fs/cgroup/cpuset/topolet-rn-a/", "/topolet-rn-a"),
+        # a container's bind mount of a subtree counts from the subtree's own place
+        ("50 40 0:31 /kubepods/podx /sys/fs/cgroup rw - cgroup2 cgroup2 rw", "/sys/fs/cgroup/k",
+         "/kubepods/podx/k"),
+        # the longest mount point holding the root wins; a name that only starts the same does not hold it
+        ("30 22 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+         "31 22 0:27 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw",
+         "/sys/fs/cgroup/unified2/a", "/unified2/a"),
+    ],
+)
+def test_hierarchy_path(tmp_path: Path, mounts: str, root: str, expected: str) -> None:
+    """Where the cpuset root sits inside its hierarchy, as a runtime spells cgroup paths (NRI's)."""
+    info = tmp_path / "mountinfo"
+    info.write_text(mounts + "\n")
+    assert hierarchy_path(CgroupLayout(1, root.rstrip("/") or "/"), str(info)) == expected
+
+
+def test_hierarchy_path_off_every_mount(tmp_path: Path) -> None:
+    info = tmp_path / "mountinfo"
+    info.write_text("34 31 0:31 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n")
+    with pytest.raises(EnforcementError):
+        hierarchy_path(CgroupLayout(1, "/elsewhere"), str(info))

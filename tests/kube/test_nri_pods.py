@@ -206,3 +206,20 @@ def test_the_cached_plan_decides_waiting_containers_with_the_runtime_id() -> Non
     ctr.name = "sidecar"  # not a regular container of the spec
     other = kubelet_container(pod, ctr)
     assert other is not None and cached_decision(plan, other) is None
+
+
+@pytest.mark.parametrize(("root", "prefix", "read"), [
+    ("", "", True),  # the kubelet at the hierarchy's top, the agent too
+    ("/topolet-rn-a", "/topolet-rn-a", True),  # a kubelet --cgroup-root the agent's --cgroup-root names
+    ("", "/topolet-rn-a", False),  # below a root the agent does not own: its path would be wrong
+    ("/topolet-rn-a", "", False),
+    ("/topolet-rn-a", "/topolet-rn-ab", False),  # a sibling whose name starts the same
+])
+def test_the_agents_cgroup_root_is_taken_off_the_runtimes_path(root: str, prefix: str, read: bool) -> None:
+    pod, ctr = sandbox(), nri_container(QOSClass.GUARANTEED, 1000, 1000)
+    ctr.linux.cgroups_path = prefix + ctr.linux.cgroups_path
+    ref = kubelet_container(pod, ctr, root)
+    assert (ref is not None) == read
+    if ref is not None:
+        assert ref.cgroup == container_cgroup_path(UID, QOSClass.GUARANTEED, f"containerd://{CID}", None,
+                                                   CgroupDriver.CGROUPFS)
