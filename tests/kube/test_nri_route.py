@@ -14,6 +14,7 @@ Needs root, writable cgroups, the control plane and go: skips on a laptop, fails
 
 from __future__ import annotations
 
+import os
 import secrets
 import tempfile
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from agent.enforce.cgroup import read_cpuset
+from agent.enforce.cgroup import detect_layout, read_cpuset
 from agent.enforce.state_file import StateFile
 from agent.kube.nrt import pod_set_fingerprint
 from agent.nri import api_pb2
@@ -49,11 +50,15 @@ def runtime(kube_node: KubeNode) -> Iterator[ScriptedRuntime]:
 
 def nri_pair(node: KubeNode, name: str, uid: str) -> tuple[api_pb2.PodSandbox, api_pb2.Container]:
     """What containerd tells NRI of a Guaranteed 1-CPU pod's container c0 (cgroupfs driver)."""
+    # The node's kubelet runs under a cgroup root of its own (the test's private cgroup): the runtime
+    # spells paths from the hierarchy's top, as a kubelet `--cgroup-root` makes it.
+    top = detect_layout().root
+    root = "/" + os.path.relpath(node.root, top) if node.root != top else ""
     pod = api_pb2.PodSandbox(id=secrets.token_hex(32), uid=uid, namespace=node.namespace, name=name)
-    pod.linux.cgroup_parent = f"/kubepods/pod{uid}"
+    pod.linux.cgroup_parent = f"{root}/kubepods/pod{uid}"
     cid = secrets.token_hex(32)
     ctr = api_pb2.Container(id=cid, pod_sandbox_id=pod.id, name="c0", state=api_pb2.CONTAINER_CREATED)
-    ctr.linux.cgroups_path = f"/kubepods/pod{uid}/{cid}"
+    ctr.linux.cgroups_path = f"{root}/kubepods/pod{uid}/{cid}"
     ctr.linux.resources.cpu.shares.value = 1024
     ctr.linux.resources.cpu.quota.value = 100000
     ctr.linux.resources.cpu.period.value = 100000
