@@ -13,6 +13,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from agent.errors import EnforcementError
 from agent.topology.cpuset import CPUSet
@@ -109,9 +110,16 @@ def _unescape_mountinfo(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def _mountinfo_cgroups(text: str) -> list[tuple[str, str, frozenset[str]]]:
-    """(fstype, mount point, super options) of every cgroup/cgroup2 line of a mountinfo text."""
-    found: list[tuple[str, str, frozenset[str]]] = []
+class _CgroupMount(NamedTuple):
+    fstype: str  # "cgroup" (v1) or "cgroup2"
+    point: str  # where it is mounted
+    options: frozenset[str]  # its super options (v1: the controllers)
+    root: str  # the mounted subtree's place in its hierarchy ("/" for the whole hierarchy)
+
+
+def _mountinfo_cgroups(text: str) -> list[_CgroupMount]:
+    """Every cgroup/cgroup2 mount of a mountinfo text."""
+    found: list[_CgroupMount] = []
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")
         if not sep:
@@ -119,34 +127,30 @@ def _mountinfo_cgroups(text: str) -> list[tuple[str, str, frozenset[str]]]:
         lf, rf = left.split(), right.split()
         if len(lf) < 5 or len(rf) < 3 or rf[0] not in ("cgroup", "cgroup2"):
             continue
-        found.append((rf[0], _unescape_mountinfo(lf[4]), frozenset(rf[2].split(","))))
+        found.append(_CgroupMount(rf[0], _unescape_mountinfo(lf[4]), frozenset(rf[2].split(",")),
+                                  _unescape_mountinfo(lf[3])))
     return found
+
+
+def _read_mountinfo(mountinfo: str) -> list[_CgroupMount]:
+    try:
+        with open(mountinfo) as f:
+            return _mountinfo_cgroups(f.read())
+    except OSError as exc:
+        raise EnforcementError(f"cannot read mount table: {exc.strerror}", mountinfo) from exc
 
 
 def hierarchy_path(layout: CgroupLayout, mountinfo: str = "/proc/self/mountinfo") -> str:
     """Where `layout.root` sits inside its cgroup hierarchy, as runtimes spell cgroup paths ("" at the
     hierarchy's top; "/a/b" below it, e.g. under a kubelet `--cgroup-root`).  A bind mount of a
     subtree counts from the subtree's own place (mountinfo's root field)."""
-    try:
-        with open(mountinfo) as f:
-            text = f.read()
-    except OSError as exc:
-        raise EnforcementError(f"cannot read mount table: {exc.strerror}", mountinfo) from exc
-    best: tuple[str, str] | None = None  # (mount point, the mount's root in the hierarchy)
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        lf, rf = left.split(), right.split()
-        if not sep or len(lf) < 5 or not rf or rf[0] not in ("cgroup", "cgroup2"):
-            continue
-        point = _unescape_mountinfo(lf[4])
-        inside = layout.root == point or layout.root.startswith(point.rstrip("/") + "/")
-        if inside and (best is None or len(point) > len(best[0])):
-            best = (point, _unescape_mountinfo(lf[3]))
-    if best is None:
+    holding = [m for m in _read_mountinfo(mountinfo)
+               if layout.root == m.point or layout.root.startswith(m.point.rstrip("/") + "/")]
+    if not holding:
         raise EnforcementError("the cpuset root is on no cgroup mount", layout.root)
-    point, mount_root = best
-    below = layout.root[len(point):].strip("/")
-    path = "/".join(part for part in (mount_root.strip("/"), below) if part)
+    mount = max(holding, key=lambda m: len(m.point))
+    below = layout.root[len(mount.point):].strip("/")
+    path = "/".join(part for part in (mount.root.strip("/"), below) if part)
     return f"/{path}" if path else ""
 
 
@@ -173,19 +177,14 @@ def detect_layout(
         if os.path.exists(os.path.join(root, "cpuset.cpus")):
             return CgroupLayout(1, root, parent)
         raise EnforcementError("not a cpuset cgroup root", root)
-    try:
-        with open(mountinfo) as f:
-            text = f.read()
-    except OSError as exc:
-        raise EnforcementError(f"cannot read mount table: {exc.strerror}", mountinfo) from exc
-    mounts = _mountinfo_cgroups(text)
+    mounts = _read_mountinfo(mountinfo)
     # A controller is bound to one hierarchy at a time, so at most one mount below qualifies.
-    for fstype, point, opts in mounts:
-        if fstype == "cgroup" and "cpuset" in opts:
-            return CgroupLayout(1, point, parent)
-    for fstype, point, _ in mounts:
-        if fstype == "cgroup2" and _v2_has_cpuset(point):
-            return CgroupLayout(2, point, parent)
+    for m in mounts:
+        if m.fstype == "cgroup" and "cpuset" in m.options:
+            return CgroupLayout(1, m.point, parent)
+    for m in mounts:
+        if m.fstype == "cgroup2" and _v2_has_cpuset(m.point):
+            return CgroupLayout(2, m.point, parent)
     raise EnforcementError("no cgroup hierarchy with the cpuset controller is mounted", mountinfo)
 
 
@@ -381,10 +380,10 @@ def cgroup_dir_of_pid(layout: CgroupLayout, pid: int, *, proc: str = "/proc",
             break
     if path is None:
         return None
-    for fstype, point, opts in mounts:
-        if (layout.version == 1 and fstype == "cgroup" and "cpuset" in opts) or \
-                (layout.version == 2 and fstype == "cgroup2"):
-            return os.path.normpath(os.path.join(point, path.lstrip("/")))
+    for m in mounts:
+        if (layout.version == 1 and m.fstype == "cgroup" and "cpuset" in m.options) or \
+                (layout.version == 2 and m.fstype == "cgroup2"):
+            return os.path.normpath(os.path.join(m.point, path.lstrip("/")))
     return None
 
 
