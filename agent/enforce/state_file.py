@@ -63,6 +63,17 @@ class StateFile:
         self.on_write = on_write
         self.writes = 0
         self._refused = False  # the file on disk decodes but `check_live` refused it
+        # The last bytes decoded and their State (immutable): every reader of one file version (the
+        # pod watch, NRI's CreateContainer, a scrape) decodes it once.
+        self._decoded: tuple[bytes, State] | None = None
+
+    def _decode(self, data: bytes) -> State:
+        last = self._decoded
+        if last is not None and last[0] == data:
+            return last[1]
+        state = decode(data)
+        self._decoded = (data, state)
+        return state
 
     def _read(self) -> bytes | None:
         # Non-blocking: opening a FIFO for reading would wait for a writer forever; no symlinks.
@@ -101,7 +112,7 @@ class StateFile:
                 return State()
             raise StateError(f"no state file at {self.path}")
         try:
-            return decode(data)
+            return self._decode(data)
         except StateError as exc:
             raise StateError(f"{self.path}: {exc}") from exc
 
@@ -118,7 +129,7 @@ class StateFile:
         generation = 0
         if data is not None:
             try:
-                state = decode(data)
+                state = self._decode(data)
                 if check is not None:
                     try:
                         check(state)
@@ -146,7 +157,7 @@ class StateFile:
         data = self._read()
         if data is not None:
             try:
-                on_disk: int | None = decode(data).generation
+                on_disk: int | None = self._decode(data).generation
             except StateError:
                 on_disk = None  # replacing garbage is the point of a rebuild
             if on_disk is None or self._refused:
