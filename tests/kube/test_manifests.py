@@ -21,7 +21,15 @@ import yaml
 
 from tests.controlplane.fixtures import IN_CI
 from tests.controlplane.harness import ControlPlane
-from tests.controlplane.kubectl import BASE, CRDS, Kubectl, api_request, build_kubectl, kustomize_build
+from tests.controlplane.kubectl import (
+    BASE,
+    CRDS,
+    Kubectl,
+    api_request,
+    base_with_components,
+    build_kubectl,
+    kustomize_build,
+)
 from tests.controlplane.kubectl import applied_base as applied_base  # noqa: F401 - fixture
 from tests.controlplane.kubectl import kubectl as kubectl  # noqa: F401 - fixture
 
@@ -312,12 +320,7 @@ def test_cgroup_v1_component_mounts_only_the_cpuset_hierarchy(docs: list[dict[st
                                                               tmp_path: Path) -> None:
     from agent.enforce.cgroup import detect_layout
 
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    base = os.path.relpath(BASE, overlay)
-    (overlay / "kustomization.yaml").write_text(
-        f"resources: [{base}]\ncomponents: [{base}/components/cgroup-v1-cpuset]\n")
-    narrowed = [d for d in yaml.safe_load_all(kustomize_build(build_kubectl(), overlay)) if d]
+    narrowed = base_with_components(tmp_path, "cgroup-v1-cpuset")
     mounts, before = agent_mounts(narrowed), agent_mounts(docs)
     assert mounts["/sys/fs/cgroup"][0] == "/sys/fs/cgroup/cpuset"
     assert {p: m for p, m in mounts.items() if p != "/sys/fs/cgroup"} == \
@@ -357,12 +360,7 @@ def test_nri_required_component_insists_on_nri_and_lets_the_agent_start_without_
     route, and its own pod must tolerate topolet's absence, or it could never start again."""
     from agent.cli import build_parser
 
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    base = os.path.relpath(BASE, overlay)
-    (overlay / "kustomization.yaml").write_text(
-        f"resources: [{base}]\ncomponents: [{base}/components/nri-required]\n")
-    required = [d for d in yaml.safe_load_all(kustomize_build(build_kubectl(), overlay)) if d]
+    required = base_with_components(tmp_path, "nri-required")
     (agent,) = pod_spec(required)["containers"]
     args = build_parser().parse_args([*agent["command"][1:], *agent["args"]])
     assert args.route == "nri"

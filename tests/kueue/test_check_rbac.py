@@ -4,7 +4,6 @@ with Kueue's CRDs."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from tests.conftest import REPO, topolet_bin
 from tests.controlplane.cluster import Cluster
 from tests.controlplane.fixtures import IN_CI, api, cluster, cluster_session, namespace
 from tests.controlplane.harness import _Process
-from tests.controlplane.kubectl import BASE, build_kubectl, kustomize_build
+from tests.controlplane.kubectl import BASE, base_with_components, build_kubectl, kustomize_build
 from tests.kube.kubelet_standin import wait_for
 from tests.kueue.test_check import (
     CONTROLLER_NAME,
@@ -54,12 +53,7 @@ KUEUE_RULES = [
 
 def with_component(tmp_path: Path) -> list[dict[str, Any]]:
     """The base with the kueue component, as `kubectl kustomize` renders it."""
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    base = os.path.relpath(BASE, overlay)
-    (overlay / "kustomization.yaml").write_text(
-        f"resources: [{base}]\ncomponents: [{base}/components/kueue]\n")
-    return [d for d in yaml.safe_load_all(kustomize_build(build_kubectl(), overlay)) if d]
+    return base_with_components(tmp_path, "kueue")
 
 
 def test_the_component_adds_the_check_its_rbac_and_its_policy(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ deleted namespace never finishes terminating, and the next apply would fail.
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import subprocess
 import urllib.error
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.controlplane.fixtures import IN_CI
 from tests.controlplane.harness import BUILD_SCRIPT, BUILD_TIMEOUT_S, ControlPlane
@@ -81,6 +83,17 @@ def kustomize_build(binary: Path, path: Path = BASE) -> str:
     if done.returncode != 0:
         pytest.fail(f"kubectl kustomize {path} exited {done.returncode}:\n{done.stderr}")
     return done.stdout
+
+
+def base_with_components(folder: Path, *components: str) -> list[dict[str, Any]]:
+    """The base with `daemonset/components/<name>` of each name, rendered from an overlay made in
+    `folder` as an operator's would include them: every non-empty document."""
+    overlay = folder / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(BASE, overlay)
+    listed = ", ".join(f"{base}/components/{name}" for name in components)
+    (overlay / "kustomization.yaml").write_text(f"resources: [{base}]\ncomponents: [{listed}]\n")
+    return [d for d in yaml.safe_load_all(kustomize_build(build_kubectl(), overlay)) if d]
 
 
 @pytest.fixture(scope="session")
