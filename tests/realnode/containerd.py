@@ -100,12 +100,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     default_runtime_name = "runc"
     [{cri}.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [{cri}.containerd.runtimes.runc.options]
-        BinaryName = "{setup.runc}"
-        Root = "{d}/runc"
-        SystemdCgroup = false
-        NoPivotRoot = {str(setup.no_pivot_root).lower()}
-"""
+{_runc_options(f"{cri}.containerd.runtimes.runc", setup)}"""
 
 
 def config_2_4(setup: ContainerdSetup, cni_conf: Path) -> str:
@@ -161,13 +156,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.devmapper", "io.containerd.sna
     [{runtime}.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       runtime_path = "{setup.shim}"
-      [{runtime}.containerd.runtimes.runc.options]
+{_runc_options(f"{runtime}.containerd.runtimes.runc", setup)}[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_port = "0"
+"""
+
+
+def _runc_options(table: str, setup: ContainerdSetup) -> str:
+    """The runc runtime's options, the same under both config versions (the table's name differs)."""
+    return f"""      [{table}.options]
         BinaryName = "{setup.runc}"
-        Root = "{d}/runc"
+        Root = "{setup.folder}/runc"
         SystemdCgroup = false
         NoPivotRoot = {str(setup.no_pivot_root).lower()}
-[plugins.'io.containerd.grpc.v1.cri']
-  stream_server_port = "0"
 """
 
 
