@@ -70,7 +70,6 @@ from agent.errors import ConfigError, EnforcementError, TopoletError
 from agent.kube.kubelet import Kubelet
 from agent.kube.mig_enforcer import MigEnforcer
 from agent.kube.mig_status import MigConfigChanged, MigStatus
-from agent.kube.nri_pinning import NRIPinning
 from agent.kube.nrt_build import MemoryRequests, Snapshot
 from agent.kube.pinner import PodPinner, alloc_id
 from agent.kube.podcgroup_route import PodCgroupRoute
@@ -87,6 +86,7 @@ from agent.topology.model import Topology
 
 if TYPE_CHECKING:
     from agent.gpu.model import GPU
+    from agent.nri.plugin import Handler
 
 log = logging.getLogger("topolet.kube")
 PENDING_RETRY_SECONDS = 0.2  # a running container whose cgroup is not there yet is looked for again
@@ -152,7 +152,7 @@ class KubeAgent:
         # Chosen and connected in run(): NRI pins as the runtime creates containers (agent.kube.route).
         self.route = PinningRoute(str(getattr(args, "route", POD_CGROUP)),
                                   str(getattr(args, "nri_socket", "") or DEFAULT_NRI_SOCKET),
-                                  NRIPinning(self.pinner, self.node, cgroup_root=cgroup_root),
+                                  lambda: nri_handler(self.pinner, self.node, cgroup_root),
                                   enforce=self.enforce)
         self.route_name: str | None = None
         self.pod_cgroups: PodCgroupRoute | None = None  # the pod-cgroup route with enforcement on
@@ -321,6 +321,13 @@ class KubeAgent:
         if kicked:
             ok = self.publisher.publish_once() and ok
         return ok
+
+
+def nri_handler(pinner: PodPinner, node: str, cgroup_root: str) -> Handler:
+    """The agent's NRI plugin, made (and NRI's messages imported) only where the route tries NRI."""
+    from agent.kube.nri_pinning import NRIPinning
+
+    return NRIPinning(pinner, node, cgroup_root=cgroup_root)
 
 
 def node_gpus(topology: Topology, fsroot: str, nvml: Any = None) -> tuple[GPU, ...]:

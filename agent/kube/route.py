@@ -20,6 +20,9 @@ registration within `REGISTER_SECONDS`, else pod-cgroup.  `--route nri` insists:
 connecting until the runtime answers (the watch pins meanwhile).  With `--enforcement off` the route
 is pod-cgroup (nothing is pinned through the runtime).  The choice and its reason are logged once
 and reported as `topolet_info{route}` and the NRT attribute `topolet.io/pinning-route`.
+
+The NRI code (`agent.nri`: protobuf and NRI's generated messages, about 4 MiB of the agent's memory)
+is imported only when the route tries NRI: `handler` is a factory, called once then.
 """
 
 from __future__ import annotations
@@ -28,16 +31,18 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from agent.nri.framing import NRIProtocolError
-from agent.nri.plugin import DEFAULT_SOCKET, Handler, Plugin
+if TYPE_CHECKING:
+    from agent.nri.plugin import Handler, Plugin
 
 log = logging.getLogger("topolet.kube.route")
 
 NRI = "nri"
 POD_CGROUP = "pod-cgroup"
 ROUTE_CHOICES = ("auto", NRI, POD_CGROUP)
-DEFAULT_NRI_SOCKET = DEFAULT_SOCKET
+DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"  # nri's DefaultSocketPath (agent.nri.plugin.DEFAULT_SOCKET)
 PLUGIN_NAME = "topolet"
 PLUGIN_INDEX = "50"  # NRI orders plugins by index; nothing else here adjusts cpusets
 REGISTER_SECONDS = 5.0
@@ -49,13 +54,14 @@ _STEADY_SECONDS = 30.0  # a connection that lasted this long resets the back-off
 class PinningRoute:
     """The route chosen at `start()` (`name`, `reason`) and, for NRI, the thread serving the plugin."""
 
-    def __init__(self, asked: str, socket: str, handler: Handler, *, enforce: bool = True,
+    def __init__(self, asked: str, socket: str, handler: Callable[[], Handler], *, enforce: bool = True,
                  register_seconds: float = REGISTER_SECONDS) -> None:
         if asked not in ROUTE_CHOICES:
             raise ValueError(f"unknown route {asked!r}")
         self.asked = asked
         self.socket = socket
-        self.handler = handler
+        self._make_handler = handler
+        self.handler: Handler | None = None  # made by the first connection
         self.enforce = enforce
         self.register_seconds = register_seconds
         self.name = POD_CGROUP
@@ -108,6 +114,10 @@ class PinningRoute:
 
     def _connect(self) -> Plugin | str:
         """A plugin connected and registered (its serving thread running), or why not."""
+        from agent.nri.plugin import Plugin
+
+        if self.handler is None:
+            self.handler = self._make_handler()
         try:
             plugin = Plugin.connect(self.socket, self.handler, PLUGIN_NAME, PLUGIN_INDEX,
                                     timeout=self.register_seconds)
@@ -135,6 +145,8 @@ class PinningRoute:
         return plugin
 
     def _serve(self, plugin: Plugin, ended: list[str]) -> None:
+        from agent.nri.framing import NRIProtocolError
+
         try:
             plugin.run()
             ended.append("the runtime closed the connection")

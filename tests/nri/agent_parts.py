@@ -53,7 +53,7 @@ class AgentParts:
 
     def connect(self, socket: Path, asked: str = NRI) -> str:
         """Start the route on the runtime's `socket`; the route's name."""
-        self.route = PinningRoute(asked, str(socket), self.handler, register_seconds=10.0)
+        self.route = PinningRoute(asked, str(socket), lambda: self.handler, register_seconds=10.0)
         return self.route.start()
 
     def stop(self) -> None:
