@@ -8,13 +8,17 @@ topolet's with a cpuset adjustment (the shape of the agent's answer), topolet's 
 (the protocol layer alone), and the reference, NRI's Go stub (pkg/stub) with the same cpuset
 adjustment.  NRI's plugin timeout is 2 s; the agent's budget is p99 under 10 ms.
 
-Two more rows (as root with a writable cpuset hierarchy) time the agent's real handler
+Three more rows (as root with a writable cpuset hierarchy) time the agent's real handler
 (`agent.kube.nri_pinning.NRIPinning` over the real PinningEngine, state file and PodPinner, in a
 private cpuset root, as tests/nri/test_agent_route.py wires them): each CreateContainer of a
 Guaranteed 1-CPU container is allocated, committed to the state file (fsync'd) and answered with its
 cpuset and the updates narrowing `--shared` running shared containers (whose cgroups the engine
 narrows too); a StopContainer (not timed) releases it before the next.  Beside it, the same scripted
-exchange answered by the no-op handler.  The runtime times each CreateContainer in both.
+exchange answered by the no-op handler.  The runtime times each CreateContainer in both.  The row
+"reserved ahead" is the agent's usual case on a real node: the pod watch lists each pod as bound (and
+the agent allocates and commits its exclusive containers then, `PodPinner.ahead`) before the runtime
+creates the container, so the answer reads the committed allocation and writes nothing; the rows
+"state on disk/tmpfs" are the fallback for a container whose pod the watch has not listed yet.
 
 Usage: bench/nri.py [--creates N] [--rounds R] [--shared S]   (needs go; the first run builds the runtime)
 """
@@ -82,16 +86,20 @@ def percentiles(samples_us: list[float]) -> dict[str, float]:
 
 
 def agent_handler_run(binary: str, creates: int, shared: int, real: bool,
-                      state_root: str | None = None) -> dict[str, float] | str:
+                      state_root: str | None = None, ahead: bool = False) -> dict[str, float] | str:
     """CreateContainer round trips of the agent's NRIPinning (`real`) or a no-op handler, through the
     runtime's -script mode, on a private cpuset root, the state file in a folder under `state_root`
-    (default: the temporary folder's file system); a string says why it cannot run here."""
+    (default: the temporary folder's file system); with `ahead`, the pod watch lists each pod as bound
+    before the runtime creates its container (untimed), as on a real node; a string says why it
+    cannot run here."""
     import os
 
     from agent.enforce.cgroup import detect_layout
     from agent.enforce.kubepods import QOSClass
     from agent.errors import EnforcementError
-    from tests.nri.agent_parts import AgentParts, private_node
+    from agent.kube.pods import plan_pod
+    from agent.kube.watch import Changed, Gone
+    from tests.nri.agent_parts import AgentParts, bound_pod, private_node
 
     if os.geteuid() != 0:
         return "needs root (cgroups)"
@@ -120,10 +128,15 @@ def agent_handler_run(binary: str, creates: int, shared: int, real: bool,
                 plugin = Plugin.connect(str(runtime.socket), NoopHandler(), "topolet", "50")
                 threading.Thread(target=plugin.run, daemon=True).start()
             runtime.wait_event("Synchronize")
-            pod = node.pod("pinned", QOSClass.GUARANTEED)
+            parts.pinner.ahead = ahead
             samples: list[float] = []
-            for _ in range(creates):
+            pod = node.pod("pinned", QOSClass.GUARANTEED)
+            for i in range(creates):
+                if ahead and i:  # a new pod each time: the watch lists it bound before its container
+                    pod = node.pod(f"pinned-{i}", QOSClass.GUARANTEED)
                 c = node.container(pod, "main", 1000)
+                if ahead:
+                    parts.pinner.handle(Changed(plan_pod(bound_pod(c))))
                 reply = runtime.request("create", pod=pod, container=c.message)
                 if "error" in reply:
                     raise RuntimeError(f"CreateContainer failed: {reply['error']}")
@@ -132,6 +145,8 @@ def agent_handler_run(binary: str, creates: int, shared: int, real: bool,
                     raise RuntimeError("the handler allocated nothing")
                 runtime.request("stop", pod=pod, container=c.message)
                 node.containers.remove(c)
+                if ahead:  # the pod is deleted: the watch forgets it
+                    parts.pinner.handle(Gone(pod.uid))
         finally:
             parts.stop()
             runtime.close()
@@ -164,14 +179,15 @@ def main() -> None:
                   f"{timing['max_us'] / 1e3:>8.3f}", flush=True)
             if handler is not None:
                 worst_p99 = max(worst_p99, timing["p99_us"] / 1e3)
-        rows: list[tuple[str, bool, str | None]] = [
-            (f"agent NRIPinning, {args.shared} shared, state on disk", True, None),
-            (f"agent NRIPinning, {args.shared} shared, state on tmpfs", True, TMPFS),
-            ("no-op handler, same scripted exchange", False, None)]
-        for name, real, state_root in rows:
+        rows: list[tuple[str, bool, str | None, bool]] = [
+            (f"agent NRIPinning, {args.shared} shared, reserved ahead", True, None, True),
+            (f"agent NRIPinning, {args.shared} shared, state on disk", True, None, False),
+            (f"agent NRIPinning, {args.shared} shared, state on tmpfs", True, TMPFS, False),
+            ("no-op handler, same scripted exchange", False, None, False)]
+        for name, real, state_root, ahead in rows:
             if state_root is not None and not Path(state_root).is_dir():
                 continue
-            result = agent_handler_run(binary, args.creates, args.shared, real, state_root)
+            result = agent_handler_run(binary, args.creates, args.shared, real, state_root, ahead)
             if isinstance(result, str):
                 print(f"{name:<48} skipped: {result}", flush=True)
                 continue

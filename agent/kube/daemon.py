@@ -75,7 +75,7 @@ from agent.kube.pinner import PodPinner, alloc_id
 from agent.kube.podcgroup_route import PodCgroupRoute
 from agent.kube.publisher import RETRY_MAX_SECONDS, Publisher
 from agent.kube.recording import RecordingEngine
-from agent.kube.route import DEFAULT_NRI_SOCKET, POD_CGROUP, PinningRoute
+from agent.kube.route import DEFAULT_NRI_SOCKET, NRI, POD_CGROUP, PinningRoute
 from agent.kube.watch import PodChange, PodWatcher, Synced
 from agent.metrics.registry import GPUZones, Metrics
 from agent.metrics.server import MetricsServer, staleness_health
@@ -251,6 +251,10 @@ class KubeAgent:
         self.metrics.set_node(self.node, self.enforce, mode="kubernetes", route=self.route_name)
         if self.route_name == POD_CGROUP and self.enforce:
             self.pod_cgroups = PodCgroupRoute(self.pinner)
+        elif self.route_name == NRI and self.enforce:
+            # A bound pod's exclusive containers are allocated (and committed) as the watch lists it,
+            # so CreateContainer answers from the state as it stands, with no write of its own.
+            self.pinner.ahead = True
         self.watcher.start()
         self.reconcile()
         next_reconcile = time.monotonic() + self.args.reconcile_seconds

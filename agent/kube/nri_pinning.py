@@ -8,9 +8,13 @@ allocation and leaves it be.
 
 - CreateContainer: the pod as the watch's cache knows it (its plan lists every regular container,
   running or waiting), else as NRI describes it (`agent.kube.nri_pods`).  A container that asks
-  for exclusive CPUs gets them recorded in the state file (committed before the answer), and the
-  answer sets its cpuset (and `cpuset.mems` where memory binding is on and allowed); every other
-  container of a kubelet pod gets the shared pool as its cpuset, so it never starts on a CPU
+  for exclusive CPUs gets them recorded in the state file (committed before the answer) and the
+  answer sets its cpuset.  On this route the watch allocates a bound pod's exclusive containers as
+  soon as it lists the pod (`PodPinner.ahead`), seconds before the runtime creates them, so the
+  answer usually reads a committed allocation and writes nothing; only a container the watch has
+  not seen yet is allocated and committed in the request.  The answer sets `cpuset.mems` too where
+  memory binding is on and allowed; every other container of a kubelet pod gets the shared pool as
+  its cpuset, so it never starts on a CPU
   someone holds.  When the pool shrank, the answer's updates narrow every shared container the
   runtime runs to the new pool (the engine narrows their cgroups too, as the watch path does).
 - StopContainer / RemoveContainer: the container's CPUs are freed (idempotent with the watch path's
@@ -43,7 +47,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from agent.enforce.state import Allocation, State
+from agent.enforce.state import State
 from agent.errors import TopoletError
 from agent.kube.nri_pods import KubeletContainer, cached_decision, kubelet_container, plan_from_nri
 from agent.kube.pinner import PodPinner
@@ -213,7 +217,7 @@ class NRIPinning(Handler):
     def _cpuset_update(self, container_id: str, ref: KubeletContainer, state: State, pool: CPUSet, *,
                        ignore_failure: bool = True) -> api_pb2.ContainerUpdate:
         """The cpuset `container_id` should have now: its allocation's, else the pool."""
-        held = _allocation_at(state, ref.cgroup)
+        held = self.pinner.holding(state, ref.pod_uid, ref.name, ref.cgroup)
         if held is None:
             update = cpuset_update(container_id, pool.cpulist())
         else:
@@ -227,15 +231,11 @@ class NRIPinning(Handler):
         """Every other shared container the runtime runs, given `pool` when it differs from `before`."""
         if pool == before:
             return []
-        held = {a.cgroup for a in state.allocations}
         out = []
         for cid, ref in self.known.items():
-            if cid != skip and ref.cgroup not in held:
+            if cid != skip and self.pinner.holding(state, ref.pod_uid, ref.name, ref.cgroup) is None:
                 update = cpuset_update(cid, pool.cpulist())
                 update.ignore_failure = True
                 out.append(update)
         return out
 
-
-def _allocation_at(state: State, cgroup: str) -> Allocation | None:
-    return next((a for a in state.allocations if a.cgroup == cgroup), None)

@@ -306,6 +306,7 @@ class PodPinner:
             elif held.cgroup == rel:
                 self.created.pop(held.id, None)  # the watch has caught up with the NRI route
             else:
+                self.created.pop(held.id, None)
                 self.engine.rebind(held.id, rel)  # a restarted container keeps its CPUs, as with kubelet
                 log.info("%s moved to %s container %s", held.id,
                          "started" if _is_planned(held.cgroup) else "restarted", rel)
@@ -413,7 +414,10 @@ class PodPinner:
                 return None
             self.shared.pop((plan.uid, c.name), None)
             self._set_shared()
-            if held is not None and held.cgroup != rel:
+            # One the watch made before the container existed is the answer as it stands: committed
+            # already, so the answer writes nothing; the watch moves it to `rel` once the status lists
+            # the container running.
+            if held is not None and held.cgroup != rel and not _is_planned(held.cgroup):
                 held = self.engine.rebind(aid, rel)
                 log.info("%s moved to restarted container %s", aid, rel)
             elif held is None:
@@ -421,6 +425,13 @@ class PodPinner:
             if held is not None:
                 self.created[aid] = rel
             return held
+
+    def holding(self, state: State, uid: str, name: str, rel: str) -> Allocation | None:
+        """What the container `name` of pod `uid` at cgroup `rel` holds in `state`: its allocation, or
+        the one the watch made for it before it existed (a planned cgroup, moved to `rel` once the
+        status lists the container running)."""
+        a = state.get(alloc_id(uid, name))
+        return a if a is not None and (a.cgroup == rel or _is_planned(a.cgroup)) else None
 
     def release_container(self, uid: str, name: str, rel: str) -> bool:
         """The runtime stopped or removed the container at `rel`: free its CPUs if its allocation is
@@ -430,8 +441,8 @@ class PodPinner:
                 del self.shared[(uid, name)]
                 self._set_shared()
             aid = alloc_id(uid, name)
-            held = self._state().get(aid)
-            if held is None or held.cgroup != rel:
+            held = self.holding(self._state(), uid, name, rel)
+            if held is None:
                 return False
             self._release(aid)
             return True

@@ -52,6 +52,7 @@ from agent.topology.model import Topology
 log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_SECONDS = 30.0
+VANISHED_ATTEMPTS = 3  # an ordered step taken again when a cgroup it names vanished meanwhile
 # Refusal reasons, as agent.metrics.registry.REFUSAL_REASONS names them (not imported from there: `topolet
 # exec` runs this module and starts without the Prometheus client).
 CAPACITY, ALIGNMENT, INVALID = "capacity", "alignment", "invalid"
@@ -161,15 +162,25 @@ class PinningEngine:
     def _apply(self, state: State, remove: tuple[str, ...] = (), shared: tuple[str, ...] = ()) -> None:
         """Bring every managed cgroup to `state` in one ordered step (pool narrowed before grants)."""
         self._ensure_parents()
-        exclusive = {a.cgroup: a.cpus for a in state.allocations if exists(self.layout, a.cgroup)}
-        mems = {a.cgroup: a.mems for a in state.allocations if a.mems and a.cgroup in exclusive}
-        pool = [rel for rel in self._shared_cgroups(shared) if rel not in exclusive]
-        # A container the runtime is about to create (the NRI route) holds its CPUs already.
-        absent = [a.cpus for a in state.allocations if a.cgroup not in exclusive]
-        with self._outer_targets(state) as (around, around_mems):
-            apply_with_shared_pool(self.layout, allowed=self.allowed, reserved=state.reserved,
-                                   exclusive=exclusive, shared=pool, mems={**around_mems, **mems} or None,
-                                   remove=remove, absent=absent, around=around)
+        for attempt in range(VANISHED_ATTEMPTS):
+            exclusive = {a.cgroup: a.cpus for a in state.allocations if exists(self.layout, a.cgroup)}
+            mems = {a.cgroup: a.mems for a in state.allocations if a.mems and a.cgroup in exclusive}
+            pool = [rel for rel in self._shared_cgroups(shared) if rel not in exclusive]
+            # A container the runtime is about to create (the NRI route) holds its CPUs already.
+            absent = [a.cpus for a in state.allocations if a.cgroup not in exclusive]
+            try:
+                with self._outer_targets(state) as (around, around_mems):
+                    apply_with_shared_pool(self.layout, allowed=self.allowed, reserved=state.reserved,
+                                           exclusive=exclusive, shared=pool,
+                                           mems={**around_mems, **mems} or None,
+                                           remove=remove, absent=absent, around=around)
+                return
+            except EnforcementError as exc:
+                # A cgroup the kubelet or runtime removed while this step ran (a pod going): the
+                # targets are taken again without it; every write is to an absolute set, so the
+                # writes already made stand.
+                if attempt == VANISHED_ATTEMPTS - 1 or not isinstance(exc.__cause__, FileNotFoundError):
+                    raise
 
     def _outer_targets(self, state: State) -> AbstractContextManager[OuterTargets]:
         return nullcontext(({}, {})) if self.outer is None else self.outer(state)

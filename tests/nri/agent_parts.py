@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agent.enforce.cgroup import CgroupLayout, create_cgroup, exists, read_cpuset
 from agent.enforce.kubepods import CgroupDriver, QOSClass, container_cgroup_path, pod_cgroup_path
@@ -144,6 +145,28 @@ class Node:
         running = [c for c in self.containers if c.message.state == api_pb2.CONTAINER_RUNNING]
         pods = {c.pod.id: c.pod for c in running}
         return list(pods.values()), [c.message for c in running]
+
+
+def api_pod(c: Container, *, running: bool) -> dict[str, Any]:
+    """The pod as the API server shows it to the watch: Guaranteed, its container waiting or running."""
+    res = c.message.linux.resources
+    cpu = str(res.cpu.shares.value // 1024)
+    state = {"running": {}} if running else {"waiting": {"reason": "ContainerCreating"}}
+    status: dict[str, Any] = {"name": c.message.name, "containerID": f"containerd://{c.message.id}",
+                              "state": state}
+    return {"metadata": {"uid": c.pod.uid, "namespace": c.pod.namespace, "name": c.pod.name,
+                         "annotations": dict(c.pod.annotations)},
+            "spec": {"nodeName": "node-a", "containers": [{"name": c.message.name, "resources": {
+                "requests": {"cpu": cpu, "memory": "64Mi"}, "limits": {"cpu": cpu, "memory": "64Mi"}}}]},
+            "status": {"phase": "Running" if running else "Pending", "qosClass": "Guaranteed",
+                       "containerStatuses": [status]}}
+
+
+def bound_pod(c: Container) -> dict[str, Any]:
+    """The pod as the watch first lists it: bound to the node, no container created yet."""
+    pod = api_pod(c, running=False)
+    pod["status"] = {"phase": "Pending", "qosClass": "Guaranteed"}
+    return pod
 
 
 def connected(route: PinningRoute, count: int, timeout: float = 10.0) -> bool:

@@ -31,7 +31,7 @@ from agent.kube.pods import plan_pod
 from agent.kube.watch import Changed, Synced
 from agent.topology.cpuset import CPUSet
 from tests.conftest import require, writable_cpuset_hierarchy
-from tests.nri.agent_parts import AgentParts, Container, Node, connected, private_node
+from tests.nri.agent_parts import AgentParts, Container, Node, api_pod, bound_pod, connected, private_node
 from tests.nri.goruntime import ScriptedRuntime
 
 
@@ -67,21 +67,6 @@ def updates(reply: dict[str, Any]) -> dict[str, str]:
 
 def allocations(parts: AgentParts) -> State:
     return parts.state_file.load(missing_ok=True)
-
-
-def api_pod(c: Container, *, running: bool) -> dict[str, Any]:
-    """The pod as the API server shows it to the watch: Guaranteed, its container waiting or running."""
-    res = c.message.linux.resources
-    cpu = str(res.cpu.shares.value // 1024)
-    state = {"running": {}} if running else {"waiting": {"reason": "ContainerCreating"}}
-    status: dict[str, Any] = {"name": c.message.name, "containerID": f"containerd://{c.message.id}",
-                              "state": state}
-    return {"metadata": {"uid": c.pod.uid, "namespace": c.pod.namespace, "name": c.pod.name,
-                         "annotations": dict(c.pod.annotations)},
-            "spec": {"nodeName": "node-a", "containers": [{"name": c.message.name, "resources": {
-                "requests": {"cpu": cpu, "memory": "64Mi"}, "limits": {"cpu": cpu, "memory": "64Mi"}}}]},
-            "status": {"phase": "Running" if running else "Pending", "qosClass": "Guaranteed",
-                       "containerStatuses": [status]}}
 
 
 def start_shared(node: Node, runtime: ScriptedRuntime) -> Container:
@@ -290,3 +275,75 @@ def test_an_internal_error_fails_only_containers_asking_for_exclusive_cpus(node:
         assert "error" not in reply and cpuset_of(reply["response"]["adjust"])[0]
     finally:
         parts.stop()
+
+
+def test_the_watch_reserves_ahead_and_create_answers_without_a_write(node: Node,
+                                                                     runtime: ScriptedRuntime) -> None:
+    shared = start_shared(node, runtime)
+    parts = AgentParts(node.layout, node.tmp / "state")
+    parts.pinner.ahead = True  # as the agent runs the NRI route (agent.kube.daemon)
+    try:
+        parts.connect(runtime.socket)
+        runtime.wait_event("Synchronize")
+        pod = node.pod("pinned", QOSClass.GUARANTEED, {"topolet.io/smt": "any"})
+        g = node.container(pod, "main", 1000)
+        parts.pinner.handle(Changed(plan_pod(bound_pod(g))))  # bound: the watch allocates now
+        (alloc,) = allocations(parts).allocations
+        assert alloc.id == alloc_id(pod.uid, "main") and alloc.cgroup != g.cgroup  # a planned cgroup
+        pool = node.cpus - alloc.cpus
+        assert node.cgroup_cpus(shared) == pool  # the pool shrank when the reservation was made
+        writes = parts.state_file.writes
+
+        reply = runtime.request("create", pod=pod, container=g.message)
+        assert "error" not in reply, reply
+        assert CPUSet.parse(cpuset_of(reply["response"]["adjust"])[0]) == alloc.cpus
+        assert parts.state_file.writes == writes, "the answer wrote the state: it was committed ahead"
+        assert updates(reply) == {}  # the pool did not move in the request
+        node.start(g, cpuset_of(reply["response"]["adjust"])[0])
+        assert node.cgroup_cpus(g) == alloc.cpus
+
+        # UpdateContainer before the watch has caught up keeps the reserved CPUs, not the pool.
+        reply = runtime.request("update", pod=pod, container=g.message, resources=g.message.linux.resources)
+        assert updates(reply) == {g.message.id: alloc.cpus.cpulist()}
+        # The status lists it running: the watch moves the allocation to the container's cgroup.
+        parts.pinner.handle(Changed(plan_pod(api_pod(g, running=True))))
+        (moved,) = allocations(parts).allocations
+        assert (moved.cpus, moved.cgroup) == (alloc.cpus, g.cgroup) and parts.allocated() == 1.0
+        parts.engine.reconcile()
+        assert node.cgroup_cpus(g) == alloc.cpus and node.cgroup_cpus(shared) == pool
+
+        node.stop(g)
+        reply = runtime.request("stop", pod=pod, container=g.message)
+        assert allocations(parts).allocations == ()
+        assert updates(reply) == {shared.message.id: node.cpus.cpulist()}
+    finally:
+        parts.stop()
+
+
+def test_a_container_created_unadjusted_while_the_agent_was_away_gets_its_reservation(
+        node: Node, runtime: ScriptedRuntime) -> None:
+    shared = start_shared(node, runtime)
+    first = AgentParts(node.layout, node.tmp / "state")
+    first.pinner.ahead = True
+    pod = node.pod("pinned", QOSClass.GUARANTEED, {"topolet.io/smt": "any"})
+    g = node.container(pod, "main", 1000)
+    first.pinner.handle(Changed(plan_pod(bound_pod(g))))  # reserved, then the agent is killed
+    (alloc,) = allocations(first).allocations
+    reply = runtime.request("create", pod=pod, container=g.message)  # no plugin: unadjusted
+    assert cpuset_of((reply["response"] or {}).get("adjust") or {}) == ("", "")
+    node.start(g)
+    pods, containers = node.live()
+    runtime.request("existing", pods=pods, containers=containers)
+
+    second = AgentParts(node.layout, node.tmp / "state")
+    second.pinner.ahead = True
+    try:
+        second.connect(runtime.socket)
+        sync = runtime.wait_event("Synchronize")
+        pool = node.cpus - alloc.cpus
+        # Its reservation, not the pool, and no second allocation.
+        assert updates(sync) == {g.message.id: alloc.cpus.cpulist(), shared.message.id: pool.cpulist()}
+        assert [a.cpus for a in allocations(second).allocations] == [alloc.cpus]
+        assert second.allocated() == 0.0
+    finally:
+        second.stop()

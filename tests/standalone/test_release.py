@@ -120,3 +120,33 @@ def test_an_owner_that_is_a_zombie_does_not_hold_its_cpus(node: Node) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_cgroup_that_vanishes_during_an_ordered_step_costs_a_retry_not_the_step(node: Node) -> None:
+    """A pod cgroup the kubelet removes while the engine writes around it (the pod-cgroup route's
+    outer targets, `PinningEngine.outer`): the step is taken again without it and succeeds."""
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+
+    from agent.enforce.cgroup import create_cgroup, remove_cgroup
+
+    engine = node.engine()
+    going = "pod-going"
+    create_cgroup(node.layout, going, cpus=node.allowed, mems=node.mems)
+    calls: list[bool] = []
+
+    @contextmanager
+    def outer(_state: object) -> Iterator[tuple[dict[str, CPUSet], dict[str, CPUSet]]]:
+        first = not calls
+        calls.append(first)
+        if first:  # the targets name it, then it goes before the writes reach it
+            remove_cgroup(node.layout, going)
+            yield {going: node.allowed}, {}
+        else:
+            yield {}, {}
+
+    engine.outer = outer
+    a = engine.allocate("vanish", Request(1), Owner.of_process(os.getpid()))
+    assert calls == [True, False]
+    assert node.state().get("vanish") == a and read_cpus(node.layout, a.cgroup) == a.cpus
+    assert node.pool() == node.allowed - a.cpus
