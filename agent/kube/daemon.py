@@ -148,7 +148,8 @@ class KubeAgent:
                                 gpu_numa=self.kubelet.gpu_numa_source(lambda: self.topology),
                                 enforce=self.enforce)
         self.watcher = PodWatcher(self.api, self.node, self.changes.put, retry_max_seconds=RETRY_MAX_SECONDS,
-                                  on_list=metrics.pod_lists.inc)
+                                  on_list=metrics.pod_lists.inc,
+                                  on_invalid=metrics.invalid_objects.labels(kind="pod").inc)
         # Chosen and connected in run(): NRI pins as the runtime creates containers (agent.kube.route).
         self.route = PinningRoute(str(getattr(args, "route", POD_CGROUP)),
                                   str(getattr(args, "nri_socket", "") or DEFAULT_NRI_SOCKET),
@@ -210,6 +211,9 @@ class KubeAgent:
         except TopoletError as exc:
             self.metrics.reconcile_errors.inc()
             log.error("pod change not applied: %s", exc)
+        except Exception:  # noqa: BLE001 - one pod's change never stops the enforcer
+            self.metrics.invalid_objects.labels(kind="pod").inc()
+            log.exception("pod change not applied")
         # Only once the pinner has the first list: a pod pinned in the state file is then known.
         if isinstance(change, Synced) and self.pod_cgroups is not None and self.pod_cgroups.watcher is None:
             self.pod_cgroups.start()

@@ -11,12 +11,29 @@ Public API:
 - `object_key(obj)`: `namespace/name`, or `name` for a cluster-scoped object (a store's key);
   `namespaced_name(obj)`: always `namespace/name` (a Job's or Workload's name in gang keys and logs).
 - `resource_version(obj) -> int`: the resourceVersion as a number, -1 when it is not one.
+
+Strict readers of values a tenant writes (annotations, labels, records), each None when the value is
+not exactly what it should be, so a caller raises its own error type (one per side: `JobSpecError`
+in the admission controller, `PodError` or a pod warning in the agent):
+
+- `decimal(text, maximum) -> int | None`: an ASCII decimal ("0" or no leading zero) of at most
+  `maximum`.  `str.isdigit` is not that: "²".isdigit() is True and int("²") raises.
+- `json_int(value, maximum) -> int | None`: a JSON integer (never a bool) in 0..maximum.
+- `json_object(text, max_chars, max_depth) -> dict | None`: the JSON object `text` holds, when it is
+  at most `max_chars` long and nests at most `max_depth` levels (checked before it is parsed).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from typing import Any
+
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")  # [0-9], not \d: only ASCII digits
+# A JSON string, or an unterminated one to the end: one linear pass, whatever the input.
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 def as_dict(value: object) -> dict[str, Any]:
@@ -56,3 +73,37 @@ def resource_version(obj: Mapping[str, Any]) -> int:
     """The object's resourceVersion as a number (-1 when it has none or it is not a number)."""
     text = metadata_of(obj).get("resourceVersion")
     return int(text) if isinstance(text, str) and text.isascii() and text.isdigit() else -1
+
+
+def decimal(text: object, maximum: int) -> int | None:
+    """`text` as a number when it is an ASCII decimal without a leading zero, at most `maximum`."""
+    if (not isinstance(text, str) or not 0 < len(text) <= len(str(maximum))
+            or _DECIMAL.fullmatch(text) is None):
+        return None
+    value = int(text)
+    return value if value <= maximum else None
+
+
+def json_int(value: object, maximum: int) -> int | None:
+    """`value` when it is a JSON integer (not a bool) in 0..maximum, else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        return None
+    return value
+
+
+def json_object(text: object, max_chars: int, max_depth: int) -> dict[str, Any] | None:
+    """The JSON object `text` holds; None when it is not one, is longer than `max_chars` or nests
+    deeper than `max_depth` (measured before parsing, so no input reaches the parser's recursion)."""
+    if not isinstance(text, str) or len(text) > max_chars:
+        return None
+    depth = deepest = 0
+    for char in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        depth += 1 if char in "[{" else -1
+        deepest = max(deepest, depth)
+        if deepest > max_depth:
+            return None
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return body if isinstance(body, dict) else None

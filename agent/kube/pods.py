@@ -53,7 +53,7 @@ from fractions import Fraction
 from typing import Any
 
 from agent.enforce.kubepods import QOSClass
-from agent.kube.objects import as_dict, as_list
+from agent.kube.objects import as_dict, as_list, decimal
 
 ANNOTATION_PREFIX = "topolet.io/"
 CPU_POLICY = "topolet.io/cpu-policy"
@@ -78,6 +78,7 @@ REASON_NOT_ELIGIBLE = "NotEligible"
 
 # Kubernetes resource quantity: a signed decimal (or exponent) number and a suffix.
 _QUANTITY_RE = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:[eE]([+-]?[0-9]+)|([a-zA-Z]{0,2}))")
+_QUANTITY_MAX_CHARS = 64
 _SUFFIX: dict[str, Fraction] = {
     "": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
     "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
@@ -85,8 +86,8 @@ _SUFFIX: dict[str, Fraction] = {
     "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
     "Pi": Fraction(2**50), "Ei": Fraction(2**60),
 }
-_NUMA_ZONE_RE = re.compile(r"0|[1-9][0-9]{0,3}")  # Linux numbers at most 1024 NUMA nodes
-_MAX_NUMA_ZONE = 1023
+MAX_NUMA_ZONE = 1023  # Linux numbers at most 1024 NUMA nodes
+MAX_COMPLETION_INDEX = 10**6  # above the API's limit on an Indexed Job's completions
 _MAX_EXCLUSIVE = 1 << 16  # no node has more CPUs; a bigger request is garbage, not a pin
 
 
@@ -141,8 +142,11 @@ class PodError(ValueError):
 
 
 def parse_quantity(text: object) -> Fraction | None:
-    """A Kubernetes quantity ("2", "1500m", "1Gi", "1e3") as an exact fraction; None if malformed."""
-    if isinstance(text, bool) or not isinstance(text, (str, int)):
+    """A Kubernetes quantity ("2", "1500m", "1Gi", "1e3") as an exact fraction; None if malformed
+    (or longer than any real one: a tenant may write anything there)."""
+    if isinstance(text, int) and not isinstance(text, bool) and abs(text) < 10**18:
+        return _parse_quantity(text)
+    if not isinstance(text, str) or len(text) > _QUANTITY_MAX_CHARS:
         return None
     return _parse_quantity(text)
 
@@ -232,11 +236,11 @@ def _annotations(meta: dict[str, Any]) -> tuple[dict[str, str], list[PodWarning]
         if not isinstance(key, str) or not key.startswith(ANNOTATION_PREFIX):
             continue
         if key == NUMA_ZONE:
-            if isinstance(value, str) and _NUMA_ZONE_RE.fullmatch(value) and int(value) <= _MAX_NUMA_ZONE:
-                out[key] = value
+            if decimal(value, MAX_NUMA_ZONE) is not None:
+                out[key] = str(value)
             else:
                 warnings.append(PodWarning(REASON_INVALID, f"{key}={repr(value)[:64]}: expected a NUMA "
-                                        f"node id (0..{_MAX_NUMA_ZONE})"))
+                                        f"node id (0..{MAX_NUMA_ZONE})"))
             continue
         if key == PLACEMENTS:
             if isinstance(value, str):
@@ -261,10 +265,10 @@ def parse_placement(entry: str) -> tuple[str, int | None] | None:
 
     The one reader of the format, for the agent and the admission controller (`agent.admission`)."""
     node, sep, zone = entry.partition(":")
-    good_zone = zone == "" or (_NUMA_ZONE_RE.fullmatch(zone) is not None and int(zone) <= _MAX_NUMA_ZONE)
-    if not sep or not node or not good_zone:
+    number = decimal(zone, MAX_NUMA_ZONE)
+    if not sep or not node or (zone and number is None):
         return None
-    return node, (int(zone) if zone else None)
+    return node, number
 
 
 def placement_entry(text: str, index: int) -> tuple[str, int | None] | str:
@@ -278,12 +282,17 @@ def placement_entry(text: str, index: int) -> tuple[str, int | None] | str:
     return parsed
 
 
+def completion_index(meta: dict[str, Any]) -> int | None:
+    """The completion index a pod's metadata carries (Indexed Jobs), None when it has no valid one."""
+    return decimal(as_dict(meta.get("annotations")).get(COMPLETION_INDEX), MAX_COMPLETION_INDEX)
+
+
 def _placed_zone(pod: dict[str, Any], meta: dict[str, Any], text: str) -> tuple[int | None, str]:
     """The zone `topolet.io/placements` gives this pod: (zone or None, "") or (None, why it cannot)."""
-    index = as_dict(meta.get("annotations")).get(COMPLETION_INDEX)
-    if not (isinstance(index, str) and index.isdigit()):
+    index = completion_index(meta)
+    if index is None:
         return None, f"{PLACEMENTS}: the pod has no {COMPLETION_INDEX} to read its entry by"
-    entry = placement_entry(text, int(index))
+    entry = placement_entry(text, index)
     if isinstance(entry, str):
         return None, entry
     node, zone = entry

@@ -8,10 +8,12 @@ The watcher turns API traffic into three kinds of change, handed to a sink on th
 - `Gone(uid)`: one pod deleted.
 
 It reads raw JSON through `agent.kube.client.KubeClient` (never the client's model classes: they
-cost memory) and keeps only the small `PodPlan` of each pod.  A watch that ends is resumed from the
-last resourceVersion seen; a 410 Gone (history compacted) or an expired watch brings a relist.  While
-the API server is down it retries every `retry_max_seconds` at most, and says nothing: a pod we
-cannot see is not a pod gone.
+cost memory) and keeps only the small `PodPlan` of each pod.  One object costs only itself: a pod that
+cannot be read, or whose change cannot be handled, is logged, counted (`on_invalid`) and skipped,
+and the watch's resourceVersion moves past it, so a resumed watch never replays it.  A watch that
+ends is resumed from the last resourceVersion seen; a 410 Gone (history compacted) or an expired
+watch brings a relist.  While the API server is down it retries every `retry_max_seconds` at most,
+and says nothing: a pod we cannot see is not a pod gone.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ class PodWatcher:
 
     def __init__(self, api_client: Any, node_name: str, sink: Callable[[PodChange], None], *,
                  retry_max_seconds: float = 1.0, watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
-                 on_list: Callable[[], None] | None = None) -> None:
+                 on_list: Callable[[], None] | None = None,
+                 on_invalid: Callable[[], None] | None = None) -> None:
         self.kube = KubeClient.of(api_client)  # an ApiClient or a KubeClient
         self.node_name = node_name
         self.sink = sink
@@ -69,6 +72,7 @@ class PodWatcher:
         self.lists = 0
         self.watches = 0
         self.garbage = 0  # objects we could not read and skipped
+        self.on_invalid = on_invalid  # told of each one (topolet_invalid_objects_total{kind="pod"})
         self.synced = threading.Event()  # set after the first successful list
         self.connected = False
         self._stop = threading.Event()
@@ -189,29 +193,46 @@ class PodWatcher:
             raise RuntimeError(f"watch error: {str(obj.get('message'))[:200]}")
         meta = obj.get("metadata")
         rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
-        if kind == "BOOKMARK":
-            if isinstance(rv, str) and rv:
-                self.resource_version = rv
-            return
-        plan = self._plan(obj)
+        # The version moves on before the event is handled: an event whose handling fails is skipped,
+        # never replayed by the next watch forever (a tenant's pod would stop this node's agent).
         if isinstance(rv, str) and rv:
             self.resource_version = rv
+        if kind == "BOOKMARK":
+            return
+        plan = self._plan(obj)
         if plan is None:
             return
         if kind in ("ADDED", "MODIFIED"):
-            self.sink(Changed(plan))
+            self._hand(Changed(plan))
         elif kind == "DELETED":
-            self.sink(Gone(plan.uid))
+            self._hand(Gone(plan.uid))
         else:
-            self.garbage += 1
+            self._skipped("an event of unknown type")
 
     def _plan(self, obj: object) -> PodPlan | None:
+        """The object's plan; None (counted, logged) when it is not a pod we can read.  `plan_pod`
+        raises only PodError; anything else is a defect, and still costs only this object."""
         try:
             return plan_pod(obj)
         except PodError as exc:
-            self.garbage += 1
-            log.warning("pod watch: skipping an object: %s", exc)
-            return None
+            self._skipped(str(exc))
+        except Exception:  # noqa: BLE001 - one object never stops the watch
+            log.exception("pod watch: reading a pod failed")
+            self._skipped("unreadable")
+        return None
+
+    def _hand(self, change: PodChange) -> None:
+        try:
+            self.sink(change)
+        except Exception:  # noqa: BLE001 - one object never stops the watch
+            log.exception("pod watch: handling a pod change failed")
+            self._skipped("its change could not be handed on")
+
+    def _skipped(self, why: str) -> None:
+        self.garbage += 1
+        if self.on_invalid is not None:
+            self.on_invalid()
+        log.warning("pod watch: skipping an object: %s", why)
 
 
 def _status(exc: BaseException) -> int | None:

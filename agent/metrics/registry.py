@@ -47,6 +47,7 @@ ALLOCATION_RESULTS = (ALLOCATED, REFUSED, RELEASED, ERROR)
 CAPACITY, ALIGNMENT, INVALID = "capacity", "alignment", "invalid"
 REFUSAL_REASONS = (CAPACITY, ALIGNMENT, INVALID)
 API_WRITE_KINDS = ("nrt", "labels", "event")
+INVALID_OBJECT_KINDS = ("pod",)  # topolet_invalid_objects_total{kind}: what the pod watch skipped
 CPU_STATES = ("exclusive", "shared", "reserved")
 # agent.gpu.applier's operation names (OPERATIONS there; a test keeps the two equal) and results.
 MIG_OPERATIONS = ("gpu_instance_create", "gpu_instance_destroy", "compute_instance_create", "mig_mode_change")
@@ -189,6 +190,9 @@ class Metrics:
                                         registry=r)
         self.pod_lists = Counter("topolet_pod_lists", "Lists of this node's pods (startup, expired watch)",
                                  registry=r)
+        self.invalid_objects = Counter("topolet_invalid_objects",
+                                       "API objects skipped because they could not be read or handled, "
+                                       "by kind (pod)", ["kind"], registry=r)
         self.pool_writes = Counter("topolet_pool_cgroup_writes",
                                    "Container cgroups given the shared pool outside an allocation change",
                                    registry=r)
@@ -210,6 +214,8 @@ class Metrics:
         r.register(self._gpus)
         for result in ALLOCATION_RESULTS:
             self.allocations.labels(result=result)
+        for kind in INVALID_OBJECT_KINDS:
+            self.invalid_objects.labels(kind=kind)
         for reason in REFUSAL_REASONS:
             self.refusals.labels(reason=reason)
         for kind in API_WRITE_KINDS:

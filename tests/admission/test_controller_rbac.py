@@ -29,8 +29,17 @@ from typing import Any
 import pytest
 
 from agent.admission.gangs.record import AdmissionRecord, SlotPlacement
-from agent.admission.jobs.patches import BY_INDEX_LABEL, decision_patch, node_affinity
-from tests.admission.test_controller import DUMP, all_bound_as_recorded, events, gang_job, record, wait_for
+from agent.admission.gangs.shape import job_shape
+from agent.admission.jobs.patches import BY_INDEX_LABEL, decision_patch, node_affinity, pod_patch
+from tests.admission.test_controller import (
+    DUMP,
+    all_bound_as_recorded,
+    events,
+    gang_job,
+    get_job,
+    record,
+    wait_for,
+)
 from tests.conftest import REPO, topolet_bin
 from tests.controlplane.cluster import Cluster
 from tests.controlplane.fixtures import IN_CI, _apiserver_up_between_tests, control_plane
@@ -323,71 +332,101 @@ def test_lists_and_watches_what_it_decides_on(setup: Setup) -> None:
     assert "system-cluster-critical" in {c["metadata"]["name"] for c in classes["items"]}
 
 
-def test_admits_a_job_by_gating_its_template_then_unsuspending_it(setup: Setup) -> None:
-    path = f"/apis/batch/v1/namespaces/{setup.team}/jobs/{setup.job}"
-    status, job = as_controller(setup, "PATCH", path, {
-        "metadata": {"annotations": {"topolet.io/admission": '{"result": "admitted"}'}},
-        "spec": {"template": {"metadata": {"annotations": {"topolet.io/placements": f"{setup.node}:0,"
-                                                                                     f"{setup.node}:1"}},
-                              "spec": {"schedulingGates": [{"name": GATE}]}}}})
-    assert status == 200, job
-    assert job["spec"]["template"]["spec"]["schedulingGates"] == [{"name": GATE}]
-    assert job["spec"]["template"]["metadata"]["annotations"]["topolet.io/placements"].count(":") == 2
-    status, job = as_controller(setup, "PATCH", path, {"spec": {"suspend": False}})
-    assert status == 200, job
-    assert job["spec"]["suspend"] is False
-    assert job["metadata"]["annotations"]["topolet.io/admission"] == '{"result": "admitted"}'
+# Every route an admission takes, each with the very patch the controller sends (`patches.decision_patch`
+# over the record `JobWrites.admit` writes): (id, indexed, slots as (node, zone); None: the setup's node).
+ROUTES: list[tuple[str, bool, list[tuple[str | None, int | None]]]] = [
+    ("indexed, one node, two zones: the template pinned, the placements", True, [(None, 0), (None, 1)]),
+    ("non-indexed, one node, one zone: the template pinned, the zone", False, [(None, 2), (None, 2)]),
+    ("non-indexed, one node, two zones: gated", False, [(None, 0), (None, 1)]),
+    ("indexed, two nodes: gated, the placements and the policy's label", True, [(None, 0), ("elsewhere", 1)]),
+    ("non-indexed, two nodes: gated", False, [(None, 0), ("elsewhere", 1)]),
+]
 
 
-def test_admits_a_job_on_one_node_by_pinning_its_template(setup: Setup) -> None:
-    """The one-node route, with the very patch the controller sends (`patches.decision_patch`)."""
+@pytest.mark.parametrize(("indexed", "slots"), [r[1:] for r in ROUTES], ids=[r[0] for r in ROUTES])
+def test_admits_a_job_with_the_patch_the_controller_sends(
+        setup: Setup, indexed: bool, slots: list[tuple[str | None, int | None]]) -> None:
     jobs = f"/apis/batch/v1/namespaces/{setup.team}/jobs"
-    job = created(setup.plane, jobs, suspended_job(f"one-node-{uuid.uuid4().hex[:6]}"))
-    record = AdmissionRecord("admitted", "d1", "2026-12-02T00:00:00Z",
-                             {0: SlotPlacement(setup.node, 0), 1: SlotPlacement(setup.node, 1)})
-    status, out = as_controller(setup, "PATCH", f"{jobs}/{job['metadata']['name']}",
-                                decision_patch(job, record))
+    body = suspended_job(f"route-{uuid.uuid4().hex[:6]}")
+    if not indexed:
+        del body["spec"]["completionMode"]
+    job = created(setup.plane, jobs, body)
+    places = {i: SlotPlacement(node or setup.node, zone) for i, (node, zone) in enumerate(slots)}
+    record = AdmissionRecord("admitted", uuid.uuid4().hex, "2026-12-02T00:00:00Z", places,
+                             shape=job_shape(job))
+    patch = decision_patch(job, record)
+    status, out = as_controller(setup, "PATCH", f"{jobs}/{job['metadata']['name']}", patch)
     assert status == 200, out
-    template = out["spec"]["template"]
-    assert template["spec"]["nodeSelector"] == {"kubernetes.io/hostname": setup.node}
-    assert template["spec"]["affinity"] == {"nodeAffinity": node_affinity(setup.node)}
-    assert template["metadata"]["annotations"]["topolet.io/placements"] == f"{setup.node}:0,{setup.node}:1"
-    assert not template["spec"].get("schedulingGates")
     assert out["spec"]["suspend"] is False
+    assert out["metadata"]["annotations"]["topolet.io/admission"] == record.encode()
+    template = out["spec"]["template"]
+    if "schedulingGates" in patch["spec"]["template"]["spec"]:  # gated: the pods are placed one by one
+        assert template["spec"]["schedulingGates"] == [{"name": GATE}]
+        assert "kubernetes.io/hostname" not in template["spec"].get("nodeSelector", {})
+    else:  # one node: the pods are created pinned
+        assert template["spec"]["nodeSelector"] == {"kubernetes.io/hostname": setup.node}
+        assert template["spec"]["affinity"] == {"nodeAffinity": node_affinity(setup.node)}
+        assert not template["spec"].get("schedulingGates")
+    notes = template.get("metadata", {}).get("annotations", {})
+    sent = patch["spec"]["template"]["metadata"]["annotations"]
+    expected = {k: v for k, v in sent.items() if v is not None}
+    assert {k: v for k, v in notes.items() if k.startswith("topolet.io/")} == expected
+    by_index = patch["spec"]["template"]["metadata"].get("labels", {})
+    assert (template["metadata"]["labels"].get(BY_INDEX_LABEL[0]) == BY_INDEX_LABEL[1]) is bool(by_index)
 
 
-def test_admits_a_job_over_two_nodes_by_gating_and_labelling_its_template(setup: Setup) -> None:
-    """The gated route of an Indexed Job, with the very patch the controller sends: our gate, the slots
-    and the label the placement policy selects its pods by."""
-    jobs = f"/apis/batch/v1/namespaces/{setup.team}/jobs"
-    job = created(setup.plane, jobs, suspended_job(f"two-nodes-{uuid.uuid4().hex[:6]}"))
-    record = AdmissionRecord("admitted", "d1", "2026-12-02T00:00:00Z",
-                             {0: SlotPlacement(setup.node, 0), 1: SlotPlacement("elsewhere", 1)})
-    status, out = as_controller(setup, "PATCH", f"{jobs}/{job['metadata']['name']}",
-                                decision_patch(job, record))
+PREFERRED = {"preferredDuringSchedulingIgnoredDuringExecution": [
+    {"weight": 1, "preference": {"matchExpressions": [{"key": "pool", "operator": "Exists"}]}}]}
+ANTI = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+    {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                      "labelSelector": {"matchLabels": {"app": "x"}}}}]}}
+OWN_REQUIRED = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    {"matchExpressions": [{"key": "pool", "operator": "Exists"}]}]}}
+# Gated pods as the Job controller creates them, each placed with the very patch the controller sends
+# (`patches.pod_patch`): (id, the pod's affinity, its annotations, its gates, the zone).
+PODS: list[tuple[str, dict[str, Any] | None, dict[str, str], tuple[str, ...], int | None]] = [
+    ("no affinity: the node's name added, a zone", None, {}, (GATE,), 1),
+    ("no affinity, no zone", None, {}, (GATE,), None),
+    ("a preferred node affinity and pod anti-affinity of its own: kept, the node's name added",
+     {"nodeAffinity": PREFERRED, **ANTI}, {}, (GATE,), 0),
+    ("a required node affinity of its own: kept as it is", {"nodeAffinity": OWN_REQUIRED}, {}, (GATE,), 3),
+    ("the template's placements removed, another gate kept", None,
+     {"topolet.io/placements": "x:0", "batch.kubernetes.io/job-completion-index": "0"},
+     (GATE, OTHER_GATE), 0),
+]
+
+
+@pytest.mark.parametrize(("affinity", "notes", "gates", "zone"), [p[1:] for p in PODS],
+                         ids=[p[0] for p in PODS])
+def test_places_a_gated_pod_with_the_patch_the_controller_sends(
+        setup: Setup, affinity: dict[str, Any] | None, notes: dict[str, str], gates: tuple[str, ...],
+        zone: int | None) -> None:
+    body = gated_pod(f"placed-{uuid.uuid4().hex[:6]}", gates)
+    body["metadata"]["annotations"] = notes
+    if affinity is not None:
+        body["spec"]["affinity"] = affinity
+    pod = created(setup.plane, f"/api/v1/namespaces/{setup.team}/pods", body)
+    path = f"/api/v1/namespaces/{setup.team}/pods/{pod['metadata']['name']}"
+    status, out = as_controller(setup, "PATCH", path, pod_patch(pod, setup.node, zone))
     assert status == 200, out
-    template = out["spec"]["template"]
-    assert template["metadata"]["labels"][BY_INDEX_LABEL[0]] == BY_INDEX_LABEL[1]
-    # The Job's own template labels (the API server's selector labels) are kept as they were.
-    assert {k: v for k, v in template["metadata"]["labels"].items() if k != BY_INDEX_LABEL[0]} == \
-        job["spec"]["template"]["metadata"]["labels"]
-    assert template["metadata"]["annotations"]["topolet.io/placements"] == f"{setup.node}:0,elsewhere:1"
-    assert template["spec"]["schedulingGates"] == [{"name": GATE}]
-    assert out["spec"]["suspend"] is False
-
-
-def test_places_a_gated_pod_and_lifts_the_gate(setup: Setup) -> None:
-    path = f"/api/v1/namespaces/{setup.team}/pods/{setup.pod}"
-    # One patch, as the controller sends it: where to run, which zone, and the gate lifted.
-    status, pod = as_controller(setup, "PATCH", path, {
-        "metadata": {"annotations": {"topolet.io/numa-zone": "1"}},
-        "spec": {"nodeSelector": {"kubernetes.io/hostname": setup.node}, "schedulingGates": []}})
-    assert status == 200, pod
-    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": setup.node}
-    assert pod["metadata"]["annotations"]["topolet.io/numa-zone"] == "1"
-    assert not pod["spec"].get("schedulingGates")
+    assert out["spec"]["nodeSelector"] == {"kubernetes.io/hostname": setup.node}
+    assert [g["name"] for g in out["spec"].get("schedulingGates") or []] == [g for g in gates if g != GATE]
+    got_notes = out["metadata"].get("annotations") or {}
+    assert "topolet.io/placements" not in got_notes
+    assert got_notes.get("topolet.io/numa-zone") == (None if zone is None else str(zone))
+    node_affinity_now = out["spec"]["affinity"]["nodeAffinity"]
+    if affinity is not None and "requiredDuringSchedulingIgnoredDuringExecution" in affinity.get(
+            "nodeAffinity", {}):
+        assert out["spec"]["affinity"] == affinity
+    else:
+        assert node_affinity_now["requiredDuringSchedulingIgnoredDuringExecution"] == \
+            node_affinity(setup.node)["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert {k: v for k, v in out["spec"]["affinity"].items() if k != "nodeAffinity"} == \
+            {k: v for k, v in (affinity or {}).items() if k != "nodeAffinity"}
+        assert node_affinity_now.get("preferredDuringSchedulingIgnoredDuringExecution") == \
+            (affinity or {}).get("nodeAffinity", {}).get("preferredDuringSchedulingIgnoredDuringExecution")
     # Binding is the kube-scheduler's (the "bind a pod" row below: the controller cannot).
-    assert not pod["spec"].get("nodeName")
+    assert not out["spec"].get("nodeName")
 
 
 def test_holds_its_lease_in_its_own_namespace(setup: Setup) -> None:
@@ -554,6 +593,22 @@ POLICY_REFUSED: list[PolicyRow] = [
      lambda s: {"spec": {"activeDeadlineSeconds": 1}}, MERGE),
     ("lift another scheduling gate", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
      lambda s: {"spec": {"schedulingGates": [{"name": GATE}]}}, MERGE),
+    ("pin a held pod to another node than its selector", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
+     lambda s: {"spec": {"nodeSelector": {"kubernetes.io/hostname": s.node},
+                         "affinity": {"nodeAffinity": node_affinity("elsewhere")}}}, MERGE),
+    ("give a held pod any other required node affinity", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
+     lambda s: {"spec": {"nodeSelector": {"kubernetes.io/hostname": s.node},
+                         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                             "nodeSelectorTerms": [{"matchExpressions": [
+                                 {"key": "pool", "operator": "Exists"}]}]}}}}}, MERGE),
+    ("change a held pod's other topolet.io/ annotations", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
+     lambda s: {"metadata": {"annotations": {"topolet.io/cpu-policy": "shared"}}}, MERGE),
+    ("give a held pod placements", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
+     lambda s: {"metadata": {"annotations": {"topolet.io/placements": f"{s.node}:0"}}}, MERGE),
+    ("give a held pod a zone that is no NUMA node id", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
+     lambda s: {"metadata": {"annotations": {"topolet.io/numa-zone": "\u00b2"}}}, MERGE),
+    ("annotate a queued Job beyond its record", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
+     lambda s: {"metadata": {"annotations": {"topolet.io/colocate": "kubernetes.io/hostname"}}}, MERGE),
     ("place a pod not held by our gate", "PATCH", "/api/v1/namespaces/{team}/pods/{free}",
      lambda s: {"metadata": {"annotations": {"topolet.io/numa-zone": "0"}}}, MERGE),
     ("annotate a Job in no queue", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{plain}",
@@ -692,7 +747,9 @@ def test_the_controller_admits_a_gang_with_only_its_own_grants(
         dump_root: Callable[[str], Path], tmp_path: Path) -> None:
     """`topolet controller --leader-elect` with the service account's token, on the test cluster (Job
     controller, kube-scheduler, a node whose NRT a real agent publishes): it takes its Lease, admits a
-    gang end to end and rejects one that never fits, and the API server refuses it nothing."""
+    gang end to end (its pods created pinned), places a non-indexed gang over two zones pod by pod
+    (each gated pod patched with its node, zone and required node affinity) and rejects one that never
+    fits, and the API server refuses it nothing."""
     plane = cluster.plane
     # The controller's part alone, as the README says it may be applied: on the namespace it expects.
     status, body = api_request(plane, "POST", "/api/v1/namespaces", body={
@@ -730,8 +787,15 @@ def test_the_controller_admits_a_gang_with_only_its_own_grants(
             wait_for(lambda: holder() == replica, "the controller to take its Lease")
             jobs = f"/apis/batch/v1/namespaces/{team}/jobs"
             api.create(jobs, gang_job("fits", 2, label))
+            api.create(jobs, gang_job("zones", 2, label, indexed=False))
             api.create(jobs, gang_job("never", 1, label, cpu=1000))
             wait_for(lambda: all_bound_as_recorded(api, team, "fits", 2), "gang fits admitted and bound")
+            wait_for(lambda: all_bound_as_recorded(api, team, "zones", 2), "gang zones placed and bound")
+            zones = record(api, team, "zones")
+            assert zones is not None
+            assert len({(p["node"], p["zone"]) for p in zones["placement"].values()}) == 2
+            template = get_job(api, team, "zones")["spec"]["template"]
+            assert template["spec"]["schedulingGates"] == [{"name": GATE}]
             wait_for(lambda: (record(api, team, "never") or {}).get("result") == "rejected", "never rejected")
             wait_for(lambda: "Admitted" in events(api, team, "fits"), "the Admitted Event")
             wait_for(lambda: "Rejected" in events(api, team, "never"), "the Rejected Event")

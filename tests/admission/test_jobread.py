@@ -10,8 +10,9 @@ import pytest
 
 from agent.admission.gangs.job import ADMISSION_ANNOTATION, GATE, QUEUE_LABEL
 from agent.admission.gangs.record import AdmissionRecord, SlotPlacement
+from agent.admission.gangs.shape import SHAPE_CHARS, job_shape
 from agent.admission.gangs.slots import assign_slots
-from agent.admission.jobs.jobread import JobReader
+from agent.admission.jobs.jobread import JobReader, distrust
 
 SLOTS = {0: SlotPlacement("n1", 0), 1: SlotPlacement("n2", 1)}
 RECORD = AdmissionRecord("admitted", "d1", "2026-12-02T10:00:00Z", SLOTS)
@@ -97,3 +98,56 @@ def test_retain_forgets_gone_jobs() -> None:
     assert reader.read(_job()) is first
     reader.retain(set())
     assert reader.read(_job()) is not first
+
+
+def _shaped(job: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """`job` with pod resources, carrying a record written for it as it is (its shape), then `changes`
+    made to its spec after the record was written."""
+    job = copy.deepcopy(job)
+    job["spec"].update(parallelism=2, completions=2, template={"spec": {"containers": [
+        {"name": "c", "resources": {"requests": {"cpu": "4"}, "limits": {"cpu": "4"}}}]}})
+    record = AdmissionRecord("admitted", "d1", "2026-12-02T10:00:00Z", SLOTS, shape=job_shape(job))
+    job["metadata"]["annotations"][ADMISSION_ANNOTATION] = record.encode()
+    job["spec"].update(changes)
+    return job
+
+
+def _other_uid(job: dict[str, Any]) -> dict[str, Any]:
+    job = copy.deepcopy(job)
+    job["metadata"]["uid"] = "u2"
+    return job
+
+
+TRUST = [
+    # (what, job, distrusted?)
+    ("written for this Job as it is", _shaped(_job()), False),
+    ("no shape: not written by the controller", _job(), True),
+    ("the Job scaled since (parallelism 2 -> 8)", _shaped(_job(), parallelism=8), True),
+    ("more completions since", _shaped(_job(), completions=9), True),
+    ("other pod resources since", _shaped(_job(), template={"spec": {"containers": [
+        {"name": "c", "resources": {"requests": {"cpu": "40"}, "limits": {"cpu": "40"}}}]}}), True),
+    ("copied onto another Job", _other_uid(_shaped(_job())), True),
+    ("the decision's own template writes change nothing", _shaped(_job(), template={
+        "metadata": {"annotations": {"topolet.io/placements": "n1:0,n2:1"}},
+        "spec": {"schedulingGates": [{"name": GATE}], "nodeSelector": {"kubernetes.io/hostname": "n1"},
+                 "containers": [{"name": "c", "resources": {"requests": {"cpu": "4"},
+                                                            "limits": {"cpu": "4"}}}]}}), False),
+    ("a rejected record admits nothing: never distrusted",
+     _job(record=AdmissionRecord("rejected", "d1", "t", reason="no").encode()), False),
+]
+
+
+@pytest.mark.parametrize(("what", "job", "distrusted"), TRUST, ids=[t[0] for t in TRUST])
+def test_only_a_record_written_for_the_job_as_it_is_is_trusted(what: str, job: dict[str, Any],
+                                                               distrusted: bool) -> None:
+    read = JobReader().read(job)
+    assert read.record is not None and read.bad_record is None
+    assert (read.distrusted is not None) is distrusted, read.distrusted
+    assert (distrust(job, read.record) is not None) is distrusted
+
+
+def test_the_shape_survives_the_record_encoding() -> None:
+    job = _shaped(_job())
+    read = JobReader().read(job)
+    assert read.record is not None and read.record.shape == job_shape(job)
+    assert len(read.record.shape) == SHAPE_CHARS

@@ -27,7 +27,13 @@ from agent.admission.gangs.record import (
     record_of,
 )
 from agent.admission.gangs.slots import assign_slots
-from agent.admission.jobs.patches import BY_INDEX_LABEL, decision_patch, pod_patch, still_undecided
+from agent.admission.jobs.patches import (
+    BY_INDEX_LABEL,
+    decision_patch,
+    pod_patch,
+    requeue_patch,
+    still_undecided,
+)
 
 GI = 1 << 30
 
@@ -159,10 +165,16 @@ def test_decision_patch_of_an_indexed_job_carries_the_placements() -> None:
     record = AdmissionRecord("admitted", "d-1", "2026-12-01T00:00:00Z",
                              {1: SlotPlacement("n2", None), 0: SlotPlacement("n1", 3)})
     indexed = decision_patch(_job(indexed=True, completions=2), record)
-    assert indexed["spec"]["template"]["metadata"] == {"annotations": {PLACEMENTS_ANNOTATION: "n1:3,n2:"},
-                                                       "labels": {BY_INDEX_LABEL[0]: "true"}}
+    assert indexed["spec"]["template"]["metadata"] == {
+        "annotations": ours({PLACEMENTS_ANNOTATION: "n1:3,n2:"}), "labels": {BY_INDEX_LABEL[0]: "true"}}
     # A non-indexed Job's pods have no index to look up: no annotation, the controller patches them.
-    assert "metadata" not in decision_patch(_job(), record)["spec"]["template"]
+    assert decision_patch(_job(), record)["spec"]["template"]["metadata"] == {"annotations": ours({})}
+
+
+def ours(annotations: dict[str, str]) -> dict[str, str | None]:
+    """The template annotations of a decision patch: the placements and zone it sets, and a removal
+    (null) of any the tenant put there."""
+    return {PLACEMENTS_ANNOTATION: None, NUMA_ZONE_ANNOTATION: None, **annotations}
 
 
 ON_N1 = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -171,21 +183,22 @@ ONE_NODE = [
     # (what, slots, indexed, the job's pod spec, expected template patch; None: the gate route)
     ("one node, one zone: the zone annotation, any Job",
      {0: SlotPlacement("n1", 2), 1: SlotPlacement("n1", 2)}, False, {},
-     {"metadata": {"annotations": {NUMA_ZONE_ANNOTATION: "2"}},
+     {"metadata": {"annotations": ours({NUMA_ZONE_ANNOTATION: "2"})},
       "spec": {"nodeSelector": {HOSTNAME_LABEL: "n1"}, "affinity": ON_N1}}),
     ("one node, no zone: the node only", {0: SlotPlacement("n1", None)}, False, {},
-     {"spec": {"nodeSelector": {HOSTNAME_LABEL: "n1"}, "affinity": ON_N1}}),
+     {"metadata": {"annotations": ours({})},
+      "spec": {"nodeSelector": {HOSTNAME_LABEL: "n1"}, "affinity": ON_N1}}),
     ("one node, zones by index: the placements",
      {0: SlotPlacement("n1", 0), 1: SlotPlacement("n1", 1)}, True, {},
-     {"metadata": {"annotations": {PLACEMENTS_ANNOTATION: "n1:0,n1:1"}},
+     {"metadata": {"annotations": ours({PLACEMENTS_ANNOTATION: "n1:0,n1:1"})},
       "spec": {"nodeSelector": {HOSTNAME_LABEL: "n1"}, "affinity": ON_N1}}),
     ("a template with an affinity of its own keeps it",
      {0: SlotPlacement("n1", 0)}, True, {"affinity": {"podAntiAffinity": {}}},
-     {"metadata": {"annotations": {NUMA_ZONE_ANNOTATION: "0"}},
+     {"metadata": {"annotations": ours({NUMA_ZONE_ANNOTATION: "0"})},
       "spec": {"nodeSelector": {HOSTNAME_LABEL: "n1"}}}),
     ("an empty affinity of its own too",
      {0: SlotPlacement("n1", None)}, True, {"affinity": {}},
-     {"spec": {"nodeSelector": {HOSTNAME_LABEL: "n1"}}}),
+     {"metadata": {"annotations": ours({})}, "spec": {"nodeSelector": {HOSTNAME_LABEL: "n1"}}}),
     ("one node, zones differ, no index to tell the pods apart: gated",
      {0: SlotPlacement("n1", 0), 1: SlotPlacement("n1", 1)}, False, {}, None),
     ("two nodes: gated", {0: SlotPlacement("n1", 0), 1: SlotPlacement("n2", 0)}, True, {}, None),
@@ -328,6 +341,8 @@ def _moved_on(change: str) -> dict[str, Any]:
         fresh["metadata"]["uid"] = "another-uid"
     elif change == "template":
         fresh["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "4"
+    elif change == "scaled":
+        fresh["spec"]["parallelism"] = 8
     return fresh
 
 
@@ -337,6 +352,7 @@ def _moved_on(change: str) -> dict[str, Any]:
     ("unsuspended", False),   # someone else let it run
     ("recreated", False),     # a new Job of the same name
     ("template", False),      # other requests than the ones placed
+    ("scaled", False),        # another size than the one placed (the record's shape would not match)
 ])
 def test_still_undecided_after_a_conflict(change: str, retry: bool) -> None:
     job = _job()
@@ -346,3 +362,29 @@ def test_still_undecided_after_a_conflict(change: str, retry: bool) -> None:
     if retry:  # the retried write carries the fresh resourceVersion, so it still guards against a race
         record = AdmissionRecord("admitted", "d1", "2026-01-01T00:00:00Z", {0: SlotPlacement("n1")})
         assert decision_patch(fresh, record)["metadata"]["resourceVersion"] == "8"
+
+
+@pytest.mark.parametrize("slots", [
+    {0: SlotPlacement("n1", 2)},  # one node, one zone: our numa-zone beside the tenant's placements
+    {0: SlotPlacement("n1", 0), 1: SlotPlacement("n1", 1)},  # one node, zones by index
+    {0: SlotPlacement("n1", 0), 1: SlotPlacement("n2", 1)},  # two nodes, gated
+])
+def test_a_tenants_own_placements_never_survive_the_decision(slots: dict[int, SlotPlacement]) -> None:
+    """A template that came with the gate, the placement policy's label and placements of its own: the
+    decision's placements replace them, or the decision removes them, and the same for the zone."""
+    job = _job(indexed=True, completions=len(slots),
+               template_annotations={PLACEMENTS_ANNOTATION: "n9:3,n9:3", NUMA_ZONE_ANNOTATION: "3"},
+               pod_spec={"schedulingGates": [{"name": GATE}]})
+    job["spec"]["template"]["metadata"]["labels"] = {BY_INDEX_LABEL[0]: BY_INDEX_LABEL[1]}
+    record = AdmissionRecord("admitted", "d-1", "2026-12-01T00:00:00Z", slots)
+    notes = decision_patch(job, record)["spec"]["template"]["metadata"]["annotations"]
+    applied = {**job["spec"]["template"]["metadata"]["annotations"], **notes}
+    applied = {k: v for k, v in applied.items() if v is not None}
+    assert "n9" not in applied.get(PLACEMENTS_ANNOTATION, "")
+    zones = {str(p.zone) for p in slots.values()}
+    assert applied.get(NUMA_ZONE_ANNOTATION) in (zones if len(zones) == 1 else {None})
+
+
+def test_requeue_patch_removes_the_record_under_the_version_read() -> None:
+    assert requeue_patch(_job()) == {"metadata": {"resourceVersion": "7",
+                                                  "annotations": {ADMISSION_ANNOTATION: None}}}

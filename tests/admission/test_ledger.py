@@ -103,3 +103,33 @@ def test_job_slot_and_pinned_eligible() -> None:
     index = PodIndex(lambda p: None, agent_pins).update([MINE, OTHER, shared, pod("j-1", "n2", index="1")],
                                                          job_slot)
     assert index.eligible("n1") == (("ns", "j-0"), ("ns", "other"))
+
+
+class _Store:
+    """A store with nothing in it (Nodes, NRTs): what `Capacity` reads besides the decisions."""
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        return []
+
+
+@pytest.mark.parametrize("written", ["2999-01-01T00:00:00Z", "1970-01-01T00:00:00Z", "not a time"])
+def test_ledger_ages_run_on_the_controllers_clock_not_the_records(written: str) -> None:
+    """An entry is as old as the pass that first saw its decision, whatever `time` the record says: a
+    time in the future never holds the slots for ever, one in the past never frees them at once."""
+    from agent.admission.cluster.capacity import Capacity
+    from agent.admission.gangs.record import AdmissionRecord, SlotPlacement
+    from agent.admission.report.metrics import AdmissionMetrics
+
+    now = [1000.0]
+    capacity = Capacity(_Store(), _Store(), AdmissionMetrics(), 120.0, lambda: now[0])  # type: ignore[arg-type]
+    slots = {0: SlotPlacement("n1", 0), 1: SlotPlacement("n2", 1)}
+    record = AdmissionRecord("admitted", "d1", written, slots)
+    held = [("ns/j", record, lambda: REQ)]
+    capacity.view(held, [], lambda pod: None)
+    assert [e.added_at for e in capacity.ledger.entries] == [1000.0, 1000.0]
+    now[0] = 1119.0  # within the timeout of the pass that saw it
+    capacity.view(held, [], lambda pod: None)
+    assert len(capacity.ledger) == 2
+    now[0] = 1120.0  # one timeout later: cleared, the record's time notwithstanding
+    capacity.view(held, [], lambda pod: None)
+    assert len(capacity.ledger) == 0

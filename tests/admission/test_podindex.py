@@ -39,9 +39,11 @@ def test_used_sums_the_live_bound_pods_of_each_node() -> None:
     assert index.used("n3") == NodeUse()
 
 
-def test_a_malformed_pod_is_named() -> None:
-    index = index_of([versioned(pod_obj("bad", "n1", [{"cpu": "two"}]), 1)])
-    assert index.used("n1").bad == "pod bad has malformed requests"
+def test_a_pod_with_unreadable_requests_counts_as_a_pod_and_is_named() -> None:
+    bad = versioned(pod_obj("bad", "n1", [{"cpu": "1e33"}]), 1)
+    index = index_of([bad, versioned(pod_obj("a", "n1", [{"cpu": "1"}]), 2)])
+    assert index.used("n1") == NodeUse(Resources(cpu_milli=1000), 2, (bad,))
+    assert index.unreadable() == [bad]
 
 
 def test_versions_move_only_for_the_nodes_whose_pods_changed() -> None:

@@ -131,6 +131,12 @@ def test_node_without_conditions_counts_as_ready_and_spec_fields_are_read() -> N
     assert view.nodes[0].taints == (Taint("gpu", "yes", "NoSchedule"),)
 
 
-def test_pod_with_malformed_requests_leaves_its_node_out() -> None:
-    view, out = build_view([node_obj("a")], [], [pod_obj("p", "a", [{"cpu": "two"}])], Ledger(), 0.0)
-    assert view.nodes == () and "malformed" in out["a"]
+@pytest.mark.parametrize("cpu", ["two", "1e33", "9" * 5000, "²"])
+def test_pod_with_unreadable_requests_costs_only_itself(cpu: str) -> None:
+    """A bound pod with `cpu: 1e33` (the API server takes it): its node stays, the pod counts as one
+    pod requesting nothing, and the other pods' requests still count."""
+    pods = [pod_obj("p", "a", [{"cpu": cpu}]), pod_obj("q", "a", [{"cpu": "2"}])]
+    view, out = build_view([node_obj("a")], [], pods, Ledger(), 0.0)
+    assert out == {}
+    (node,) = view.nodes
+    assert node.free.cpu_milli == 14_000 and node.free_pods == 8

@@ -46,6 +46,7 @@ CONTROLLER = "topolet-controller"  # the Deployment, its service account, roles 
 CONTROLLER_PORT = 9471
 CONTROLLER_POLICY = "topolet-controller-writes"
 PLACEMENT_POLICY = "topolet-placement"  # the MutatingAdmissionPolicy that pins admitted pods
+FIELDS_POLICY = "topolet-admission-fields"  # admission's fields written by the controller alone
 # Each workload's service account, the admission policy that narrows its writes, and the writes RBAC
 # grants it that the policy leaves alone (none: Events too are confined to the node that writes them).
 CONFINED = [(AGENT_SA, "topolet-agent-own-node", set()),
@@ -139,6 +140,8 @@ def containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ("NetworkPolicy", "topolet-agent-metrics"),
     ("ValidatingAdmissionPolicy", CONTROLLER_POLICY),
     ("ValidatingAdmissionPolicyBinding", CONTROLLER_POLICY),
+    ("ValidatingAdmissionPolicy", FIELDS_POLICY),
+    ("ValidatingAdmissionPolicyBinding", FIELDS_POLICY),
     ("MutatingAdmissionPolicy", PLACEMENT_POLICY),
     ("MutatingAdmissionPolicyBinding", PLACEMENT_POLICY),
     ("ConfigMap", "topolet-dashboards"),

@@ -70,8 +70,15 @@ def test_the_component_adds_the_check_its_rbac_and_its_policy(tmp_path: Path) ->
     assert by_key[("ClusterRole", "topolet-controller-kueue")]["rules"] == KUEUE_RULES
     binding = by_key[("ClusterRoleBinding", "topolet-controller-kueue")]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": SYSTEM}]
-    # Nothing of the base changes.
-    assert [d for d in docs if (d["kind"], d["metadata"]["name"]) not in added] == base
+    # Nothing of the base changes but the policy that keeps admission's fields the controller's: it
+    # skips Kueue's manager too, which copies a Ready Workload's placements onto its Job's template.
+    fields = ("ValidatingAdmissionPolicy", "topolet-admission-fields")
+    assert [d for d in docs if (d["kind"], d["metadata"]["name"]) not in added | {fields}] == \
+        [d for d in base if (d["kind"], d["metadata"]["name"]) != fields]
+    base_fields = next(d for d in base if (d["kind"], d["metadata"]["name"]) == fields)
+    kueue = "system:serviceaccount:kueue-system:kueue-controller-manager"
+    assert by_key[fields]["spec"]["matchConditions"] == [*base_fields["spec"]["matchConditions"], {
+        "name": "not-kueue", "expression": f"request.userInfo.username != '{kueue}'"}]
     # Every manifest in the folder is in the component.
     listed = yaml.safe_load((BASE / "components" / "kueue" / "kustomization.yaml").read_text())["resources"]
     assert sorted(listed) == sorted(p.name for p in (BASE / "components" / "kueue").glob("*.yaml")

@@ -7,6 +7,11 @@ Job; a Kueue Workload): `(gang key, AdmissionRecord, requests)`, where `requests
 requests and is called only the first time a decision is seen.  Each decision enters the ledger once
 (so on start every admitted gang there is, which is the rebuild after a restart) and leaves it by the
 ledger's own rule; `slot_of(pod)` names the (gang key, slot) a pod holds this pass.
+
+An entry's age runs on the controller's own clock from the pass that first saw its decision, never
+from the record's `time`: a time in the future would hold the slots for ever, one in the past would
+free them at once.  After a restart an entry is held up to one timeout longer than it would have
+been, which overcounts for a while (safe) and never undercounts.
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
 
 from agent.admission.cluster.ledger import Entry, Ledger, SlotOf, agent_pins
@@ -61,10 +65,8 @@ class Capacity:
             if key in self._ledgered:
                 continue
             self._ledgered.add(key)
-            # A rebuilt entry keeps its decision time, so a restart does not extend its timeout.
-            at = parse_time(record.time, now)
             request = requests()
-            added += [Entry(gang, str(slot), p.node, p.zone, request, at)
+            added += [Entry(gang, str(slot), p.node, p.zone, request, now)
                       for slot, p in sorted(record.slots.items())]
         if added:
             self.ledger = replace(self.ledger, entries=self.ledger.entries + tuple(added))
@@ -90,6 +92,10 @@ class Capacity:
         self.metrics.set_nodes(counts)
         return view
 
+    def unreadable_pods(self) -> list[Mapping[str, Any]]:
+        """The bound pods the last view counted as requesting nothing: their requests cannot be read."""
+        return self._pods.unreadable()
+
 
 def node_ready(node: Mapping[str, Any]) -> bool:
     """Ready unless a Ready condition says otherwise (the view's rule)."""
@@ -99,10 +105,3 @@ def node_ready(node: Mapping[str, Any]) -> bool:
             return cond.get("status") == "True"
     return True
 
-
-def parse_time(text: str, default: float) -> float:
-    """An API second-resolution UTC time in seconds since the epoch; `default` when it is not one."""
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return default

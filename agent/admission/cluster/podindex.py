@@ -8,8 +8,9 @@ Public API:
 - After `update`: `.slot(key) -> PodFacts | None` (the pod holding ledger slot `(gang, slot)` as
   `slot_of` names it this pass), `.version(node) -> int` (changes whenever a pod bound there
   changes), `.used(node) -> NodeUse` (what its bound, non-terminal pods request), `.eligible(node)`
-  (the `(namespace, name)` of the pods bound there that its agent pins, sorted).
-- `PodFacts(version, node, terminal, ident)`, `NodeUse(requests, pods, bad)`.
+  (the `(namespace, name)` of the pods bound there that its agent pins, sorted), `.unreadable()`
+  (the bound pods whose requests cannot be read, each costing only itself: see `NodeUse`).
+- `PodFacts(version, node, terminal, ident)`, `NodeUse(requests, pods, unreadable)`.
 
 `requests_of(pod) -> Resources | None` (None: malformed) and `pins_of(pod) -> bool` are passed in
 (`agent.admission.cluster.view.pod_requests`, `agent.admission.cluster.ledger.agent_pins`), each
@@ -50,12 +51,15 @@ class PodFacts:
 
 @dataclass(frozen=True, slots=True)
 class NodeUse:
-    """The bound, non-terminal pods of a node: their summed requests and count; `bad` names a pod
-    whose requests are malformed (the view leaves such a node out), else empty."""
+    """The bound, non-terminal pods of a node: their summed requests and count; `unreadable`: those
+    whose requests cannot be read, counted as pods that request nothing.
+
+    Such a pod costs only itself (a tenant can bind one with `cpu: 1e33`): no quantity the API server
+    takes and this reader cannot read fits on any node, so the kubelet refuses to run the pod."""
 
     requests: Resources = field(default_factory=Resources)
     pods: int = 0
-    bad: str = ""
+    unreadable: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(slots=True)
@@ -140,16 +144,20 @@ class PodIndex:
             return NodeUse()
         if n.use is None:
             live = [f for f in n.members.values() if not f.terminal]
-            bad = ""
+            unreadable = []
             requests = []
             for f in live:
                 r = self._requests(f)
                 if r is None:
-                    bad = bad or f"pod {f.ident[1]} has malformed requests"
+                    unreadable.append(f.pod)
                 else:
                     requests.append(r)
-            n.use = NodeUse(_sum(requests), len(live), bad)
+            n.use = NodeUse(_sum(requests), len(live), tuple(unreadable))
         return n.use
+
+    def unreadable(self) -> list[Mapping[str, Any]]:
+        """The bound, non-terminal pods whose requests cannot be read, on the nodes `used` was asked of."""
+        return [pod for n in self._nodes.values() if n.use is not None for pod in n.use.unreadable]
 
     def eligible(self, node: str) -> tuple[Ident, ...]:
         n = self._nodes.get(node)

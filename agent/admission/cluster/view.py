@@ -9,6 +9,8 @@ Public API:
   with `Ledger.settle`; the view itself does not depend on the clock.
 - `pod_requests(pod) -> Resources | None`: what a pod asks of its node, counted as the scheduler
   does (None when its requests are malformed).
+- `guaranteed_policy(nrts) -> str`: the NUMA policy for Guaranteed whole-CPU pods that name none: the
+  strictest Topology Manager policy the nodes' NRTs report.
 - `nrt_zones(nrt)`, `node_allocatable(node)`: an NRT's zones and a Node's allocatable, as the view
   reads them (BadObject when they cannot be read); `build_view` takes caches of them.
 
@@ -23,6 +25,9 @@ What each node's figures are:
   cpu `allocatable`; less the ledger entries counted on that zone.  A node without an NRT has no
   zones (it takes only best-effort/none pods).
 - `labels`, `spec.taints`, `spec.unschedulable`; `gpu_model` from `nvidia.com/gpu.product`.
+
+A bound pod whose requests cannot be read counts as a pod that requests nothing
+(`agent.admission.cluster.podindex.NodeUse`): it costs only itself, never its node.
 
 Left out: a node whose Ready condition is present and not True (a node without conditions, as a
 test creates it, counts as ready: the not-ready taint the node lifecycle controller adds is handled
@@ -335,8 +340,6 @@ def _node_views(obj: Mapping[str, Any], name: str, meta: Mapping[str, Any], topo
     """The node as the engine sees it now, and empty; BadObject when it is left out."""
     if not _ready(obj):
         raise BadObject("NotReady")
-    if use.bad:
-        raise BadObject(use.bad)
     spec = as_mapping(obj.get("spec"))
     alloc, max_pods = allocatable_of(obj)
     labels = {str(k): str(v) for k, v in as_mapping(meta.get("labels")).items()}
@@ -367,3 +370,22 @@ def _zone_after(zone: Zone, on_zone: list[Entry]) -> Zone:
         if e.zone == zone.numa:
             zone = _less_zone(zone, e.request)
     return zone
+
+
+# Topology Manager policies, strictest first: a pod placed for a stricter one suits a laxer one too.
+TOPOLOGY_POLICIES = ("single-numa-node", "restricted", "best-effort", "none")
+TOPOLOGY_POLICY_ATTRIBUTE = "topologyManagerPolicy"
+
+
+def guaranteed_policy(nrts: Iterable[Mapping[str, Any]]) -> str:
+    """The NUMA policy for Guaranteed whole-CPU pods without one of their own: the strictest
+    Topology Manager policy any node's NRT reports, so a gang placed for it is admitted by every
+    node's kubelet; "none" when no NRT says.  One node reporting an unknown value counts as none:
+    it can never relax the others."""
+    seen = set()
+    for nrt in nrts:
+        for attr in as_list(nrt.get("attributes")):
+            attr = as_mapping(attr)
+            if attr.get("name") == TOPOLOGY_POLICY_ATTRIBUTE and attr.get("value") in TOPOLOGY_POLICIES:
+                seen.add(attr["value"])
+    return next((p for p in TOPOLOGY_POLICIES if p in seen), "none")

@@ -17,15 +17,17 @@ Job version and its slots read once across passes; `queues`; the patch bodies, a
 A pass, in order (each step is idempotent and re-derived from the API objects, so a controller
 killed at any point finishes the work on restart and never decides a Job twice):
 
-1. Admitted Jobs (annotation `topolet.io/admission` result admitted) that are still suspended (an
-   earlier version wrote the decision and the unsuspend apart) are unsuspended; their gated pods
-   each get `nodeSelector kubernetes.io/hostname`, the `topolet.io/numa-zone` annotation and lose
-   the gate, in one patch (`topolet_admission_pods_patched_total`).  Where the placement policy is
-   installed, the API server does this for Indexed Jobs' pods as they are created, from the slots the
-   admitting write put in the pod template (`agent.admission.jobs.patches`), so they are never gated
-   here.  A slot is held by a live pod already pinned to its (node, zone); a new pod takes its
-   completion index's slot when that is free (Indexed Jobs), else the lowest free one, in pod creation
-   order (`agent.admission.gangs.slots.assign_slots`).
+1. Admitted Jobs (annotation `topolet.io/admission` result admitted) whose record the controller
+   trusts and that were not suspended again since (`JobWrites.holds`: a record not trusted is
+   removed from a suspended Job, which is queued again; nothing is ever unsuspended but by the
+   admitting write itself) hold their slots; their gated pods each get `nodeSelector
+   kubernetes.io/hostname`, the `topolet.io/numa-zone` annotation and lose the gate, in one patch
+   (`topolet_admission_pods_patched_total`).  Where the placement policy is installed, the API
+   server does this for Indexed Jobs' pods as they are created, from the slots the admitting write
+   put in the pod template (`agent.admission.jobs.patches`), so they are never gated here.  A slot
+   is held by a live pod already pinned to its (node, zone); a new pod takes its completion index's
+   slot when that is free (Indexed Jobs), else the lowest free one, in pod creation order
+   (`agent.admission.gangs.slots.assign_slots`).
 2. The view: Nodes, NRTs and pods, with the ledger of admitted Jobs' slots the NRTs do not show yet.
 3. Pending Jobs (suspended, queue label, no record) in queue order through the engine: admitted ones
    get the record, `suspend: false` and, in the pod template, either their node (a Job placed on one
@@ -51,9 +53,8 @@ once.
 
 For the kill tests, env `TOPOLET_CONTROLLER_CRASH_AT=<step>` (or `--crash-at <step>`) makes the
 process SIGKILL itself the first time it reaches `<step>`: `after-decision`, `after-unsuspend` (both
-right after the one admitting write; `after-unsuspend` also after unsuspending a Job admitted but left
-suspended) or `after-pod-patch`; with `--kueue`, `after-decision` also right after a Workload's Ready
-write.
+right after the one admitting write) or `after-pod-patch`; with `--kueue`, `after-decision` also right
+after a Workload's Ready write.
 
 With `ControllerConfig.kueue`, the pass also decides the `topolet.io/topology-fit` Kueue AdmissionCheck
 (`agent.admission.kueue.check`): its Ready Workloads join the ledger of admitted Jobs and its pending
@@ -67,7 +68,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,22 +76,23 @@ from typing import Any
 from agent.admission.cluster.capacity import Capacity
 from agent.admission.cluster.heap import Heap
 from agent.admission.cluster.store import Reflector
+from agent.admission.cluster.view import guaranteed_policy
+from agent.admission.controller.intake import JobIntake
 from agent.admission.controller.writes import JobWrites, crash_point
-from agent.admission.engine.model import ClusterView, Gang, Placement, Refusal, Resources
+from agent.admission.engine.model import ClusterView, Gang, Placement, Refusal
 from agent.admission.engine.place import commit, place
 from agent.admission.gangs.job import (
     ADMISSION_ANNOTATION,
+    MAX_GANG_PODS,
     QUEUE_LABEL,
-    JobSpecError,
-    gang_from_job,
-    gang_requests,
     job_finished,
     job_suspended,
+    priority_classes,
 )
-from agent.admission.gangs.record import AdmissionRecord
-from agent.admission.gangs.slots import pod_gated
+from agent.admission.gangs.record import AdmissionRecord, record_too_long
+from agent.admission.gangs.slots import pod_gated, pods_by_owner
 from agent.admission.jobs.jobread import JobRead, JobReader
-from agent.admission.jobs.queues import Blocked, Pending, admission_pass
+from agent.admission.jobs.queues import Blocked, admission_pass
 from agent.admission.kueue.check import KueueCheck
 from agent.admission.report.metrics import AdmissionMetrics
 from agent.kube.client import KubeClient, resource_path
@@ -143,7 +145,8 @@ class Controller:
         self.kueue: KueueCheck | None = None
         if config.kueue:
             self.kueue = KueueCheck(kube, self.changed, metrics, self.writes.submit, self.writes.check_leader,
-                                    clock, self._guaranteed_policy, crash_point, self.identity)
+                                    clock, lambda: guaranteed_policy(self.nrts.snapshot()), crash_point,
+                                    self.identity)
             self.reflectors += self.kueue.reflectors
         self.capacity = Capacity(self.nodes, self.nrts, metrics, config.ledger_timeout_seconds, clock)
         self._pod_slots: dict[str, tuple[str, str]] = {}  # pod uid -> (Job key, slot), this pass
@@ -151,6 +154,7 @@ class Controller:
         self.heap = Heap()
         self._pass_cpu = 0.0  # the process's CPU seconds over the last pass, for the pace
         self.reader = JobReader()  # each Job version and its slots read once across passes
+        self.intake = JobIntake(self.reader, self.writes, metrics)  # each Job sorted, one at a time
         self._timings = (0.0, 0.0)  # this pass's seconds building the view, deciding (logged)
         self._view_at: float | None = None  # monotonic time the view (and its metrics) was last built
 
@@ -230,42 +234,10 @@ class Controller:
         self.passes += 1
         all_jobs = sorted(self.jobs.snapshot(), key=object_key)
         pods = self.pods.snapshot()
-        by_owner: dict[str, list[dict[str, Any]]] = {}
-        for pod in pods:
-            for ref in metadata_of(pod).get("ownerReferences") or []:
-                ref = as_dict(ref)
-                if ref.get("kind") == "Job" and ref.get("controller"):
-                    by_owner.setdefault(str(ref.get("uid")), []).append(pod)
-        priorities = {str(metadata_of(p).get("name")): int(p.get("value") or 0)
-                      for p in self.priorities.snapshot() if isinstance(p.get("value"), int)}
-        admitted: list[tuple[dict[str, Any], JobRead, AdmissionRecord]] = []
-        pending: list[Pending] = []
-        jobs_by_key: dict[str, dict[str, Any]] = {}
-        policy = self._guaranteed_policy()  # once a pass: it reads every NRT
-        for job in all_jobs:
-            read = self.reader.read(job)
-            if read.queue is None:
-                continue
-            queue = read.queue
-            if read.bad_record is not None:
-                self.writes.invalid(job, "InvalidAdmissionRecord", read.bad_record)
-                continue
-            if read.record is not None:
-                if read.record.result == "admitted" and not read.finished:
-                    admitted.append((job, read, read.record))
-                continue
-            if not read.suspended:
-                self.writes.invalid(job, "NotSuspended",
-                                    "a queued Job must be created with spec.suspend: true; left alone")
-                continue
-            try:
-                gang = gang_from_job(job, priorities, policy)
-            except JobSpecError as exc:
-                self.writes.invalid(job, "InvalidJob", str(exc))
-                continue
-            jobs_by_key[gang.key] = job
-            pending.append(Pending(gang, queue, str(metadata_of(job).get("creationTimestamp") or ""),
-                                   str(metadata_of(job).get("name"))))
+        by_owner = pods_by_owner(pods)
+        policy = guaranteed_policy(self.nrts.snapshot())  # once a pass: it reads every NRT
+        jobs = self.intake.sort(all_jobs, priority_classes(self.priorities.snapshot()), policy)
+        admitted, pending, jobs_by_key = jobs.admitted, jobs.pending, jobs.by_key
 
         # With no gang to decide, a pass only hands gated pods their slots: rebuilding the whole view
         # (seconds on a big cluster) would delay those patches, so it is refreshed for the capacity
@@ -276,7 +248,12 @@ class Controller:
                  or t_view - self._view_at >= VIEW_REFRESH_SECONDS)
         self._pod_slots = dict(kueue.pod_slots) if kueue is not None else {}
         for job, read, record in admitted:
-            held = self._finish_admitted(job, read, record, by_owner.get(read.uid, []), slots_needed=build)
+            try:
+                held = self._finish_admitted(job, read, record, by_owner.get(_owner(job), []),
+                                             slots_needed=build)
+            except Exception as exc:  # noqa: BLE001 - one Job's pods cost only that Job
+                self.intake.unreadable(job, exc)
+                continue
             self._pod_slots.update({uid: (read.key, str(slot)) for uid, slot in held.items()})
 
         depths: dict[str, int] = {}
@@ -284,9 +261,10 @@ class Controller:
             depths[p.queue] = depths.get(p.queue, 0) + 1
         t_view = time.perf_counter()
         if build:
-            holding = [(read.key, record, _requests_of(job)) for job, read, record in admitted]
+            holding = [(read.key, record, self.intake.requests_of(job)) for job, read, record in admitted]
             holding += kueue.admitted if kueue is not None else []
             view = self.capacity.view(holding, pods, self._slot_of)
+            self.intake.report_pods(self.capacity.unreadable_pods())
             self._view_at = time.perf_counter()
             self.metrics.set_view(view)
         else:
@@ -295,9 +273,15 @@ class Controller:
 
         state = {"view": view}
 
-        def decide(gang: Gang) -> Placement | Refusal:
+        def decide(gang: Gang, fits: Callable[[Placement], str | None] = _fits) -> Placement | Refusal:
+            pods = sum(ps.count for ps in gang.pod_sets)
+            if pods > MAX_GANG_PODS:  # bounds one decision's time, and the record it leaves
+                return Refusal(gang.key, "never", f"{pods} pods: a gang holds at most {MAX_GANG_PODS}")
             result = place(state["view"], gang)
             if isinstance(result, Placement):
+                why = fits(result)
+                if why is not None:
+                    return Refusal(gang.key, "never", why)
                 state["view"] = commit(state["view"], gang, result)
             return result
 
@@ -305,7 +289,7 @@ class Controller:
 
         def timed(gang: Gang) -> Placement | Refusal:
             started[gang.key] = time.perf_counter()
-            return decide(gang)
+            return decide(gang, record_too_long)  # the Job route's record is one Job annotation
 
         decided: list[tuple[str, Future[Any]]] = []  # (queue, write that returns whether it landed)
         for outcome in admission_pass(pending, self.config.queue_modes, timed):
@@ -345,28 +329,11 @@ class Controller:
         self.reader.retain(uids)
         self.metrics.last_pass.set(self.clock())
 
-    def _guaranteed_policy(self) -> str:
-        """The Topology Manager policy every NRT reports, when they agree; else "none"."""
-        policies = set()
-        for nrt in self.nrts.snapshot():
-            for attr in nrt.get("attributes") or []:
-                attr = as_dict(attr)
-                if attr.get("name") == "topologyManagerPolicy":
-                    policies.add(str(attr.get("value")))
-        if len(policies) == 1:
-            (policy,) = policies
-            if policy in ("single-numa-node", "restricted", "best-effort"):
-                return policy
-        return "none"
-
     def _finish_admitted(self, job: dict[str, Any], read: JobRead, record: AdmissionRecord,
-                         pods: list[dict[str, Any]], slots_needed: bool = True) -> Mapping[str, int]:
-        """Unsuspend an admitted Job still suspended; give its gated pods their slots.  Returns the
-        slot each of its live pods holds (pod uid -> slot); with `slots_needed` False (no view is
-        built this pass) an empty map when no pod of the Job is gated, as it need not be worked out."""
-        if read.suspended:
-            self.writes.check_leader()
-            self.writes.submit(self.writes.unsuspend, job)
+                         pods: Sequence[Mapping[str, Any]], slots_needed: bool = True) -> Mapping[str, int]:
+        """Give an admitted Job's gated pods their slots.  Returns the slot each of its live pods holds
+        (pod uid -> slot); with `slots_needed` False (no view is built this pass) an empty map when no
+        pod of the Job is gated, as it need not be worked out."""
         if not slots_needed and not any(pod_gated(p) for p in pods):
             return {}
         assignment = self.reader.slots(read, pods)
@@ -401,6 +368,13 @@ def _pod_change_matters(kind: str, pod: Mapping[str, Any]) -> bool:
     return as_dict(pod.get("status")).get("phase") in ("Succeeded", "Failed")
 
 
-def _requests_of(job: Mapping[str, Any]) -> Callable[[], Resources]:
-    """One pod's requests of an admitted Job, read when the ledger first takes its decision."""
-    return lambda: gang_requests(job)
+def _fits(placement: Placement) -> str | None:
+    """No bound of the route's own on an admission (the Kueue route's record is the Workload's)."""
+    del placement
+    return None
+
+
+def _owner(job: Mapping[str, Any]) -> tuple[str, str]:
+    """The Job as its pods name their owner (`pods_by_owner`'s key): its namespace and uid."""
+    meta = metadata_of(job)
+    return str(meta.get("namespace")), str(meta.get("uid"))

@@ -7,12 +7,16 @@ Public API:
   - `.leading()`; `.check_leader()` raises `NotLeader` (`agent.kube.leader`) unless this replica leads.
   - `.submit(work, *args) -> Future`: run a write on the pass's pool of `WRITERS` threads; `.drain()`
     waits for every one of this pass and re-raises the first failure (NotLeader included).
-  - The Job writes it runs: `.admit(job, placement) -> bool` (the record, the pinned or gated
-    template and the unsuspend in one patch), `.reject(job, reason) -> bool`, `.unsuspend(job)`; each
-    True/None only when it landed.
+  - The Job writes it runs: `.admit(job, placement) -> bool` (the record, with the Job's shape, the
+    pinned or gated template and the unsuspend in one patch), `.reject(job, reason) -> bool`,
+    `.requeue(job, why)` (a record not trusted removed from a suspended Job); each True only when it
+    landed.
   - `.place(pod, slot, place)`: pin a gated pod to its slot on the pod pool, unless its patch is still in
     flight; these outlive the pass, and `.reap()` forgets finished ones and re-raises their failure at
     the start of the next.
+  - `.holds(job, read) -> bool`: whether an admitted Job holds its slots this pass; when not (a record
+    not trusted, or a Job suspended again after its admission), it says why and requeues a suspended
+    Job with a record not trusted.
   - Events said once per state: `.wait(job, reason)` (Waiting, when the reason changed) and
     `.invalid(job, reason, message)` (a Warning once per Job version); `.retain(uids)` forgets the Jobs
     not among `uids`.  `.events` sends them (started and stopped by the controller).
@@ -41,14 +45,16 @@ from typing import Any
 
 from agent.admission.cluster.store import Reflector
 from agent.admission.engine.model import Placement
-from agent.admission.gangs.record import AdmissionRecord, SlotPlacement
+from agent.admission.gangs.record import AdmissionRecord, SlotPlacement, admitted_record
+from agent.admission.gangs.shape import job_shape
+from agent.admission.jobs.jobread import JobRead
 from agent.admission.jobs.patches import (
     MERGE_PATCH,
     decision_patch,
     pod_patch,
     reject_patch,
+    requeue_patch,
     still_undecided,
-    unsuspend_patch,
 )
 from agent.admission.report.events import ObjectEvents, timestamp
 from agent.admission.report.metrics import AdmissionMetrics
@@ -198,8 +204,7 @@ class JobWrites:
 
     def admit(self, job: dict[str, Any], placement: Placement) -> bool:
         pods = sorted(placement.pods, key=lambda p: (p.pod_set, p.index))
-        record = AdmissionRecord("admitted", uuid.uuid4().hex, timestamp(self.clock()),
-                                 {i: SlotPlacement(p.node, p.zone) for i, p in enumerate(pods)})
+        record = admitted_record(placement, uuid.uuid4().hex, timestamp(self.clock()), job_shape(job))
         out = self._patch(self.jobs, _job_path(job), decision_patch(job, record),
                           f"record the admission of Job {namespaced_name(job)}",
                           again=lambda fresh: _still_pending(job, fresh, decision_patch, record))
@@ -216,10 +221,16 @@ class JobWrites:
                            f"{', ...' if len(nodes) > 8 else ''}); decision {record.decision}")
         return True
 
-    def unsuspend(self, job: dict[str, Any]) -> None:
-        if self._patch(self.jobs, _job_path(job), unsuspend_patch(),
-                       f"unsuspend Job {namespaced_name(job)}") is not None:
-            crash_point("after-unsuspend")
+    def requeue(self, job: dict[str, Any], why: str) -> bool:
+        """Remove an admission record not trusted (`why`) from a suspended Job, which is then decided
+        again like any queued Job; a Warning Event says so."""
+        out = self._patch(self.jobs, _job_path(job), requeue_patch(job),
+                          f"remove the untrusted admission record of Job {namespaced_name(job)}")
+        if out is None:
+            return False
+        self.events.record(out, "Warning", "UntrustedAdmissionRecord",
+                           f"{why}: the record was removed and the Job is queued again")
+        return True
 
     def reject(self, job: dict[str, Any], reason: str) -> bool:
         record = AdmissionRecord("rejected", uuid.uuid4().hex, timestamp(self.clock()), reason=reason)
@@ -231,6 +242,22 @@ class JobWrites:
         self.metrics.decisions.labels(result="rejected").inc()
         self.events.record(out, "Warning", "Rejected", f"can never fit this cluster: {reason}")
         return True
+
+    def holds(self, job: dict[str, Any], read: JobRead) -> bool:
+        """Whether the admitted Job `read` holds its slots: its record is trusted and it was not
+        suspended again since (its admitting write unsuspended it).  Neither kind is unsuspended here:
+        one with a record not trusted is queued again while suspended, else only told why its pods are
+        not placed; one suspended after its admission stays so, its slots released."""
+        if read.distrusted is not None and read.suspended:
+            self.check_leader()
+            self.submit(self.requeue, job, read.distrusted)
+        elif read.distrusted is not None:
+            self.invalid(job, "UntrustedAdmissionRecord", f"{read.distrusted}: its pods are not placed")
+        elif read.suspended:
+            self.invalid(job, "SuspendedAfterAdmission",
+                         "suspended after its admission: it stays suspended and its slots are released; "
+                         "delete and re-create it to queue it again")
+        return read.distrusted is None and not read.suspended
 
     # -- pod placement ------------------------------------------------------------------------------
 
@@ -280,6 +307,7 @@ class JobWrites:
         self._invalid.add(key)
         log.warning("Job %s: %s: %s", namespaced_name(job), reason, message)
         self.metrics.decisions.labels(result="error").inc()
+        self.metrics.invalid_objects.labels(kind="Job").inc()
         self.check_leader()
         self.events.record(job, "Warning", reason, message)
 

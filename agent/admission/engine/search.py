@@ -18,16 +18,19 @@ best-scored placement wins.  Each pod compares a few dozen candidates however la
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from agent.admission.engine.candidates import WINDOW, Choice, Work
 from agent.admission.engine.model import Gang, PodSet, Resources
 from agent.admission.engine.refusals import cpus, explain
-from agent.admission.engine.viewindex import WHOLE_GPU, Index
+from agent.admission.engine.viewindex import WHOLE_GPU, Index, NodeState
 
-# Bounded backtracking: each pod tries this many of its best candidates, within this many steps.
+# Bounded backtracking: each pod tries this many of its best candidates, within this many steps a
+# pod and at most _MAX_STEPS in all (a step costs about 0.1 ms: one decision stays near a second
+# however many pods the gang has).
 _BRANCH = 3
 _STEPS_PER_POD = 48
+_MAX_STEPS = 10_000
 # Colocation: domains (label values) are tried least free first, until this many placed the gang
 # (the best-scored of them wins) or this many combinations were tried.
 _DOMAIN_PLACEMENTS = 4
@@ -104,31 +107,37 @@ def _search(work: Work, slots: Sequence[_Slot]) -> tuple[list[Choice] | None, st
     if len(slots) == 1 or not work.candidates(ps, allowed, 1):
         # the pod does not fit even with nothing of the gang placed: no other order can help
         return None, failure
-    budget = [_STEPS_PER_POD * len(slots)]
+    path = _backtrack(work, slots)
+    return (path, "") if path is not None else (None, failure)
+
+
+def _backtrack(work: Work, slots: Sequence[_Slot]) -> list[Choice] | None:
+    """Depth-first over each pod's `_BRANCH` best candidates, within `_STEPS_PER_POD` steps a pod
+    and `_MAX_STEPS` in all.
+
+    A loop over an explicit stack, not recursion: a gang may hold thousands of pods, one level each."""
+    budget = min(_STEPS_PER_POD * len(slots), _MAX_STEPS)
     path: list[Choice] = []
-
-    def dfs(k: int) -> bool:
-        if k == len(slots):
-            return True
-        ps, _, allowed = slots[k]
-        budget[0] -= 1
-        if budget[0] < 0:
-            return False
+    levels: list[tuple[Iterator[Choice], dict[int, NodeState]]] = []  # options left, state on entry
+    while len(path) < len(slots):
+        budget -= 1
+        if budget < 0:
+            return None
+        ps, _, allowed = slots[len(path)]
         saved = dict(work.touched)
-        for c in work.candidates(ps, allowed, _BRANCH):
-            work.take(ps, c)
-            path.append(c)
-            if dfs(k + 1):
-                return True
+        levels.append((iter(work.candidates(ps, allowed, _BRANCH)), saved))
+        while True:
+            choice = next(levels[-1][0], None)
+            if choice is not None:
+                work.take(slots[len(levels) - 1][0], choice)
+                path.append(choice)
+                break
+            levels.pop()  # no option left on this level: undo the one taken on the level above
+            if not levels:
+                return None
             path.pop()
-            work.touched = dict(saved)
-            if budget[0] < 0:
-                return False
-        return False
-
-    if dfs(0):
-        return path, ""
-    return None, failure
+            work.touched = dict(levels[-1][1])
+    return path
 
 
 def _prefix(ps: PodSet, index: int) -> str:

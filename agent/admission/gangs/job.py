@@ -10,8 +10,10 @@ Public API:
   (`topolet.io/admission`), `NUMA_POLICY_ANNOTATION`, `COLOCATE_ANNOTATION`, `NUMA_ZONE_ANNOTATION`,
   `COMPLETION_INDEX_ANNOTATION`, `HOSTNAME_LABEL`.
 - `job_queue(job) -> str | None`.
-- `gang_from_job(job, priorities, guaranteed_policy="none") -> Gang`: one pod set per Job (see
-  `gang_from_job`); raises `JobSpecError` naming what is wrong.
+- `gang_from_job(job, priorities, guaranteed_policy="none", default_priority=0) -> Gang`: one pod set
+  per Job (see `gang_from_job`); raises `JobSpecError` naming what is wrong.
+- `priority_classes(classes) -> (values, default)`: the cluster's PriorityClasses as
+  `gang_from_job` takes them.
 - `gang_requests(job)`: one pod's requests (Resources) from the template; `pod_requests(pod_spec)`,
   `resources_of(requests)`.
 - `job_finished(job)`, `job_indexed(job)`, `job_suspended(job)`.
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -52,6 +54,9 @@ COMPLETION_INDEX_ANNOTATION = COMPLETION_INDEX
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 MAX_POD_SET = 100_000  # a Job this wide is a typo, not a gang
+# The most pods one gang may have: a decision on this many stays well under a second, and its
+# admission record (one entry per pod) stays well under what a Job's annotations may hold.
+MAX_GANG_PODS = 4096
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 _LABEL_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)")
 _GPU = "nvidia.com/gpu"
@@ -250,14 +255,15 @@ def _tolerations(pod_spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
 
 
 def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
-                  guaranteed_policy: str = "none") -> Gang:
+                  guaranteed_policy: str = "none", default_priority: int = 0) -> Gang:
     """The Job as a gang of one pod set (named "main").
 
     count: `parallelism` (Indexed: min(parallelism, completions)); requests: the pod template's, as
     the scheduler counts them; NUMA policy: the template annotation `topolet.io/numa-policy`, else
     `guaranteed_policy` (the nodes' kubelet Topology Manager policy, passed by the caller) when every
     container is Guaranteed with whole CPUs, else "none"; priority: the template's priorityClassName
-    looked up in `priorities` (unknown class: JobSpecError), else its `priority`, else 0; the Job
+    looked up in `priorities` (unknown class: JobSpecError), else `default_priority` (the cluster's
+    globalDefault PriorityClass, else 0), never the template's own `priority`; the Job
     annotation `topolet.io/colocate: <label key>` keeps every pod within one value of that label.
     """
     meta = metadata_of(job)
@@ -280,18 +286,34 @@ def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
     colocate = as_dict(meta.get("annotations")).get(COLOCATE_ANNOTATION)
     if colocate is not None:
         colocate = _label_key(colocate, COLOCATE_ANNOTATION)
+    # Only the cluster's PriorityClasses set a priority: the API server takes any `priority` in a
+    # Job's template (its Priority admission plugin refuses only the pods), so one there is ignored.
     class_name = pod_spec.get("priorityClassName")
     if class_name:
-        if class_name not in priorities:
-            raise JobSpecError(f"PriorityClass {class_name!r} does not exist")
+        if not isinstance(class_name, str) or class_name not in priorities:
+            raise JobSpecError(f"PriorityClass {str(class_name)[:253]!r} does not exist")
         priority = priorities[class_name]
     else:
-        raw = pod_spec.get("priority", 0)
-        priority = raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
+        priority = default_priority
     pod_set = PodSet(name="main", count=count, requests=requests, numa_policy=str(policy),
                      node_selector=_node_selector(pod_spec), required_affinity=_required_affinity(pod_spec),
                      tolerations=_tolerations(pod_spec), colocate_label=colocate)
     return Gang(key=namespaced_name(job), pod_sets=(pod_set,), priority=int(priority))
+
+
+def priority_classes(classes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, int], int]:
+    """PriorityClass objects as {name: value}, and the value a pod without a class gets: the
+    globalDefault class's (the lowest name of several), else 0."""
+    values: dict[str, int] = {}
+    default: tuple[str, int] | None = None
+    for pc in classes:
+        name, value = metadata_of(pc).get("name"), pc.get("value")
+        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        values[name] = value
+        if pc.get("globalDefault") is True and (default is None or name < default[0]):
+            default = (name, value)
+    return values, default[1] if default is not None else 0
 
 
 def gang_requests(job: Mapping[str, Any]) -> Resources:

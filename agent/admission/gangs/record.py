@@ -10,6 +10,8 @@ Public API:
 
 - `AdmissionRecord` and `record_of(job) -> AdmissionRecord | None` (JobSpecError when the annotation is
   not ours to read); `decode_record(text)`; `AdmissionRecord.encode()`; `SlotPlacement(node, zone)`.
+- `admitted_record(placement, decision, time)`; `record_too_long(placement) -> str | None`: why an
+  admission's record would not fit a Job annotation (RECORD_MAX_CHARS), else None.
 - `placements_value(record, indexed)`: the slots as `topolet.io/placements` ("node:zone" per
   completion index, comma-separated; the zone empty when the slot has none), or None where a
   placement policy cannot use it; `PLACEMENTS_ANNOTATION`, `PLACEMENTS_MAX_CHARS`.
@@ -22,15 +24,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.admission.engine.model import Placement
 from agent.admission.gangs.job import ADMISSION_ANNOTATION, JobSpecError
-from agent.kube.objects import as_dict, metadata_of
-from agent.kube.pods import PLACEMENTS
+from agent.kube.objects import as_dict, decimal, json_int, json_object, metadata_of
+from agent.kube.pods import MAX_NUMA_ZONE, PLACEMENTS
 
 PLACEMENTS_ANNOTATION = PLACEMENTS  # the agent reads it too (agent.kube.pods)
 # Past this the value is not written (pods are patched instead): every pod of the Job carries it
 # until the policy strips it, and an object's annotations may total 256 KiB.
 PLACEMENTS_MAX_CHARS = 64 * 1024
 RESULTS = ("admitted", "rejected")
+# The record is one of the Job's annotations, which may total 256 KiB: a gang whose record would be
+# longer than RECORD_MAX_CHARS is not admitted (`record_too_long`), so it fits beside the tenant's
+# own; one read back may be as long as the API server lets it be.
+RECORD_MAX_CHARS = 128 * 1024
+_READ_MAX_CHARS = 256 * 1024
+MAX_SLOTS = 100_000  # agent.admission.gangs.job.MAX_POD_SET
+_RECORD_DEPTH = 3  # {"placement": {"0": {"node": ...}}}
+_SHORT = 64  # a decision id, a time
+_NODE_NAME_MAX = 253  # a DNS subdomain
 RECORD_VERSION = 1
 
 
@@ -47,7 +59,8 @@ class AdmissionRecord:
     """The decision kept in the Job annotation `topolet.io/admission` (JSON).
 
     result: admitted | rejected; slots: slot -> placement (admitted only); decision: a unique id;
-    time: RFC 3339 UTC; reason: why (rejected), empty otherwise.
+    time: RFC 3339 UTC; reason: why (rejected), empty otherwise; shape: the fingerprint of the Job
+    it was written for (`agent.admission.gangs.shape.job_shape`; empty on a record without one).
     """
 
     result: str
@@ -55,6 +68,7 @@ class AdmissionRecord:
     time: str
     slots: Mapping[int, SlotPlacement] = field(default_factory=dict)
     reason: str = ""
+    shape: str = ""
 
     def encode(self) -> str:
         """The annotation value: compact, keys sorted, slots keyed by their number as a string."""
@@ -66,36 +80,62 @@ class AdmissionRecord:
                                  for i, p in sorted(self.slots.items())}
         if self.reason:
             body["reason"] = self.reason
+        if self.shape:
+            body["shape"] = self.shape
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
 def decode_record(text: str) -> AdmissionRecord:
-    """An annotation value back into a record; JobSpecError when it is not one we wrote."""
-    try:
-        body = json.loads(text)
-    except ValueError as exc:
-        raise JobSpecError(f"{ADMISSION_ANNOTATION} is not JSON") from exc
-    if not isinstance(body, dict) or body.get("result") not in RESULTS:
+    """An annotation value back into a record; JobSpecError when it is not one we wrote.
+
+    Strict, as a tenant may write anything there: at most 256 KiB of JSON nested as the record is,
+    slot numbers ASCII decimals below MAX_SLOTS, zones NUMA ids, short strings."""
+    body = json_object(text, _READ_MAX_CHARS, _RECORD_DEPTH)
+    if body is None:
+        raise JobSpecError(f"{ADMISSION_ANNOTATION} is not a JSON object of at most "
+                           f"{_READ_MAX_CHARS // 1024} KiB")
+    if body.get("result") not in RESULTS:
         raise JobSpecError(f"{ADMISSION_ANNOTATION} has no result admitted or rejected")
     decision, time = body.get("decision"), body.get("time")
-    if not isinstance(decision, str) or not decision or not isinstance(time, str):
+    if not _short(decision) or not isinstance(time, str) or len(time) > _SHORT:
         raise JobSpecError(f"{ADMISSION_ANNOTATION} has no decision id or time")
     slots: dict[int, SlotPlacement] = {}
     if body["result"] == "admitted":
         placement = body.get("placement")
-        if not isinstance(placement, dict) or not placement:
-            raise JobSpecError(f"{ADMISSION_ANNOTATION}: an admitted record needs a placement")
+        if not isinstance(placement, dict) or not placement or len(placement) > MAX_SLOTS:
+            raise JobSpecError(f"{ADMISSION_ANNOTATION}: an admitted record needs a placement "
+                               f"of 1 to {MAX_SLOTS} slots")
         for key, value in placement.items():
             value = as_dict(value)
-            node, zone = value.get("node"), value.get("zone")
-            if (not key.isdigit() or not isinstance(node, str) or not node
-                    or not (zone is None or (isinstance(zone, int) and not isinstance(zone, bool)
-                                             and zone >= 0))):
-                raise JobSpecError(f"{ADMISSION_ANNOTATION}: bad placement for slot {key!r}")
-            slots[int(key)] = SlotPlacement(node, zone)
-    reason = body.get("reason", "")
-    return AdmissionRecord(result=body["result"], decision=decision, time=time, slots=slots,
-                           reason=reason if isinstance(reason, str) else "")
+            slot, node, zone = decimal(key, MAX_SLOTS - 1), value.get("node"), value.get("zone")
+            if (slot is None or not isinstance(node, str) or not node or len(node) > _NODE_NAME_MAX
+                    or not (zone is None or json_int(zone, MAX_NUMA_ZONE) is not None)):
+                raise JobSpecError(f"{ADMISSION_ANNOTATION}: bad placement for slot {key[:16]!r}")
+            slots[slot] = SlotPlacement(node, zone)
+    reason, shape = body.get("reason", ""), body.get("shape", "")
+    return AdmissionRecord(result=body["result"], decision=str(decision), time=time, slots=slots,
+                           reason=reason if isinstance(reason, str) else "",
+                           shape=shape if _short(shape) else "")
+
+
+def _short(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= _SHORT
+
+
+def admitted_record(placement: Placement, decision: str, time: str, shape: str = "") -> AdmissionRecord:
+    """The record of an admission: slots numbered in (pod set, index) order; `shape`, the Job's."""
+    pods = sorted(placement.pods, key=lambda p: (p.pod_set, p.index))
+    return AdmissionRecord("admitted", decision, time, {i: SlotPlacement(p.node, p.zone)
+                                                        for i, p in enumerate(pods)}, shape=shape)
+
+
+def record_too_long(placement: Placement) -> str | None:
+    """Why the record of `placement` cannot be written (longer than RECORD_MAX_CHARS), else None."""
+    chars = len(admitted_record(placement, "0" * 32, "2000-01-01T00:00:00Z").encode())
+    if chars <= RECORD_MAX_CHARS:
+        return None
+    return (f"its admission record would take {chars // 1024} KiB for {len(placement.pods)} pods, "
+            f"over the {RECORD_MAX_CHARS // 1024} KiB a Job annotation may hold here: split the gang")
 
 
 def record_of(job: Mapping[str, Any]) -> AdmissionRecord | None:

@@ -9,20 +9,22 @@ Public API:
 
 - `assign_slots(slots, pods, indexed) -> SlotAssignment`: which live pod holds which slot, and which
   gated pod gets which free slot (see `assign_slots`).
+- `pods_by_owner(pods)`: pods by (namespace, controller uid).
 - `pod_gated(pod)`, `pod_live(pod)`, `pod_target(pod)`, `completion_index(pod)`;
   `scheduling_gates(spec)`: a pod spec's scheduling gates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.admission.gangs.job import COMPLETION_INDEX_ANNOTATION, GATE, HOSTNAME_LABEL, NUMA_ZONE_ANNOTATION
+from agent.admission.gangs.job import GATE, HOSTNAME_LABEL, NUMA_ZONE_ANNOTATION
 from agent.admission.gangs.record import PLACEMENTS_ANNOTATION, SlotPlacement
-from agent.kube.objects import as_dict, as_list, metadata_of
-from agent.kube.pods import placement_entry
+from agent.kube.objects import as_dict, as_list, decimal, metadata_of
+from agent.kube.pods import MAX_NUMA_ZONE, placement_entry
+from agent.kube.pods import completion_index as pod_completion_index
 
 
 def scheduling_gates(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -36,9 +38,8 @@ def pod_gated(pod: Mapping[str, Any]) -> bool:
 
 
 def completion_index(pod: Mapping[str, Any]) -> int | None:
-    """The pod's completion index (Indexed Jobs), None when it has none."""
-    text = as_dict(metadata_of(pod).get("annotations")).get(COMPLETION_INDEX_ANNOTATION)
-    return int(text) if isinstance(text, str) and text.isdigit() else None
+    """The pod's completion index (Indexed Jobs), None when it has none (or not a valid one)."""
+    return pod_completion_index(metadata_of(pod))
 
 
 def pod_target(pod: Mapping[str, Any]) -> SlotPlacement | None:
@@ -53,7 +54,7 @@ def pod_target(pod: Mapping[str, Any]) -> SlotPlacement | None:
     if zone is None and isinstance(notes.get(PLACEMENTS_ANNOTATION), str) and index is not None:
         entry = placement_entry(notes[PLACEMENTS_ANNOTATION], index)
         return SlotPlacement(node, entry[1] if not isinstance(entry, str) and entry[0] == node else None)
-    return SlotPlacement(node, int(zone) if isinstance(zone, str) and zone.isdigit() else None)
+    return SlotPlacement(node, decimal(zone, MAX_NUMA_ZONE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,19 @@ def assign_slots(slots: Mapping[int, SlotPlacement], pods: Sequence[Mapping[str,
         place.append((pod, chosen[uid]))
         held[uid] = chosen[uid]
     return SlotAssignment(held, tuple(place))
+
+
+def pods_by_owner(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    """Pods by (namespace, their controller's uid): a pod names its owner by uid alone, and an owner
+    lives in the pod's namespace, so a pod in another namespace never counts as a Job's."""
+    out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        meta = metadata_of(pod)
+        for ref in as_list(meta.get("ownerReferences")):
+            ref = as_dict(ref)
+            if ref.get("controller") is True:
+                out.setdefault((str(meta.get("namespace")), str(ref.get("uid"))), []).append(pod)
+    return out
 
 
 def pod_live(pod: Mapping[str, Any]) -> bool:

@@ -3,11 +3,20 @@
 Public API:
 
 - `JobRead`: one Job version as a pass sees it: its uid, `namespace/name`, queue, admission record
-  (or why that record is malformed), and whether it is suspended, finished and Indexed.
+  (or why that record is malformed, or why an admitted one is not trusted), and whether it is
+  suspended, finished and Indexed.
+- `distrust(job, record) -> str | None`: why an admitted record is not to be trusted for `job`.
 - `JobReader()`: `.read(job) -> JobRead`, memoised by the Job's uid and resourceVersion, the record
   decoded once per annotation text; `.slots(read, pods) -> SlotAssignment`, `assign_slots`
   for an admitted Job, memoised by its decision and the versions of its pods; `.retain(uids)` forgets
   the Jobs not among `uids`.
+
+The controller trusts only what it wrote: an admitted record carries the shape of the Job it was
+written for (`agent.admission.gangs.shape`).  A record with no shape or another shape (copied from
+another Job, written by another hand, or the Job scaled or re-templated since) is not trusted: the pass
+never unsuspends its Job, never places its pods and never counts its slots (a suspended one is
+queued again, `JobWrites.requeue`).  Only the controller can write the record where
+`daemonset/controller/fields-policy.yaml` is installed; this check holds where it is not.
 
 Every pass reads every queued Job and works out the slots of every admitted one, but on a running
 cluster most of them have not changed since the last pass: reading them again was most of a pass's
@@ -30,6 +39,7 @@ from agent.admission.gangs.job import (
     job_suspended,
 )
 from agent.admission.gangs.record import AdmissionRecord, decode_record, record_of
+from agent.admission.gangs.shape import job_shape
 from agent.admission.gangs.slots import SlotAssignment, assign_slots
 from agent.kube.objects import as_dict, metadata_of, namespaced_name
 
@@ -37,7 +47,8 @@ from agent.kube.objects import as_dict, metadata_of, namespaced_name
 @dataclass(frozen=True, slots=True)
 class JobRead:
     """One Job version as a pass reads it.  `record` is None with `bad_record` set when the Job's
-    admission record is malformed (the message says why), and None alone when it has none."""
+    admission record is malformed (the message says why), and None alone when it has none;
+    `distrusted` says why an admitted record is not trusted (`distrust`), None when it is."""
 
     uid: str
     key: str
@@ -47,6 +58,20 @@ class JobRead:
     suspended: bool
     finished: bool
     indexed: bool
+    distrusted: str | None = None
+
+
+def distrust(job: Mapping[str, Any], record: AdmissionRecord) -> str | None:
+    """Why the admitted `record` is not this controller's decision for `job` as it is now; None when
+    it is (a rejected record admits nothing, so it is never distrusted)."""
+    if record.result != "admitted":
+        return None
+    if not record.shape:
+        return "its admission record carries no shape: it was not written by this controller"
+    if record.shape != job_shape(job):
+        return ("its admission record was written for another Job or another shape of this one "
+                "(parallelism, completions or pod resources changed since)")
+    return None
 
 
 def _version(obj: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -79,7 +104,8 @@ class JobReader:
         read = JobRead(uid=str(metadata_of(job).get("uid")), key=namespaced_name(job),
                        queue=job_queue(job), record=record, bad_record=bad,
                        suspended=job_suspended(job), finished=job_finished(job),
-                       indexed=job_indexed(job))
+                       indexed=job_indexed(job),
+                       distrusted=distrust(job, record) if record is not None else None)
         if version is not None:
             self._jobs[version[0]] = (version[1], read, text)
         return read

@@ -7,12 +7,17 @@ Public API (JSON merge patches, `MERGE_PATCH`, each carrying the resourceVersion
 so a concurrent writer makes it fail instead of being overwritten):
 
 - `decision_patch(job, record)` pins (one node, `one_node_template`) or gates the still-suspended
-  Job's template, records the decision and unsuspends the Job, in one write; `unsuspend_patch()` (for
-  a Job admitted but left suspended, by an earlier version); `reject_patch(job, record)`;
+  Job's template, records the decision and unsuspends the Job, in one write; `reject_patch(job,
+  record)`; `requeue_patch(job)` removes a record the controller does not trust (see
+  `agent.admission.jobs.jobread`);
   `pod_patch(pod, node, zone)` pins a gated pod to its node and zone and removes the gate in one write;
   `node_affinity(node)`.
 - `still_undecided(job, fresh) -> bool`: whether a decision made on `job` may still be written onto
   its re-read version `fresh` (after a 409).
+
+The template's `topolet.io/placements` and `topolet.io/numa-zone` are always the decision's: the
+decision patch sets each, or removes one the tenant put there, so neither the placement policy nor
+the node's agent ever reads a tenant's own placements beside ours.
 
 Three routes to a pinned pod.  A Job placed wholly on one node (most gangs: the engine keeps a gang
 on one node where that costs no whole zone) needs no per-pod pin: the decision patch writes the node
@@ -45,6 +50,7 @@ from agent.admission.gangs.job import (
     job_suspended,
 )
 from agent.admission.gangs.record import PLACEMENTS_ANNOTATION, AdmissionRecord, placements_value
+from agent.admission.gangs.shape import job_shape
 from agent.admission.gangs.slots import scheduling_gates
 from agent.kube.objects import as_dict, metadata_of
 
@@ -106,6 +112,10 @@ def decision_patch(job: Mapping[str, Any], record: AdmissionRecord) -> dict[str,
         if placements is not None:
             template["metadata"] = {"annotations": {PLACEMENTS_ANNOTATION: placements},
                                     "labels": {BY_INDEX_LABEL[0]: BY_INDEX_LABEL[1]}}
+    # Ours or none: a value the tenant wrote there is removed (null in a merge patch).
+    notes: dict[str, str | None] = template.setdefault("metadata", {}).setdefault("annotations", {})
+    for key in (PLACEMENTS_ANNOTATION, NUMA_ZONE_ANNOTATION):
+        notes.setdefault(key, None)
     return {"metadata": {"resourceVersion": metadata_of(job).get("resourceVersion"),
                          "annotations": {ADMISSION_ANNOTATION: record.encode()}},
             "spec": {"suspend": False, "template": template}}
@@ -114,20 +124,22 @@ def decision_patch(job: Mapping[str, Any], record: AdmissionRecord) -> dict[str,
 def still_undecided(job: Mapping[str, Any], fresh: Mapping[str, Any]) -> bool:
     """`fresh` (the Job re-read after a conflict) is still the Job decided on and still undecided.
 
-    Same uid, still suspended, no admission record, same pod template: only something the decision
-    does not read moved on (the Job controller writes a suspended Job's status), so the decision may
+    Same uid, still suspended, no admission record, same pod template and shape: only something the
+    decision does not read moved on (the Job controller writes a suspended Job's status), so the decision may
     be written with `fresh`'s resourceVersion.  A record there means another writer (a replica that
     led before) decided first; a changed template means other requests than the ones placed."""
     if metadata_of(fresh).get("uid") != metadata_of(job).get("uid") or not job_suspended(fresh):
         return False
     if as_dict(metadata_of(fresh).get("annotations")).get(ADMISSION_ANNOTATION) is not None:
         return False
-    return as_dict(fresh.get("spec")).get("template") == as_dict(job.get("spec")).get("template")
+    return (as_dict(fresh.get("spec")).get("template") == as_dict(job.get("spec")).get("template")
+            and job_shape(fresh) == job_shape(job))
 
 
-def unsuspend_patch() -> dict[str, Any]:
-    """Let the Job controller create the (gated) pods."""
-    return {"spec": {"suspend": False}}
+def requeue_patch(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Remove the admission record of the (suspended) Job: the next pass decides it again."""
+    return {"metadata": {"resourceVersion": metadata_of(job).get("resourceVersion"),
+                         "annotations": {ADMISSION_ANNOTATION: None}}}
 
 
 def reject_patch(job: Mapping[str, Any], record: AdmissionRecord) -> dict[str, Any]:

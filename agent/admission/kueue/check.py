@@ -18,7 +18,9 @@ The check's writes run in `agent.admission.kueue.writes` (`.writes`), and what t
 hold is worked out in `agent.admission.kueue.holds` (`.holds`).
 
 A pass (`agent.admission.controller.loop`): `collect` keeps every AdmissionCheck whose controllerName is
-ours at `Active=True` and reads the Workloads; the controller puts `admitted` into the view's ledger
+ours at `Active=True` and reads the Workloads, each in isolation (one that cannot be read, or whose
+decision fails, is logged, counted in `topolet_admission_invalid_objects_total{kind="Workload"}` and
+skipped; the rest go on); the controller puts `admitted` into the view's ledger
 next to its admitted Jobs (one ledger, so the two routes never double-book) and `pod_slots` into its
 slot map; after its own queue it calls `decide` with the engine call it uses for Jobs (`place` then
 `commit` on the same view).  Each decision is one server-side apply of `status.admissionChecks[<our
@@ -49,6 +51,7 @@ store makes the write fail (409) instead of deciding twice.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +61,7 @@ from typing import Any
 
 from agent.admission.cluster.store import Reflector
 from agent.admission.engine.model import Gang, Placement, Refusal
+from agent.admission.gangs.slots import pods_by_owner
 from agent.admission.kueue import workloads
 from agent.admission.kueue.holds import Held, Holds, ready_entries
 from agent.admission.kueue.workloads import CONTROLLER_NAME, KUEUE_GROUP, KUEUE_VERSION, WorkloadSpecError
@@ -66,7 +70,10 @@ from agent.admission.report.events import timestamp
 from agent.admission.report.metrics import AdmissionMetrics
 from agent.errors import KubeAPIError
 from agent.kube.client import KubeClient, resource_path
+from agent.kube.leader import NotLeader
 from agent.kube.objects import as_dict, metadata_of, object_key
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,7 @@ class KueueCheck:
         self.submit = submit
         self.check_leader = check_leader
         self.clock = clock
+        self.metrics = metrics
         self.guaranteed_policy = guaranteed_policy
         self.checks = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks"),
                                 "AdmissionChecks", changed)
@@ -157,44 +165,20 @@ class KueueCheck:
         round_ = Round([], {}, [])
         if not names:
             return round_
-        by_owner: dict[str, list[Mapping[str, Any]]] = {}
-        for pod in pods:
-            for ref in metadata_of(pod).get("ownerReferences") or []:
-                ref = as_dict(ref)
-                if ref.get("controller"):
-                    by_owner.setdefault(str(ref.get("uid")), []).append(pod)
+        by_owner = pods_by_owner(pods)
         flavors = {str(metadata_of(f).get("name")): as_dict(as_dict(f.get("spec")).get("nodeLabels"))
                    for f in self.flavors.snapshot()}
         # In flight first, then the store: a write that lands in between is then counted from memory
         # (its store entry may be either version), never from neither.
         inflight = self.writes.in_flight()
         every = sorted(self.workloads.snapshot(), key=object_key)
-        policy: str | None = None  # read once a pass, when needed: it reads every NRT
+        policy: list[str] = []  # read once a pass, when needed: it reads every NRT
         for wl in every:
-            if str(metadata_of(wl).get("uid")) in inflight:
-                round_.admitted.extend(inflight[str(metadata_of(wl).get("uid"))])
-                continue
-            held = workloads.holding(wl, names)
-            ours = workloads.checks_to_decide(wl, names)
-            if held is not None:
-                self.writes.due_at.pop(str(metadata_of(wl).get("uid")), None)  # (a late event of its Pending)
-                entries, slots = self.holds.of(wl, held, by_owner.get(workloads.owner_uid(wl) or "", []),
-                                               self.writes.known_indexed(wl))
-                round_.admitted.extend(entries)
-                round_.pod_slots.update(slots)
-                if ours:
-                    self._copy_ready(wl, held, ours, entries)
-                continue
-            if not ours:
-                if any(workloads.check_state(wl, name) is not None for name in names):
-                    self.writes.read_ahead(wl)
-                continue
+            # One Workload that cannot be read costs only itself: logged, counted, skipped.
             try:
-                policy = self.guaranteed_policy() if policy is None else policy
-                gang = workloads.gang_from_workload(wl, flavors, policy)
-                round_.pending.append(Pending(wl, ours, gang))
-            except WorkloadSpecError as exc:
-                round_.pending.append(Pending(wl, ours, None, str(exc)))
+                self._collect_one(wl, names, by_owner, flavors, inflight, policy, round_)
+            except Exception as exc:  # noqa: BLE001 - whatever a tenant wrote, the pass goes on
+                self._unreadable(wl, exc)
         live = {(str(metadata_of(wl).get("uid")), str(metadata_of(wl).get("resourceVersion")))
                 for wl in every}
         self.holds.end_pass(live)
@@ -202,6 +186,44 @@ class KueueCheck:
         # First come, first served among those Kueue already gave quota to.
         round_.pending.sort(key=lambda p: (_quota_time(p.workload), object_key(p.workload)))
         return round_
+
+    def _collect_one(self, wl: dict[str, Any], names: tuple[str, ...],
+                     by_owner: Mapping[tuple[str, str], list[Mapping[str, Any]]],
+                     flavors: Mapping[str, Mapping[str, Any]], inflight: Mapping[str, list[Held]],
+                     policy: list[str], round_: Round) -> None:
+        """One Workload into `round_`: the slots it holds, or a decision to make."""
+        if str(metadata_of(wl).get("uid")) in inflight:
+            round_.admitted.extend(inflight[str(metadata_of(wl).get("uid"))])
+            return
+        held = workloads.holding(wl, names)
+        ours = workloads.checks_to_decide(wl, names)
+        if held is not None:
+            self.writes.due_at.pop(str(metadata_of(wl).get("uid")), None)  # (a late event of its Pending)
+            owner = (str(metadata_of(wl).get("namespace")), workloads.owner_uid(wl) or "")
+            entries, slots = self.holds.of(wl, held, by_owner.get(owner, []), self.writes.known_indexed(wl))
+            round_.admitted.extend(entries)
+            round_.pod_slots.update(slots)
+            if ours:
+                self._copy_ready(wl, held, ours, entries)
+            return
+        if not ours:
+            if any(workloads.check_state(wl, name) is not None for name in names):
+                self.writes.read_ahead(wl)
+            return
+        try:
+            policy[:] = policy or [self.guaranteed_policy()]
+            gang = workloads.gang_from_workload(wl, flavors, policy[0])
+            round_.pending.append(Pending(wl, ours, gang))
+        except WorkloadSpecError as exc:
+            round_.pending.append(Pending(wl, ours, None, str(exc)))
+
+    def _unreadable(self, wl: Mapping[str, Any], exc: Exception) -> None:
+        """A Workload the pass failed on: logged with its trace, counted, skipped; losing the lease
+        ends the pass."""
+        if isinstance(exc, NotLeader):
+            raise exc
+        self.metrics.invalid_objects.labels(kind="Workload").inc()
+        log.error("Workload %s skipped: %s", object_key(wl), exc, exc_info=True)
 
     def _workload_event(self, kind: str, wl: Mapping[str, Any]) -> bool:
         """Every Workload event calls for a pass; one that leaves a Workload waiting for our decision
@@ -236,27 +258,35 @@ class KueueCheck:
         """Decide each pending Workload on the pass's view and send its state (on the check's writers,
         not waited for: see the module docstring)."""
         for p in round_.pending:
-            now = timestamp(self.clock())
-            if p.gang is None:
-                why = f"unreadable: {p.error}"
-                self._send(p, "rejected", [workloads.rejected_state(c, why, now) for c in p.checks], why)
-                continue
-            result = decide(p.gang)
-            if isinstance(result, Placement):
-                self.check_leader()
-                self.writes.write(p.workload, ready_entries(p.workload, p.checks[0], p.gang, result, now),
-                                  self.writes.ready, p.workload, p.checks, p.gang, result, now)
-            elif result.kind == "never" and not left_out:
-                why = result.reason
-                self._send(p, "rejected", [workloads.rejected_state(c, why, now) for c in p.checks], why)
-            else:
-                reason = result.reason
-                if result.kind == "never":
-                    # "Never" counts only the usable nodes: one left out may come back.
-                    reason = f"{reason}; {len(left_out)} nodes are left out now"
-                states = [workloads.retry_state(c, reason, workloads.retry_count(p.workload, c), now)
-                          for c in p.checks]
-                self._send(p, "waiting", states, reason)
+            try:
+                self._decide_one(p, decide, left_out)
+            except Exception as exc:  # noqa: BLE001 - one Workload's decision costs only itself
+                self._unreadable(p.workload, exc)
+
+    def _decide_one(self, p: Pending, decide: Callable[[Gang], Placement | Refusal],
+                    left_out: Mapping[str, str]) -> None:
+        """Decide one Workload and send its state."""
+        now = timestamp(self.clock())
+        if p.gang is None:
+            why = f"unreadable: {p.error}"
+            self._send(p, "rejected", [workloads.rejected_state(c, why, now) for c in p.checks], why)
+            return
+        result = decide(p.gang)
+        if isinstance(result, Placement):
+            self.check_leader()
+            self.writes.write(p.workload, ready_entries(p.workload, p.checks[0], p.gang, result, now),
+                              self.writes.ready, p.workload, p.checks, p.gang, result, now)
+        elif result.kind == "never" and not left_out:
+            why = result.reason
+            self._send(p, "rejected", [workloads.rejected_state(c, why, now) for c in p.checks], why)
+        else:
+            reason = result.reason
+            if result.kind == "never":
+                # "Never" counts only the usable nodes: one left out may come back.
+                reason = f"{reason}; {len(left_out)} nodes are left out now"
+            states = [workloads.retry_state(c, reason, workloads.retry_count(p.workload, c), now)
+                      for c in p.checks]
+            self._send(p, "waiting", states, reason)
 
     def _send(self, p: Pending, result: str, states: list[dict[str, Any]], why: str) -> None:
         """Write Retry (`result` waiting) or Rejected states, then say `why` in an Event on the Workload."""

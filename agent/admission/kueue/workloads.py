@@ -53,8 +53,8 @@ from agent.admission.gangs.record import (
     SlotPlacement,
     placements_value,
 )
-from agent.kube.objects import as_dict, as_list, metadata_of, namespaced_name
-from agent.kube.pods import parse_placement
+from agent.kube.objects import as_dict, as_list, decimal, metadata_of, namespaced_name
+from agent.kube.pods import MAX_NUMA_ZONE, parse_placement
 
 CONTROLLER_NAME = "topolet.io/topology-fit"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -309,7 +309,7 @@ def records_of_state(wl: Mapping[str, Any], state: Mapping[str, Any]) -> dict[st
             zone = as_dict(update.get("annotations")).get(NUMA_ZONE_ANNOTATION)
             if not isinstance(node, str) or not node:
                 raise WorkloadSpecError(f"Ready state {state.get('name')}: pod set {name} has no node")
-            numa = int(zone) if isinstance(zone, str) and zone.isdigit() else None
+            numa = decimal(zone, MAX_NUMA_ZONE)
             mine = [SlotPlacement(node, numa)] * count
         out[name] = AdmissionRecord("admitted", digest, time, dict(enumerate(mine)))
     return out

@@ -13,6 +13,8 @@ Names (the Grafana panels use exactly these):
   zones (0: every free CPU is in an empty zone; 1: no zone is empty)
 - `topolet_admission_nodes{state="usable|stale|not_ready"}`
 - `topolet_admission_ledger_entries`, `topolet_admission_leader` (1 while this replica leads)
+- `topolet_admission_invalid_objects_total{kind="Job|Pod|Workload"}`: objects a pass could not read,
+  each version counted once; each also gets a Warning Event and is skipped, the pass goes on
 
 The registry (`agent.metrics.registry.new_registry`) also carries the process metrics (`process_*`)
 and no `*_created` series.  The server is `agent.metrics.server.MetricsServer` (/metrics and
@@ -30,6 +32,7 @@ from agent.admission.engine.model import ClusterView
 from agent.metrics.registry import new_registry
 
 DECISION_RESULTS = ("admitted", "waiting", "rejected", "error")
+INVALID_KINDS = ("Job", "Pod", "Workload")
 NODE_STATES = ("usable", "stale", "not_ready")
 FREE_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
 DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -102,6 +105,11 @@ class AdmissionMetrics:
         self.write_conflicts = Counter("topolet_admission_write_conflicts",
                                        "Writes refused because the object changed since it was read (409)",
                                        registry=r)
+        self.invalid_objects = Counter("topolet_admission_invalid_objects",
+                                       "Objects a pass could not read and skipped (each version once)",
+                                       ["kind"], registry=r)
+        for kind in INVALID_KINDS:
+            self.invalid_objects.labels(kind=kind)
         self.leader = Gauge("topolet_admission_leader", "1 while this replica is the leader", registry=r)
         self.last_pass = Gauge("topolet_admission_last_pass_timestamp_seconds",
                                "Unix time of the last completed decision pass (or standby check)",

@@ -13,10 +13,12 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Sequence
 
 from agent.gpu.model import GPU
+from agent.kube.objects import decimal
 from agent.kube.podresources.client import Device, PodResourcesClient
 from agent.topology.model import Topology
 
 log = logging.getLogger(__name__)
+_MAX_INDEX = 99_999  # an NVML index in a device id: five digits at most
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # the device plugin's "mixed" MIG strategy: one per profile
@@ -37,10 +39,10 @@ def gpu_of(device_id: str, gpus: Sequence[GPU]) -> GPU | None:
     ref = device_id.strip().split("::", 1)[0]
     if ref.startswith("MIG-GPU-"):
         ref = ref[len("MIG-"):].split("/", 1)[0]
-    elif ":" in ref and ref.split(":", 1)[0].isdigit():
+    elif ":" in ref and decimal(ref.split(":", 1)[0], _MAX_INDEX) is not None:
         ref = ref.split(":", 1)[0]
-    if ref.isdigit() and len(ref) < 6:
-        index = int(ref)
+    index = decimal(ref, _MAX_INDEX)
+    if index is not None:
         return next((g for g in gpus if g.index == index), None)
     if ref.startswith("GPU-"):
         want = ref.lower()
