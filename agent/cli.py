@@ -214,6 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--nri-socket", default="/var/run/nri/nri.sock",
                    help="the runtime's NRI socket (Kubernetes mode, --route nri|auto), default "
                         "/var/run/nri/nri.sock")
+    g.add_argument("--runtime-bundles", default="/run/containerd/io.containerd.runtime.v2.task/k8s.io",
+                   help="containerd's OCI bundles of the kubelet's containers (--route pod-cgroup: a pod "
+                        "whose containers differ gets each container's CPUs as runc makes its cgroup); "
+                        "'' = off, default /run/containerd/io.containerd.runtime.v2.task/k8s.io")
     g.add_argument("--enforcement", default="on", choices=["on", "off"],
                    help="Kubernetes mode: off = decide, record in the state file and publish labels and "
                         "NRT as with on, but write no cgroup and need no cpuset hierarchy; a container "

@@ -20,6 +20,13 @@ Below a pod's cgroup nothing is widened: a container keeps what it holds within 
 (per-container narrowing stays the engine's), and only a v1 child outside it is brought inside.
 Writes go through `apply_assignment` (the one ordered writer), each pod with its subtree.
 
+A pod whose containers differ (one on exclusive CPUs, another on the pool: its cgroup holds the
+union) has each container written as its cgroup appears, before runc starts the container's process:
+with `container_cpuset(uid, name)` and the runtime's bundle folder (`agent.enforce.bundles`, which
+names the pod container a runtime container id is), the pod's folder is watched too, and a new
+container cgroup gets that container's `(cpus, mems)`.  runc copies the parent's set into a child only
+while the child's is empty, so either order of its copy and our write ends with ours.
+
 Nothing may undo the pod-level write: the kubelet's own copy from the parent (libcontainer reads the
 new cgroup's empty set, then writes the parent's) can land after ours, so each written cpuset file is
 watched for writes too and rewritten when it no longer says what it should (`undone` counts those).
@@ -40,9 +47,11 @@ from dataclasses import dataclass
 
 from agent.enforce import inotify
 from agent.enforce.apply import CgroupWrite, apply_assignment
+from agent.enforce.bundles import bundle_container, container_id_of_cgroup
 from agent.enforce.cgroup import CgroupLayout, exists, list_children, read_cpus, read_mems
 from agent.enforce.inotify import Inotify, InotifyEvent
 from agent.enforce.kubepods import CgroupDriver, QOSClass, pod_uid_of_cgroup, qos_cgroup_path
+from agent.enforce.subtrees import write_subtrees
 from agent.errors import EnforcementError
 from agent.topology.cpuset import EMPTY, CPUSet
 
@@ -52,9 +61,10 @@ PodCpuset = tuple[CPUSet, CPUSet]
 """(cpus, mems) for a pod's cgroup; mems EMPTY leaves its memory nodes as they are."""
 PodPolicy = Callable[[str], PodCpuset | None]
 """Pod UID (as the API spells it) → its pod cgroup's (cpus, mems), or None: the shared pool."""
+ContainerPolicy = Callable[[str, str], PodCpuset | None]
+"""(pod UID, container name) → that container's cgroup's (cpus, mems), or None: its pod's."""
 
 SHARED_QOS = (QOSClass.BURSTABLE, QOSClass.BESTEFFORT)
-_ATTEMPTS = 3  # a container made while a subtree is written changes it under the write: look again
 _FOLDER_EVENTS = inotify.CREATE | inotify.DELETE | inotify.ONLYDIR
 _FILE_EVENTS = inotify.MODIFY
 
@@ -68,56 +78,17 @@ class PodCgroup:
     path: str  # relative to the layout's root
 
 
-Targets = tuple[dict[str, CPUSet], dict[str, CPUSet]]
+@dataclass(frozen=True, slots=True)
+class ContainerCgroup:
+    """A container's cgroup in a pod whose containers differ, as runc made it."""
+
+    uid: str
+    name: str
+    path: str  # relative to the layout's root
 
 
-def subtree_targets(layout: CgroupLayout, rel: str, cpus: CPUSet, mems: CPUSet = EMPTY) -> Targets:
-    """The cpus (and, when `mems` is given, mems) to write to cgroup `rel` and below so it holds `cpus`:
-    `rel` gets them; a cgroup below keeps what it holds of them, or gets them all when it holds
-    none.  On v2 a cgroup below with empty files inherits and is left alone."""
-    want_cpus = {rel: cpus}
-    want_mems = {rel: mems} if mems else {}
-    stack = list_children(layout, rel)
-    while stack:
-        child = stack.pop()
-        stack.extend(list_children(layout, child))
-        for key, value, want in (("cpus", cpus, want_cpus), ("mems", mems, want_mems)):
-            if not value:
-                continue
-            try:
-                live = read_cpus(layout, child) if key == "cpus" else read_mems(layout, child)
-            except EnforcementError:
-                if exists(layout, child) and layout.version == 1:
-                    raise
-                continue  # gone meanwhile, or a v2 cgroup without the cpuset files
-            if layout.version == 2 and not live:
-                continue
-            want[child] = (live & value) or value
-    return want_cpus, want_mems
-
-
-def subtrees_targets(layout: CgroupLayout, targets: list[tuple[str, CPUSet, CPUSet]]) -> Targets:
-    """`subtree_targets` of each `(cgroup, cpus, mems)`, merged (a later one wins a cgroup named twice)."""
-    cpus: dict[str, CPUSet] = {}
-    mems: dict[str, CPUSet] = {}
-    for rel, c, m in targets:
-        got_cpus, got_mems = subtree_targets(layout, rel, c, m)
-        cpus.update(got_cpus)
-        mems.update(got_mems)
-    return cpus, mems
-
-
-def write_subtrees(layout: CgroupLayout, targets: list[tuple[str, CPUSet, CPUSet]]) -> list[CgroupWrite]:
-    """Bring each `(cgroup, cpus, mems)` and its subtree to its set in one ordered step
-    (`subtree_targets`, `apply_assignment`); returns the writes made."""
-    for attempt in range(_ATTEMPTS):
-        cpus, mems = subtrees_targets(layout, targets)
-        try:
-            return apply_assignment(layout, cpus, mems or None)
-        except EnforcementError:
-            if attempt == _ATTEMPTS - 1:
-                raise
-    raise AssertionError("unreachable")
+Owner = str | QOSClass | ContainerCgroup
+"""Whose cpuset file a watched file is: a pod's (its UID), a QoS folder's, or a container's."""
 
 
 class PodCgroupWatcher:
@@ -128,13 +99,17 @@ class PodCgroupWatcher:
     """
 
     def __init__(self, layout: CgroupLayout, driver: CgroupDriver | str, pod_cpuset: PodPolicy,
-                 shared_pool: Callable[[], CPUSet], *, kubelet_root: tuple[str, ...] = ()) -> None:
+                 shared_pool: Callable[[], CPUSet], *, kubelet_root: tuple[str, ...] = (),
+                 container_cpuset: ContainerPolicy | None = None, bundles: str = "") -> None:
         self.folders = {q: qos_cgroup_path(q, driver, kubelet_root) for q in QOSClass}  # checks both
         self.layout = layout
         self.driver = CgroupDriver(driver)
         self.kubelet_root = kubelet_root
         self.pod_cpuset = pod_cpuset
         self.shared_pool = shared_pool
+        self.container_cpuset = container_cpuset
+        self.bundles = bundles  # the runtime's bundle folder ("" : containers are not told apart)
+        self.containers_written = 0  # container cgroups written as they appeared
         self.undone = 0  # writes of others to a written cpuset file, rewritten
         # The thread and the callers write one at a time; a caller that writes these cgroups in an
         # ordered step of its own (with `shared_targets()`) holds it across that step.
@@ -142,7 +117,8 @@ class PodCgroupWatcher:
         self._inotify: Inotify | None = None
         self._watching: dict[int, QOSClass] = {}  # wd → the QoS class whose folder it is
         self._awaiting: int | None = None  # wd of kubepods' parent while kubepods is missing
-        self._files: dict[int, str | QOSClass] = {}  # wd → the pod UID or QoS class whose cpuset file it is
+        self._files: dict[int, Owner] = {}  # wd → whose cpuset file it is
+        self._pod_folders: dict[int, str] = {}  # wd → the UID of the Guaranteed pod whose folder it is
         self._pods: dict[str, PodCgroup] = {}
         self._thread: threading.Thread | None = None
         self._wake: tuple[int, int] | None = None
@@ -182,6 +158,7 @@ class PodCgroupWatcher:
             self._inotify = None
         self._watching.clear()
         self._files.clear()
+        self._pod_folders.clear()
         self._awaiting = None
 
     def pods(self) -> dict[str, PodCgroup]:
@@ -235,7 +212,7 @@ class PodCgroupWatcher:
     def _target(self, uid: str) -> PodCpuset:
         return self.pod_cpuset(uid) or (self.shared_pool(), EMPTY)
 
-    def _drifted(self, owner: str | QOSClass) -> bool:
+    def _drifted(self, owner: Owner) -> bool:
         """Whether the cgroup behind a watched file no longer holds its set (one or two reads: most
         writes seen are our own)."""
         if isinstance(owner, QOSClass):
@@ -243,6 +220,11 @@ class PodCgroupWatcher:
             if not targets:
                 return False
             rel, cpus, mems = targets[0]
+        elif isinstance(owner, ContainerCgroup):
+            answer = self._container_target(owner)
+            if answer is None:
+                return False
+            rel, (cpus, mems) = owner.path, answer
         elif owner in self._pods:
             rel, (cpus, mems) = self._pods[owner].path, self._target(owner)
         else:
@@ -289,7 +271,7 @@ class PodCgroupWatcher:
         finally:
             self._looking = looking
 
-    def _watch_files(self, rel: str, owner: str | QOSClass) -> None:
+    def _watch_files(self, rel: str, owner: Owner) -> None:
         for name in ("cpus", "mems"):
             wd = self._add(self.layout.file(rel, name), _FILE_EVENTS)
             if wd is not None:
@@ -311,6 +293,10 @@ class PodCgroupWatcher:
         self._pods[uid] = PodCgroup(uid, qos, rel)
         # The files first: a write of the kubelet's landing after ours must be seen.
         self._watch_files(rel, uid)
+        if qos is QOSClass.GUARANTEED and self.bundles and self.container_cpuset is not None:
+            wd = self._add(self.layout.abspath(rel), inotify.CREATE | inotify.ONLYDIR)
+            if wd is not None:
+                self._pod_folders[wd] = uid
         if not (self._looking and qos in SHARED_QOS):  # else one keep_shared() after the look
             self._write_quietly(uid)
 
@@ -320,9 +306,44 @@ class PodCgroupWatcher:
 
     def _forget(self, uid: str) -> None:
         self._pods.pop(uid, None)
-        for wd in [wd for wd, owner in self._files.items() if owner == uid]:
+        for wd in [wd for wd, owner in self._files.items()
+                   if owner == uid or (isinstance(owner, ContainerCgroup) and owner.uid == uid)]:
             del self._files[wd]
             self._inotify_rm(wd)
+        for wd in [wd for wd, owner in self._pod_folders.items() if owner == uid]:
+            del self._pod_folders[wd]
+            self._inotify_rm(wd)
+
+    def _container_target(self, c: ContainerCgroup) -> PodCpuset | None:
+        return self.container_cpuset(c.uid, c.name) if self.container_cpuset is not None else None
+
+    def _container_appeared(self, uid: str, rel: str) -> None:
+        """A folder in a Guaranteed pod's cgroup: when it is a container of a pod whose containers
+        differ, its set is written now, before runc starts its process."""
+        found = bundle_container(self.bundles, container_id_of_cgroup(rel.rsplit("/", 1)[-1]))
+        if found is None or found.pod_uid != uid:
+            return  # the sandbox, or no bundle to tell which container it is
+        c = ContainerCgroup(uid, found.name, rel)
+        if self._container_target(c) is None:
+            return  # the pod's own set is this container's
+        self._watch_files(rel, c)
+        self._write_container(c)
+
+    def _write_container(self, c: ContainerCgroup) -> list[CgroupWrite]:
+        answer = self._container_target(c)
+        if answer is None:
+            return []
+        cpus, mems = answer
+        try:
+            writes = apply_assignment(self.layout, {c.path: cpus}, {c.path: mems} if mems else None)
+        except EnforcementError as exc:
+            if exists(self.layout, c.path):
+                log.warning("container %s of pod %s: %s", c.name, c.uid, exc)
+            return []
+        if writes:
+            self.containers_written += 1
+            log.info("container %s of pod %s: %s", c.name, c.uid, _shown(writes))
+        return writes
 
     def _write_quietly(self, uid: str) -> None:
         try:
@@ -342,8 +363,12 @@ class PodCgroupWatcher:
         if writes:
             log.info("shared QoS cgroups: %s", _shown(writes))
 
-    def _rewrite(self, owner: str | QOSClass) -> None:
+    def _rewrite(self, owner: Owner) -> None:
         """A watched cpuset file was written (by us, or by someone else): write it back if it drifted."""
+        if isinstance(owner, ContainerCgroup):
+            if exists(self.layout, owner.path) and self._drifted(owner) and self._write_container(owner):
+                self.undone += 1
+            return
         try:
             if not self._drifted(owner):
                 return
@@ -359,7 +384,7 @@ class PodCgroupWatcher:
             log.warning("cpuset of %s was rewritten by someone else; restored: %s", owner, _shown(writes))
 
     def _handle(self, events: list[InotifyEvent]) -> None:
-        written: dict[str | QOSClass, None] = {}  # each file once per batch: our own writes come in runs
+        written: dict[Owner, None] = {}  # each file once per batch: our own writes come in runs
         with self.lock:
             for ev in events:
                 if ev.mask & inotify.Q_OVERFLOW:
@@ -372,13 +397,19 @@ class PodCgroupWatcher:
                         self._arm()
                 elif ev.wd in self._watching:
                     self._folder_event(self._watching[ev.wd], ev)
+                elif ev.wd in self._pod_folders:
+                    uid = self._pod_folders[ev.wd]
+                    if ev.mask & inotify.IGNORED:
+                        del self._pod_folders[ev.wd]
+                    elif ev.mask & inotify.CREATE and ev.mask & inotify.ISDIR and uid in self._pods:
+                        self._container_appeared(uid, f"{self._pods[uid].path}/{ev.name}")
                 elif ev.wd in self._files:
                     if ev.mask & inotify.IGNORED:
                         del self._files[ev.wd]
                     elif ev.mask & inotify.MODIFY:
                         written[self._files[ev.wd]] = None
             for owner in written:
-                if isinstance(owner, QOSClass) or owner in self._pods:
+                if isinstance(owner, (QOSClass, ContainerCgroup)) or owner in self._pods:
                     self._rewrite(owner)
 
     def _folder_event(self, qos: QOSClass, ev: InotifyEvent) -> None:

@@ -254,7 +254,8 @@ class KubeAgent:
         self.route_name = self.route.start()
         self.metrics.set_node(self.node, self.enforce, mode="kubernetes", route=self.route_name)
         if self.route_name == POD_CGROUP and self.enforce:
-            self.pod_cgroups = PodCgroupRoute(self.pinner)
+            bundles = str(getattr(self.args, "runtime_bundles", "") or "")
+            self.pod_cgroups = PodCgroupRoute(self.pinner, bundles=bundles)
         elif self.route_name == NRI and self.enforce:
             # A bound pod's exclusive containers are allocated (and committed) as the watch lists it,
             # so CreateContainer answers from the state as it stands, with no write of its own.

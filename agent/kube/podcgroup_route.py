@@ -8,7 +8,9 @@ containers are allocated as soon as the watch lists it) into the policy of a
 - a pod that holds allocations gets their union (their memory nodes too, when every one of them is
   bound and the pod has no other container); a pod with a container on the pool besides (a shared or
   refused container, an init container running) gets the pool as well, so that container can join it;
-- every other pod, and the Burstable and BestEffort folders, the shared pool.
+- every other pod, and the Burstable and BestEffort folders, the shared pool;
+- in a pod that holds allocations and has a container on the pool besides, each container (as runc
+  makes its cgroup, told apart by the runtime's bundle: `bundles`) its own: its allocation, or the pool.
 
 Threads: the watcher calls the policy on its own thread, so the policy reads a snapshot
 (`PodCpusets`, replaced whole) that only the enforcer thread makes, from the state file and the
@@ -33,8 +35,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from agent.enforce.kubepods import CgroupDriver, QOSClass
-from agent.enforce.podcgroups import PodCgroupWatcher, PodCpuset, subtrees_targets
+from agent.enforce.podcgroups import PodCgroupWatcher, PodCpuset
 from agent.enforce.state import State
+from agent.enforce.subtrees import subtrees_targets
 from agent.errors import EnforcementError
 from agent.kube.pinner import PodPinner
 from agent.kube.pods import PodPlan
@@ -50,6 +53,8 @@ class PodCpusets:
 
     pods: Mapping[str, PodCpuset] = field(default_factory=dict)
     pool: CPUSet = EMPTY
+    # Pods whose containers differ: container name → its allocation's set (the others: the pool).
+    containers: Mapping[str, Mapping[str, PodCpuset]] = field(default_factory=dict)
 
 
 def pod_cpusets(state: State, plans: Mapping[str, PodPlan], pool: CPUSet) -> PodCpusets:
@@ -59,6 +64,7 @@ def pod_cpusets(state: State, plans: Mapping[str, PodPlan], pool: CPUSet) -> Pod
         if a.owner.pod_uid is not None and a.owner.container is not None:
             held.setdefault(a.owner.pod_uid, []).append((a.owner.container, a.cpus, a.mems))
     pods: dict[str, PodCpuset] = {}
+    containers: dict[str, dict[str, PodCpuset]] = {}
     for uid, allocs in held.items():
         cpus = EMPTY.union(*(c for _, c, _ in allocs))
         plan = plans.get(uid)
@@ -68,14 +74,17 @@ def pod_cpusets(state: State, plans: Mapping[str, PodPlan], pool: CPUSet) -> Pod
         bound = all(m for _, _, m in allocs) and not others
         mems = EMPTY.union(*(m for _, _, m in allocs)) if bound else EMPTY
         pods[uid] = (cpus | pool if others else cpus, mems)
-    return PodCpusets(pods, pool)
+        if others:
+            containers[uid] = {n: (c, m) for n, c, m in allocs}
+    return PodCpusets(pods, pool, containers)
 
 
 class PodCgroupRoute:
     """The pod-cgroup route of one agent: its watcher, the policy snapshot it reads, the engine's hook."""
 
-    def __init__(self, pinner: PodPinner) -> None:
+    def __init__(self, pinner: PodPinner, *, bundles: str = "") -> None:
         self.pinner = pinner
+        self.bundles = bundles  # the runtime's bundle folder (agent.enforce.bundles); "" : pods only
         self.engine = pinner.engine
         pinner.ahead = True
         self.policy = PodCpusets()
@@ -89,6 +98,12 @@ class PodCgroupRoute:
     def shared_pool(self) -> CPUSet:
         return self.policy.pool
 
+    def container_cpuset(self, uid: str, name: str) -> PodCpuset | None:
+        mine = self.policy.containers.get(uid)
+        if mine is None:
+            return None
+        return mine.get(name) or (self.policy.pool, EMPTY)
+
     # -- the enforcer's side --------------------------------------------------------------------
 
     def start(self) -> None:
@@ -96,7 +111,8 @@ class PodCgroupRoute:
         what is there) and hook the engine's ordered writes; a watch that cannot start is logged and
         the pod watch pins alone."""
         driver = self.pinner.driver or CgroupDriver.CGROUPFS  # no kubepods yet: the kubelet's default
-        watcher = PodCgroupWatcher(self.engine.layout, driver, self.pod_cpuset, self.shared_pool)
+        watcher = PodCgroupWatcher(self.engine.layout, driver, self.pod_cpuset, self.shared_pool,
+                                   container_cpuset=self.container_cpuset, bundles=self.bundles)
         with self.pinner.lock:
             self.policy = self._snapshot(self.pinner.state())
         try:

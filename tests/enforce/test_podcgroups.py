@@ -8,13 +8,16 @@ real process in a cgroup below the pod.  The policy is a dict: pod UID → (cpus
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+from agent.enforce.bundles import CONTAINER_NAME, CONTAINER_TYPE, SANDBOX_UID
 from agent.enforce.cgroup import (
     CgroupLayout,
     create_cgroup,
@@ -25,7 +28,8 @@ from agent.enforce.cgroup import (
     write_set,
 )
 from agent.enforce.kubepods import CgroupDriver, QOSClass, pod_cgroup_path, qos_cgroup_path
-from agent.enforce.podcgroups import PodCgroupWatcher, PodCpuset, write_subtrees
+from agent.enforce.podcgroups import PodCgroupWatcher, PodCpuset
+from agent.enforce.subtrees import write_subtrees
 from agent.topology.cpuset import EMPTY, CPUSet
 from tests.enforce.conftest import proc_status
 
@@ -240,3 +244,55 @@ def test_write_subtrees_narrows_children_first_and_keeps_their_own_narrowing(
     assert read_cpus(kube, inherits, effective=True) == CPUSet([b])
     if kube.version == 2:
         assert read_cpus(kube, inherits) == EMPTY
+
+
+def test_each_container_of_a_mixed_pod_is_written_as_runc_makes_it(
+        kube: CgroupLayout, two_cpus: tuple[int, int], spawn: Spawn, tmp_path: Path) -> None:
+    """A pod with an exclusive and a shared container: its cgroup holds both sets, and each container's
+    cgroup gets its own as it appears (told apart by containerd's bundle), so the exclusive one's first
+    instruction runs on its CPUs and the shared one's on the pool.  The sandbox and a cgroup without a
+    bundle keep the pod's set.  Both drivers' container names (`<id>`, `cri-containerd-<id>.scope`)."""
+    for driver in (CgroupDriver.CGROUPFS, CgroupDriver.SYSTEMD):
+        mixed_pod(kube, two_cpus, spawn, tmp_path / driver.value, driver)
+
+
+def mixed_pod(kube: CgroupLayout, two_cpus: tuple[int, int], spawn: Spawn, tmp_path: Path,
+              driver: CgroupDriver) -> None:
+    tmp_path.mkdir()
+    node = Node(kube, two_cpus, driver)
+    both = node.pool | node.pinned
+    node.policy[GUARANTEED_UID] = (both, EMPTY)
+    answers = {"main": (node.pinned, EMPTY), "side": (node.pool, EMPTY)}
+    ids = {name: (c * 64) for name, c in (("main", "b"), ("side", "c"), ("pause", "d"), ("nobundle", "e"))}
+    for name in ("main", "side", "pause"):
+        (tmp_path / ids[name]).mkdir()
+        kind = "sandbox" if name == "pause" else "container"
+        (tmp_path / ids[name] / "config.json").write_text(json.dumps({"annotations": {
+            CONTAINER_TYPE: kind, SANDBOX_UID: GUARANTEED_UID, CONTAINER_NAME: name}}))
+    watcher = PodCgroupWatcher(kube, driver, node.policy.get, lambda: node.pool,
+                               container_cpuset=lambda uid, name: answers.get(name) if uid == GUARANTEED_UID
+                               else None, bundles=str(tmp_path))
+    make_qos_folders(kube, driver)
+    watcher.start()
+    try:
+        pod = node.make_pod(GUARANTEED_UID, QOSClass.GUARANTEED)
+        eventually(lambda: node.cpus(pod) == both, "the pod cgroup holding both sets")
+
+        def cgroup(name: str) -> str:
+            cid = ids[name]
+            return f"{pod}/cri-containerd-{cid}.scope" if driver is CgroupDriver.SYSTEMD else f"{pod}/{cid}"
+
+        for name in ("pause", "main", "side", "nobundle"):
+            kubelet_mkdir(kube, cgroup(name))
+        eventually(lambda: node.cpus(cgroup("main")) == node.pinned, "the exclusive container written")
+        eventually(lambda: node.cpus(cgroup("side")) == node.pool, "the shared container written")
+        p = spawn()
+        move_pid(kube, cgroup("main"), p.pid)  # runc start: the container's first instruction
+        assert proc_status(p.pid, "Cpus_allowed_list") == node.pinned
+        assert node.cpus(cgroup("pause")) == node.cpus(cgroup("nobundle")) == both
+        assert watcher.containers_written == 2
+
+        write_set(kube, cgroup("main"), "cpus", both)  # someone widens it: put back
+        eventually(lambda: node.cpus(cgroup("main")) == node.pinned, "the exclusive container restored")
+    finally:
+        watcher.stop()

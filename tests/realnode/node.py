@@ -664,6 +664,8 @@ class NodeAgent:
                 "--cgroup-root", str(self.node.cpuset_root),
                 "--pod-resources-socket", str(self.node.pod_resources_socket),
                 "--label-sink", "node", "--listen", "127.0.0.1:0", "--reconcile-seconds", "1",
+                "--runtime-bundles", str(self.node.dir / "containerd-state" / "io.containerd.runtime.v2.task"
+                                         / "k8s.io"),
                 *self.extra, *more]
         self.proc = _Process("agent", argv, self.node.dir / "agent.log",
                              env={"POD_NAMESPACE": "default", "PYTHONPATH": str(REPO)})
