@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.enforce.bundles import DEFAULT_BUNDLES
 from tests.controlplane.fixtures import IN_CI
 from tests.controlplane.harness import ControlPlane
 from tests.controlplane.kubectl import (
@@ -225,6 +226,7 @@ def test_host_paths_are_the_listed_ones_and_only_three_are_writable(docs: list[d
     assert set(host.values()) == {
         *SYSFS_SUBTREES, "/sys/fs/cgroup", "/var/lib/topolet",
         "/etc/kubernetes/node-feature-discovery/features.d", "/var/lib/kubelet/pod-resources", "/var/run/nri",
+        DEFAULT_BUNDLES,
     }
     writable = {host[m["name"]] for c in containers(docs) for m in c.get("volumeMounts", [])
                 if m["name"] in host and not m.get("readOnly", False)}
@@ -355,6 +357,19 @@ def test_agent_chooses_its_route_and_sees_the_nri_socket_folder(docs: list[dict[
     assert volume["hostPath"]["type"] == "DirectoryOrCreate"
     # The index the README's reserved-CPUs patch names stays that of --reserved-cpus.
     assert agent["args"][6].startswith("--reserved-cpus=")
+
+
+def test_agent_reads_containerds_bundles_read_only_at_their_host_path(docs: list[dict[str, Any]]) -> None:
+    """--runtime-bundles (its default) is mounted read-only at the same path, created where missing."""
+    from agent.cli import build_parser
+
+    (agent,) = pod_spec(docs)["containers"]
+    args = build_parser().parse_args([*agent["command"][1:], *agent["args"]])
+    assert args.runtime_bundles == DEFAULT_BUNDLES
+    host, mount = agent_mounts(docs)[DEFAULT_BUNDLES]
+    assert host == DEFAULT_BUNDLES and mount.get("readOnly") is True
+    (volume,) = [v for v in pod_spec(docs)["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"]["type"] == "DirectoryOrCreate"
 
 
 def test_nri_required_component_insists_on_nri_and_lets_the_agent_start_without_itself(
