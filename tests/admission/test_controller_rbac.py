@@ -30,7 +30,16 @@ import pytest
 
 from agent.admission.gangs.record import AdmissionRecord, SlotPlacement
 from agent.admission.gangs.shape import job_shape
-from agent.admission.jobs.patches import BY_INDEX_LABEL, decision_patch, node_affinity, pod_patch
+from agent.admission.jobs.patches import (
+    BY_INDEX_LABEL,
+    decision_patch,
+    job_started,
+    lost_patch,
+    node_affinity,
+    pod_patch,
+    restart_patch,
+    unpin_patch,
+)
 from tests.admission.test_controller import (
     DUMP,
     all_bound_as_recorded,
@@ -375,6 +384,60 @@ def test_admits_a_job_with_the_patch_the_controller_sends(
     assert (template["metadata"]["labels"].get(BY_INDEX_LABEL[0]) == BY_INDEX_LABEL[1]) is bool(by_index)
 
 
+def test_queues_again_a_job_whose_node_is_gone_with_the_patches_the_controller_sends(setup: Setup) -> None:
+    """Finding 9c: an admitted Job whose node is gone before its pods bind is suspended as its record
+    is removed (`lost_patch`), its start time cleared (`restart_patch`, on the status) and its
+    template given back (`unpin_patch`), then admitted afresh; the same writes with anything more are
+    refused by the policy."""
+    jobs = f"/apis/batch/v1/namespaces/{setup.team}/jobs"
+    name = f"lost-{uuid.uuid4().hex[:6]}"
+    path = f"{jobs}/{name}"
+    job = created(setup.plane, jobs, suspended_job(name))
+    places = {0: SlotPlacement(setup.node, 0), 1: SlotPlacement(setup.node, 1)}
+    record = AdmissionRecord("admitted", uuid.uuid4().hex, "2026-12-02T00:00:00Z", places,
+                             shape=job_shape(job))
+    status, job = as_controller(setup, "PATCH", path, decision_patch(job, record))
+    assert status == 200, job.get("message")
+    # What the Job controller writes once the Job runs (no controller-manager on this plane).
+    status, job = api_request(setup.plane, "PATCH", f"{path}/status", body={"status": {
+        "startTime": now_micro()[:19] + "Z"}}, content_type=MERGE)
+    assert status == 200 and job["status"].get("startTime"), job
+
+    keep_record = {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]},
+                   "spec": {"suspend": True}}
+    assert refused_by(*as_controller(setup, "PATCH", path, keep_record)) == "policy"
+    status, job = as_controller(setup, "PATCH", path, lost_patch(job))
+    assert status == 200, job.get("message")
+    assert job["spec"]["suspend"] is True
+    assert "topolet.io/admission" not in job["metadata"].get("annotations", {})
+
+    more = {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]},
+            "status": {"startTime": None, "failed": 1}}
+    assert refused_by(*as_controller(setup, "PATCH", f"{path}/status", more)) == "policy"
+    status, job = as_controller(setup, "PATCH", f"{path}/status", restart_patch(job))
+    assert status == 200, job.get("message")
+    assert not job_started(job)
+
+    body = unpin_patch(job, set())  # the setup's node counts as gone
+    assert body is not None
+    status, job = as_controller(setup, "PATCH", path, body)
+    assert status == 200, job.get("message")
+    spec = job["spec"]["template"]["spec"]
+    assert "affinity" not in spec and "kubernetes.io/hostname" not in spec.get("nodeSelector", {})
+    notes = job["spec"]["template"].get("metadata", {}).get("annotations", {})
+    assert not {k for k in notes if k.startswith("topolet.io/")}
+    assert unpin_patch(job, set()) is None
+
+    # Decided afresh (the gated route this time): the controller's decision patch goes through.
+    places = {0: SlotPlacement(setup.node, 0), 1: SlotPlacement("elsewhere", 1)}
+    record = AdmissionRecord("admitted", uuid.uuid4().hex, "2026-12-02T00:00:00Z", places,
+                             shape=job_shape(job))
+    status, job = as_controller(setup, "PATCH", path, decision_patch(job, record))
+    assert status == 200, job.get("message")
+    assert job["spec"]["suspend"] is False
+    assert job["spec"]["template"]["spec"]["schedulingGates"] == [{"name": GATE}]
+
+
 PREFERRED = {"preferredDuringSchedulingIgnoredDuringExecution": [
     {"weight": 1, "preference": {"matchExpressions": [{"key": "pool", "operator": "Exists"}]}}]}
 ANTI = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
@@ -483,8 +546,6 @@ REFUSED: list[Row] = [
     ("create a Job", "POST", "/apis/batch/v1/namespaces/{team}/jobs", lambda s: suspended_job("made-up")),
     ("delete a Job", "DELETE", "/apis/batch/v1/namespaces/{team}/jobs/{job}", None),
     ("delete every Job", "DELETE", "/apis/batch/v1/namespaces/{team}/jobs", None),
-    ("write a Job's status", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{job}/status",
-     lambda s: {"status": {"succeeded": 2}}),
     ("create a pod", "POST", "/api/v1/namespaces/{team}/pods", lambda s: gated_pod("made-up")),
     ("delete a pod", "DELETE", "/api/v1/namespaces/{team}/pods/{pod}", None),
     ("delete every pod", "DELETE", "/api/v1/namespaces/{team}/pods", None),
@@ -579,6 +640,13 @@ PolicyRow = tuple[str, str, str, Any, str]
 # What RBAC lets through and the controller's admission policy refuses: (id, method, path template,
 # body builder, content type). {team}, {held}, {free}, {waiting}, {running}, {plain}: the setup's.
 POLICY_REFUSED: list[PolicyRow] = [
+    # RBAC lets it patch a Job's status to clear a start time (a Job queued again after its node was
+    # gone); anything else there is the policy's to refuse.
+    ("write a Job's status", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{waiting}/status",
+     lambda s: {"status": {"succeeded": 2}}, MERGE),
+    ("clear the start time of a running Job", "PATCH",
+     "/apis/batch/v1/namespaces/{team}/jobs/{running}/status",
+     lambda s: {"status": {"startTime": None}}, MERGE),
     ("change a held pod's image", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
      lambda s: {"spec": {"containers": [{"name": "main", "image": "registry.example.com/evil"}]}}, STRATEGIC),
     ("label a held pod", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",

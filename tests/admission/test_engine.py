@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from agent.admission.engine.model import (
+    NODE_POLICY,
     ClusterView,
     Gang,
     Node,
@@ -30,8 +31,9 @@ def node(name: str, zones: Sequence[tuple[int, int]] = (), *, mem: int = 64,
          labels: dict[str, str] | None = None, taints: tuple[Taint, ...] = (), unschedulable: bool = False,
          free_pods: int = 110,
          zone_gpus: Sequence[int] = (), gpu_free: tuple[int, ...] = (), cpus: int | None = None,
-         l3: int = 0) -> Node:
-    """A node whose zones are (free CPUs, capacity CPUs) with `mem` GiB each; totals add up."""
+         l3: int = 0, tm: str = "none") -> Node:
+    """A node whose zones are (free CPUs, capacity CPUs) with `mem` GiB each; totals add up; `tm`: its
+    kubelet's Topology Manager policy."""
     zs = tuple(Zone(numa=i, cpu_milli=f * 1000, cpu_capacity_milli=c * 1000, memory=mem * GI,
                     gpus=zone_gpus[i] if i < len(zone_gpus) else 0, l3_cpus=l3)
                for i, (f, c) in enumerate(zones))
@@ -39,7 +41,7 @@ def node(name: str, zones: Sequence[tuple[int, int]] = (), *, mem: int = 64,
     total = cpus if cpus is not None else sum(f for f, _ in zones)
     free = Resources(cpu_milli=total * 1000, memory=mem * GI * max(1, len(zones)), gpus=gpus)
     return Node(name=name, labels=labels or {}, taints=taints, unschedulable=unschedulable, free=free,
-                capacity=free, zones=zs, gpu_free_milli=gpu_free, free_pods=free_pods)
+                capacity=free, zones=zs, gpu_free_milli=gpu_free, free_pods=free_pods, topology_policy=tm)
 
 
 def pods(name: str, count: int, cpus: float = 0, *, mem: int = 1, policy: str = "single-numa-node",
@@ -172,6 +174,32 @@ ROWS = [
     Row("node totals bound a pod whose zone has room",
         (node("a", [(8, 8), (8, 8)], cpus=4),), (pods("w", 1, 8),),
         refusal=("never", "pod needs 8 CPUs on one node; most free on a node is 4 CPUs (node a)")),
+    # A pod set without a NUMA policy of its own (NODE_POLICY) is placed on each node as that node's
+    # kubelet Topology Manager would admit it.
+    Row("node policy: every node single-numa-node, the tightest zone as for the policy itself",
+        (node("a", [(16, 16), (10, 16)], tm="single-numa-node"), node("b", [(9, 16)], tm="single-numa-node")),
+        (pods("g", 1, 8, policy=NODE_POLICY),), placed=[("g", 0, "b", 0)]),
+    Row("node policy: every node none, node totals across zones",
+        (node("a", [(4, 8), (4, 8)]),), (pods("g", 1, 8, policy=NODE_POLICY),), placed=[("g", 0, "a", None)]),
+    Row("node policy: a single-numa-node node whose zones are split is skipped for a none node",
+        (node("s", [(4, 8), (4, 8)], tm="single-numa-node"), node("n", [(4, 8), (4, 8)])),
+        (pods("g", 1, 6, policy=NODE_POLICY),), placed=[("g", 0, "n", None)]),
+    Row("node policy: one gang, each pod by its node's rule",
+        (node("s", [(6, 8), (4, 8)], tm="single-numa-node"), node("n", [(4, 8), (4, 8)])),
+        (pods("g", 2, 6, policy=NODE_POLICY),), placed=[("g", 0, "n", None), ("g", 1, "s", 0)]),
+    Row("node policy: a none node never relaxes a single-numa-node one",
+        (node("s", [(4, 8), (4, 8)], tm="single-numa-node"), node("n", [(2, 8), (2, 8)])),
+        (pods("g", 1, 6, policy=NODE_POLICY),),
+        refusal=("not-now", "pod needs 6 CPUs in one NUMA zone; largest free zone has 4 CPUs (node s)")),
+    Row("node policy: restricted on a restricted node, none beside it",
+        (node("r", [(6, 8), (2, 8)], tm="restricted"), node("n", [(3, 8), (3, 8)])),
+        (pods("g", 2, 5, policy=NODE_POLICY),), placed=[("g", 0, "n", None), ("g", 1, "r", 0)]),
+    Row("node policy: a node without an NRT counts as none",
+        (node("plain", cpus=32), node("s", [(4, 8)], tm="single-numa-node")),
+        (pods("g", 1, 8, policy=NODE_POLICY),), placed=[("g", 0, "plain", None)]),
+    Row("a pod's own policy wins over its node's",
+        (node("s", [(4, 8), (4, 8)], tm="single-numa-node"),), (pods("g", 1, 6, policy="none"),),
+        placed=[("g", 0, "s", None)]),
 ]
 
 
@@ -193,7 +221,8 @@ def _emptied(n: Node) -> Node:
     zones = tuple(Zone(numa=z.numa, cpu_milli=z.cpu_capacity_milli, cpu_capacity_milli=z.cpu_capacity_milli,
                        memory=z.memory, gpus=z.gpus, l3_cpus=z.l3_cpus) for z in n.zones)
     return Node(name=n.name, labels=n.labels, taints=n.taints, free=n.capacity, capacity=n.capacity,
-                zones=zones, gpu_free_milli=tuple(1000 for _ in n.gpu_free_milli), free_pods=110)
+                zones=zones, gpu_free_milli=tuple(1000 for _ in n.gpu_free_milli), free_pods=110,
+                topology_policy=n.topology_policy)
 
 
 def test_without_empty_view_a_refusal_is_never_never() -> None:
@@ -334,9 +363,11 @@ def random_case(rng: random.Random) -> tuple[ClusterView, Gang]:
     for i in range(rng.randint(1, 6)):
         zones = [(rng.randint(0, c), c) for c in [rng.choice([4, 8, 16])] * rng.randint(1, 4)]
         nodes.append(node(f"n{i}", zones, mem=rng.choice([2, 8, 64]), free_pods=rng.randint(0, 6),
-                          labels={"rack": rng.choice(["a", "b"])}))
+                          labels={"rack": rng.choice(["a", "b"])},
+                          tm=rng.choice(["single-numa-node", "restricted", "none"])))
     sets = tuple(pods(f"s{k}", rng.randint(1, 4), rng.randint(1, 8), mem=rng.choice([1, 4]),
-                      policy=rng.choice(["single-numa-node", "single-numa-node", "restricted", "none"]),
+                      policy=rng.choice(["single-numa-node", "single-numa-node", "restricted", "none",
+                                         NODE_POLICY]),
                       colocate_label=rng.choice([None, None, "rack"]))
                  for k in range(rng.randint(1, 3)))
     return ClusterView(nodes=tuple(nodes)), Gang("g", sets)
@@ -362,7 +393,7 @@ def test_placements_never_overcommit_and_are_deterministic(seed: int) -> None:
         ps = sets[p.pod_set]
         cpu[p.node] = cpu.get(p.node, 0) + ps.requests.cpu_milli
         count[p.node] = count.get(p.node, 0) + 1
-        if ps.numa_policy == "single-numa-node":
+        if ps.policy_on(by_node[p.node]) == "single-numa-node":
             assert p.zone is not None
         if p.zone is not None:
             zone_cpu[(p.node, p.zone)] = zone_cpu.get((p.node, p.zone), 0) + ps.requests.cpu_milli

@@ -11,9 +11,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.admission.cluster.view import BadObject, guaranteed_policy, nrt_zones, pod_requests
+from agent.admission.cluster.view import BadObject, node_policy, nrt_zones, pod_requests
 from agent.admission.controller.loop import Controller, ControllerConfig
-from agent.admission.engine.model import ClusterView, Gang, Node, Placement, PodPlacement, PodSet, Resources
+from agent.admission.engine.model import (
+    NODE_POLICY,
+    ClusterView,
+    Gang,
+    Node,
+    Placement,
+    PodPlacement,
+    PodSet,
+    Resources,
+)
 from agent.admission.engine.place import place
 from agent.admission.gangs.job import MAX_GANG_PODS, JobSpecError, gang_from_job, priority_classes
 from agent.admission.gangs.record import (
@@ -210,16 +219,26 @@ def test_priority_comes_only_from_priority_classes() -> None:
     assert priority_classes([]) == ({}, 0)
 
 
-@pytest.mark.parametrize(("policies", "want"), [
+@pytest.mark.parametrize(("attributes", "want"), [
+    (None, "none"),  # no NRT
     ([], "none"),
-    (["single-numa-node"], "single-numa-node"),
-    (["single-numa-node", "none"], "single-numa-node"),  # one odd node never relaxes the others
-    (["best-effort", "restricted", "none"], "restricted"),
-    (["none", "bogus"], "none"),
+    ([{"name": "topologyManagerPolicy", "value": "single-numa-node"}], "single-numa-node"),
+    ([{"name": "topologyManagerScope", "value": "pod"},
+      {"name": "topologyManagerPolicy", "value": "restricted"}], "restricted"),
+    ([{"name": "topologyManagerPolicy", "value": "bogus"}], "none"),  # it concerns that node alone
+    ([{"name": "topologyManagerPolicy", "value": ["single-numa-node"]}], "none"),
+    ("²", "none"),
 ])
-def test_guaranteed_policy_is_the_strictest_any_node_reports(policies: list[str], want: str) -> None:
-    nrts = [{"attributes": [{"name": "topologyManagerPolicy", "value": p}]} for p in policies]
-    assert guaranteed_policy(nrts) == want
+def test_node_policy_is_each_nodes_own(attributes: object, want: str) -> None:
+    nrt = None if attributes is None else {"attributes": attributes}
+    assert node_policy(nrt) == want
+
+
+def test_a_guaranteed_gang_without_a_policy_takes_each_nodes() -> None:
+    pod_spec = {"containers": [{"name": "c", "resources": {"limits": {"cpu": "2", "memory": "1Gi"}}}]}
+    job = {"metadata": {"name": "j", "namespace": "t"},
+           "spec": {"parallelism": 1, "template": {"spec": pod_spec}}}
+    assert gang_from_job(job, {}).pod_sets[0].numa_policy == NODE_POLICY
 
 
 def test_pods_are_a_jobs_only_in_its_own_namespace() -> None:

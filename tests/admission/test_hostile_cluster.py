@@ -12,7 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.kube.client import KubeClient
+from agent.enforce.state import State
+from agent.kube.client import KubeClient, resource_path
+from agent.kube.nrt import nrt_object
 from tests.admission.test_controller import (
     DUMP,
     all_bound_as_recorded,
@@ -20,11 +22,12 @@ from tests.admission.test_controller import (
     events,
     gang_job,
     get_job,
+    job_pods,
     metric,
     record,
     scrape,
 )
-from tests.controlplane.cluster import Cluster
+from tests.controlplane.cluster import NRT_GROUP, NRT_PLURAL, NRT_VERSION, Cluster
 from tests.controlplane.harness import free_port
 from tests.kube.kubelet_standin import wait_for
 
@@ -151,4 +154,74 @@ def test_a_template_priority_never_jumps_the_queue(
     wait_for(lambda: (record(api, namespace, "first") or {}).get("result") == "admitted", "first admitted",
              timeout=150)
     assert record(api, namespace, "jumper") is None
+    proc.stop()
+
+
+def test_each_node_places_by_its_own_topology_policy(
+        cluster: Cluster, api: KubeClient, namespace: str, dump_root: Callable[[str], Path]) -> None:
+    """Finding 9: a Guaranteed gang that names no NUMA policy is placed on each node as that node's
+    kubelet Topology Manager would admit it.  Two nodes of four 16-CPU zones, whose NRTs report
+    single-numa-node and none; nine pods of 12 CPUs: four fit the single-numa-node node (one a zone),
+    five the none node (on its totals).  Before, the strictest policy any node reported held on both
+    (eight pods at most), and the gang was refused."""
+    tag = uuid.uuid4().hex[:8]
+    label = f"test.topolet.io/{tag}"
+    names: dict[str, str] = {}
+    for policy in ("single-numa-node", "none"):
+        node = cluster.add_node(f"policy-{tag}-{policy}", dump_root(DUMP), labels={label: "true"},
+                                agent=False)
+        uid = api.get(f"/api/v1/nodes/{node.name}")["metadata"]["uid"]
+        api.create(resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL),
+                   nrt_object((node.name, uid), node.topology, State(), topology_manager_policy=policy))
+        names[policy] = node.name
+    proc = cluster.start_controller("--resync-seconds", "2")
+    gang = gang_job("gang", 9, label)
+    del gang["spec"]["template"]["metadata"]["annotations"]["topolet.io/numa-policy"]
+    create(api, namespace, gang)
+
+    def bound() -> bool:
+        rec = record(api, namespace, "gang") or {}
+        pods = job_pods(api, namespace, "gang")
+        return rec.get("result") == "admitted" and len(pods) == 9 and all(
+            p["spec"].get("nodeName") == rec["placement"][p["metadata"]["annotations"][
+                "batch.kubernetes.io/job-completion-index"]]["node"] for p in pods)
+
+    wait_for(bound, "the gang admitted and bound", timeout=90)
+    slots = (record(api, namespace, "gang") or {})["placement"].values()
+    single = [s.get("zone") for s in slots if s["node"] == names["single-numa-node"]]
+    spread = [s.get("zone") for s in slots if s["node"] == names["none"]]
+    assert sorted(single) == [0, 1, 2, 3], slots  # one pod a zone: each fits one zone
+    assert spread == [None] * 5, slots  # node totals: no zone
+    proc.stop()
+
+
+def test_a_gang_whose_node_is_gone_before_its_pods_bind_is_placed_again(
+        cluster: Cluster, api: KubeClient, namespace: str, dump_root: Callable[[str], Path]) -> None:
+    """Finding 9c: a gang admitted over two of three nodes (five single-numa-node pods of 12 CPUs, its
+    pods gated: the controller is killed right after its decision), then one of those Nodes deleted
+    before any pod is bound.  The restarted controller suspends the Job as it removes the record,
+    clears its start time and our template fields, and admits it afresh on the nodes there are;
+    before, the gang waited for a node that never came back."""
+    tag = uuid.uuid4().hex[:8]
+    label = f"test.topolet.io/{tag}"
+    names = [cluster.add_node(f"lost-{tag}-{i}", dump_root(DUMP), labels={label: "true"}).name
+             for i in range(3)]
+    for name in names:
+        wait_for(lambda n=name: cluster.nrt(n), f"the NRT of {name}")
+    crashing = cluster.start_controller("--resync-seconds", "2", "--crash-at", "after-decision")
+    create(api, namespace, gang_job("g", 5, label, indexed=False))
+    wait_for(lambda: crashing.popen.poll() is not None, "the controller to kill itself after its decision")
+    first = record(api, namespace, "g") or {}
+    assert first.get("result") == "admitted"
+    gone = first["placement"]["0"]["node"]
+    assert not any(p["spec"].get("nodeName") for p in job_pods(api, namespace, "g"))
+    cluster.remove_node(gone)
+
+    proc = cluster.start_controller("--resync-seconds", "2")
+    wait_for(lambda: "NodeGone" in events(api, namespace, "g"), "the Job queued again (NodeGone)", timeout=60)
+    wait_for(lambda: all_bound_as_recorded(api, namespace, "g", 5), "the gang admitted again and bound",
+             timeout=150)
+    again = record(api, namespace, "g") or {}
+    assert again["decision"] != first["decision"]
+    assert gone not in {p["node"] for p in again["placement"].values()}
     proc.stop()

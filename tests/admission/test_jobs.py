@@ -27,12 +27,17 @@ from agent.admission.gangs.record import (
     record_of,
 )
 from agent.admission.gangs.slots import assign_slots
+from agent.admission.jobs.jobread import gone_nodes
 from agent.admission.jobs.patches import (
     BY_INDEX_LABEL,
     decision_patch,
+    job_started,
+    lost_patch,
     pod_patch,
     requeue_patch,
+    restart_patch,
     still_undecided,
+    unpin_patch,
 )
 
 GI = 1 << 30
@@ -388,3 +393,66 @@ def test_a_tenants_own_placements_never_survive_the_decision(slots: dict[int, Sl
 def test_requeue_patch_removes_the_record_under_the_version_read() -> None:
     assert requeue_patch(_job()) == {"metadata": {"resourceVersion": "7",
                                                   "annotations": {ADMISSION_ANNOTATION: None}}}
+
+
+def _merged(obj: Any, patch: Any) -> Any:
+    """`obj` with the JSON merge patch `patch` applied (RFC 7386)."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(obj) if isinstance(obj, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merged(out.get(k), v)
+    return out
+
+
+@pytest.mark.parametrize(("what", "slots", "indexed", "pod_spec"), [
+    ("one node, the template pinned", {0: SlotPlacement("gone", 0), 1: SlotPlacement("gone", 1)}, True, {}),
+    ("one node, one zone, no index", {0: SlotPlacement("gone", 2), 1: SlotPlacement("gone", 2)}, False, {}),
+    ("two nodes, gated, the placements", {0: SlotPlacement("gone", 0), 1: SlotPlacement("here", 1)}, True,
+     {}),
+    ("one node, an affinity of the tenant's own kept", {0: SlotPlacement("gone", 0)}, False,
+     {"affinity": {"podAntiAffinity": {}}}),
+])
+def test_a_job_queued_again_after_its_node_was_gone_gets_its_template_back(
+        what: str, slots: dict[int, SlotPlacement], indexed: bool, pod_spec: dict[str, Any]) -> None:
+    """lost_patch, then (the Job controller's start time cleared: restart_patch) unpin_patch: the
+    template is the one the Job was queued with, and nothing is left to unpin."""
+    queued = _job(indexed=indexed, completions=len(slots) if indexed else None, pod_spec=pod_spec,
+                  template_annotations={"user": "kept"})
+    queued["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "a"}
+    record = AdmissionRecord("admitted", "d-1", "2026-12-01T00:00:00Z", slots)
+    admitted = _merged(queued, decision_patch(queued, record))
+    admitted["status"] = {"startTime": "2026-12-01T00:00:01Z", "active": 2}
+    assert gone_nodes(admitted, record, {"here"}, [{"spec": {}}]) == ["gone"]
+    assert gone_nodes(admitted, record, {"here"}, [{"spec": {"nodeName": "gone"}}]) == []  # bound: it runs
+    assert gone_nodes({"status": {"failed": 1}}, record, {"here"}, []) == []  # it ran
+    assert gone_nodes(admitted, record, {"here", "gone"}, []) == []
+
+    lost = lost_patch(admitted)
+    assert lost == {"metadata": {"resourceVersion": "7", "annotations": {ADMISSION_ANNOTATION: None}},
+                    "spec": {"suspend": True}}
+    suspended = _merged(admitted, lost)
+    assert job_started(suspended)
+    assert restart_patch(suspended) == {"metadata": {"resourceVersion": "7"}, "status": {"startTime": None}}
+    restarted = _merged(suspended, restart_patch(suspended))
+    assert not job_started(restarted)
+    body = unpin_patch(restarted, {"here"})
+    assert body is not None and set(body) == {"metadata", "spec"} and set(body["spec"]) == {"template"}
+    unpinned = _merged(restarted, body)
+    template = unpinned["spec"]["template"]
+    want = queued["spec"]["template"]
+    assert {k: v for k, v in template["spec"].items() if v not in ({}, [])} == \
+        {k: v for k, v in want["spec"].items() if v not in ({}, [])}
+    assert template["metadata"].get("annotations") == {"user": "kept"}
+    assert not template["metadata"].get("labels")
+    assert unpin_patch(unpinned, {"here"}) is None
+
+
+def test_unpin_keeps_a_node_selector_on_a_node_that_is_there() -> None:
+    job = _job(pod_spec={"nodeSelector": {HOSTNAME_LABEL: "here"}})
+    assert unpin_patch(job, {"here"}) is None
+    assert unpin_patch(job, set()) == {"metadata": {"resourceVersion": "7"}, "spec": {"template": {
+        "spec": {"nodeSelector": {HOSTNAME_LABEL: None}}}}}

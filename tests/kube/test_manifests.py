@@ -57,6 +57,8 @@ CONFINED = [(AGENT_SA, "topolet-agent-own-node", set()),
 _READ = ("get", "list", "watch")
 CONTROLLER_GRANTS: frozenset[tuple[str, str, str, str, str]] = frozenset({
     *(("*", "batch", "jobs", v, "") for v in (*_READ, "patch")),
+    # A Job queued again after its node was gone: its status.startTime cleared (admission-policy.yaml).
+    ("*", "batch", "jobs/status", "patch", ""),
     *(("*", "", "pods", v, "") for v in (*_READ, "patch")),
     *(("*", "", "nodes", v, "") for v in _READ),
     *(("*", "topology.node.k8s.io", "noderesourcetopologies", v, "") for v in _READ),

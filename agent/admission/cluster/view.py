@@ -9,8 +9,7 @@ Public API:
   with `Ledger.settle`; the view itself does not depend on the clock.
 - `pod_requests(pod) -> Resources | None`: what a pod asks of its node, counted as the scheduler
   does (None when its requests are malformed).
-- `guaranteed_policy(nrts) -> str`: the NUMA policy for Guaranteed whole-CPU pods that name none: the
-  strictest Topology Manager policy the nodes' NRTs report.
+- `node_policy(nrt) -> str`: a node's kubelet Topology Manager policy as its NRT reports it.
 - `nrt_zones(nrt)`, `node_allocatable(node)`: an NRT's zones and a Node's allocatable, as the view
   reads them (BadObject when they cannot be read); `build_view` takes caches of them.
 
@@ -24,7 +23,8 @@ What each node's figures are:
   memory, `hugepages-*`, `nvidia.com/gpu`, `nvidia.com/mig-*`; `cpu_capacity_milli` from the zone's
   cpu `allocatable`; less the ledger entries counted on that zone.  A node without an NRT has no
   zones (it takes only best-effort/none pods).
-- `labels`, `spec.taints`, `spec.unschedulable`; `gpu_model` from `nvidia.com/gpu.product`.
+- `labels`, `spec.taints`, `spec.unschedulable`; `gpu_model` from `nvidia.com/gpu.product`;
+  `topology_policy` from the NRT's `topologyManagerPolicy` attribute (`node_policy`).
 
 A bound pod whose requests cannot be read counts as a pod that requests nothing
 (`agent.admission.cluster.podindex.NodeUse`): it costs only itself, never its node.
@@ -46,7 +46,7 @@ from typing import Any
 
 from agent.admission.cluster.ledger import Entry, Ledger, SlotOf, agent_pins, job_slot
 from agent.admission.cluster.podindex import NodeUse, PodIndex
-from agent.admission.engine.model import ClusterView, Node, Resources, Taint, Zone
+from agent.admission.engine.model import NUMA_POLICIES, ClusterView, Node, Resources, Taint, Zone
 from agent.kube.nrt import ZONE_TYPE
 from agent.kube.objects import as_list, as_mapping
 from agent.kube.pods import parse_quantity
@@ -358,11 +358,13 @@ def _node_views(obj: Mapping[str, Any], name: str, meta: Mapping[str, Any], topo
         a.add(e.request, -1)
         a.pods -= 1
     taints, unschedulable = _taints(spec), bool(spec.get("unschedulable"))
-    gpu_model = labels.get(GPU_PRODUCT_LABEL, "")
+    gpu_model, policy = labels.get(GPU_PRODUCT_LABEL, ""), node_policy(topo)
     return (Node(name=name, labels=labels, taints=taints, unschedulable=unschedulable, free=a.resources(),
-                 capacity=alloc, zones=zones, gpu_model=gpu_model, free_pods=max(0, a.pods)),
+                 capacity=alloc, zones=zones, gpu_model=gpu_model, free_pods=max(0, a.pods),
+                 topology_policy=policy),
             Node(name=name, labels=labels, taints=taints, unschedulable=unschedulable, free=alloc,
-                 capacity=alloc, zones=zones_empty, gpu_model=gpu_model, free_pods=max_pods))
+                 capacity=alloc, zones=zones_empty, gpu_model=gpu_model, free_pods=max_pods,
+                 topology_policy=policy))
 
 
 def _zone_after(zone: Zone, on_zone: list[Entry]) -> Zone:
@@ -372,20 +374,16 @@ def _zone_after(zone: Zone, on_zone: list[Entry]) -> Zone:
     return zone
 
 
-# Topology Manager policies, strictest first: a pod placed for a stricter one suits a laxer one too.
-TOPOLOGY_POLICIES = ("single-numa-node", "restricted", "best-effort", "none")
 TOPOLOGY_POLICY_ATTRIBUTE = "topologyManagerPolicy"
 
 
-def guaranteed_policy(nrts: Iterable[Mapping[str, Any]]) -> str:
-    """The NUMA policy for Guaranteed whole-CPU pods without one of their own: the strictest
-    Topology Manager policy any node's NRT reports, so a gang placed for it is admitted by every
-    node's kubelet; "none" when no NRT says.  One node reporting an unknown value counts as none:
-    it can never relax the others."""
-    seen = set()
-    for nrt in nrts:
-        for attr in as_list(nrt.get("attributes")):
-            attr = as_mapping(attr)
-            if attr.get("name") == TOPOLOGY_POLICY_ATTRIBUTE and attr.get("value") in TOPOLOGY_POLICIES:
-                seen.add(attr["value"])
-    return next((p for p in TOPOLOGY_POLICIES if p in seen), "none")
+def node_policy(nrt: Mapping[str, Any] | None) -> str:
+    """The node's kubelet Topology Manager policy as its NRT reports it (`Node.topology_policy`, which
+    pods that name no NUMA policy are placed for on that node); "none" without an NRT, without the
+    attribute or with a value the engine does not know (a node's report only ever concerns itself)."""
+    for attr in as_list(as_mapping(nrt).get("attributes")):
+        attr = as_mapping(attr)
+        if attr.get("name") == TOPOLOGY_POLICY_ATTRIBUTE:
+            value = attr.get("value")
+            return value if isinstance(value, str) and value in NUMA_POLICIES else "none"
+    return "none"

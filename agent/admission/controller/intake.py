@@ -4,9 +4,11 @@ costs only itself.
 Public API:
 
 - `JobIntake(reader, writes, metrics)`:
-  - `.sort(jobs, priorities, policy) -> Sorted`: each queued Job into the admitted ones that hold
-    their slots, or a pending gang, or a Warning Event saying why it is neither (`writes.invalid`,
-    which counts `topolet_admission_invalid_objects_total{kind="Job"}` once per Job version).
+  - `.sort(jobs, priorities, nodes) -> Sorted`: each queued Job into the admitted ones that hold
+    their slots, or a pending gang (one queued again after its node was gone, `nodes` being the
+    Nodes there are, first has its start time and our template fields cleared: `JobWrites.unpin`),
+    or a Warning Event saying why it is neither (`writes.invalid`, which counts
+    `topolet_admission_invalid_objects_total{kind="Job"}` once per Job version).
     Whatever a Job holds, an error reading it (one no reader names too) skips that Job alone.
   - `.unreadable(job, exc)`: the same for a Job a later step of the pass failed on.
   - `.requests_of(job)`: one pod's requests of an admitted Job, for the ledger (none, and an
@@ -28,6 +30,7 @@ from agent.admission.engine.model import Resources
 from agent.admission.gangs.job import JobSpecError, gang_from_job, gang_requests
 from agent.admission.gangs.record import AdmissionRecord
 from agent.admission.jobs.jobread import JobRead, JobReader
+from agent.admission.jobs.patches import job_started, unpin_patch
 from agent.admission.jobs.queues import Pending
 from agent.admission.report.metrics import AdmissionMetrics
 from agent.kube.leader import NotLeader
@@ -57,17 +60,17 @@ class JobIntake:
         self._told_pods: set[tuple[str, str]] = set()  # unreadable pod versions already counted
 
     def sort(self, jobs: Iterable[dict[str, Any]], priorities: tuple[Mapping[str, int], int],
-             policy: str) -> Sorted:
+             nodes: frozenset[str]) -> Sorted:
         out = Sorted()
         for job in jobs:
             try:
-                self._sort_one(job, priorities, policy, out)
+                self._sort_one(job, priorities, nodes, out)
             except Exception as exc:  # noqa: BLE001 - whatever a tenant wrote, the pass goes on
                 self.unreadable(job, exc)
         return out
 
-    def _sort_one(self, job: dict[str, Any], priorities: tuple[Mapping[str, int], int], policy: str,
-                  out: Sorted) -> None:
+    def _sort_one(self, job: dict[str, Any], priorities: tuple[Mapping[str, int], int],
+                  nodes: frozenset[str], out: Sorted) -> None:
         read = self.reader.read(job)
         if read.queue is None:
             return
@@ -78,12 +81,19 @@ class JobIntake:
             if read.record.result == "admitted" and not read.finished and self.writes.holds(job, read):
                 out.admitted.append((job, read, read.record))
             return
+        if read.suspended and (job_started(job) or unpin_patch(job, nodes) is not None):
+            # Queued again after its node was gone: made decidable first, one write a pass, once the
+            # Job controller has removed its pods (the API server refuses the template change before).
+            if not as_dict(job.get("status")).get("active"):
+                self.writes.check_leader()
+                self.writes.submit(self.writes.unpin, job, nodes)
+            return
         if not read.suspended:
             self.writes.invalid(job, "NotSuspended",
                                 "a queued Job must be created with spec.suspend: true; left alone")
             return
         try:
-            gang = gang_from_job(job, priorities[0], policy, priorities[1])
+            gang = gang_from_job(job, priorities[0], default_priority=priorities[1])
         except JobSpecError as exc:
             self.writes.invalid(job, "InvalidJob", str(exc))
             return

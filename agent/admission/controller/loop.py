@@ -76,7 +76,6 @@ from typing import Any
 from agent.admission.cluster.capacity import Capacity
 from agent.admission.cluster.heap import Heap
 from agent.admission.cluster.store import Reflector
-from agent.admission.cluster.view import guaranteed_policy
 from agent.admission.controller.intake import JobIntake
 from agent.admission.controller.writes import JobWrites, crash_point
 from agent.admission.engine.model import ClusterView, Gang, Placement, Refusal
@@ -91,7 +90,7 @@ from agent.admission.gangs.job import (
 )
 from agent.admission.gangs.record import AdmissionRecord, record_too_long
 from agent.admission.gangs.slots import pod_gated, pods_by_owner
-from agent.admission.jobs.jobread import JobRead, JobReader
+from agent.admission.jobs.jobread import JobRead, JobReader, gone_nodes
 from agent.admission.jobs.queues import Blocked, admission_pass
 from agent.admission.kueue.check import KueueCheck
 from agent.admission.report.metrics import AdmissionMetrics
@@ -145,8 +144,7 @@ class Controller:
         self.kueue: KueueCheck | None = None
         if config.kueue:
             self.kueue = KueueCheck(kube, self.changed, metrics, self.writes.submit, self.writes.check_leader,
-                                    clock, lambda: guaranteed_policy(self.nrts.snapshot()), crash_point,
-                                    self.identity)
+                                    clock, crash_point, self.identity)
             self.reflectors += self.kueue.reflectors
         self.capacity = Capacity(self.nodes, self.nrts, metrics, config.ledger_timeout_seconds, clock)
         self._pod_slots: dict[str, tuple[str, str]] = {}  # pod uid -> (Job key, slot), this pass
@@ -235,8 +233,8 @@ class Controller:
         all_jobs = sorted(self.jobs.snapshot(), key=object_key)
         pods = self.pods.snapshot()
         by_owner = pods_by_owner(pods)
-        policy = guaranteed_policy(self.nrts.snapshot())  # once a pass: it reads every NRT
-        jobs = self.intake.sort(all_jobs, priority_classes(self.priorities.snapshot()), policy)
+        nodes = frozenset(str(metadata_of(n).get("name")) for n in self.nodes.snapshot())
+        jobs = self.intake.sort(all_jobs, priority_classes(self.priorities.snapshot()), nodes)
         admitted, pending, jobs_by_key = jobs.admitted, jobs.pending, jobs.by_key
 
         # With no gang to decide, a pass only hands gated pods their slots: rebuilding the whole view
@@ -249,7 +247,7 @@ class Controller:
         self._pod_slots = dict(kueue.pod_slots) if kueue is not None else {}
         for job, read, record in admitted:
             try:
-                held = self._finish_admitted(job, read, record, by_owner.get(_owner(job), []),
+                held = self._finish_admitted(job, read, record, by_owner.get(_owner(job), []), nodes,
                                              slots_needed=build)
             except Exception as exc:  # noqa: BLE001 - one Job's pods cost only that Job
                 self.intake.unreadable(job, exc)
@@ -330,11 +328,18 @@ class Controller:
         self.metrics.last_pass.set(self.clock())
 
     def _finish_admitted(self, job: dict[str, Any], read: JobRead, record: AdmissionRecord,
-                         pods: Sequence[Mapping[str, Any]], slots_needed: bool = True) -> Mapping[str, int]:
+                         pods: Sequence[Mapping[str, Any]], nodes: frozenset[str],
+                         slots_needed: bool = True) -> Mapping[str, int]:
         """Give an admitted Job's gated pods their slots.  Returns the slot each of its live pods holds
         (pod uid -> slot); with `slots_needed` False (no view is built this pass) an empty map when no
-        pod of the Job is gated, as it need not be worked out."""
+        pod of the Job is gated, as it need not be worked out.  A Job whose record names a node that is
+        gone (not among `nodes`) before any of its pods is bound is queued again instead."""
         if not slots_needed and not any(pod_gated(p) for p in pods):
+            return {}
+        gone = gone_nodes(job, record, nodes, pods)
+        if gone:
+            self.writes.check_leader()
+            self.writes.submit(self.writes.requeue_lost, job, gone)
             return {}
         assignment = self.reader.slots(read, pods)
         for pod, slot in assignment.place:

@@ -9,8 +9,9 @@ Public API:
     waits for every one of this pass and re-raises the first failure (NotLeader included).
   - The Job writes it runs: `.admit(job, placement) -> bool` (the record, with the Job's shape, the
     pinned or gated template and the unsuspend in one patch), `.reject(job, reason) -> bool`,
-    `.requeue(job, why)` (a record not trusted removed from a suspended Job); each True only when it
-    landed.
+    `.requeue(job, why)` (a record not trusted removed from a suspended Job), `.requeue_lost(job,
+    gone)` (an admitted Job whose node is gone suspended, its record removed) and `.unpin(job, nodes)`
+    (such a Job's start time cleared, then its template restored); each True only when it landed.
   - `.place(pod, slot, place)`: pin a gated pod to its slot on the pod pool, unless its patch is still in
     flight; these outlive the pass, and `.reap()` forgets finished ones and re-raises their failure at
     the start of the next.
@@ -51,10 +52,14 @@ from agent.admission.jobs.jobread import JobRead
 from agent.admission.jobs.patches import (
     MERGE_PATCH,
     decision_patch,
+    job_started,
+    lost_patch,
     pod_patch,
     reject_patch,
     requeue_patch,
+    restart_patch,
     still_undecided,
+    unpin_patch,
 )
 from agent.admission.report.events import ObjectEvents, timestamp
 from agent.admission.report.metrics import AdmissionMetrics
@@ -231,6 +236,30 @@ class JobWrites:
         self.events.record(out, "Warning", "UntrustedAdmissionRecord",
                            f"{why}: the record was removed and the Job is queued again")
         return True
+
+    def requeue_lost(self, job: dict[str, Any], gone: list[str]) -> bool:
+        """Suspend an admitted Job whose pods cannot be placed, its record naming nodes that are gone,
+        and remove the record (`lost_patch`); a Warning Event says so."""
+        out = self._patch(self.jobs, _job_path(job), lost_patch(job),
+                          f"queue Job {namespaced_name(job)} again (its node is gone)")
+        if out is None:
+            return False
+        self.events.record(out, "Warning", "NodeGone",
+                           f"node {', '.join(gone[:8])} of its admission is gone before its pods were "
+                           "bound: the Job is suspended and queued again")
+        return True
+
+    def unpin(self, job: dict[str, Any], nodes: frozenset[str]) -> bool:
+        """Make a Job queued again (after `requeue_lost`) decidable: clear its start time, then remove
+        what our earlier decision left in its template (one write a pass)."""
+        if job_started(job):
+            out = self._patch(self.jobs, _job_path(job) + "/status", restart_patch(job),
+                              f"clear the start time of Job {namespaced_name(job)}")
+        else:
+            body = unpin_patch(job, nodes)
+            out = None if body is None else self._patch(
+                self.jobs, _job_path(job), body, f"restore the template of Job {namespaced_name(job)}")
+        return out is not None
 
     def reject(self, job: dict[str, Any], reason: str) -> bool:
         record = AdmissionRecord("rejected", uuid.uuid4().hex, timestamp(self.clock()), reason=reason)

@@ -20,7 +20,9 @@ A choice's cost is the GPU score plus the share of the zone left over plus one p
 Candidates come from the index's zones sorted by free CPU (bisected at the request), so a pod
 compares the `WINDOW` tightest zones that hold it (plus the nodes the attempt already changed)
 instead of every node.  A restricted pod takes the fewest zones an empty node would need, tightest
-first.  GPU scoring uses `agent.admission.engine.fragmentation` when it is importable, else best fit.
+first.  A pod set of NODE_POLICY takes each node's policy (`search` gives it the one policy when every
+node reports the same); across nodes of several policies it compares nodes, not zones.  GPU scoring
+uses `agent.admission.engine.fragmentation` when it is importable, else best fit.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.admission.engine.filters import filter_reason, untolerated
-from agent.admission.engine.model import Node, PodSet, Resources
+from agent.admission.engine.model import NODE_POLICY, Node, PodSet, Resources
 from agent.admission.engine.viewindex import WHOLE_GPU, Index, NodeState, minus, node_holds, zone_holds
 
 # How many feasible candidates a pod compares before choosing (the index yields them tightest first).
@@ -110,7 +112,10 @@ class Work:
             node = self.ix.nodes[i]
             if not (node.taints or node.unschedulable or ps.node_selector or ps.required_affinity):
                 # the common case, without building a reason
-                return bool(node.zones) or ps.numa_policy not in ("single-numa-node", "restricted"), 0
+                policy = ps.numa_policy
+                if policy == NODE_POLICY:
+                    policy = node.topology_policy
+                return bool(node.zones) or policy not in ("single-numa-node", "restricted"), 0
             hit = (filter_reason(node, ps) is None,
                    untolerated(node, ps.tolerations)[1] if node.taints else 0)
             self.eligible[k] = hit
@@ -217,6 +222,8 @@ class Work:
                 return []
             gpu = scored
         policy = ps.numa_policy
+        if policy == NODE_POLICY:
+            policy = self.ix.nodes[i].topology_policy
         if policy == "single-numa-node":
             return [self._zone_choice(ps, i, s, p, soft, gpu)
                     for p in range(len(s.zcpu)) if zone_holds(s, p, r)]

@@ -10,7 +10,7 @@ Public API:
 The rules are the scheduler's: a toleration with no effect matches every effect, `Exists` with no key
 tolerates every taint; a node passes the required node affinity when every requirement of one of its
 terms matches (`In`, `NotIn`, `Exists`, `DoesNotExist`, and `Gt`/`Lt` on integer values).
-single-numa-node and restricted pods need a node with NUMA zones.
+single-numa-node and restricted pods (by `PodSet.policy_on` the node) need a node with NUMA zones.
 """
 
 from __future__ import annotations
@@ -72,6 +72,6 @@ def filter_reason(node: Node, ps: PodSet) -> str | None:
     if ps.required_affinity and not any(
             all(_matches(req, node.labels) for req in term) for term in ps.required_affinity):
         return "node affinity"
-    if ps.numa_policy in ("single-numa-node", "restricted") and not node.zones:
+    if not node.zones and ps.policy_on(node) in ("single-numa-node", "restricted"):
         return "no NUMA zones (no NodeResourceTopology)"
     return None

@@ -20,6 +20,10 @@ NUMA_POLICIES = ("single-numa-node", "restricted", "best-effort", "none")
 """A pod set's NUMA policy, the kubelet Topology Manager's names: single-numa-node must fit one zone;
 restricted must fit the fewest zones an empty node would use; best-effort and none fit node totals."""
 
+NODE_POLICY = "node"
+"""A pod set's NUMA policy when it names none of its own: on each node, that node's kubelet Topology
+Manager policy (`Node.topology_policy`), as the node's kubelet would admit it (`PodSet.policy_on`)."""
+
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 _EMPTY: Mapping[str, int] = MappingProxyType({})
@@ -100,7 +104,9 @@ class Node:
     zones: its NUMA zones (empty when the node publishes no NRT: such a node takes only pods whose
     policy is best-effort or none);
     gpu_free_milli: per physical GPU, the thousandths still free for sharing (1000 = whole GPU free);
-    free_pods: how many more pods the node admits (allocatable pods less bound pods).
+    free_pods: how many more pods the node admits (allocatable pods less bound pods);
+    topology_policy: its kubelet's Topology Manager policy (one of NUMA_POLICIES), which pod sets
+    of policy NODE_POLICY are placed for on this node.
     """
 
     name: str
@@ -113,6 +119,7 @@ class Node:
     gpu_free_milli: tuple[int, ...] = ()
     gpu_model: str = ""
     free_pods: int = 110
+    topology_policy: str = "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +147,8 @@ class PodSet:
     """`count` identical pods of one gang.
 
     colocate_label: when set, every pod of the set (and of every other set of the gang that names the
-    same label) lands on nodes that share one value of that label (a rack or a block).
+    same label) lands on nodes that share one value of that label (a rack or a block);
+    numa_policy: one of NUMA_POLICIES, or NODE_POLICY (each node's own).
     """
 
     name: str
@@ -151,6 +159,10 @@ class PodSet:
     required_affinity: tuple[tuple[NodeSelectorRequirement, ...], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     colocate_label: str | None = None
+
+    def policy_on(self, node: Node) -> str:
+        """The NUMA policy its pods are placed for on `node`: its own, else the node's."""
+        return node.topology_policy if self.numa_policy == NODE_POLICY else self.numa_policy
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,8 @@ affinity, it admits one more pod, and its node-level free resources hold the req
   (`commit` chooses those zones again on the state it counts: the same number of zones, possibly
   other ones than `place` counted, which only the NRT settles).
 - `best-effort` / `none`: node totals only, zone None.  Nodes without zones take only these.
+- `node` (`model.NODE_POLICY`, a pod that names no policy): on each node, that node's kubelet
+  Topology Manager policy (`Node.topology_policy`), one of the above.
 - GPUs: a shared-GPU pod (`gpu_milli`) takes one physical GPU of `Node.gpu_free_milli` (its
   `gpu_index`); whole GPUs come from the zone for single-numa-node, else from the node's whole free
   GPUs (the first entries at 1000, as `agent.admission.engine.fragmentation.taken` counts them).
@@ -126,7 +128,7 @@ def _recount(work: Work, ps: PodSet, i: int, node: Node, pod: PodPlacement) -> C
     if pod.zone is not None:
         p = next(k for k, z in enumerate(node.zones) if z.numa == pod.zone)
         return Choice((), i, (p,), (r.cpu_milli,), pod.gpu_index, 0.0)
-    if ps.numa_policy == "restricted" and node.zones:
+    if ps.policy_on(node) == "restricted" and node.zones:
         c = work.restricted(ps, i, s, 0, (0.0, pod.gpu_index))
         if c is not None:
             return c

@@ -5,8 +5,8 @@ Public API:
 - `explain(work, pod_set, allowed) -> str`: the binding constraint on the nodes `allowed` (None: all)
   as `work` sees them, checked in order: the node filters, room for another pod, each node-level
   resource ("pod needs 16 CPUs on one node; most free on a node is 12 CPUs (node n3)"), then for
-  single-numa-node and restricted pods each zone-level one ("pod needs 16 CPUs in one NUMA zone;
-  largest free zone has 12 CPUs (node n3)"), then the GPUs;
+  single-numa-node and restricted pods (on every node left, by `PodSet.policy_on`) each zone-level
+  one ("pod needs 16 CPUs in one NUMA zone; largest free zone has 12 CPUs (node n3)"), then the GPUs;
 - `cpus(millicores) -> str`: a CPU amount as these texts write it ("1 CPU", "16 CPUs", "0.5 CPUs").
 
 This is the slow path of a refusal: it runs only once the search has found no place.
@@ -88,7 +88,8 @@ def explain(work: Work, ps: PodSet, allowed: tuple[int, ...] | None) -> str:
     live = [i for i in live if node_holds(work.state(i), r)]
     if not live:
         return "no node holds the pod's CPU, memory and devices together"
-    if ps.numa_policy in ("single-numa-node", "restricted"):
+    policies = {ps.policy_on(names[i]) for i in live}
+    if policies <= {"single-numa-node", "restricted"}:
         zone_checks: list[tuple[str, Callable[[NodeState, int], int], int, Callable[[int], str]]] = [
             ("", lambda s, p: s.zcpu[p], r.cpu_milli, cpus),
             (" memory", lambda s, p: s.zmem[p], r.memory, _bytes),
@@ -98,7 +99,7 @@ def explain(work: Work, ps: PodSet, allowed: tuple[int, ...] | None) -> str:
                         for k, v in sorted(r.hugepages.items())]
         zone_checks += [(f" {k}", _zone_map(k, "zmig"), v, str)
                         for k, v in sorted(r.mig.items())]
-        single = ps.numa_policy == "single-numa-node"
+        single = policies == {"single-numa-node"}
         where = "in one NUMA zone" if single else "in the fewest NUMA zones an empty node needs"
         for what, zget, want, fmt in zone_checks:
             if want <= 0 or not single:

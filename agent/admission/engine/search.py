@@ -13,15 +13,18 @@ without GPUs or colocation only).  A pod set with `colocate_label` is placed wit
 (domain) of that label: domains whose totals cannot hold the gang are skipped, the rest are tried
 least free first (best fit at the domain level) until four placed it or 64 were tried, and the
 best-scored placement wins.  Each pod compares a few dozen candidates however large the cluster.
+Pod sets of NODE_POLICY take the nodes' one policy when all report the same; across several, each
+node's (the one-node shortcut and the domains' zone check then leave them out).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 
 from agent.admission.engine.candidates import WINDOW, Choice, Work
-from agent.admission.engine.model import Gang, PodSet, Resources
+from agent.admission.engine.model import NODE_POLICY, Gang, PodSet, Resources
 from agent.admission.engine.refusals import cpus, explain
 from agent.admission.engine.viewindex import WHOLE_GPU, Index, NodeState
 
@@ -200,9 +203,20 @@ def _domain_choices(ix: Index, gang: Gang) -> tuple[list[str], list[_Domains], s
     return labels, per_label, ""
 
 
+def _node_policy_resolved(ix: Index, gang: Gang) -> Gang:
+    """`gang` with its NODE_POLICY pod sets given the nodes' policy when every node reports the same
+    one, so they take the same paths (zones bisected, one node) as pod sets that name it."""
+    if len(ix.policies) != 1 or all(ps.numa_policy != NODE_POLICY for ps in gang.pod_sets):
+        return gang
+    (policy,) = ix.policies
+    return replace(gang, pod_sets=tuple(replace(ps, numa_policy=policy) if ps.numa_policy == NODE_POLICY
+                                        else ps for ps in gang.pod_sets))
+
+
 def attempt(ix: Index, mix: tuple[tuple[Resources, float], ...], gang: Gang,
              models: tuple[frozenset[str] | None, ...] = (),
              ) -> tuple[list[tuple[PodSet, int, Choice]] | None, str]:
+    gang = _node_policy_resolved(ix, gang)
     labels, per_label, why_none = _domain_choices(ix, gang)
     if why_none:
         return None, why_none

@@ -8,8 +8,9 @@ Public API:
   more pod, CPU, memory, hugepages, MIG, whole GPUs, a GPU share) or one zone hold a request;
   `minus(have, want)`: a resource map less a request;
 - `Index`: a view's nodes and their states, its zones and nodes sorted by free CPU (so a search
-  bisects at the request), the GPU nodes, and memos the search fills (`kmin`, `dead`,
-  `cpu_per_gpu`) that stay true while the index lives because its states only shrink;
+  bisects at the request), the GPU nodes, the nodes' Topology Manager policies, and memos the search
+  fills (`kmin`, `dead`, `cpu_per_gpu`) that stay true while the index lives because its states only
+  shrink;
 - `index_of(view, nodes)`: the index of a view, cached per view object; `carry(old, new, ix,
   changed)` moves an index to the view `commit` made from `old`, so the next decision of a pass
   does not rebuild it.
@@ -92,7 +93,7 @@ class NodeState:
         free = Resources(self.cpu, self.mem, _frozen(self.hp), self.gpus, node.free.gpu_milli,
                          _frozen(self.mig))
         return Node(node.name, node.labels, node.taints, node.unschedulable, free, node.capacity,
-                    zones, tuple(self.gfree), node.gpu_model, self.pods)
+                    zones, tuple(self.gfree), node.gpu_model, self.pods, node.topology_policy)
 
 
 def _frozen(m: Mapping[str, int]) -> Mapping[str, int]:
@@ -143,7 +144,7 @@ class Index:
     """A view's nodes with their free figures, and its zones sorted by free CPU."""
 
     __slots__ = ("nodes", "states", "zkeys", "nkeys", "gpu_nodes", "kmin", "by_name", "dead",
-                 "cpu_per_gpu")
+                 "cpu_per_gpu", "policies")
 
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.nodes = list(nodes)
@@ -159,6 +160,8 @@ class Index:
         self.dead: dict[tuple[Any, ...], set[int]] = {}
         # the nodes' CPU millicores per GPU thousandth when empty, once asked (capacities never change)
         self.cpu_per_gpu: float | None = None
+        # every Topology Manager policy the nodes report (`update` keeps each node's)
+        self.policies = frozenset(n.topology_policy for n in nodes)
 
     def update(self, i: int, node: Node) -> None:
         """Replace node `i` (its sorted keys move)."""

@@ -10,7 +10,7 @@ Public API:
   (`topolet.io/admission`), `NUMA_POLICY_ANNOTATION`, `COLOCATE_ANNOTATION`, `NUMA_ZONE_ANNOTATION`,
   `COMPLETION_INDEX_ANNOTATION`, `HOSTNAME_LABEL`.
 - `job_queue(job) -> str | None`.
-- `gang_from_job(job, priorities, guaranteed_policy="none", default_priority=0) -> Gang`: one pod set
+- `gang_from_job(job, priorities, guaranteed_policy=NODE_POLICY, default_priority=0) -> Gang`: one pod set
   per Job (see `gang_from_job`); raises `JobSpecError` naming what is wrong.
 - `priority_classes(classes) -> (values, default)`: the cluster's PriorityClasses as
   `gang_from_job` takes them.
@@ -31,6 +31,7 @@ from fractions import Fraction
 from typing import Any
 
 from agent.admission.engine.model import (
+    NODE_POLICY,
     NUMA_POLICIES,
     TAINT_EFFECTS,
     Gang,
@@ -255,16 +256,17 @@ def _tolerations(pod_spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
 
 
 def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
-                  guaranteed_policy: str = "none", default_priority: int = 0) -> Gang:
+                  guaranteed_policy: str = NODE_POLICY, default_priority: int = 0) -> Gang:
     """The Job as a gang of one pod set (named "main").
 
     count: `parallelism` (Indexed: min(parallelism, completions)); requests: the pod template's, as
     the scheduler counts them; NUMA policy: the template annotation `topolet.io/numa-policy`, else
-    `guaranteed_policy` (the nodes' kubelet Topology Manager policy, passed by the caller) when every
-    container is Guaranteed with whole CPUs, else "none"; priority: the template's priorityClassName
-    looked up in `priorities` (unknown class: JobSpecError), else `default_priority` (the cluster's
-    globalDefault PriorityClass, else 0), never the template's own `priority`; the Job
-    annotation `topolet.io/colocate: <label key>` keeps every pod within one value of that label.
+    `guaranteed_policy` (by default NODE_POLICY: on each node, that node's kubelet Topology Manager
+    policy) when every container is Guaranteed with whole CPUs, else "none"; priority: the template's
+    priorityClassName looked up in `priorities` (unknown class: JobSpecError), else
+    `default_priority` (the cluster's globalDefault PriorityClass, else 0), never the template's own
+    `priority`; the Job annotation `topolet.io/colocate: <label key>` keeps every pod within one value
+    of that label.
     """
     meta = metadata_of(job)
     if not meta.get("name") or not meta.get("namespace"):
@@ -280,7 +282,7 @@ def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
     policy = annotations.get(NUMA_POLICY_ANNOTATION)
     if policy is None:
         policy = guaranteed_policy if _guaranteed_integer_cpus(pod_spec) else "none"
-    if policy not in NUMA_POLICIES:
+    elif policy not in NUMA_POLICIES:
         raise JobSpecError(f"{NUMA_POLICY_ANNOTATION} must be one of {', '.join(NUMA_POLICIES)}, "
                            f"got {policy!r}")
     colocate = as_dict(meta.get("annotations")).get(COLOCATE_ANNOTATION)

@@ -6,6 +6,8 @@ Public API:
   (or why that record is malformed, or why an admitted one is not trusted), and whether it is
   suspended, finished and Indexed.
 - `distrust(job, record) -> str | None`: why an admitted record is not to be trusted for `job`.
+- `gone_nodes(job, record, nodes, pods) -> list[str]`: the record's nodes that are gone while none of
+  the Job's pods is bound or ever ran (such a Job is queued again: `JobWrites.requeue_lost`).
 - `JobReader()`: `.read(job) -> JobRead`, memoised by the Job's uid and resourceVersion, the record
   decoded once per annotation text; `.slots(read, pods) -> SlotAssignment`, `assign_slots`
   for an admitted Job, memoised by its decision and the versions of its pods; `.retain(uids)` forgets
@@ -26,7 +28,7 @@ serves) is read afresh each time.  Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +80,18 @@ def _version(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     meta = metadata_of(obj)
     rv = meta.get("resourceVersion")
     return (str(meta.get("uid")), rv) if isinstance(rv, str) and rv else None
+
+
+def gone_nodes(job: Mapping[str, Any], record: AdmissionRecord, nodes: Collection[str],
+               pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The nodes of the admitted `job`'s `record` that are not among `nodes` (their Node objects are
+    gone), while none of its `pods` is bound and none ever ran (no ready, succeeded or failed pod in
+    its status); empty otherwise (a Job that ran is the Job controller's to finish)."""
+    status = as_dict(job.get("status"))
+    if any(status.get(k) for k in ("ready", "succeeded", "failed")) or any(
+            as_dict(p.get("spec")).get("nodeName") for p in pods):
+        return []
+    return sorted({p.node for p in record.slots.values()} - set(nodes))
 
 
 class JobReader:

@@ -10,6 +10,9 @@ so a concurrent writer makes it fail instead of being overwritten):
   Job's template, records the decision and unsuspends the Job, in one write; `reject_patch(job,
   record)`; `requeue_patch(job)` removes a record the controller does not trust (see
   `agent.admission.jobs.jobread`);
+  `lost_patch(job)` suspends an admitted Job whose record names a node that is gone and removes the
+  record; then `restart_patch(job)` (on the status: `job_started(job)`) and `unpin_patch(job, nodes)`
+  make it a queued Job again, its template as it was before our decision;
   `pod_patch(pod, node, zone)` pins a gated pod to its node and zone and removes the gate in one write;
   `node_affinity(node)`.
 - `still_undecided(job, fresh) -> bool`: whether a decision made on `job` may still be written onto
@@ -38,7 +41,7 @@ removes the placements annotation too, so the node's agent never sees it.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from agent.admission.gangs.job import (
@@ -140,6 +143,55 @@ def requeue_patch(job: Mapping[str, Any]) -> dict[str, Any]:
     """Remove the admission record of the (suspended) Job: the next pass decides it again."""
     return {"metadata": {"resourceVersion": metadata_of(job).get("resourceVersion"),
                          "annotations": {ADMISSION_ANNOTATION: None}}}
+
+
+def lost_patch(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Suspend an admitted Job whose pods cannot be placed (a node of its record is gone) and remove
+    its record, in one write: the Job controller removes its pods and the Job is queued again."""
+    return {"metadata": {"resourceVersion": metadata_of(job).get("resourceVersion"),
+                         "annotations": {ADMISSION_ANNOTATION: None}},
+            "spec": {"suspend": True}}
+
+
+def restart_patch(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The status patch that clears a queued Job's `status.startTime` (the Job was admitted before):
+    the API server takes a change of a Job's pod template only while it is suspended and not
+    started, and a new decision changes it."""
+    return {"metadata": {"resourceVersion": metadata_of(job).get("resourceVersion")},
+            "status": {"startTime": None}}
+
+
+def job_started(job: Mapping[str, Any]) -> bool:
+    """Whether the Job's `status.startTime` is set (it ran since it was last queued)."""
+    return as_dict(job.get("status")).get("startTime") is not None
+
+
+def unpin_patch(job: Mapping[str, Any], nodes: Collection[str]) -> dict[str, Any] | None:
+    """Remove from a queued Job's pod template what an earlier decision of ours left there, so it is
+    decided afresh (None when nothing is left): our gate, the placements, zone and `placements-by-index`
+    label, and a node selector `kubernetes.io/hostname` naming a node not among `nodes` (gone) with
+    the node affinity `one_node_template` wrote beside it."""
+    template = as_dict(as_dict(job.get("spec")).get("template"))
+    meta, pod_spec = metadata_of(template), as_dict(template.get("spec"))
+    out: dict[str, Any] = {}
+    gates = scheduling_gates(pod_spec)
+    if any(g.get("name") == GATE for g in gates):
+        out["schedulingGates"] = [g for g in gates if g.get("name") != GATE] or None
+    node = as_dict(pod_spec.get("nodeSelector")).get(HOSTNAME_LABEL)
+    if isinstance(node, str) and node not in nodes:
+        out["nodeSelector"] = {HOSTNAME_LABEL: None}
+        if pod_spec.get("affinity") == {"nodeAffinity": node_affinity(node)}:
+            out["affinity"] = None
+    notes = {k: None for k in (PLACEMENTS_ANNOTATION, NUMA_ZONE_ANNOTATION)
+             if k in as_dict(meta.get("annotations"))}
+    labels = {BY_INDEX_LABEL[0]: None} if BY_INDEX_LABEL[0] in as_dict(meta.get("labels")) else {}
+    if not (out or notes or labels):
+        return None
+    body: dict[str, Any] = {"spec": out} if out else {}
+    if notes or labels:
+        body["metadata"] = {k: v for k, v in (("annotations", notes), ("labels", labels)) if v}
+    return {"metadata": {"resourceVersion": metadata_of(job).get("resourceVersion")},
+            "spec": {"template": body}}
 
 
 def reject_patch(job: Mapping[str, Any], record: AdmissionRecord) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Public API:
 
-- `KueueCheck(kube, changed, metrics, submit, check_leader, clock, guaranteed_policy, crash_point,
+- `KueueCheck(kube, changed, metrics, submit, check_leader, clock, crash_point,
   identity)`: `.reflectors` (AdmissionChecks, Workloads, ResourceFlavors; the controller starts, stops
   and waits for them with its own), `.due` (set when a watch event shows a Workload waiting for our
   decision: the controller's next pass skips its debounce),
@@ -123,14 +123,13 @@ class KueueCheck:
 
     def __init__(self, kube: KubeClient, changed: Any, metrics: AdmissionMetrics,
                  submit: Callable[..., Future[Any]], check_leader: Callable[[], None],
-                 clock: Callable[[], float], guaranteed_policy: Callable[[], str],
+                 clock: Callable[[], float],
                  crash_point: Callable[[str], None] = lambda step: None, identity: str = CONTROLLER_NAME
                  ) -> None:
         self.submit = submit
         self.check_leader = check_leader
         self.clock = clock
         self.metrics = metrics
-        self.guaranteed_policy = guaranteed_policy
         self.checks = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks"),
                                 "AdmissionChecks", changed)
         self.workloads = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "workloads"),
@@ -172,11 +171,10 @@ class KueueCheck:
         # (its store entry may be either version), never from neither.
         inflight = self.writes.in_flight()
         every = sorted(self.workloads.snapshot(), key=object_key)
-        policy: list[str] = []  # read once a pass, when needed: it reads every NRT
         for wl in every:
             # One Workload that cannot be read costs only itself: logged, counted, skipped.
             try:
-                self._collect_one(wl, names, by_owner, flavors, inflight, policy, round_)
+                self._collect_one(wl, names, by_owner, flavors, inflight, round_)
             except Exception as exc:  # noqa: BLE001 - whatever a tenant wrote, the pass goes on
                 self._unreadable(wl, exc)
         live = {(str(metadata_of(wl).get("uid")), str(metadata_of(wl).get("resourceVersion")))
@@ -190,7 +188,7 @@ class KueueCheck:
     def _collect_one(self, wl: dict[str, Any], names: tuple[str, ...],
                      by_owner: Mapping[tuple[str, str], list[Mapping[str, Any]]],
                      flavors: Mapping[str, Mapping[str, Any]], inflight: Mapping[str, list[Held]],
-                     policy: list[str], round_: Round) -> None:
+                     round_: Round) -> None:
         """One Workload into `round_`: the slots it holds, or a decision to make."""
         if str(metadata_of(wl).get("uid")) in inflight:
             round_.admitted.extend(inflight[str(metadata_of(wl).get("uid"))])
@@ -211,8 +209,7 @@ class KueueCheck:
                 self.writes.read_ahead(wl)
             return
         try:
-            policy[:] = policy or [self.guaranteed_policy()]
-            gang = workloads.gang_from_workload(wl, flavors, policy[0])
+            gang = workloads.gang_from_workload(wl, flavors)
             round_.pending.append(Pending(wl, ours, gang))
         except WorkloadSpecError as exc:
             round_.pending.append(Pending(wl, ours, None, str(exc)))

@@ -15,8 +15,9 @@ Public API:
 - `to_decide(wl, names) -> str | None`: our check to decide (QuotaReserved, our check Pending);
   `checks_to_decide(wl, names) -> tuple[str, ...]`: every one of ours waiting so (one decision sets all);
   `holding(wl, names) -> str | None`: our Ready check while the Workload holds its quota.
-- `gang_from_workload(wl, flavor_labels, guaranteed_policy) -> Gang`: one engine pod set per Workload
-  PodSet, read by `agent.admission.gangs.job`' own pod-template readers; raises `WorkloadSpecError`.
+- `gang_from_workload(wl, flavor_labels, guaranteed_policy=NODE_POLICY) -> Gang`: one engine pod set
+  per Workload PodSet, read by `agent.admission.gangs.job`' own pod-template readers; raises
+  `WorkloadSpecError`.
 - `pod_set_updates(gang, placement, indexed) -> list[dict]`: the podSetUpdates of a Ready state;
   raises `WorkloadSpecError` when a pod set needs completion indexes it does not have.
 - `records_of_state(wl, state) -> {pod set: AdmissionRecord}`: the decision back from a Ready state.
@@ -45,7 +46,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from agent.admission.engine.model import Gang, Placement
+from agent.admission.engine.model import NODE_POLICY, Gang, Placement
 from agent.admission.gangs.job import HOSTNAME_LABEL, NUMA_ZONE_ANNOTATION, JobSpecError, gang_from_job
 from agent.admission.gangs.record import (
     PLACEMENTS_ANNOTATION,
@@ -183,11 +184,12 @@ def _flavor_selector(assignment: Mapping[str, Any], flavor_labels: Mapping[str, 
 
 
 def gang_from_workload(wl: Mapping[str, Any], flavor_labels: Mapping[str, Mapping[str, str]],
-                       guaranteed_policy: str = "none") -> Gang:
+                       guaranteed_policy: str = NODE_POLICY) -> Gang:
     """The Workload as a gang: one pod set per Workload PodSet, named as it.
 
     count: the admitted count (partial admission), else the PodSet's; requests, NUMA policy (template
-    annotation `topolet.io/numa-policy`, else `guaranteed_policy` for Guaranteed whole-CPU pods), node
+    annotation `topolet.io/numa-policy`, else `guaranteed_policy`, by default each node's own, for
+    Guaranteed whole-CPU pods), node
     selector, required node affinity and tolerations: the pod template's, read as a Job's
     (`gang_from_job`); the node labels of the assigned ResourceFlavors join the node selector;
     priority: spec.priority (Kueue orders the queue; kept for the record)."""
