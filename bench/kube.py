@@ -91,6 +91,9 @@ def main() -> int:
     ap.add_argument("--real-node", action="store_true",
                     help="measure on a real kubelet + containerd + runc node (tests/realnode) instead")
     ap.add_argument("--pods", type=int, default=30, help="--real-node: Guaranteed pods per arm, default 30")
+    ap.add_argument("--arms", default="pod-cgroup,nri,static",
+                    help="--real-node: which arms to run, comma-separated (default all three; the last line "
+                         "needs all three)")
     ap.add_argument("--burstable-every", type=int, default=5,
                     help="--real-node: a Burstable pod beside every Nth Guaranteed pod, default 5")
     args = ap.parse_args()
@@ -214,6 +217,7 @@ def real_node_main(args: argparse.Namespace) -> int:
     cluster = start_cluster(work)
     try:
         results = run_arms(cluster, find_parts(), args.pods, args.burstable_every,
+                           arms=tuple(a for a in args.arms.split(",") if a),
                            agent_args=("--reconcile-seconds", "5", *args.agent_arg), rss=rss_mib)
     finally:
         cluster.stop()

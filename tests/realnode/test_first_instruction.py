@@ -8,10 +8,9 @@ every container's first instruction (its `/proc/self/status` read with shell bui
 A Guaranteed pod with a second (shared, 100m) container is checked on its own.  The kubelet's static
 arm and the timings are the bench's (`bench/kube.py --real-node`); nothing here asserts on timing.
 
-One case is expected to fail today (strict xfail: it turns into a failure once fixed, so the mark
-is removed then):
-- the multi-container pod on the pod-cgroup route: its pod cgroup holds the union of its containers'
-  CPUs, the shared container's being the pool, so the exclusive container starts on the pool too.
+A Guaranteed pod with an exclusive and a shared container, on each route: on pod-cgroup its pod
+cgroup holds the union of both sets, so each container's cgroup is written as runc makes it, told
+apart by the runtime's bundle (`agent.enforce.bundles`, `--runtime-bundles`).
 
 Needs what tests/realnode needs, containerd 2.4.2 for the NRI route and two CPUs: a skip on a laptop,
 a failure under CI=true.
@@ -33,9 +32,6 @@ from tests.realnode.node import RealNodeParts
 
 PODS = 10
 BURSTABLE_EVERY = 5  # two Burstable pods
-
-UNION_LIMIT = ("pod-cgroup route: a pod cgroup holds the union of its containers' CPUs; with a shared "
-               "container that is the pool, where the exclusive container then starts")
 
 
 def arms_module() -> ModuleType:
@@ -73,8 +69,7 @@ def test_first_instruction_equals_the_allocation(route: str, realnode_cluster: C
     assert (result.pinned, result.burstable_clean) == (PODS, PODS // BURSTABLE_EVERY), result.misses
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=UNION_LIMIT)
-def test_multi_container_pod_on_the_pod_cgroup_route(realnode_cluster: Cluster,
-                                                     realnode_parts: RealNodeParts) -> None:
-    result = run_arm("pod-cgroup", realnode_cluster, realnode_parts, 1, multi=True)
+@pytest.mark.parametrize("route", ["pod-cgroup", "nri"])
+def test_multi_container_pod(route: str, realnode_cluster: Cluster, realnode_parts: RealNodeParts) -> None:
+    result = run_arm(route, realnode_cluster, realnode_parts, 1, multi=True)
     assert (result.guaranteed, result.pinned) == (1, 1), result.misses
