@@ -297,6 +297,8 @@ class PodCgroupWatcher:
             wd = self._add(self.layout.abspath(rel), inotify.CREATE | inotify.ONLYDIR)
             if wd is not None:
                 self._pod_folders[wd] = uid
+                for child in list_children(self.layout, rel):  # made before the watch was set
+                    self._container_appeared(uid, child)
         if not (self._looking and qos in SHARED_QOS):  # else one keep_shared() after the look
             self._write_quietly(uid)
 

@@ -277,12 +277,15 @@ def mixed_pod(kube: CgroupLayout, two_cpus: tuple[int, int], spawn: Spawn, tmp_p
     try:
         pod = node.make_pod(GUARANTEED_UID, QOSClass.GUARANTEED)
         eventually(lambda: node.cpus(pod) == both, "the pod cgroup holding both sets")
+        early = kubelet_mkdir(kube, f"{pod}/{ids['side']}" if driver is CgroupDriver.CGROUPFS
+                              else f"{pod}/cri-containerd-{ids['side']}.scope")  # maybe before the watch
 
         def cgroup(name: str) -> str:
             cid = ids[name]
             return f"{pod}/cri-containerd-{cid}.scope" if driver is CgroupDriver.SYSTEMD else f"{pod}/{cid}"
 
-        for name in ("pause", "main", "side", "nobundle"):
+        assert early == cgroup("side")
+        for name in ("pause", "main", "nobundle"):
             kubelet_mkdir(kube, cgroup(name))
         eventually(lambda: node.cpus(cgroup("main")) == node.pinned, "the exclusive container written")
         eventually(lambda: node.cpus(cgroup("side")) == node.pool, "the shared container written")

@@ -192,9 +192,16 @@ class KubeletStandIn:
                        cpus: CPUSet | None = None) -> Container:
         cid = cid or secrets.token_hex(32)
         rel = container_cgroup_path(pod.uid, pod.qos, f"containerd://{cid}", None, CgroupDriver.CGROUPFS)
-        parent_cpus, parent_mems = read_cpuset(self.layout, pod.cgroup)
         # runc copies the parent's, unless the runtime's spec says otherwise (an NRI adjustment).
-        create_cgroup(self.layout, rel, cpus=cpus or parent_cpus, mems=parent_mems)
+        create_cgroup(self.layout, rel, mems=read_cpuset(self.layout, pod.cgroup)[1])
+        for attempt in range(20):  # a watcher may narrow the pod cgroup between our read and write
+            try:
+                write_set(self.layout, rel, "cpus", cpus or read_cpuset(self.layout, pod.cgroup)[0])
+                break
+            except EnforcementError:
+                if attempt == 19:
+                    raise
+                time.sleep(0.01)
         c = Container(name, cid, rel)
         self._spawn(c)
         return c
