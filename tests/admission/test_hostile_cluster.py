@@ -33,13 +33,7 @@ from tests.kube.kubelet_standin import wait_for
 
 
 def two_nodes(cluster: Cluster, dump_root: Callable[[str], Path]) -> tuple[str, list[str]]:
-    tag = uuid.uuid4().hex[:8]
-    label = f"test.topolet.io/{tag}"
-    names = [cluster.add_node(f"hostile-{tag}-{i}", dump_root(DUMP), labels={label: "true"}).name
-             for i in range(2)]
-    for name in names:
-        wait_for(lambda n=name: cluster.nrt(n), f"the NRT of {name}")
-    return label, names
+    return cluster.labelled_nodes("hostile", dump_root(DUMP))
 
 
 def create(api: KubeClient, ns: str, obj: dict[str, Any]) -> None:
@@ -202,12 +196,7 @@ def test_a_gang_whose_node_is_gone_before_its_pods_bind_is_placed_again(
     before any pod is bound.  The restarted controller suspends the Job as it removes the record,
     clears its start time and our template fields, and admits it afresh on the nodes there are;
     before, the gang waited for a node that never came back."""
-    tag = uuid.uuid4().hex[:8]
-    label = f"test.topolet.io/{tag}"
-    names = [cluster.add_node(f"lost-{tag}-{i}", dump_root(DUMP), labels={label: "true"}).name
-             for i in range(3)]
-    for name in names:
-        wait_for(lambda n=name: cluster.nrt(n), f"the NRT of {name}")
+    label, names = cluster.labelled_nodes("lost", dump_root(DUMP), 3)
     crashing = cluster.start_controller("--resync-seconds", "2", "--crash-at", "after-decision")
     create(api, namespace, gang_job("g", 5, label, indexed=False))
     wait_for(lambda: crashing.popen.poll() is not None, "the controller to kill itself after its decision")

@@ -551,6 +551,21 @@ class Cluster:
 
     # ---- reading ---------------------------------------------------------------------------------
 
+    def labelled_nodes(self, prefix: str, fsroot: Path | str, count: int = 2) -> tuple[str, list[str]]:
+        """`count` nodes shaped like `fsroot` with a label of their own (`test.topolet.io/<tag>`, for a
+        test's objects to select), once each has published its NRT: (the label, the node names)."""
+        import uuid
+
+        from tests.kube.kubelet_standin import wait_for
+
+        tag = uuid.uuid4().hex[:8]
+        label = f"test.topolet.io/{tag}"
+        names = [self.add_node(f"{prefix}-{tag}-{i}", fsroot, labels={label: "true"}).name
+                 for i in range(count)]
+        for name in names:
+            wait_for(lambda n=name: self.nrt(n), f"the NRT of {name}")
+        return label, names
+
     def nrt(self, name: str) -> dict[str, Any] | None:
         """The NodeResourceTopology named `name`, or None."""
         from agent.errors import KubeAPIError

@@ -87,13 +87,7 @@ def install_policy(api: KubeClient) -> None:
 @pytest.fixture
 def nodes(cluster: Cluster, dump_root: Callable[[str], Path]) -> tuple[str, list[str]]:
     """Two simulated nodes with a label only this test's pods select, once their NRTs are published."""
-    tag = uuid.uuid4().hex[:8]
-    label = f"test.topolet.io/{tag}"
-    names = [cluster.add_node(f"kq-{tag}-{i}", dump_root(DUMP), labels={label: "true"}).name
-             for i in range(2)]
-    for name in names:
-        wait_for(lambda n=name: cluster.nrt(n), f"the NRT of {name}")
-    return label, names
+    return cluster.labelled_nodes("kq", dump_root(DUMP))
 
 
 @pytest.fixture
