@@ -106,10 +106,16 @@ def test_agent_pins_through_nri_and_again_after_a_restart(kube_node: KubeNode,
     running = node.kubelet.start_pod(node.namespace, "pinned", container_ids={"c0": ctr.id},
                                      cpusets={"c0": cpus})
     assert proc_cpus(running.containers["c0"].pid) == cpus.cpulist()  # from its first instruction
-    # The watch has the pod once the NRT fingerprints it as pinned: it kept the allocation as it was.
+    # The watch has the pod once the NRT fingerprints it as pinned: it kept the allocation (the same
+    # id and CPUs, once the status lists the container at the container's cgroup; an allocation the
+    # watch made when the pod was bound starts at a planned cgroup and is moved there).
     wait_for(lambda: attribute(node, "nodeTopologyPodsFingerprint")
              == pod_set_fingerprint([(node.namespace, "pinned")]), "the watch to count the pinned pod")
-    assert StateFile(node.state_dir).load().allocations == (alloc,)
+    c0 = running.containers["c0"].cgroup
+    wait_for(lambda: [a.cgroup for a in StateFile(node.state_dir).load().allocations] == [c0],
+             "the allocation at the container's cgroup")
+    (kept,) = StateFile(node.state_dir).load().allocations
+    assert (kept.id, kept.cpus, kept.owner) == (alloc.id, alloc.cpus, alloc.owner)
     assert counted(node) == {"allocated": 1.0, "refused": 0.0, "released": 0.0, "error": 0.0}
 
     node.agent.kill()  # type: ignore[union-attr]
