@@ -2,7 +2,8 @@
 # Builds the test control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), its client
 # (kubectl, kustomize built in), the real node's kubelet (tests/realnode/), Kueue's manager (kueue,
 # tests/controlplane/kueue.py) and containerd 2 with its runc shim (the real node's NRI runtime,
-# tests/realnode/containerd.py) from the Go module proxy, once per version.
+# tests/realnode/containerd.py) and Helm (the chart's tests, tests/chart/) from the Go module proxy, once
+# per version.
 #
 # Usage: tests/controlplane/build.sh [COMPONENT...]   (every component when none named)
 # Prints one `<component>=<absolute path of the binary>` line per component on stdout; progress and
@@ -22,7 +23,7 @@ go_version="$(go env GOVERSION)"
 declare -A module_dir=([etcd]=etcd [kube-apiserver]=apiserver [kubectl]=kubectl
                        [kube-controller-manager]=apiserver [kube-scheduler]=apiserver
                        [kubelet]=kubelet [kueue]=kueue
-                       [containerd]=containerd [containerd-shim-runc-v2]=containerd)
+                       [containerd]=containerd [containerd-shim-runc-v2]=containerd [helm]=helm)
 declare -A package=([etcd]=. [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
                     [kubectl]=k8s.io/kubernetes/cmd/kubectl
                     [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
@@ -30,13 +31,15 @@ declare -A package=([etcd]=. [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserv
                     [kubelet]=k8s.io/kubernetes/cmd/kubelet
                     [kueue]=sigs.k8s.io/kueue/cmd/kueue
                     [containerd]=github.com/containerd/containerd/v2/cmd/containerd
-                    [containerd-shim-runc-v2]=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2)
+                    [containerd-shim-runc-v2]=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+                    [helm]=helm.sh/helm/v4/cmd/helm)
 declare -A version_of=([etcd]=go.etcd.io/etcd/server/v3 [kube-apiserver]=k8s.io/kubernetes
                        [kubectl]=k8s.io/kubernetes [kube-controller-manager]=k8s.io/kubernetes
                        [kube-scheduler]=k8s.io/kubernetes [kubelet]=k8s.io/kubernetes
                        [kueue]=sigs.k8s.io/kueue
                        [containerd]=github.com/containerd/containerd/v2
-                       [containerd-shim-runc-v2]=github.com/containerd/containerd/v2)
+                       [containerd-shim-runc-v2]=github.com/containerd/containerd/v2
+                       [helm]=helm.sh/helm/v4)
 
 # The version of module $2 as required by the go.mod in directory $1.
 required_version() {
@@ -78,6 +81,10 @@ build_one() {
                 # the build shared/recipes/containerd-2.4-nri.md ran pods with.
                 ldflags+=" -X github.com/containerd/containerd/v2/version.Version=$version"
                 cgo="$(go env CGO_ENABLED)" tags=no_btrfs
+            elif [[ "$component" == helm ]]; then
+                # What `helm version` reports; upstream's Makefile stamps the same variables for a tag.
+                local pkg=helm.sh/helm/v4/internal/version
+                ldflags+=" -X $pkg.version=$version -X $pkg.metadata= -X $pkg.gitTreeState=clean"
             fi
             echo "build.sh: building $component $version (cold builds take minutes)" >&2
             local start=$SECONDS
@@ -93,7 +100,7 @@ build_one() {
 
 components=("$@")
 [[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kueue
-                                              containerd containerd-shim-runc-v2)
+                                              containerd containerd-shim-runc-v2 helm)
 for c in "${components[@]}"; do
     [[ -n "${module_dir[$c]:-}" ]] || { echo "build.sh: unknown component '$c'" >&2; exit 2; }
     build_one "$c"

@@ -1,0 +1,224 @@
+"""charts/topolet without a cluster: `helm lint`, `helm template` with several value sets, the schema, and
+the same objects as the kustomize base (`kubectl kustomize daemonset/`, with its components) for the
+same settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.chart.helm import CHART, MAP_API, NAMESPACE, Helm, compare_with_base, find, render, set_args
+from tests.controlplane.kubectl import base_with_components, build_kubectl, kustomize_build
+
+MAP_KINDS = {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
+
+# Value sets every test below renders (and `helm lint --strict` checks).
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "agent-only": {"controller.enabled": False},
+    "controller-only": {"agent.enabled": False},
+    "two-pools": {"agent.pools": [
+        {"name": "cpu", "nodeSelector": {"pool": "cpu"}, "reservedCpus": "0"},
+        {"name": "gpu", "nodeSelector": {"nvidia.com/gpu.present": "true"},
+         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+         "reservedCpus": "0-1,72-73", "enforcement": "off"},
+    ]},
+    "monitoring": {"monitoring.podMonitors.enabled": True, "monitoring.prometheusRule.enabled": True,
+                   "monitoring.podMonitors.labels": {"release": "kube-prometheus-stack"},
+                   "monitoring.prometheusRule.labels": {"release": "kube-prometheus-stack"},
+                   "monitoring.dashboards.namespace": "monitoring",
+                   "monitoring.dashboards.labels": {"grafana_dashboard": "topolet"},
+                   "monitoring.dashboards.annotations": {"grafana_folder": "topolet"}},
+    "kueue": {"kueue.enabled": True},
+    "image-by-digest": {"image.repository": "registry.example.com/topolet",
+                        "image.digest": "sha256:" + "ab" * 32, "image.pullSecrets": ["regcred"]},
+    "no-crds-no-policies": {"crds.install": False, "networkPolicy.enabled": False,
+                            "monitoring.dashboards.enabled": False},
+}
+
+
+def kinds_names(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+def agent_args(ds: dict[str, Any]) -> list[str]:
+    args: list[str] = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_lint_is_clean(helm: Helm, name: str) -> None:
+    done = helm.run("lint", "--strict", str(CHART), "--namespace", NAMESPACE, *set_args(VALUE_SETS[name]))
+    assert "0 chart(s) failed" in done.stdout
+    assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout, done.stdout
+
+
+def test_defaults_render_the_base(helm: Helm) -> None:
+    """Default values on an API server serving MutatingAdmissionPolicy: the objects of `kubectl
+    kustomize daemonset/`, field for field, less the chart's deliberate additions."""
+    base = [d for d in yaml.safe_load_all(kustomize_build(build_kubectl())) if d]
+    assert compare_with_base(render(helm), base) == []
+
+
+def test_components_render_as_values(helm: Helm, tmp_path: Path) -> None:
+    """The base with the kueue and prometheus-operator components, and the chart with their values."""
+    base = base_with_components(tmp_path, "kueue", "prometheus-operator")
+    chart = render(helm, {"kueue.enabled": True, "monitoring.podMonitors.enabled": True,
+                          "monitoring.prometheusRule.enabled": True})
+    assert compare_with_base(chart, base) == []
+
+
+def test_node_pool_components_render_as_pool_values(helm: Helm, tmp_path: Path) -> None:
+    """cgroup-v1-cpuset and nri-required, which patch the agent, as a pool's values."""
+    base = base_with_components(tmp_path, "cgroup-v1-cpuset", "nri-required")
+    chart = render(helm, {"agent.pools": [{"name": "default", "tolerations": [{"operator": "Exists"}],
+                                           "reservedCpus": "0", "cgroupV1Cpuset": True,
+                                           "nriRequired": True}]})
+    assert compare_with_base(chart, base) == []
+
+
+def test_placement_policies_only_where_the_api_server_serves_them(helm: Helm) -> None:
+    served = kinds_names(render(helm, {"kueue.enabled": True}))
+    assert {("MutatingAdmissionPolicy", "topolet-placement"),
+            ("MutatingAdmissionPolicy", "topolet-kueue-placement")} <= served
+    older = render(helm, {"kueue.enabled": True}, api_versions=())
+    assert not [d for d in older if d["kind"] in MAP_KINDS]
+    forced = render(helm, {"controller.placementPolicy": True}, api_versions=())
+    assert ("MutatingAdmissionPolicy", "topolet-placement") in kinds_names(forced)
+    never = render(helm, {"controller.placementPolicy": False})
+    assert not [d for d in never if d["kind"] in MAP_KINDS]
+
+
+def test_agent_only_has_nothing_of_the_controller(helm: Helm) -> None:
+    docs = render(helm, VALUE_SETS["agent-only"])
+    assert not [k for k, n in kinds_names(docs) if "controller" in n or "admission-fields" in n
+                or "placement" in n], kinds_names(docs)
+    assert ("DaemonSet", "topolet-agent") in kinds_names(docs)
+    assert ("NetworkPolicy", "topolet-agent-metrics") in kinds_names(docs)
+
+
+def test_controller_only_has_nothing_of_the_agent(helm: Helm) -> None:
+    docs = render(helm, VALUE_SETS["controller-only"])
+    assert not [n for _, n in kinds_names(docs) if n.startswith("topolet-agent")], kinds_names(docs)
+    assert ("Deployment", "topolet-controller") in kinds_names(docs)
+
+
+def test_two_pools_are_two_daemonsets(helm: Helm) -> None:
+    docs = render(helm, VALUE_SETS["two-pools"])
+    daemonsets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "DaemonSet"}
+    assert set(daemonsets) == {"topolet-agent-cpu", "topolet-agent-gpu"}
+    cpu, gpu = daemonsets["topolet-agent-cpu"], daemonsets["topolet-agent-gpu"]
+    for ds, pool in ((cpu, "cpu"), (gpu, "gpu")):
+        selector = ds["spec"]["selector"]["matchLabels"]
+        assert selector["topolet.io/node-pool"] == pool
+        assert ds["spec"]["template"]["metadata"]["labels"].items() >= selector.items()
+    assert cpu["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "cpu", "kubernetes.io/os": "linux"}
+    assert gpu["spec"]["template"]["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.present": "true", "kubernetes.io/os": "linux"}
+    # A pool without tolerations tolerates nothing; the GPU pool its own taint only.
+    assert "tolerations" not in cpu["spec"]["template"]["spec"]
+    assert gpu["spec"]["template"]["spec"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert "--reserved-cpus=0" in agent_args(cpu)
+    assert "--reserved-cpus=0-1,72-73" in agent_args(gpu)
+    assert not [a for a in agent_args(cpu) if a.startswith("--enforcement")]
+    assert "--enforcement=off" in agent_args(gpu)
+
+
+def test_pool_names_are_unique(helm: Helm) -> None:
+    pools = [{"name": "a", "reservedCpus": "0"}, {"name": "a", "reservedCpus": "1"}]
+    done = helm.run("template", "topolet", str(CHART), *set_args({"agent.pools": pools}), check=False)
+    assert done.returncode != 0
+    assert 'the name "a" is used twice' in done.stderr
+
+
+@pytest.mark.parametrize(("value", "flag"), [("on", "--enforcement=on"), ("off", "--enforcement=off"),
+                                            (True, "--enforcement=on"), (False, "--enforcement=off"),
+                                            ("auto", None)])
+def test_enforcement_maps_to_the_agent_flag(helm: Helm, value: object, flag: str | None) -> None:
+    from agent.cli import build_parser
+
+    ds = find(render(helm, {"agent.enforcement": value}), "DaemonSet", "topolet-agent")
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    given = [a for a in agent_args(ds) if a.startswith("--enforcement")]
+    assert given == ([flag] if flag else [])
+    # The agent's own parser accepts the whole command line.
+    build_parser().parse_args([*container["command"][1:], *container["args"]])
+
+
+def test_label_sink_and_route(helm: Helm) -> None:
+    docs = render(helm, {"agent.labelSink": "node", "agent.route": "pod-cgroup"})
+    ds = find(docs, "DaemonSet", "topolet-agent")
+    assert "--label-sink=node" in agent_args(ds)
+    assert "--route=pod-cgroup" in agent_args(ds)
+
+
+def test_monitoring_objects_and_dashboards(helm: Helm) -> None:
+    docs = render(helm, VALUE_SETS["monitoring"])
+    for name in ("topolet-agent", "topolet-controller"):
+        assert find(docs, "PodMonitor", name)["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert find(docs, "PrometheusRule", "topolet")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    dashboards = find(docs, "ConfigMap", "topolet-dashboards")
+    assert dashboards["metadata"]["namespace"] == "monitoring"
+    assert dashboards["metadata"]["labels"]["grafana_dashboard"] == "topolet"
+    assert dashboards["metadata"]["annotations"] == {"grafana_folder": "topolet"}
+    base = CHART.parents[1] / "daemonset" / "dashboards"
+    assert dashboards["data"] == {p.name: p.read_text() for p in base.glob("*.json")}
+    # An agent-only install scrapes no controller.
+    agent_only = render(helm, {**VALUE_SETS["monitoring"], "controller.enabled": False})
+    assert [d["metadata"]["name"] for d in agent_only if d["kind"] == "PodMonitor"] == ["topolet-agent"]
+
+
+def test_image_by_digest_with_pull_secrets(helm: Helm) -> None:
+    docs = render(helm, VALUE_SETS["image-by-digest"])
+    for kind, name in (("DaemonSet", "topolet-agent"), ("Deployment", "topolet-controller")):
+        spec = find(docs, kind, name)["spec"]["template"]["spec"]
+        assert spec["containers"][0]["image"] == "registry.example.com/topolet@sha256:" + "ab" * 32
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    tagged = find(render(helm, {"image.tag": "0.2.0"}), "DaemonSet", "topolet-agent")
+    assert tagged["spec"]["template"]["spec"]["containers"][0]["image"] == "topolet:0.2.0"
+
+
+def test_switches_leave_objects_out(helm: Helm) -> None:
+    kinds = {k for k, _ in kinds_names(render(helm, VALUE_SETS["no-crds-no-policies"]))}
+    assert not kinds & {"CustomResourceDefinition", "NetworkPolicy", "ConfigMap"}
+
+
+def test_other_namespace_moves_the_policies_user_names(helm: Helm) -> None:
+    """The admission policies match the agent and the controller by their service accounts' user names."""
+    done = helm.run("template", "t", str(CHART), "--namespace", "elsewhere", "--api-versions", MAP_API)
+    assert "system:serviceaccount:topolet-system:" not in done.stdout
+    assert "system:serviceaccount:elsewhere:topolet-agent" in done.stdout
+    assert "system:serviceaccount:elsewhere:topolet-controller" in done.stdout
+    for d in yaml.safe_load_all(done.stdout):
+        for subject in (d or {}).get("subjects", []):
+            assert subject["namespace"] == "elsewhere"
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"agent.enforcement": "sometimes"}, "/agent/enforcement"),
+    ({"agent.pools": [{"name": "gpu", "reservedCpus": "zero"}]}, "/agent/pools/0/reservedCpus"),
+    ({"agent.pools": [{"name": "Bad_Name", "reservedCpus": "0"}]}, "/agent/pools/0/name"),
+    ({"crds.install": "maybe"}, "/crds/install"),
+    ({"image.digest": "latest"}, "/image/digest"),
+    ({"agent.labelSink": "nfd"}, "/agent/labelSink"),
+    ({"controller.replicas": 0}, "/controller/replicas"),
+    ({"agent.resoures": {}}, "resoures"),
+])
+def test_schema_rejects_bad_values(helm: Helm, values: dict[str, Any], message: str) -> None:
+    for command in ("lint", "template"):
+        args = [command, *(["topolet"] if command == "template" else []), str(CHART), *set_args(values)]
+        done = helm.run(*args, check=False)
+        assert done.returncode != 0, f"helm {command} accepted {values}"
+        output = done.stderr + done.stdout
+        assert "schema" in output and message in output, output
+
+
+def test_kueue_needs_the_controller(helm: Helm) -> None:
+    done = helm.run("template", "topolet", str(CHART), *set_args({"kueue.enabled": True,
+                                                                 "controller.enabled": False}), check=False)
+    assert done.returncode != 0 and "kueue.enabled needs controller.enabled" in done.stderr
+
