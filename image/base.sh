@@ -45,15 +45,15 @@ fi
 work="$(mktemp -d "$cache_root/.base-XXXXXX")"
 target="$work/rootfs"
 # debootstrap mounts proc and sys in the target for the second stage; a failure can leave them there.
-# An EXIT trap must never fail: under `set -e -o pipefail` a grep that matches nothing (the usual case:
-# debootstrap unmounted what it mounted) would turn a finished build into exit 1.
+# An EXIT trap must never change the exit status: under `set -e` any command in it that fails (a grep
+# that matches nothing under pipefail, the usual case once debootstrap has unmounted what it mounted)
+# would end the shell with that command's status, turning a finished build into exit 1 with no message.
+# `set +e` first, so the status the script exited with is the one its caller sees.
 cleanup() {
-    local mounts
-    mounts="$(findmnt -rn -o TARGET | grep -F "$target" | sort -r || true)"
-    while read -r m; do
-        [[ -n "$m" ]] && umount -l "$m" 2>/dev/null || true
-    done <<<"$mounts"
-    rm -rf "$work" || true
+    set +e
+    local m
+    findmnt -rn -o TARGET | grep -F "$target" | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
+    rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

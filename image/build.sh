@@ -66,8 +66,11 @@ storage="$out/storage"
 buildah_() {
     nice -n 19 buildah --root "$storage/root" --runroot "$storage/run" --storage-driver vfs "$@"
 }
+# `set +e`: an EXIT trap must never change the exit status (under `set -e` a failing command in it
+# would end the shell with its own status, e.g. a finished build with exit 1 and no message).
 cleanup() {
-    buildah_ rm --all >/dev/null 2>&1 || true
+    set +e
+    buildah_ rm --all >/dev/null 2>&1
     rm -rf "$storage" "$out/context" "$out/src"
 }
 trap cleanup EXIT

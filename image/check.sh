@@ -11,7 +11,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 commit="$(git -C "$repo" rev-parse "${1:-HEAD}^{commit}")"
 work="$(mktemp -d "${TMPDIR:-/tmp}/topolet-image-check.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work" || true' EXIT
 
 for run in 1 2; do
     echo "check.sh: build $run of $commit" >&2
@@ -38,6 +38,7 @@ else
     echo "check.sh: docker-archive tarballs differ" >&2
     status=1
 fi
-grep '^image size' "$work/build-1.log"
+# The size line is for the reader: a log without it is no failure to reproduce.
+grep '^image size' "$work/build-1.log" || true
 [[ $status == 0 ]] && echo "check.sh: reproducible"
 exit $status

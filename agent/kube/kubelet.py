@@ -15,7 +15,8 @@ NUMA nodes.  grpc loads on the first question, not at start.
 
 Public API: `Kubelet(socket, gpus)` (`socket` "": not asked): `.check_cpu_manager()` sets
 `.cpu_manager_refusal`; `.refresh_devices() -> bool` (whether `.assigned_gpus` changed) sets
-`.gpu_ids`, `.answered` and `.assigned_gpus`; `.gpu_numa_source(topology)` is the pinner's `gpu_numa`.
+`.answered`, and `.gpu_ids` and `.assigned_gpus` when the kubelet answers (its last answer stands
+while it does not); `.gpu_numa_source(topology)` is the pinner's `gpu_numa`.
 """
 
 from __future__ import annotations
@@ -146,13 +147,19 @@ class Kubelet:
         from agent.kube.podresources.locality import is_gpu_resource
 
         failures = client.failures
-        listed = client.list()  # {} when the kubelet gives no answer: only our own holds count then
+        listed = client.list()  # {} when the kubelet gives no answer
         if not client.available:
             self.answered = None
         else:
             if client.failures != failures:  # the client leaves the socket alone for a while now
                 self._quiet_until = time.monotonic() + client.backoff
             self.answered = time.monotonic() >= self._quiet_until
+        if not self.answered:
+            # No answer (a call that failed or timed out, as on a loaded node; the quiet time after
+            # one; a restarting kubelet's missing socket): its last answer stands.  Read as "nothing
+            # handed out", it would show the GPUs free in the NRT until the kubelet answers again,
+            # with a write each way.
+            return False
         ids = tuple(sorted({i for devices in listed.values() for d in devices
                             if is_gpu_resource(d.resource) for i in d.ids}))
         self.gpu_ids = ids

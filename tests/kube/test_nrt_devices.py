@@ -18,12 +18,13 @@ import pytest
 from agent.cli import build_parser
 from agent.enforce.state import State
 from agent.kube.daemon import KubeAgent
+from agent.kube.kubelet import Kubelet
 from agent.kube.nrt_build import build_nrt, is_mig_device_id, kubelet_gpus
 from agent.kube.podresources.client import Device
 from agent.metrics.registry import Metrics
 from tests.conftest import REPO
 from tests.kube.kubelet_standin import KubeNode, kube_node, wait_for
-from tests.kube.podresources_standin import PodResourcesStandIn
+from tests.kube.podresources_standin import PodResourcesStandIn, short_tmpdir
 from tests.kube.test_nrt import TWO_SOCKETS_AND_CXL, gpu, resources, zones_by_name
 
 __all__ = ["kube_node"]
@@ -65,6 +66,23 @@ def test_builder_takes_assigned_gpus_with_those_held_in_state() -> None:
     assert resources(free["node-1"])["nvidia.com/gpu"] == ("1", "1", "1")
     assert resources(taken["node-1"])["nvidia.com/gpu"] == ("1", "1", "0")
     assert resources(taken["node-0"])["cpu"] == resources(free["node-0"])["cpu"]
+
+
+def test_a_kubelet_that_stops_answering_leaves_its_gpus_taken() -> None:
+    # "No answer" is not "nothing handed out": read so, the NRT would show the GPUs free until the
+    # kubelet answered again, with a write each way (a List timing out on a loaded node does it).
+    folder = short_tmpdir()
+    assigned = {("ns", "train", "c0"): [Device("nvidia.com/gpu", (UUID[1],), frozenset({0}))]}
+    kubelet = Kubelet(os.path.join(folder, "kubelet.sock"), GPUS[:2])
+    with PodResourcesStandIn(assigned, folder=folder):
+        assert kubelet.refresh_devices() and kubelet.answered is True
+        assert kubelet.assigned_gpus == {"0000:3b:00.0"} and kubelet.gpu_ids == (UUID[1],)
+    # Its socket gone (a kubelet restarting), then answering garbage: the last answer stands.
+    assert not kubelet.refresh_devices() and kubelet.answered is None
+    with PodResourcesStandIn(assigned, folder=folder, mode="garbage"):
+        assert not kubelet.refresh_devices() and kubelet.answered is False
+    assert kubelet.assigned_gpus == {"0000:3b:00.0"} and kubelet.gpu_ids == (UUID[1],)
+    os.rmdir(folder)
 
 
 # ---- the agent ---------------------------------------------------------------------------------
