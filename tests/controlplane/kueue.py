@@ -19,6 +19,12 @@ What `Kueue.start()` puts on the cluster (idempotent, so a restart reuses it):
 
 - Kueue's CRDs from the fetched module's `config/components/crd/bases`, with the conversion webhooks
   `config/components/crd/kustomization.yaml` patches in, pointed at Kueue's webhook Service;
+- Kueue's own RBAC (`manager_rbac()`): what upstream's `config/components/rbac` ships, named and
+  namespaced as its `config/default` renders it, so the manager runs as the service account
+  `kueue-system/kueue-controller-manager` with its ClusterRole `kueue-manager-role` and its Roles in
+  `kueue-system` (leader election, its webhook Secret), as a cluster installed from Kueue's release
+  manifests runs it. Policies that name Kueue's manager (the kueue component's exemption in
+  `topolet-admission-fields`) see that identity here, not an administrator's;
 - namespace `kueue-system`, the empty Secret `kueue-webhook-server-cert` that Kueue's internal cert
   management fills, and the Service `kueue-webhook-service` without a selector, plus an EndpointSlice
   for it on a non-loopback address of this host (`webhook_address()`). The API server runs with
@@ -37,9 +43,9 @@ Service's ClusterIP, which nothing here serves, and Kueue never becomes ready.
 
 Kueue runs with the `batch/job` integration only, its webhooks on the address above, leader election
 off unless asked (then on a Lease in `kueue-system`), the visibility API server off, metrics and
-probes on free loopback ports, and the admin's token (system:masters) in its kubeconfig.  Its client
-limit is `api_qps` (burst twice that) and its reconcilers per kind upstream's manager config's, unless
-`concurrency` raises them.
+probes on free loopback ports, and in its kubeconfig a token of its service account (with `as_admin`,
+the admin's: system:masters, which every policy skips).  Its client limit is `api_qps` (burst twice
+that) and its reconcilers per kind upstream's manager config's, unless `concurrency` raises them.
 """
 
 from __future__ import annotations
@@ -77,8 +83,15 @@ GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 NAMESPACE = "kueue-system"
 WEBHOOK_SERVICE = "kueue-webhook-service"
 WEBHOOK_SECRET = "kueue-webhook-server-cert"
-# Upstream's config/default prefixes every object name with this (its kustomization's namePrefix).
+# Upstream's config/default prefixes every object name with this (its kustomization's namePrefix)
+# and puts the namespaced ones in NAMESPACE (config/components/rbac writes them in "system").
 NAME_PREFIX = "kueue-"
+UPSTREAM_NAMESPACE = "system"
+# The manager's service account (config/components/rbac/service_account.yaml, so named by config/default).
+SERVICE_ACCOUNT = NAME_PREFIX + "controller-manager"
+MANAGER_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+# The manager's token outlives any session or bench here (the API server sets no maximum).
+TOKEN_SECONDS = 24 * 3600
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 CHECK_CONTROLLER = "topolet.io/topology-fit"
 READY_TIMEOUT_S = 180.0
@@ -180,6 +193,38 @@ def webhook_configurations(source: Path) -> list[dict[str, Any]]:
     return out
 
 
+def manager_rbac(source: Path) -> list[dict[str, Any]]:
+    """Kueue's RBAC from `source`'s config/components/rbac (its kustomization's resources) as upstream's
+    config/default renders it: every name prefixed with NAME_PREFIX (role references and service
+    account subjects too), the namespaced objects and their subjects in NAMESPACE."""
+    rbac_dir = source / "config" / "components" / "rbac"
+    kustomization = yaml.safe_load((rbac_dir / "kustomization.yaml").read_text())
+    out = []
+    for resource in kustomization["resources"]:
+        for doc in _load_yaml_docs(rbac_dir / resource):
+            meta = doc["metadata"]
+            meta["name"] = NAME_PREFIX + meta["name"]
+            if "namespace" in meta:
+                meta["namespace"] = NAMESPACE
+            if "roleRef" in doc:
+                doc["roleRef"]["name"] = NAME_PREFIX + doc["roleRef"]["name"]
+            for subject in doc.get("subjects") or []:
+                if subject["kind"] == "ServiceAccount" and subject.get("namespace") == UPSTREAM_NAMESPACE:
+                    subject.update(name=NAME_PREFIX + subject["name"], namespace=NAMESPACE)
+            out.append(doc)
+    return out
+
+
+def _rbac_path(doc: Mapping[str, Any]) -> str:
+    """The collection a ServiceAccount or an rbac.authorization.k8s.io object is created in."""
+    from agent.kube.client import resource_path
+
+    kind, namespace = doc["kind"], doc["metadata"].get("namespace")
+    if kind == "ServiceAccount":
+        return resource_path("", "v1", "serviceaccounts", namespace=namespace)
+    return resource_path("rbac.authorization.k8s.io", "v1", kind.lower() + "s", namespace=namespace)
+
+
 def _create_or_keep(api: Any, path: str, body: Mapping[str, Any]) -> None:
     from agent.errors import KubeAPIError
 
@@ -256,6 +301,8 @@ class Kueue:
     workdir: Path
     leader_elect: bool = False
     api_qps: int = DEFAULT_API_QPS
+    # The admin's token (system:masters) instead of Kueue's own service account and RBAC.
+    as_admin: bool = False
     # Reconcilers run at once per kind, over upstream's GROUP_KIND_CONCURRENCY (see start_kueue).
     concurrency: Mapping[str, int] = field(default_factory=dict)
     owns_cluster: bool = False  # stop_all() stops the cluster (and its control plane) too
@@ -277,8 +324,10 @@ class Kueue:
         self.install()
         config = self.workdir / "kueue-config.json"
         config.write_text(json.dumps(self.configuration(), indent=1))  # JSON is YAML
-        kubeconfig = self.cluster.plane.write_kubeconfig(self.workdir / "kueue.kubeconfig",
-                                                         self.cluster.plane.admin_token, user="kueue")
+        plane = self.cluster.plane
+        token = (plane.admin_token if self.as_admin
+                 else plane.mint_token(NAMESPACE, SERVICE_ACCOUNT, expiration_seconds=TOKEN_SECONDS))
+        kubeconfig = plane.write_kubeconfig(self.workdir / "kueue.kubeconfig", token, user="kueue")
         argv = [str(self.binary), "--config", str(config), "--kubeconfig", str(kubeconfig)]
         started = time.monotonic()
         self._volume = SecretVolume(self.cluster.plane, NAMESPACE, WEBHOOK_SECRET, self.cert_dir)
@@ -372,7 +421,7 @@ class Kueue:
         }
 
     def install(self) -> None:
-        """Put Kueue's CRDs, namespace, Secret, webhook Service + EndpointSlice and webhooks in place."""
+        """Install Kueue's CRDs, namespace, RBAC, Secret, webhook Service + EndpointSlice and webhooks."""
         from agent.kube.client import resource_path
 
         source = module_dir()
@@ -382,6 +431,8 @@ class Kueue:
             for crd in crds(source):
                 _create_or_keep(api, crd_path, crd)
             _create_or_keep(api, "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+            for doc in manager_rbac(source):
+                _create_or_keep(api, _rbac_path(doc), doc)
             _create_or_keep(api, resource_path("", "v1", "secrets", namespace=NAMESPACE),
                             {"metadata": {"name": WEBHOOK_SECRET}})
             self._install_webhook_endpoint(api)
@@ -479,16 +530,17 @@ class Kueue:
 
 
 def start_kueue(workdir: Path, *, leader_elect: bool = False, api_qps: int = DEFAULT_API_QPS,
-                concurrency: Mapping[str, int] | None = None) -> Kueue:
+                concurrency: Mapping[str, int] | None = None, as_admin: bool = False) -> Kueue:
     """Build what is missing, then start a control plane, cluster and Kueue of their own (stop_all()).
 
     `concurrency` overrides upstream's reconcilers per kind (`controller.groupKindConcurrency`, e.g.
     {"Workload.kueue.x-k8s.io": 20}): each reconcile that writes waits a round trip through the API
-    server and Kueue's own webhook, so a kind's writes per second are at most its workers over that."""
+    server and Kueue's own webhook, so a kind's writes per second are at most its workers over that.
+    `as_admin` runs the manager with the admin's token rather than its own service account's."""
     binary = build_kueue()
     cluster = start_cluster(workdir / "cluster", api_qps=api_qps)
     kueue = Kueue(cluster, binary, workdir / "kueue", leader_elect=leader_elect, api_qps=api_qps,
-                  concurrency=dict(concurrency or {}), owns_cluster=True)
+                  concurrency=dict(concurrency or {}), owns_cluster=True, as_admin=as_admin)
     try:
         kueue.start()
     except BaseException:
