@@ -22,7 +22,8 @@ Ordered changes (`agent.enforce.apply`):
         (v2: refuses cpus a sibling partition root holds, before any write)
     shared_pool(allowed, reserved, exclusive) -> CPUSet
     apply_with_shared_pool(layout, allowed=, reserved=, exclusive={rel: CPUSet}, shared=[rel], ...)
-    find_drift(layout, cpus, mems=None) -> Drift; repair_drift(layout, cpus, mems=None) -> int
+    find_drift(layout, cpus, mems=None) -> Drift; repair_drift(layout, cpus, mems=None, *, new=()) -> int
+        (`new`: cgroups just created, written but not counted as drift)
 Kubernetes (`agent.enforce.kubepods`): the one pod -> cgroup mapping
     container_cgroup_path(pod_uid, qos, container_id, runtime, driver) -> rel; pod_cgroup_path(...)
     qos_cgroup_path(qos, driver) -> rel; pod_uid_of_cgroup(name, qos, driver) -> uid | None

@@ -19,7 +19,7 @@ root quietly invalidates that partition: both are refused before anything is wri
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from agent.enforce.cgroup import (
@@ -303,22 +303,28 @@ def find_drift(
 
 
 def repair_drift(
-    layout: CgroupLayout, cpus: Mapping[str, CPUSet], mems: Mapping[str, CPUSet] | None = None
+    layout: CgroupLayout, cpus: Mapping[str, CPUSet], mems: Mapping[str, CPUSet] | None = None,
+    *, new: Collection[str] = (),
 ) -> int:
     """Rewrite every managed cgroup whose live sets drifted; return how many had drifted.
 
-    Cgroups that no longer exist are logged and skipped (their processes are gone with them).
+    Cgroups that no longer exist are logged and skipped (their processes are gone with them).  `new`
+    names cgroups the caller has just created: they get their sets too, but a set never written yet
+    is not drift, so they are neither counted nor logged as such.
     """
     drift = find_drift(layout, cpus, mems)
     if drift.missing:
         log.warning("managed cgroups are gone: %s", ", ".join(drift.missing))
     if not drift.changed:
         return 0
+    fresh = {clean_path(p) for p in new}
+    drifted = [rel for rel in drift.changed if rel not in fresh]
     gone = set(drift.missing)
     apply_assignment(
         layout,
         {p: c for p, c in cpus.items() if clean_path(p) not in gone},
         {p: m for p, m in (mems or {}).items() if clean_path(p) not in gone},
     )
-    log.info("repaired cpuset drift in %d cgroups: %s", len(drift.changed), ", ".join(drift.changed))
-    return len(drift.changed)
+    if drifted:
+        log.info("repaired cpuset drift in %d cgroups: %s", len(drifted), ", ".join(drifted))
+    return len(drifted)

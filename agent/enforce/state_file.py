@@ -24,7 +24,8 @@ committing leaves the folder as it found it.
 
 Public API: `StateFile(folder, on_write=None)`: `.lock(timeout=None)`, `.load(missing_ok=False)`,
 `.load_or_rebuild(rebuild, check=None, commit=True)`, `.commit(state)`, `.corrupt_copies()`,
-`.writes`; `DEFAULT_FOLDER`, `STATE_NAME`, `KEEP_CORRUPT`.
+`.check_folder()` (StateError now when the folder cannot hold the state), `.writes`;
+`DEFAULT_FOLDER`, `STATE_NAME`, `KEEP_CORRUPT`.
 """
 
 from __future__ import annotations
@@ -237,14 +238,28 @@ class StateFile:
             except FileNotFoundError:
                 pass
 
+    def _open_lock(self) -> int:
+        """Make the folder if missing and open its lock file (a descriptor); StateError, in one line,
+        when the folder cannot hold the state (a file where it should be, no permission, read-only)."""
+        try:
+            os.makedirs(self.folder, mode=0o755, exist_ok=True)
+            return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            not_folder = os.path.exists(self.folder) and not os.path.isdir(self.folder)
+            raise StateError(f"state folder {self.folder}: "
+                             f"{'not a folder' if not_folder else exc.strerror or exc}") from exc
+
+    def check_folder(self) -> None:
+        """Raise StateError now if the folder cannot hold the state (an agent checks at start)."""
+        os.close(self._open_lock())
+
     @contextmanager
     def lock(self, timeout: float | None = None) -> Iterator[None]:
         """Hold the exclusive cross-process lock on the state (flock; not re-entrant).
 
         Raises StateError if `timeout` seconds pass without getting it.
         """
-        os.makedirs(self.folder, mode=0o755, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = self._open_lock()
         try:
             if timeout is None:
                 fcntl.flock(fd, fcntl.LOCK_EX)

@@ -2,8 +2,10 @@
 
 Public API (stable; the in-cluster daemon builds on it):
 
-- `load_api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient`: the pod's in-cluster
-  service-account config when `kubeconfig` is None, else that kubeconfig file.  Raises ConfigError.
+- `load_api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient`: from `kubeconfig`
+  (`--kubeconfig`), else `$KUBECONFIG` (several files joined by ':' merge), else the pod's in-cluster
+  service account, else `~/.kube/config` (controller-runtime's order; `kubeconfig_source` says which
+  applies).  Raises ConfigError, in one line, for a missing or malformed file.
 - `KubeClient(api_client)`: every request agent/kube makes goes through it.  It takes the
   configuration, credentials (the bearer token re-read through the in-cluster loader's refresh hook at
   most every AUTH_REFRESH_SECONDS and at once after a 401, so a rotated projected token is picked up),
@@ -24,8 +26,9 @@ Public API (stable; the in-cluster daemon builds on it):
 - `agent_namespace(value: str | None = None) -> str`: `value`, else env `POD_NAMESPACE`, else the
   service-account namespace file, else "topolet-system".
 - `KubeAPIError` (agent.errors): an API call failed (server down, timeout, HTTP error); `.status`
-  is the HTTP status or None when the server was not reached; `.not_found` is status 404.
-  `api_call(what)` is the context manager that turns the client's exceptions into it.
+  is the HTTP status or None when the server was not reached (the message then says "API server
+  <url> unreachable: <reason>"); `.not_found` is status 404.
+  `api_call(what, server="")` is the context manager that turns the client's exceptions into it.
 - `REQUEST_TIMEOUT`: the (connect, read) seconds every call in agent/kube uses unless it says otherwise.
 
 The `kubernetes` package is imported only inside functions here and in the rest of agent/kube, so
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -77,8 +81,16 @@ def _status_message(body: object) -> str:
     return body[:300]
 
 
+def _unreachable_reason(exc: BaseException) -> str:
+    """Why a connection failed, in a few words: urllib3 wraps the socket's error in two layers."""
+    reason = getattr(exc, "reason", None)  # MaxRetryError: the last attempt's error
+    text = str(reason if isinstance(reason, BaseException) else exc)
+    found = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+    return found.group(1).strip() if found else text
+
+
 @contextmanager
-def api_call(what: str) -> Iterator[None]:
+def api_call(what: str, server: str = "") -> Iterator[None]:
     """Run one API call, turning the client's HTTP and connection exceptions into KubeAPIError."""
     import urllib3
     from kubernetes.client.exceptions import ApiException
@@ -90,11 +102,32 @@ def api_call(what: str) -> Iterator[None]:
         detail = _status_message(exc.body) or str(exc.reason or "")
         raise KubeAPIError(f"{what}: HTTP {status}: {detail}".rstrip(": "), status) from exc
     except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise KubeAPIError(f"{what}: API server unreachable: {exc}") from exc
+        where = f"API server {server}" if server else "API server"
+        raise KubeAPIError(f"{what}: {where} unreachable: {_unreachable_reason(exc)}") from exc
 
 
-def load_api_client(kubeconfig: str | None) -> Any:
-    """An ApiClient from the in-cluster service account (`kubeconfig` None) or a kubeconfig file."""
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def kubeconfig_source(kubeconfig: str | None, environ: Mapping[str, str] = os.environ) -> tuple[str, str]:
+    """Where the client configuration comes from, as controller-runtime's GetConfig looks:
+    ("file", paths) for `kubeconfig`, else $KUBECONFIG (paths joined by ':' merge as kubectl merges
+    them), ("in-cluster", "") in a pod, else ("file", "~/.kube/config") when that exists, else
+    ("none", "")."""
+    if kubeconfig:
+        return "file", kubeconfig
+    if environ.get("KUBECONFIG", "").strip(os.pathsep + " "):
+        return "file", environ["KUBECONFIG"]
+    if environ.get("KUBERNETES_SERVICE_HOST"):
+        return "in-cluster", ""
+    home = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".kube", "config")
+    return ("file", home) if os.path.isfile(home) else ("none", "")
+
+
+def load_api_client(kubeconfig: str | None, environ: Mapping[str, str] = os.environ) -> Any:
+    """An ApiClient from `kubeconfig`, $KUBECONFIG, the in-cluster service account or ~/.kube/config
+    (`kubeconfig_source` says which).  Raises ConfigError, in one line, when none loads."""
     from kubernetes import client as k8s
     from kubernetes import config as k8s_config
 
@@ -102,17 +135,24 @@ def load_api_client(kubeconfig: str | None) -> Any:
     # The config loaders carry no annotations.
     load_incluster: Any = k8s_config.load_incluster_config
     load_kubeconfig: Any = k8s_config.load_kube_config
+    kind, paths = kubeconfig_source(kubeconfig, environ)
+    if kind == "none":
+        raise ConfigError("no Kubernetes client configuration: no --kubeconfig, $KUBECONFIG unset, not "
+                          "in a pod (in-cluster: $KUBERNETES_SERVICE_HOST unset) and no ~/.kube/config")
+    where = "the in-cluster service account" if kind == "in-cluster" else paths
+    if kind == "file":
+        files = [os.path.expanduser(p) for p in paths.split(os.pathsep) if p.strip()]
+        if not any(os.path.isfile(f) for f in files):
+            raise ConfigError(f"kubeconfig not found: {paths}")
     try:
-        if kubeconfig is None:
+        if kind == "in-cluster":
             # Re-reads the projected token when it rotates (bound tokens expire within the hour).
             load_incluster(client_configuration=conf, try_refresh_token=True)
         else:
-            if not os.path.isfile(kubeconfig):
-                raise ConfigError(f"kubeconfig not found: {kubeconfig}")
-            load_kubeconfig(config_file=kubeconfig, client_configuration=conf)
-    except k8s_config.ConfigException as exc:
-        where = "in-cluster service account" if kubeconfig is None else kubeconfig
-        raise ConfigError(f"cannot load Kubernetes client configuration from {where}: {exc}") from exc
+            load_kubeconfig(config_file=paths, client_configuration=conf)
+    except Exception as exc:  # noqa: BLE001 - a malformed file fails in YAML, KeyError, TypeError...
+        raise ConfigError(f"cannot load Kubernetes client configuration from {where}: "
+                          f"{_one_line(exc)}") from exc
     conf.retries = CONNECT_RETRIES
     return k8s.ApiClient(conf)
 
@@ -249,7 +289,7 @@ class KubeClient:
         """Send one request; the urllib3 response (not read) of a 2xx, else KubeAPIError."""
         host, headers = self._host_and_headers(content_type)
         url = host + path + _query_text(query)
-        with api_call(what):
+        with api_call(what, host):
             # The REST layer serialises a dict body as JSON for JSON and YAML content types.
             resp = self.api_client.rest_client.request(
                 method, url, headers=headers, body=body, _request_timeout=timeout).response

@@ -12,8 +12,8 @@ Three threads (four with NRI), so that losing the API server stops publishing, n
   first list is applied) writes each pod cgroup as the kubelet makes it, from the enforcer's policy;
 - the publisher writes what the enforcer changed — the NodeResourceTopology after every
   allocation change, labels when the topology changes, Events for bad annotations (which ones, and
-  how often per pod, `agent.kube.warnings.WarningLimiter` decides) — retrying every second at most while
-  the API is down, so it catches up within seconds of its return.
+  how often per pod, `agent.kube.warnings.WarningLimiter` decides) — retrying with the API loops'
+  back-off while the API is down (`agent.kube.backoff`), and at once when there is a change to write.
 
 MIG follows NVIDIA MIG manager's protocol on the Node: the user's label `topolet.io/mig.config`
 names the layout (else `--mig-config`), and the agent answers in `topolet.io/mig.config.state`
@@ -73,7 +73,7 @@ from agent.kube.mig_status import MigConfigChanged, MigStatus
 from agent.kube.nrt_build import MemoryRequests, Snapshot
 from agent.kube.pinner import PodPinner, alloc_id
 from agent.kube.podcgroup_route import PodCgroupRoute
-from agent.kube.publisher import RETRY_MAX_SECONDS, Publisher
+from agent.kube.publisher import Publisher
 from agent.kube.recording import RecordingEngine
 from agent.kube.route import DEFAULT_NRI_SOCKET, NRI, POD_CGROUP, PinningRoute
 from agent.kube.watch import PodChange, PodWatcher, Synced
@@ -111,6 +111,7 @@ class KubeAgent:
         reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
         self.enforce = getattr(args, "enforcement", "on") != "off"
         self.state_file = StateFile(args.state_dir, on_write=metrics.state_writes.inc)
+        self.state_file.check_folder()  # a --state-dir that cannot be one stops the agent at start
         self.kubelet = Kubelet(str(getattr(args, "pod_resources_socket", "") or ""), self.gpus)
         if self.enforce:  # before any cgroup is touched: never one cpuset written where the kubelet pins
             self.kubelet.check_cpu_manager()
@@ -147,7 +148,7 @@ class KubeAgent:
         self.pinner = PodPinner(self.engine, metrics, self.publisher.warn,
                                 gpu_numa=self.kubelet.gpu_numa_source(lambda: self.topology),
                                 enforce=self.enforce)
-        self.watcher = PodWatcher(self.api, self.node, self.changes.put, retry_max_seconds=RETRY_MAX_SECONDS,
+        self.watcher = PodWatcher(self.api, self.node, self.changes.put,
                                   on_list=metrics.pod_lists.inc,
                                   on_invalid=metrics.invalid_objects.labels(kind="pod").inc)
         # Chosen and connected in run(): NRI pins as the runtime creates containers (agent.kube.route).
@@ -329,6 +330,8 @@ class KubeAgent:
                 break
         if kicked:
             ok = self.publisher.publish_once() and ok
+        for problem in self.publisher.problems:
+            log.warning("%s", problem)
         return ok
 
 
@@ -357,7 +360,6 @@ def node_gpus(topology: Topology, fsroot: str, nvml: Any = None) -> tuple[GPU, .
 
 def run_kube_agent(args: argparse.Namespace) -> int:
     """Entry point of `topolet agent` in Kubernetes mode."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     metrics = Metrics()
     agent = KubeAgent(args, metrics)
     if args.once:

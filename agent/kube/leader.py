@@ -10,7 +10,8 @@ Public API:
 - `.is_leader` : True only while our last successful renewal is younger than `renew_deadline`, so a
   leader that cannot reach the API server stops deciding before another replica may take over
   (`lease_duration` after the last renewal it saw).
-- `.run(stop, on_change=None)`: retry every `retry_period` until `stop` is set, calling
+- `.run(stop, on_change=None)`: retry every `retry_period` until `stop` is set (the Lease's timing
+  needs that cadence; an API outage is logged once, then a reminder a minute), calling
   `on_change(leading)` when leadership changes; `.start(...)` runs it on a daemon thread.
 - `.release()`: give the Lease up (holder cleared) so a successor need not wait for it to expire.
 - `NotLeader`: raised by a leader's own code when it finds it no longer leads mid-work (the admission
@@ -31,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent.errors import ConfigError, KubeAPIError
+from agent.kube.backoff import Outage
 from agent.kube.client import KubeClient, resource_path
 from agent.kube.objects import as_dict
 
@@ -70,6 +72,7 @@ class LeaderElector:
         self._observed_at = 0.0
         self._renewed_at: float | None = None  # our clock at our last successful renewal
         self._lock = threading.Lock()
+        self.outage = Outage(f"leader election {namespace}/{name}", log, clock=clock)
         self._thread: threading.Thread | None = None
 
     @property
@@ -90,8 +93,9 @@ class LeaderElector:
         """One election round; True when we hold the Lease afterwards."""
         try:
             held = self._round()
+            self.outage.recovered()
         except KubeAPIError as exc:
-            log.warning("leader election %s/%s: %s", self.namespace, self.name, exc)
+            self.outage.failed(exc)  # the delay is not ours to choose: the Lease's timing is
             held = False
         with self._lock:
             if held:

@@ -1,10 +1,11 @@
 """The publisher thread of the Kubernetes agent: NRT on state change, labels on topology change, Events.
 
-It writes what the enforcer changed, retrying every `RETRY_MAX_SECONDS` at most while the API is
-down, so it catches up within seconds of its return; with MIG managed it also re-reads the Node for
-its layout label (`agent.kube.mig_status`).  Each write counts in `topolet_api_writes_total{kind}`,
-each failed attempt to publish (the write, or a read it needs first) in
-`topolet_api_write_errors_total{kind}`.
+It writes what the enforcer changed.  While the API is down it retries with the API loops'
+back-off (`agent.kube.backoff`: 1 s doubling to 30 s, jittered; a change to publish tries again at
+once) and logs the outage once, then a reminder a minute, then its end.  With MIG managed it also
+re-reads the Node for its layout label (`agent.kube.mig_status`).  Each write counts in
+`topolet_api_writes_total{kind}`, each failed attempt to publish (the write, or a read it needs
+first) in `topolet_api_write_errors_total{kind}`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import TopoletError
+from agent.kube.backoff import Outage
 from agent.kube.mig_status import MigStatus
 from agent.kube.nrt_build import Snapshot, build_nrt
 from agent.kube.pods import PodPlan, PodWarning
@@ -31,8 +33,6 @@ if TYPE_CHECKING:
     from agent.kube.client import KubeClient
 
 log = logging.getLogger("topolet.kube")
-
-RETRY_MAX_SECONDS = 1.0  # publishing and watching retry at least this often while the API is down
 
 
 class Publisher:
@@ -71,6 +71,8 @@ class Publisher:
         self._published_nrt: str | None = None  # fingerprint of the last NRT written
         self._published_labels: dict[str, str] | None = None
         self.failing_since: float | None = None
+        self.problems: list[str] = []  # what the last publish_once could not do
+        self.outage = Outage(f"publishing for node {node}", log)
         self.caught_up = threading.Event()
         self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
 
@@ -99,25 +101,28 @@ class Publisher:
             ok = self.publish_once()
             if ok:
                 self.failing_since = None
+                self.outage.recovered()
                 self.caught_up.set()
                 self._wake.wait(None if self.mig is None
                                 else max(self._next_node_read - time.monotonic(), 0.0))
             else:
                 if self.failing_since is None:
                     self.failing_since = time.monotonic()
-                self._wake.wait(RETRY_MAX_SECONDS)
+                self._wake.wait(self.outage.failed("; ".join(self.problems)))
             self._wake.clear()
 
     def publish_once(self) -> bool:
-        """Publish whatever differs from what was last written; False if anything failed."""
+        """Publish whatever differs from what was last written; False if anything failed (`problems`
+        then says what; the caller logs it)."""
         ok = True
+        self.problems = []
         if self.mig is not None and time.monotonic() >= self._next_node_read:
             try:
                 self._read_node()
                 self._next_node_read = time.monotonic() + self.node_poll_seconds
             except Exception as exc:  # noqa: BLE001 - the API may fail in any way; retried
                 ok = False
-                log.warning("Node %s not read: %s", self.node, exc)
+                self.problems.append(f"Node {self.node} not read: {exc}")
         snap = self.snapshot()
         try:
             labels = build_labels(snap.topology, gfd_compat=self.args.gfd_compat)
@@ -133,7 +138,7 @@ class Publisher:
         except Exception as exc:  # noqa: BLE001 - the API may fail in any way; retried
             ok = False
             self.metrics.api_write_errors.labels(kind="labels").inc()
-            log.warning("labels not published: %s", exc)
+            self.problems.append(f"labels not published: {exc}")
         try:
             obj = self._nrt_object(snap)
             digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
@@ -145,7 +150,7 @@ class Publisher:
         except Exception as exc:  # noqa: BLE001
             ok = False
             self.metrics.api_write_errors.labels(kind="nrt").inc()
-            log.warning("NodeResourceTopology not published: %s", exc)
+            self.problems.append(f"NodeResourceTopology not published: {exc}")
         while True:
             try:
                 plan, w = self._warnings.get_nowait()

@@ -49,8 +49,9 @@ class RecordingEngine(PinningEngine):
         self.defer_rebuild = False
         self._unsaved = False
 
-    def _ensure_parents(self) -> None:
+    def _ensure_parents(self) -> list[str]:
         """No topolet cgroups to make."""
+        return []
 
     def _apply(self, state: State, remove: tuple[str, ...] = (), shared: tuple[str, ...] = ()) -> None:
         """Nothing to write: the state file is the whole record."""

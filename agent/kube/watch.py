@@ -12,8 +12,9 @@ cost memory) and keeps only the small `PodPlan` of each pod.  One object costs o
 cannot be read, or whose change cannot be handled, is logged, counted (`on_invalid`) and skipped,
 and the watch's resourceVersion moves past it, so a resumed watch never replays it.  A watch that
 ends is resumed from the last resourceVersion seen; a 410 Gone (history compacted) or an expired
-watch brings a relist.  While the API server is down it retries every `retry_max_seconds` at most,
-and says nothing: a pod we cannot see is not a pod gone.
+watch brings a relist.  While the API server is down it retries with the API loops' back-off
+(`agent.kube.backoff`: 1 s doubling to 30 s, jittered), logs the outage once and then a reminder a
+minute, and changes nothing: a pod we cannot see is not a pod gone.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agent.kube.backoff import API_BACKOFF, Backoff, Outage
 from agent.kube.client import KubeClient, WatchStream, resource_path
 from agent.kube.pods import PodError, PodPlan, plan_pod
 
@@ -60,13 +62,13 @@ class PodWatcher:
     """List + watch `spec.nodeName=<node>` pods and hand changes to `sink` (see the module docstring)."""
 
     def __init__(self, api_client: Any, node_name: str, sink: Callable[[PodChange], None], *,
-                 retry_max_seconds: float = 1.0, watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
+                 backoff: Backoff = API_BACKOFF, watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
                  on_list: Callable[[], None] | None = None,
                  on_invalid: Callable[[], None] | None = None) -> None:
         self.kube = KubeClient.of(api_client)  # an ApiClient or a KubeClient
         self.node_name = node_name
         self.sink = sink
-        self.retry_max = retry_max_seconds
+        self.outage = Outage(f"pod watch on {node_name}", log, backoff)
         self.watch_timeout = watch_timeout_seconds
         self.resource_version: str | None = None
         self.lists = 0
@@ -107,8 +109,7 @@ class PodWatcher:
             stream.shutdown()  # wake the read blocked on the stream
 
     def run(self) -> None:
-        """List and watch until stopped; every failure is retried with a bounded backoff."""
-        delay = 0.1
+        """List and watch until stopped; every failure is retried with the API loops' back-off."""
         need_list = True
         while not self._stop.is_set():
             try:
@@ -116,12 +117,12 @@ class PodWatcher:
                     self._relist.clear()
                     self.relist()
                     need_list = False
+                    self.outage.recovered()
                 self.watch_once()
-                delay = 0.1
+                self.outage.recovered()
             except Expired:
                 log.info("pod watch expired at resourceVersion %s: relisting", self.resource_version)
                 need_list = True
-                delay = 0.1
                 continue
             except Exception as exc:  # noqa: BLE001 - the API may fail in any way; we keep trying
                 if self._stop.is_set():
@@ -130,9 +131,7 @@ class PodWatcher:
                 if _status(exc) == 410:
                     need_list = True
                     continue
-                log.warning("pod watch: %s; retrying in %.1fs", _short(exc), delay)
-                self._stop.wait(delay)
-                delay = min(delay * 2, self.retry_max)
+                self._stop.wait(self.outage.failed(_short(exc)))
 
     # -- list and watch --------------------------------------------------------------------------
 

@@ -24,6 +24,8 @@ from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client import make_wsgi_app
 
+from agent.errors import ConfigError
+from agent.metrics.listen import parse_listen
 from agent.metrics.registry import Metrics
 
 log = logging.getLogger(__name__)
@@ -108,8 +110,7 @@ class MetricsServer:
     def __init__(self, metrics: Metrics, listen: str, health: Health, *,
                  max_connections: int = MAX_CONNECTIONS, answer_threads: int = ANSWER_THREADS,
                  timeout_seconds: float = TIMEOUT_SECONDS) -> None:
-        host, _, port = listen.rpartition(":")
-        host = host.strip("[]") or "127.0.0.1"
+        host, port = parse_listen(listen)
         metrics_app = make_wsgi_app(metrics.registry)
 
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -124,12 +125,16 @@ class MetricsServer:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found\n"]
 
-        if ":" in host:  # "[::]" listens on both families where the kernel allows
-            self._listener = socket.create_server(
-                (host, int(port)), family=socket.AF_INET6, backlog=LISTEN_BACKLOG,
-                dualstack_ipv6=host == "::" and socket.has_dualstack_ipv6())
-        else:
-            self._listener = socket.create_server((host, int(port)), backlog=LISTEN_BACKLOG)
+        try:
+            if ":" in host:  # "[::]" listens on both families where the kernel allows
+                self._listener = socket.create_server(
+                    (host, port), family=socket.AF_INET6, backlog=LISTEN_BACKLOG,
+                    dualstack_ipv6=host == "::" and socket.has_dualstack_ipv6())
+            else:
+                self._listener = socket.create_server((host, port), backlog=LISTEN_BACKLOG)
+        except OSError as exc:  # in use, not this host's address, a name that does not resolve
+            why = str(exc.strerror or exc).split(" (while attempting", 1)[0]  # create_server's addition
+            raise ConfigError(f"cannot serve /metrics on {listen}: {why}") from exc
         self._listener.setblocking(False)
         self._app = app
         # What wsgiref's request handler reads from its server.

@@ -18,7 +18,7 @@ from agent.render.layout import Usage, layout
 from agent.render.svg import render_svg
 from agent.render.terminal import render_frame
 
-if TYPE_CHECKING:  # `discover --format svg` takes the argparse-free path (agent/cli.py)
+if TYPE_CHECKING:  # `discover --format svg` takes the argparse-free path (agent/cli)
     import argparse
 
     from agent.topology.model import Topology

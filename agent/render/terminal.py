@@ -54,6 +54,8 @@ def render_frame(data: Mapping[str, Any], clock: str, interval: float) -> str:
                    f"{row['free_count']} shared, {len(CPUSet.parse(row['reserved']))} reserved")
         out.extend(_strip(cpus.sorted(), mark))
     out.append("")
+    if data.get("state_found") is False:  # a frame without the key (an older shape) reads as found
+        out.append(f"no state file at {data.get('state_file')} yet")
     out.append(f"{len(allocs)} allocation(s)")
     for i, (a, cpus) in enumerate(zip(allocs, held, strict=True)):
         out.append(f"  {letter(i)}  {owner_name(a)}  CPUs {cpus.cpulist()}"

@@ -38,6 +38,7 @@ class StandaloneAgent:
         self.args = args
         self.metrics = metrics
         self.state_file = StateFile(args.state_dir, on_write=metrics.state_writes.inc)
+        self.state_file.check_folder()  # a --state-dir that cannot be one stops the agent at start
         self.reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
         self.topology: Topology = discover(args.fsroot)
         self.engine: PinningEngine | None = None
@@ -139,6 +140,18 @@ class StandaloneAgent:
             self.metrics.label_writes.inc()
             log.info("labels written to %s", self.args.features_dir)
 
+    def close(self) -> None:
+        """Leave no empty `topolet/` cgroups this run created behind (a machine it found no work on)."""
+        if self.engine is None:
+            return
+        try:
+            removed = self.engine.remove_unused_parents()
+        except TopoletError as exc:
+            log.warning("topolet cgroups left in place: %s", exc)
+            return
+        if removed:
+            log.info("removed the unused cgroups it created: %s", ", ".join(removed))
+
     def reconcile(self) -> None:
         """One pass: labels, released and drifted allocations, journal events."""
         started = time.perf_counter()
@@ -179,7 +192,6 @@ def _node_gpus(topology: Topology, fsroot: str, nvml: Any) -> tuple[GPU, ...]:
 
 def run_agent(args: argparse.Namespace) -> int:
     """Entry point of `topolet agent` (standalone; the Kubernetes mode builds on the same loop)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.makedirs(args.features_dir, exist_ok=True)
     metrics = Metrics()
     agent = StandaloneAgent(args, metrics)
@@ -191,16 +203,20 @@ def run_agent(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    agent.reconcile()
-    if args.once:
-        return 0
-    server = MetricsServer(metrics, args.listen,
-                           staleness_health(metrics, max(3 * args.reconcile_seconds, 15.0)))
-    server.start()
-    log.info("serving /metrics and /healthz on %s:%d", args.listen.rpartition(":")[0], server.port)
+    server = None
+    if not args.once:  # bound before any cgroup is touched: a port in use stops the agent first
+        server = MetricsServer(metrics, args.listen,
+                               staleness_health(metrics, max(3 * args.reconcile_seconds, 15.0)))
     try:
+        agent.reconcile()
+        if server is None:
+            return 0
+        server.start()
+        log.info("serving /metrics and /healthz on %s:%d", args.listen.rpartition(":")[0], server.port)
         while not stop.wait(args.reconcile_seconds):
             agent.reconcile()
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
+        agent.close()
     return 0

@@ -121,6 +121,7 @@ class PinningEngine:
         # Cgroups outside `topolet/shared` that also run on the pool: in Kubernetes mode, every
         # non-exclusive container cgroup of this node's pods (the pod watch keeps it current).
         self.extra_shared: frozenset[str] = frozenset()
+        self.created_parents: set[str] = set()  # the parents this engine made (see remove_unused_parents)
 
     # -- locking and loading -------------------------------------------------------------------
 
@@ -147,11 +148,30 @@ class PinningEngine:
         check_live(state, cpus=self.topology.cpus | self.topology.offline,
                    mems=CPUSet(n.id for n in self.topology.numa_nodes), parent=self.layout.parent)
 
-    def _ensure_parents(self) -> None:
+    def _ensure_parents(self) -> list[str]:
+        """Create `topolet/` and `topolet/shared` where missing; the ones created."""
+        created = []
         if not exists(self.layout, self.layout.parent):
-            create_cgroup(self.layout, self.layout.parent, self.allowed, self.all_mems)
+            created.append(create_cgroup(self.layout, self.layout.parent, self.allowed, self.all_mems))
         if not exists(self.layout, self.layout.shared_path):
-            create_cgroup(self.layout, self.layout.shared_path)
+            created.append(create_cgroup(self.layout, self.layout.shared_path))
+        self.created_parents.update(created)
+        return created
+
+    def remove_unused_parents(self) -> list[str]:
+        """Remove the `topolet/shared` and `topolet/` this engine created, when no allocation is recorded
+        and no process or cgroup is left in them (an agent that found no work leaves none behind);
+        the ones removed."""
+        removed: list[str] = []
+        with self.state_file.lock(timeout=LOCK_TIMEOUT_SECONDS):
+            if self.state_file.load(missing_ok=True).allocations:
+                return removed
+            for rel in (self.layout.shared_path, self.layout.parent):
+                if rel in self.created_parents and exists(self.layout, rel) \
+                        and not read_procs(self.layout, rel) and not list_children(self.layout, rel):
+                    remove_cgroup(self.layout, rel)
+                    removed.append(rel)
+        return removed
 
     def _shared_cgroups(self, extra: tuple[str, ...] = ()) -> list[str]:
         shared = self.layout.shared_path
@@ -378,11 +398,13 @@ class PinningEngine:
         """Release dead allocations, collect orphans, and repair any cpuset someone else rewrote."""
         with self.locked() as state:
             state, released, collected = self._reap(state)
-            self._ensure_parents()
+            created = self._ensure_parents()
             for a in state.allocations:
                 # A pod container's cgroup is the kubelet's: gone means the container is gone.
                 if not exists(self.layout, a.cgroup) and a.owner.pod_uid is None:
-                    create_cgroup(self.layout, a.cgroup)
+                    created.append(create_cgroup(self.layout, a.cgroup))
+            if created:
+                log.info("created cpuset cgroups %s under %s", ", ".join(created), self.layout.root)
             pool = shared_pool(self.allowed, state.reserved, [a.cpus for a in state.allocations])
             want = {self.layout.parent: self.allowed}
             want.update({rel: pool for rel in self._shared_cgroups()})
@@ -394,7 +416,9 @@ class PinningEngine:
                     want[rel] = pool
             want.update({a.cgroup: a.cpus for a in state.allocations if exists(self.layout, a.cgroup)})
             mems = {a.cgroup: a.mems for a in state.allocations if a.mems}
-            repaired = repair_drift(self.layout, want, mems or None)
+            # A cgroup created in this pass gets its sets without counting as drift: drift is a set
+            # someone changed after we wrote it.
+            repaired = repair_drift(self.layout, want, mems or None, new=created)
             return ReconcileResult(released, collected, repaired)
 
     def usage(self, state: State | None = None) -> list[NodeUsage]:

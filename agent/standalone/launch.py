@@ -180,7 +180,9 @@ def _alive(layout: CgroupLayout | None, alloc: Allocation) -> bool:
 def status_data(state_dir: str, cgroup_root: str | None = None) -> dict[str, Any]:
     """Allocations and free CPUs per NUMA node, from the state file (read-only)."""
     topo = discover("/")
-    state = StateFile(state_dir).load(missing_ok=True)
+    state_file = StateFile(state_dir)
+    state = state_file.load(missing_ok=True)
+    found = os.path.lexists(state_file.path)  # else nothing was ever allocated through this folder
     allowed = topo.cpus
     layout: CgroupLayout | None = None
     try:
@@ -193,6 +195,8 @@ def status_data(state_dir: str, cgroup_root: str | None = None) -> dict[str, Any
                parent=layout.parent if layout is not None else DEFAULT_PARENT)
     rows = usage_of(topo, allowed, state)
     return {
+        "state_file": state_file.path,
+        "state_found": found,
         "generation": state.generation,
         "reserved": state.reserved.cpulist(),
         "numa": [{"numa": u.numa, "cpus": u.total.cpulist(), "reserved": u.reserved.cpulist(),
@@ -217,6 +221,10 @@ def run_status(args: argparse.Namespace) -> int:
     for row in data["numa"]:
         print(f"{row['numa']:>4}  {row['cpus']:<16} {row['reserved'] or '-':<10} "
               f"{row['exclusive'] or '-':<16} {row['free'] or '-':<16}")
+    if not data["state_found"]:
+        print(f"\nno state file at {data['state_file']}: nothing allocated there yet (`topolet exec` and "
+              "the agent write it; --state-dir to look in another folder)")
+        return 0
     print(f"\n{len(data['allocations'])} allocation(s)")
     for a in data["allocations"]:
         # State fields are text from a file: escape what a terminal would act on.

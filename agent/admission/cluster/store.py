@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from agent.admission.cluster import heap
 from agent.errors import KubeAPIError
+from agent.kube.backoff import Outage
 from agent.kube.client import KubeClient, WatchStream
 from agent.kube.objects import as_dict, metadata_of, object_key, resource_version
 
@@ -34,7 +35,8 @@ class Reflector:
     that `matters`.
 
     A collection whose API is not served (404: e.g. the NRT CRD is not installed) counts as empty and
-    synced, and is listed again on the next retry.
+    synced, and is listed again on the next retry.  Failures are retried with the API loops' back-off
+    and logged once per outage (`agent.kube.backoff.Outage`).
     """
 
     def __init__(self, kube: KubeClient, path: str, what: str, changed: threading.Event,
@@ -53,6 +55,7 @@ class Reflector:
         self._stream: WatchStream | None = None
         self._thread: threading.Thread | None = None
         self._rv: str | None = None
+        self.outage = Outage(f"watch of {what}", log)
 
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -95,7 +98,6 @@ class Reflector:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        delay = 0.2
         need_list = True
         while not self._stop.is_set():
             try:
@@ -106,17 +108,15 @@ class Reflector:
                     need_list = True
                     self._stop.wait(10)
                     continue
+                self.outage.recovered()
                 need_list = self._watch()
-                delay = 0.2
             except Exception as exc:  # noqa: BLE001 - the API may fail in any way; we keep trying
                 if self._stop.is_set():
                     break
                 if getattr(exc, "status", None) == 410:
                     need_list = True
                     continue
-                log.warning("%s: %s; retrying in %.1fs", self.what, exc, delay)
-                self._stop.wait(delay)
-                delay = min(delay * 2, 5.0)
+                self._stop.wait(self.outage.failed(exc))
 
     def _list(self) -> None:
         try:

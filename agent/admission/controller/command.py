@@ -19,7 +19,8 @@ from agent.admission.controller.writes import CRASH_ENV, WRITERS
 from agent.admission.jobs.queues import parse_queue_modes
 from agent.admission.kueue.check import kueue_served
 from agent.admission.report.metrics import AdmissionMetrics
-from agent.kube.client import KubeClient, agent_namespace, load_api_client
+from agent.kube.access import check_access
+from agent.kube.client import KubeClient, agent_namespace, load_api_client, resource_path
 from agent.kube.leader import LeaderElector
 from agent.metrics.server import MetricsServer
 
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 
 def _kueue_mode(kube: KubeClient, mode: str) -> bool:
     """Whether to run the Kueue AdmissionCheck (`--kueue`): auto turns it on when Kueue's v1beta2 is
-    served and we may read it (else its reflectors would never sync and hold up every pass)."""
+    served and we may read it (else its reflectors would never sync and hold up every pass).  Asked
+    after `check_access`, so a refusal here is about Kueue's objects alone."""
     if mode != "auto":
         return mode == "on"
     served = kueue_served(kube)
@@ -42,28 +44,12 @@ def run_controller(args: argparse.Namespace) -> int:
     """`topolet controller`: serve metrics, elect a leader if asked, and run until SIGTERM/SIGINT."""
     if args.crash_at:
         os.environ[CRASH_ENV] = args.crash_at
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = ControllerConfig(namespace=agent_namespace(args.namespace),
                               queue_modes=parse_queue_modes(args.queue or []),
                               resync_seconds=args.resync_seconds,
                               ledger_timeout_seconds=args.ledger_timeout_seconds,
                               identity=args.identity or os.environ.get("POD_NAME", ""))
-    api = load_api_client(args.kubeconfig)
-    # Five watches, the Lease and the two write pools each hold a connection at once: a pool smaller than
-    # that discards connections and pays a TLS handshake on most writes.
-    api.configuration.connection_pool_maxsize = 2 * WRITERS + 16
-    api.rest_client = type(api.rest_client)(api.configuration)
-    kube = KubeClient(api)
-    config = replace(config, kueue=_kueue_mode(kube, args.kueue))
     metrics = AdmissionMetrics()
-    stop = threading.Event()
-    leader = None
-    identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
-    if args.leader_elect:
-        leader = LeaderElector(kube, config.namespace, LEASE_NAME, identity,
-                               lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
-                               retry_period=args.retry_period)
-    controller = Controller(kube, replace(config, identity=identity), metrics, leader)
     max_age = max(3 * config.resync_seconds, 30.0)
 
     def health() -> tuple[bool, str]:
@@ -73,7 +59,26 @@ def run_controller(args: argparse.Namespace) -> int:
         age = time.time() - last
         return age <= max_age, f"last pass {age:.1f}s ago"
 
+    # Bound first: a port in use is said before the API is asked anything (started once it decides).
     server = MetricsServer(metrics, args.listen, health)  # type: ignore[arg-type]
+    api = load_api_client(args.kubeconfig)
+    # Five watches, the Lease and the two write pools each hold a connection at once: a pool smaller than
+    # that discards connections and pays a TLS handshake on most writes.
+    api.configuration.connection_pool_maxsize = 2 * WRITERS + 16
+    api.rest_client = type(api.rest_client)(api.configuration)
+    kube = KubeClient(api)
+    # Before anything that could blame Kueue: an API server not reached, credentials refused, or no RBAC
+    # for the Jobs every pass reads is said as such, and the controller exits.
+    check_access(kube, [(resource_path("batch", "v1", "jobs"), "list Jobs")])
+    config = replace(config, kueue=_kueue_mode(kube, args.kueue))
+    stop = threading.Event()
+    leader = None
+    identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
+    if args.leader_elect:
+        leader = LeaderElector(kube, config.namespace, LEASE_NAME, identity,
+                               lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
+                               retry_period=args.retry_period)
+    controller = Controller(kube, replace(config, identity=identity), metrics, leader)
     server.start()
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -4,7 +4,8 @@ Public API:
 
 - `QUEUE_MODES` ("StrictFIFO", "BestEffortFIFO"); `DEFAULT_MODE` = "BestEffortFIFO".
 - `parse_queue_modes(flags) -> dict[str, str]`: `NAME=MODE` strings (the `--queue` flags) into a
-  map; ConfigError on a malformed flag, an unknown mode or a queue named twice.
+  map; ConfigError on a malformed flag, a name no `topolet.io/queue` label value can hold, an unknown
+  mode or a queue named twice.
 - `Pending(gang, queue, created, name)`: one gang waiting in `queue` (created: RFC 3339 creation time).
 - `queue_order(p)`: the sort key: higher priority first, then older, then name.
 - `admission_pass(pending, modes, decide) -> list[Outcome]`: walk every pending gang in queue order
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from agent.admission.engine.model import Gang, Placement, Refusal
 from agent.errors import ConfigError
+from agent.labels.validate import is_label_value
 
 QUEUE_MODES = ("StrictFIFO", "BestEffortFIFO")
 DEFAULT_MODE = "BestEffortFIFO"
@@ -36,6 +38,9 @@ def parse_queue_modes(flags: Iterable[str]) -> dict[str, str]:
         name, mode = name.strip(), mode.strip()
         if not sep or not name:
             raise ConfigError(f"--queue wants NAME=MODE, got {flag!r}")
+        if not is_label_value(name):  # a Job names its queue in a label: any other name matches none
+            raise ConfigError(f"--queue {name!r}: a queue name is a label value (letters, digits, '-', '_' "
+                              "and '.', starting and ending alphanumeric, at most 63 characters)")
         if mode not in QUEUE_MODES:
             raise ConfigError(f"--queue {name}: mode must be one of {', '.join(QUEUE_MODES)}, got {mode!r}")
         if name in modes:

@@ -1,124 +1,21 @@
-"""`topolet` subcommands.  Imports nothing heavy at module level: each subcommand loads what it needs.
+"""The `topolet` command line: every subcommand's options, checked as argparse reads them.
 
-`topolet discover` is timed as a whole process against `lstopo`, so a plainly spelled `discover`
-command line is read without argparse (its import and the parser tree cost about as much as the
-scan); anything else, help and every error included, goes through the full argparse parser.
+`build_parser()` imports argparse only when called: a plainly spelled `discover` never calls it
+(`agent.cli.plain_discover_args`).
 """
 
 from __future__ import annotations
 
 import os
-import sys
-
-from agent.errors import ConfigError, TopoletError
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing and argparse cost start-up time, and `discover` is timed as a whole process
+if TYPE_CHECKING:
     import argparse
-    from argparse import Namespace as _Args
-    from collections.abc import Callable, Sequence
     from typing import NoReturn
 
-    Handler = Callable[[argparse.Namespace], int]
-else:
-
-    class _Args:
-        """The parsed command line of the argparse-free `discover` path, read as argparse.Namespace."""
-
-        def __init__(self, **values: object) -> None:
-            self.__dict__.update(values)
-
 DISCOVER_FORMATS = ("table", "json", "yaml", "labels", "conformance", "svg", "png")
-
-
-def _discover(args: argparse.Namespace) -> int:
-    if args.format in ("svg", "png") or args.output:
-        from agent.render.command import run_discover_picture
-
-        return run_discover_picture(args)
-    if args.format == "labels":
-        from agent.labels.command import run_discover_labels
-
-        return run_discover_labels(args)
-    from agent.topology.report import run_discover
-
-    return run_discover(args)
-
-
-def _alloc(args: argparse.Namespace) -> int:
-    from agent.alloc.command import run_alloc
-
-    return run_alloc(args)
-
-
-def _mig(args: argparse.Namespace) -> int:
-    from agent.gpu.command import run_mig
-
-    return run_mig(args)
-
-
-def _agent(args: argparse.Namespace) -> int:
-    if args.kubeconfig or (args.mode == "auto" and os.environ.get("KUBERNETES_SERVICE_HOST")) \
-            or args.mode == "kubernetes":
-        from agent.kube.daemon import run_kube_agent
-
-        return run_kube_agent(args)
-    if args.enforcement == "off":
-        # Standalone pinning is the agent's whole job there; a dry run of it is `topolet alloc`.
-        raise ConfigError("--enforcement off is for the Kubernetes mode only")
-    from agent.standalone.daemon import run_agent
-
-    return run_agent(args)
-
-
-def _exec(args: argparse.Namespace) -> int:
-    from agent.standalone.launch import run_exec
-
-    return run_exec(args)
-
-
-def _status(args: argparse.Namespace) -> int:
-    if args.watch or args.format in ("svg", "png") or args.output:
-        from agent.render.command import run_status_view
-
-        return run_status_view(args)
-    from agent.standalone.launch import run_status
-
-    return run_status(args)
-
-
-def _controller(args: argparse.Namespace) -> int:
-    from agent.admission.controller.command import run_controller
-
-    return run_controller(args)
-
-
-def plain_discover_args(words: Sequence[str]) -> argparse.Namespace | None:
-    """`discover`'s options from its words when each is spelled in full and valid, else None.
-
-    None sends the words to argparse, which parses them the same way or words the error, so this
-    path accepts only what argparse would accept, with the same values.
-    """
-    values: dict[str, object] = {"fsroot": "/", "format": "table", "gfd_compat": False, "output": None}
-    i = 0
-    while i < len(words):
-        word = words[i]
-        i += 1
-        if word == "--gfd-compat":
-            values["gfd_compat"] = True
-            continue
-        name, eq, value = word.partition("=")
-        if name not in ("--fsroot", "--format"):
-            return None  # help, abbreviations, `--`, strays: argparse's own handling and messages
-        if not eq:
-            if i == len(words) or words[i].startswith("-"):
-                return None  # argparse reads a leading "-" as an option, or a negative number
-            value = words[i]
-            i += 1
-        if name == "--format" and value not in DISCOVER_FORMATS:
-            return None
-        values[name[2:]] = value
-    return _Args(command="discover", handler=_discover, **values)
+KUBECONFIG_HELP = ("kubeconfig file (default: $KUBECONFIG, whose files joined by ':' merge, else the pod's "
+                   "in-cluster service account, else ~/.kube/config)")
 
 
 def _version() -> str:
@@ -134,7 +31,21 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     import argparse
 
-    p = argparse.ArgumentParser(prog="topolet", description="Node topology agent.")
+    import agent.cli.commands as commands  # `from agent.cli import` would also name this package
+    import agent.cli.values as values
+    from agent.cli.logging_setup import LOG_LEVELS
+
+    def log_level(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+        parser.add_argument("--log-level", default=default, choices=LOG_LEVELS,
+                            help=f"log messages of this level and above (default {default or 'warning'})")
+
+    class Parser(argparse.ArgumentParser):
+        """argparse's parser, saying a bad command line in one line (the usage is a --help away)."""
+
+        def error(self, message: str) -> NoReturn:
+            self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    p = Parser(prog="topolet", description="Node topology agent.")
     p.add_argument("--version", action="version", version=f"topolet {_version()}",
                    help="print topolet's version and exit")
     # Naming `prog` spares argparse its usage formatter at start-up (it imports shutil, bz2, lzma).
@@ -149,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--output", default=None, help="with --format svg or png: write the picture to this file")
     d.add_argument("--gfd-compat", action="store_true",
                    help="also print GPU Feature Discovery's nvidia.com/* labels")
-    d.set_defaults(handler=_discover)
+    log_level(d)
+    d.set_defaults(handler=commands.discover)
 
     a = sub.add_parser("alloc", help="run the CPU allocator over a file of requests")
     a.add_argument("--topology", required=True,
@@ -158,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="file of JSON lines, - for stdin: {free, cpus, numa_policy, smt, reserved, "
                         "preferred_numa}; one answer line each, {cpus} or {error}; lines up to 256 KiB")
     a.add_argument("--name", help="topology name inside a kubelet-table file with several")
-    a.set_defaults(handler=_alloc)
+    log_level(a)
+    a.set_defaults(handler=commands.alloc)
 
     m = sub.add_parser("mig", help="MIG partition planning")
     msub = m.add_subparsers(dest="mig_command", required=True, prog="topolet mig")
@@ -173,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "node); default 1")
     mp.add_argument("--format", default="json", choices=["json", "table"],
                     help="json (default, {gpus: [...]} or {error}) or table (one line per GPU)")
-    mp.set_defaults(handler=_mig)
+    log_level(mp)
+    mp.set_defaults(handler=commands.mig)
 
     g = sub.add_parser("agent", help="run the node agent (standalone without a cluster)")
     g.add_argument("--fsroot", default="/",
@@ -183,17 +97,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "/var/lib/topolet")
     g.add_argument("--features-dir", default="/etc/kubernetes/node-feature-discovery/features.d",
                    help="NFD features.d folder the label file is written to (the file label sink)")
-    g.add_argument("--listen", default="127.0.0.1:9470",
+    g.add_argument("--listen", default="127.0.0.1:9470", type=values.listen_address,
                    help="host:port for /metrics and /healthz, default 127.0.0.1:9470 (port 0: any free)")
     g.add_argument("--reserved-cpus", default="",
                    help="cpulist never handed out as exclusive CPUs (left to the system and shared work)")
-    g.add_argument("--reconcile-seconds", type=float, default=5.0,
+    g.add_argument("--reconcile-seconds", type=values.seconds, default=5.0,
                    help="seconds between reconcile passes (release, drift repair), default 5")
     g.add_argument("--cgroup-root", default=None, help="cgroup mount to use (auto-detected)")
     g.add_argument("--once", action="store_true", help="reconcile once and exit")
     g.add_argument("--mode", default="auto", choices=["auto", "standalone", "kubernetes"],
-                   help="auto: Kubernetes when in a cluster or given --kubeconfig, else standalone")
-    g.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster config)")
+                   help="auto (default): Kubernetes in a pod, given --kubeconfig or with $KUBECONFIG set, "
+                        "else standalone; the agent logs which it picked and why")
+    g.add_argument("--kubeconfig", default=None, help=KUBECONFIG_HELP)
     g.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
                    help="this node's name (default: $NODE_NAME)")
     g.add_argument("--label-sink", default="auto", choices=["auto", "nodefeature", "node", "file", "none"],
@@ -222,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Kubernetes mode: off = decide, record in the state file and publish labels and "
                         "NRT as with on, but write no cgroup and need no cpuset hierarchy; a container "
                         "counts as started once its pod status lists it running with a container ID")
-    g.set_defaults(handler=_agent)
+    log_level(g, "info")
+    g.set_defaults(handler=commands.agent)
 
     e = sub.add_parser("exec", help="run a command on exclusive, topology-aligned CPUs")
     e.add_argument("--cpus", type=int, required=True,
@@ -247,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cgroup (cpuset) folder to work under (default: auto-detected)")
     e.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]",
                    help="the command to run, after --")
-    e.set_defaults(handler=_exec)
+    log_level(e)
+    e.set_defaults(handler=commands.exec_command)
 
     s = sub.add_parser("status", help="show allocations and free CPUs per NUMA node")
     s.add_argument("--state-dir", default="/var/lib/topolet",
@@ -262,30 +179,32 @@ def build_parser() -> argparse.ArgumentParser:
                         "them, redrawn until Ctrl-C (frames separated by a form feed when not a terminal)")
     s.add_argument("--interval", type=float, default=2.0,
                    help="seconds between --watch frames, default 2")
-    s.set_defaults(handler=_status)
+    log_level(s)
+    s.set_defaults(handler=commands.status)
 
     c = sub.add_parser("controller", help="run the central admission controller (gangs of queued Jobs)")
-    c.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster config)")
-    c.add_argument("--namespace", default=None,
+    c.add_argument("--kubeconfig", default=None, help=KUBECONFIG_HELP)
+    c.add_argument("--namespace", default=None, type=values.namespace,
                    help="the controller's namespace, for its Lease (default: $POD_NAMESPACE, the service "
                         "account's, else topolet-system)")
-    c.add_argument("--listen", default="0.0.0.0:9471", help="address for /metrics and /healthz")
+    c.add_argument("--listen", default="0.0.0.0:9471", type=values.listen_address,
+                   help="host:port for /metrics and /healthz, default 0.0.0.0:9471")
     c.add_argument("--leader-elect", action="store_true",
                    help="elect one deciding replica through the Lease topolet-controller")
-    c.add_argument("--lease-duration", type=float, default=15.0,
+    c.add_argument("--lease-duration", type=values.seconds, default=15.0,
                    help="seconds a Lease holder that stopped renewing keeps it (default 15)")
-    c.add_argument("--renew-deadline", type=float, default=10.0,
+    c.add_argument("--renew-deadline", type=values.seconds, default=10.0,
                    help="seconds the leader keeps deciding without a successful renewal (default 10)")
-    c.add_argument("--retry-period", type=float, default=2.0,
+    c.add_argument("--retry-period", type=values.seconds, default=2.0,
                    help="seconds between leader election attempts (default 2)")
     c.add_argument("--identity", default=None,
                    help="this replica's name in the Lease (default: $POD_NAME, else host-pid)")
-    c.add_argument("--queue", action="append", default=[], metavar="NAME=MODE",
+    c.add_argument("--queue", action="append", default=[], metavar="NAME=MODE", type=values.queue_mode,
                    help="a queue's mode, StrictFIFO (the head blocks the rest) or BestEffortFIFO (the "
                         "default: later gangs may pass a head that does not fit); repeat per queue")
-    c.add_argument("--resync-seconds", type=float, default=30.0,
+    c.add_argument("--resync-seconds", type=values.seconds, default=30.0,
                    help="a decision pass at least this often, changes or not (default 30)")
-    c.add_argument("--ledger-timeout-seconds", type=float, default=120.0,
+    c.add_argument("--ledger-timeout-seconds", type=values.seconds, default=120.0,
                    help="seconds a placement counts against capacity while the NRT does not show it "
                         "(default 120)")
     c.add_argument("--kueue", default="auto", choices=["auto", "on", "off"],
@@ -293,48 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "or auto (the default: on when the API serves Kueue's v1beta2 to this controller)")
     c.add_argument("--crash-at", default=None,
                    choices=["after-decision", "after-unsuspend", "after-pod-patch"],
-                   help="for the restart tests only: SIGKILL this process the first time it reaches the step")
-    c.set_defaults(handler=_controller)
+                   # For the restart tests only (SIGKILL this process the first time it reaches the
+                   # step): it works, but --help does not offer it.
+                   help=argparse.SUPPRESS)
+    log_level(c, "info")
+    c.set_defaults(handler=commands.controller)
     return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    words = sys.argv[1:] if argv is None else list(argv)
-    args = plain_discover_args(words[1:]) if words[:1] == ["discover"] else None
-    if args is None:
-        args = build_parser().parse_args(words)
-    handler: Handler = args.handler
-    try:
-        return handler(args)
-    except TopoletError as exc:
-        print(f"topolet {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        return 1
-    except KeyboardInterrupt:
-        return 130
-
-
-def run() -> NoReturn:
-    """The `topolet` console script: `main()` on the command line, then exit with its status.
-
-    `discover` then leaves without the interpreter's teardown (freeing every module and the whole
-    model, a few ms of a command timed against lstopo) when nothing is left to run at exit: no exit
-    handler registered and no threading loaded (the labels' logging registers one).  A flush that
-    fails takes the ordinary exit, which reports it as before.
-    """
-    import atexit  # built in: no import cost
-
-    status = main()
-    if sys.argv[1:2] == ["discover"] and not atexit._ncallbacks() and "threading" not in sys.modules:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except OSError:
-            sys.exit(status)
-        os._exit(status)
-    sys.exit(status)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

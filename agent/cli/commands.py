@@ -1,0 +1,78 @@
+"""What each `topolet` subcommand runs: each loads its module only when it runs."""
+
+from __future__ import annotations
+
+import os
+
+from agent.errors import ConfigError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing and argparse cost start-up time, and `discover` is timed as a whole process
+    import argparse
+
+
+def discover(args: argparse.Namespace) -> int:
+    if args.format in ("svg", "png") or args.output:
+        from agent.render.command import run_discover_picture
+
+        return run_discover_picture(args)
+    if args.format == "labels":
+        from agent.labels.command import run_discover_labels
+
+        return run_discover_labels(args)
+    from agent.topology.report import run_discover
+
+    return run_discover(args)
+
+
+def alloc(args: argparse.Namespace) -> int:
+    from agent.alloc.command import run_alloc
+
+    return run_alloc(args)
+
+
+def mig(args: argparse.Namespace) -> int:
+    from agent.gpu.command import run_mig
+
+    return run_mig(args)
+
+
+def agent(args: argparse.Namespace) -> int:
+    import logging
+
+    from agent.cli.mode import KUBERNETES, agent_mode
+
+    mode, why = agent_mode(args.mode, args.kubeconfig, os.environ)
+    logging.getLogger("topolet.agent").info("%s mode: %s", mode, why)
+    if mode == KUBERNETES:
+        from agent.kube.daemon import run_kube_agent
+
+        return run_kube_agent(args)
+    if args.enforcement == "off":
+        # Standalone pinning is the agent's whole job there; a dry run of it is `topolet alloc`.
+        raise ConfigError("--enforcement off is for the Kubernetes mode only")
+    from agent.standalone.daemon import run_agent
+
+    return run_agent(args)
+
+
+def exec_command(args: argparse.Namespace) -> int:
+    from agent.standalone.launch import run_exec
+
+    return run_exec(args)
+
+
+def status(args: argparse.Namespace) -> int:
+    if args.watch or args.format in ("svg", "png") or args.output:
+        from agent.render.command import run_status_view
+
+        return run_status_view(args)
+    from agent.standalone.launch import run_status
+
+    return run_status(args)
+
+
+def controller(args: argparse.Namespace) -> int:
+    from agent.admission.controller.command import run_controller
+
+    return run_controller(args)
