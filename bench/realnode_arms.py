@@ -22,6 +22,11 @@ pinned pod is one where every exclusive container printed its allocation (the ag
 for `static` the kubelet's cpu_manager_state) with nproc its size and Mems_allowed_list its memory
 nodes (the node's when memory is not bound), and every shared container printed no held CPU.
 
+`run_arms(..., waves=...)` runs pods together instead, for a node with room (tests/vm's guest: 4
+vCPUs over two NUMA nodes): each wave's Guaranteed pods (of 1 or 2 CPUs) are created at once and held
+together, a Burstable pod is started among them, every first instruction is checked as above, and
+all are deleted and released before the next wave; no timings then.
+
 Times per pod (CLOCK_MONOTONIC): created (the API's answer) → Running (phase seen on a watch), and
 created → pinned (a cgroup under the pod first seen holding exactly the allocation: the pod cgroup on
 the pod-cgroup route, the container's on the others; polled every `POLL_S`, which costs all three arms
@@ -41,7 +46,15 @@ from agent.kube.pods import MEMORY_BINDING
 from agent.topology.cpuset import CPUSet
 from tests.controlplane.cluster import Cluster
 from tests.realnode.containerd import CONTAINERD_1_6, CONTAINERD_2_4
-from tests.realnode.node import NodeAgent, RealNode, RealNodeParts, guaranteed_pod, wait
+from tests.realnode.node import (
+    NodeAgent,
+    RealNode,
+    RealNodeParts,
+    guaranteed_pod,
+    milestone,
+    request_timeout,
+    wait,
+)
 from tests.realnode.test_nri_route import FIRST_INSTRUCTIONS
 
 POD_CGROUP, NRI, STATIC = "pod-cgroup", "nri", "static"
@@ -64,17 +77,19 @@ class ArmResult:
     running_s: list[float] = field(default_factory=list)  # created -> Running
     pinned_s: list[float] = field(default_factory=list)  # created -> pinned
     misses: list[str] = field(default_factory=list)  # what a pod's first instruction saw instead
+    bound_mems: list[str] = field(default_factory=list)  # Mems_allowed_list of memory-bound containers
+    seen: list[str] = field(default_factory=list)  # run_together: each pod's first read vs its allocation
     agent_mib: float | None = None  # the agent's RSS at the end (topolet arms)
 
 
-def pod_spec(name: str, node: str, kind: str) -> dict[str, Any]:
-    """kind: "g" (Guaranteed, 1 CPU), "mem" (and memory-binding), "multi" (a second 100m container),
-    "burstable" (a memory request only: the static arm's node has no CPU left to request)."""
+def pod_spec(name: str, node: str, kind: str, cpus: int = 1) -> dict[str, Any]:
+    """kind: "g" (Guaranteed, `cpus` CPUs), "mem" (and memory-binding), "multi" (a second 100m
+    container), "burstable" (a memory request only: the static arm's node has no CPU left to request)."""
     if kind == "burstable":
         pod = guaranteed_pod(name, node, cpu=None, limits=False)
     else:
         binding = {MEMORY_BINDING: "true"} if kind == "mem" else None
-        pod = guaranteed_pod(name, node, cpu="1", annotations=binding)
+        pod = guaranteed_pod(name, node, cpu=str(cpus), annotations=binding)
     containers = pod["spec"]["containers"]
     containers[0]["command"] = ["/bin/sh", "-c", FIRST_INSTRUCTIONS]
     if kind == "multi":
@@ -154,6 +169,7 @@ class Arm:
     def start(self) -> None:
         node = self.node
         node.start()
+        milestone(f"{self.arm} node ready")
         if self.arm == STATIC:
             return
         route = ("--route", NRI, "--nri-socket", str(node.nri_socket)) if self.arm == NRI else \
@@ -162,10 +178,10 @@ class Arm:
         agent.start()
         ready = f"pinning route: {NRI} (registered" if self.arm == NRI else "pod-cgroup route: watching"
         wait(lambda: ready in agent.log() or not agent.running(), f"the agent's {self.arm} route", 60)
-        wait(lambda: node.cluster.nrt(node.name) is not None or not agent.running(), "the agent's first NRT",
-             60)
+        wait(lambda: self._nrt_published() or not agent.running(), "the agent's first NRT", 60)
         if not agent.running():
             raise RuntimeError(f"the agent on the {self.arm} arm exited:\n{agent.log()[-4000:]}")
+        milestone(f"{self.arm} agent serving")
 
     def close(self) -> None:
         if self.agent is not None:
@@ -204,6 +220,56 @@ class Arm:
         if self.agent is not None and self.agent.proc is not None and rss is not None:
             result.agent_mib = rss(self.agent.proc.popen.pid)
         return result
+
+    def run_together(self, waves: list[list[tuple[str, int]]]) -> ArmResult:
+        """Each wave's Guaranteed pods ((kind, CPUs), see pod_spec) created at once and held together
+        with a Burstable pod started among them; checked, then all deleted and released."""
+        node, result = self.node, self.partial
+        held = Held(node, self.agent)
+        with node.api() as api:
+            for w, wave in enumerate(waves):
+                made = [(api.create(f"/api/v1/namespaces/{NS}/pods",
+                                    pod_spec(f"{self.arm}-w{w}-{i}", node.name, kind, cpus),
+                                    timeout=request_timeout()), kind)
+                        for i, (kind, cpus) in enumerate(wave)]
+                result.guaranteed += len(made)
+                for pod, _ in made:  # all started: their allocations are held together now
+                    first_read(node, pod, "c")
+                milestone(f"{self.arm} wave {w} started")
+                for pod, kind in made:
+                    if self._check(pod, kind, held, result):
+                        result.pinned += 1
+                    seen = seen_as(first_read(node, pod, "c"))
+                    cpus, mems = held.of(pod["metadata"]["uid"]).get("c", (CPUSet(), CPUSet()))
+                    result.seen.append(f"{pod['metadata']['name']} ({kind}): Cpus {seen[0]} Mems {seen[1]} "
+                                       f"nproc {seen[2]}; allocation {cpus.cpulist() or 'none'} "
+                                       f"mems {mems.cpulist() or 'none'}")
+                    if kind == "mem":
+                        result.bound_mems.append(seen[1])
+                extra = self._burstable(api, f"{self.arm}-w{w}-b", held, None, result)
+                seen = seen_as(first_read(node, extra, "c"))
+                result.seen.append(f"{extra['metadata']['name']} (Burstable): Cpus {seen[0]} Mems {seen[1]} "
+                                   f"nproc {seen[2]}; exclusive held {held.all().cpulist() or 'none'}")
+                gone = [pod for pod, _ in made] + [extra]
+                for pod in gone:
+                    api.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}",
+                                timeout=request_timeout())
+                for pod in gone:
+                    self._wait_released(pod["metadata"]["uid"], held)
+                milestone(f"{self.arm} wave {w} released")
+        return result
+
+    def _nrt_published(self) -> bool:
+        """Whether the node's NodeResourceTopology exists; False while the API does not answer in time
+        (a loaded host under emulation), so the wait polls again."""
+        from agent.errors import KubeAPIError
+
+        try:
+            return self.node.cluster.nrt(self.node.name) is not None
+        except KubeAPIError as exc:
+            if exc.status is not None:
+                raise
+            return False
 
     def _pod_dir(self, uid: str, qos: str = "") -> Path:
         return self.node.cpuset_root / "kubepods" / qos / f"pod{uid}"
@@ -260,7 +326,8 @@ class Arm:
         return ok
 
     def _burstable(self, api: Any, name: str, held: Held, times: Any, result: ArmResult) -> dict[str, Any]:
-        made = dict(api.create(f"/api/v1/namespaces/{NS}/pods", pod_spec(name, self.node.name, "burstable")))
+        made = dict(api.create(f"/api/v1/namespaces/{NS}/pods", pod_spec(name, self.node.name, "burstable"),
+                               timeout=request_timeout()))
         taken = held.all()
         seen = first_read(self.node, made, "c")
         cpus_seen = CPUSet.parse(seen.get("Cpus_allowed_list", ""))
@@ -328,9 +395,10 @@ def _subdirs(folder: Path) -> list[Path]:
 def run_arms(cluster: Cluster, parts: RealNodeParts, pods: int, burstable_every: int,
              arms: tuple[str, ...] = ARMS, agent_args: tuple[str, ...] = (),
              rss: Callable[[int], float] | None = None,
-             log: Callable[[str], None] = print, multi: bool = True) -> dict[str, ArmResult]:
+             log: Callable[[str], None] = print, multi: bool = True,
+             waves: list[list[tuple[str, int]]] | None = None) -> dict[str, ArmResult]:
     """Run each arm in turn on `cluster`: a node of its own, started and stopped (`multi`: with the
-    multi-container pod)."""
+    multi-container pod; `waves`: Arm.run_together's pods instead of `pods` one at a time)."""
     out: dict[str, ArmResult] = {}
     for arm in arms:
         one = Arm(arm, cluster, parts, *agent_args)
@@ -338,7 +406,8 @@ def run_arms(cluster: Cluster, parts: RealNodeParts, pods: int, burstable_every:
         try:
             one.start()
             # The static node has one allocatable CPU (CPU 0 reserved): no room for a second container.
-            out[arm] = one.run(plan(pods, multi=multi and arm != STATIC), burstable_every, rss)
+            out[arm] = one.run_together(waves) if waves is not None else \
+                one.run(plan(pods, multi=multi and arm != STATIC), burstable_every, rss)
         except Exception as exc:  # noqa: BLE001 - an arm that fails is reported, the others still run
             log(f"--- {arm} arm failed: {exc}; node logs ---\n{one.node.logs()}")
             if one.agent is not None:

@@ -30,8 +30,8 @@ CONTAINERD_2_4 = "containerd-2.4"
 RUNTIMES = (CONTAINERD_1_6, CONTAINERD_2_4)
 # The default validator's opt-out annotation (the recipe's; NRI names no default).
 TOLERATE_MISSING_PLUGINS = "tolerate-missing-plugins.nri.io"
-NRI_REGISTRATION_TIMEOUT = "5s"
-NRI_REQUEST_TIMEOUT = "2s"
+NRI_REGISTRATION_TIMEOUT_S = 5.0
+NRI_REQUEST_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class ContainerdSetup:
     shim: Path | None = None  # containerd-shim-runc-v2 of 2.4.2 (Debian's 1.6 shim is in /usr/bin)
     nri_socket: Path | None = None
     required_plugins: tuple[str, ...] = ()
+    # NRI's timeouts are multiplied by this (tests/vm's emulated guest: a plugin answers in seconds).
+    nri_timeout_scale: float = 1.0
 
 
 def write_config(runtime: str, setup: ContainerdSetup) -> Path:
@@ -138,8 +140,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.devmapper", "io.containerd.sna
   socket_path = "{setup.nri_socket}"
   plugin_path = "{d}/nri-plugins"
   plugin_config_path = "{d}/nri-conf.d"
-  plugin_registration_timeout = "{NRI_REGISTRATION_TIMEOUT}"
-  plugin_request_timeout = "{NRI_REQUEST_TIMEOUT}"
+  plugin_registration_timeout = "{NRI_REGISTRATION_TIMEOUT_S * setup.nri_timeout_scale:g}s"
+  plugin_request_timeout = "{NRI_REQUEST_TIMEOUT_S * setup.nri_timeout_scale:g}s"
 {validator}[plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]

@@ -107,6 +107,16 @@ def wait(check: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
     return wait_for(check, what, timeout)
 
 
+def request_timeout() -> tuple[float, float]:
+    """(connect, read) seconds for a test's API call: the agent's own, stretched under emulation (the
+    guest reaches the API server through a forwarder, and a loaded host answers it in seconds)."""
+    from agent.kube.client import REQUEST_TIMEOUT
+
+    if emulated():
+        return REQUEST_TIMEOUT[0] * EMULATED_SLACK, REQUEST_TIMEOUT[1] * EMULATED_SLACK
+    return REQUEST_TIMEOUT
+
+
 def milestone(name: str) -> None:
     """Note that `name` was reached now, in the file TOPOLET_REALNODE_MILESTONES names (if any)."""
     path = os.environ.get(MILESTONES_ENV)
@@ -499,11 +509,11 @@ class RealNode:
 
         self._wait(ready, f"Node {self.name} Ready", self.kubelet)
         with self.api() as api:
-            node = api.get(f"/api/v1/nodes/{self.name}")
+            node = api.get(f"/api/v1/nodes/{self.name}", timeout=request_timeout())
             taints = [t for t in (node.get("spec") or {}).get("taints") or []
                       if not t["key"].startswith("node.kubernetes.io/not-ready")]
             api.patch(f"/api/v1/nodes/{self.name}", {"spec": {"taints": taints or None}},
-                      "application/merge-patch+json")
+                      "application/merge-patch+json", timeout=request_timeout())
 
     # ---- configuration ---------------------------------------------------------------------------
 
@@ -513,7 +523,7 @@ class RealNode:
         write_config(self.runtime, ContainerdSetup(
             self.dir, self.containerd_socket, self.cgroup_name, self.subnet, self.parts.cni_bin,
             self.parts.runc, root_is_initramfs(), self.parts.containerd2_shim, self.nri_socket,
-            self.nri_required_plugins))
+            self.nri_required_plugins, EMULATED_SLACK if emulated() else 1.0))
 
     def _write_kubelet_config(self) -> None:
         config: dict[str, Any] = {
@@ -582,7 +592,7 @@ class RealNode:
 
         with self.api() as api:
             try:
-                return dict(api.get(f"/api/v1/nodes/{self.name}"))
+                return dict(api.get(f"/api/v1/nodes/{self.name}", timeout=request_timeout()))
             except KubeAPIError as exc:
                 if exc.status == 404:
                     return None

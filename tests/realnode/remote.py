@@ -48,11 +48,14 @@ class Remote:
     kubectl: str
     busybox_image: str
     daemonset_controller: bool  # the host runs one (tests/realnode/node.py: start_daemonset_controller)
+    containerd2: str = ""  # containerd 2.4.2 and its runc shim built on the host ("": not shared)
+    containerd2_shim: str = ""
 
 
 def write_remote(path: Path, cluster: Cluster, kubelet: Path, kubectl: Path, busybox_image: Path,
-                 *, daemonset_controller: bool) -> Path:
-    """Write the description of `cluster` for a node elsewhere; the CA certificate lands next to it."""
+                 *, daemonset_controller: bool, containerd2: tuple[Path, Path] | None = None) -> Path:
+    """Write the description of `cluster` for a node elsewhere; the CA certificate lands next to it.
+    `containerd2`: containerd 2.4.2 and its shim, for nodes with `runtime=CONTAINERD_2_4` there."""
     plane = cluster.plane
     ca = path.parent / "remote-pki" / "ca.crt"
     ca.parent.mkdir(exist_ok=True)
@@ -60,7 +63,9 @@ def write_remote(path: Path, cluster: Cluster, kubelet: Path, kubectl: Path, bus
     remote = Remote(port=plane.port, ca_file=str(ca), admin_token=plane.admin_token,
                     controller_manager_token=plane.controller_manager_token, kubelet=str(kubelet),
                     kubectl=str(kubectl), busybox_image=str(busybox_image),
-                    daemonset_controller=daemonset_controller)
+                    daemonset_controller=daemonset_controller,
+                    containerd2=str(containerd2[0]) if containerd2 else "",
+                    containerd2_shim=str(containerd2[1]) if containerd2 else "")
     path.write_text(json.dumps(asdict(remote), indent=1))
     return path
 
@@ -90,16 +95,21 @@ def attach(remote: Remote, workdir: Path) -> Cluster:
 
 
 def remote_parts(remote: Remote) -> RealNodeParts:
-    """The node's parts in the guest: the host's kubelet and image, this machine's containerd and runc."""
+    """The node's parts in the guest: the host's kubelet, image and (if named) containerd 2.4.2, this
+    machine's containerd 1.6 and runc."""
     missing = [name for name in ("containerd", "runc", "ctr") if shutil.which(name) is None]
     cni = next((d for d in CNI_BIN_DIRS if os.path.exists(os.path.join(d, "ptp"))), None)
     if cni is None:
         missing.append("the CNI plugins (containernetworking-plugins)")
-    missing += [p for p in (remote.kubelet, remote.kubectl, remote.busybox_image) if not os.path.exists(p)]
+    shared = (remote.kubelet, remote.kubectl, remote.busybox_image, remote.containerd2,
+              remote.containerd2_shim)
+    missing += [p for p in shared if p and not os.path.exists(p)]
     if missing:
         raise RealNodeError(f"missing in the guest: {', '.join(missing)}")
     return RealNodeParts(Path(remote.kubelet), str(shutil.which("containerd")), str(shutil.which("runc")),
-                         str(shutil.which("ctr")), cni, Path(remote.busybox_image))
+                         str(shutil.which("ctr")), cni, Path(remote.busybox_image),
+                         Path(remote.containerd2) if remote.containerd2 else None,
+                         Path(remote.containerd2_shim) if remote.containerd2_shim else None)
 
 
 def forward_api(remote: Remote, log: Path, host: str = HOST_FROM_GUEST) -> _Process:

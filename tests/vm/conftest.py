@@ -16,7 +16,7 @@ from tests.controlplane.fixtures import cluster_session
 from tests.vm.guest import GuestRun, run_in_guest
 
 # The test cluster of tests/vm/test_guest_realnode.py, whose node runs in the guest.
-__all__ = ["boot_and_run", "cluster_session", "junit_outcomes", "outcomes_on_v2"]
+__all__ = ["boot_and_run", "cluster_session", "junit_outcomes", "outcomes_on_v2", "read_milestones"]
 
 
 def boot_and_run(selection: list[str], tmp_path_factory: pytest.TempPathFactory,
@@ -53,3 +53,15 @@ def outcomes_on_v2(run: GuestRun, output_tail: int = 8000) -> dict[str, str]:
     assert run.cgroup_fs == "cgroup2fs", run.console[-3000:]
     assert run.rc == 0, run.output[-output_tail:]
     return junit_outcomes(run.junit)
+
+
+def read_milestones(path: Path, started: float) -> dict[str, float]:
+    """`name -> seconds after started` from a milestones file (tests/realnode/node.py: milestone); the
+    first time each name was reached."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            name, _, at = line.rpartition(" ")
+            if name and name not in out:
+                out[name] = float(at) - started
+    return out

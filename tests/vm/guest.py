@@ -132,12 +132,30 @@ def python_shares(executable: str = sys.executable, base_prefix: str = sys.base_
     return shares
 
 
+def numa_argv(cpus: int, memory_mib: int, nodes: int) -> list[str]:
+    """qemu options splitting `cpus` and `memory_mib` evenly over `nodes` NUMA nodes, in order (node 0
+    the first CPUs); none for `nodes` 0.  Each node's memory is a RAM backend of its own."""
+    if nodes == 0:
+        return []
+    if nodes < 0 or cpus % nodes or memory_mib % nodes:
+        raise GuestError(f"cannot split {cpus} CPUs and {memory_mib} MiB evenly over {nodes} NUMA nodes")
+    per_cpus, per_mib = cpus // nodes, memory_mib // nodes
+    argv: list[str] = []
+    for n in range(nodes):
+        first = n * per_cpus
+        argv += ["-object", f"memory-backend-ram,id=numa{n},size={per_mib}M",
+                 "-numa", f"node,nodeid={n},cpus={first}-{first + per_cpus - 1},memdev=numa{n}"]
+    return argv
+
+
 def qemu_argv(image: GuestImage, shares: Sequence[Share], job: Path, *, cpus: int, memory_mib: int,
-              kvm: bool, net: bool = False) -> list[str]:
+              kvm: bool, net: bool = False, numa_nodes: int = 0) -> list[str]:
     """The qemu command line of one run; `job` must also be one of `shares` (writable).
 
     `net` gives the guest qemu's user network (no privileges, nothing on the host to clean up): the
-    guest is 10.0.2.15 and reaches the host's loopback as 10.0.2.2.
+    guest is 10.0.2.15 and reaches the host's loopback as 10.0.2.2.  `numa_nodes` > 0 spreads the CPUs
+    and memory over that many emulated NUMA nodes (numa_argv); 0 leaves the machine as qemu makes it
+    (one node).
     """
     if len({s.tag for s in shares}) != len(shares):
         raise GuestError(f"share tags are not unique: {[s.tag for s in shares]}")
@@ -156,7 +174,7 @@ def qemu_argv(image: GuestImage, shares: Sequence[Share], job: Path, *, cpus: in
     argv = [
         QEMU, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
         *(["-accel", "kvm", "-cpu", "host"] if kvm else ["-accel", "tcg,thread=multi", "-cpu", "max"]),
-        "-smp", str(cpus), "-m", str(memory_mib),
+        "-smp", str(cpus), "-m", str(memory_mib), *numa_argv(cpus, memory_mib, numa_nodes),
         "-kernel", str(image.kernel), "-initrd", str(image.initrd), "-append", " ".join(cmdline),
         "-serial", f"file:{job / 'console.log'}",
     ]
@@ -211,13 +229,14 @@ def run_in_guest(
     image: GuestImage | None = None,
     extra_shares: Sequence[Share] = (),
     net: bool = False,
+    numa_nodes: int = 0,
 ) -> GuestRun:
     """Boot the guest, run pytest on `pytest_args` there (CI=true, from the repository root), power off.
 
     `extra_shares` adds host folders at the same paths (built binaries, caches: read-only unless
-    marked writable); `net` a network to the host (see qemu_argv).  Raises GuestError when the guest
-    cannot be built, does not finish within `timeout_s`, or ends without a pytest exit status; its
-    message carries the console's tail.
+    marked writable); `net` a network to the host, `numa_nodes` emulated NUMA nodes (see qemu_argv).
+    Raises GuestError when the guest cannot be built, does not finish within `timeout_s`, or ends
+    without a pytest exit status; its message carries the console's tail.
     """
     image = image or build_guest()
     job = Path(tempfile.mkdtemp(prefix="topolet-vm-")) if job_dir is None else job_dir
@@ -225,7 +244,8 @@ def run_in_guest(
     (job / "run.sh").write_text(job_script(pytest_args, job, env=env))
     kvm = kvm_usable()
     shares = [*python_shares(), *extra_shares, Share("job", job, writable=True)]
-    argv = qemu_argv(image, shares, job, cpus=cpus, memory_mib=memory_mib, kvm=kvm, net=net)
+    argv = qemu_argv(image, shares, job, cpus=cpus, memory_mib=memory_mib, kvm=kvm, net=net,
+                     numa_nodes=numa_nodes)
 
     start = time.monotonic()
     boot_s: float | None = None

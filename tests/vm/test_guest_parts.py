@@ -107,3 +107,21 @@ def test_kvm_needs_the_device_and_hardware_virtualisation(tmp_path: Path, flags:
     cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
     assert kvm_usable(str(device), str(cpuinfo)) is usable
     assert kvm_usable(str(tmp_path / "missing"), str(cpuinfo)) is False
+
+
+def test_qemu_argv_with_numa_nodes() -> None:
+    shares = [Share("job", JOB, writable=True)]
+    assert not _value(qemu_argv(IMAGE, shares, JOB, cpus=4, memory_mib=4096, kvm=False), "-numa")
+    argv = qemu_argv(IMAGE, shares, JOB, cpus=4, memory_mib=4096, kvm=False, numa_nodes=2)
+    assert _value(argv, "-object") == ["memory-backend-ram,id=numa0,size=2048M",
+                                       "memory-backend-ram,id=numa1,size=2048M"]
+    assert _value(argv, "-numa") == ["node,nodeid=0,cpus=0-1,memdev=numa0",
+                                     "node,nodeid=1,cpus=2-3,memdev=numa1"]
+    assert (_value(argv, "-smp"), _value(argv, "-m")) == (["4"], ["4096"])
+
+
+@pytest.mark.parametrize(("cpus", "memory_mib", "nodes"), [(3, 4096, 2), (4, 4095, 2), (4, 4096, -1)])
+def test_numa_nodes_must_split_evenly(cpus: int, memory_mib: int, nodes: int) -> None:
+    with pytest.raises(GuestError, match="evenly"):
+        qemu_argv(IMAGE, [Share("job", JOB, writable=True)], JOB, cpus=cpus, memory_mib=memory_mib, kvm=False,
+                  numa_nodes=nodes)

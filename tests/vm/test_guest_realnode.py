@@ -24,7 +24,6 @@ import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -42,7 +41,7 @@ from tests.realnode.node import (
     start_daemonset_controller,
 )
 from tests.realnode.remote import REMOTE_ENV, forget_remote_nodes, write_remote
-from tests.vm.conftest import outcomes_on_v2
+from tests.vm.conftest import outcomes_on_v2, read_milestones
 from tests.vm.guest import GuestRun, Share, kvm_usable, run_in_guest
 
 GUEST_SELECTION = ["tests/realnode/test_daemonset.py"]
@@ -63,18 +62,6 @@ class RealNodeRun:
         """Boot time, then each milestone after it, in one line."""
         steps = " | ".join(f"{name} +{at:.1f} s" for name, at in self.milestones.items())
         return f"{self.run.summary()}\nreal node in the guest (after boot): {steps or 'no milestones'}"
-
-
-def read_milestones(path: Path, started: float) -> dict[str, float]:
-    """`name -> seconds after started` from a milestones file (tests/realnode/node.py: milestone); the
-    first time each name was reached."""
-    out: dict[str, float] = {}
-    with contextlib.suppress(OSError):
-        for line in path.read_text().splitlines():
-            name, _, at = line.rpartition(" ")
-            if name and name not in out:
-                out[name] = float(at) - started
-    return out
 
 
 @pytest.fixture(scope="module")
