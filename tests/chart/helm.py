@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.controlplane.fixtures import IN_CI
+from tests.conftest import require
 from tests.controlplane.harness import BUILD_TIMEOUT_S, ControlPlaneError, build_components
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,11 +43,8 @@ def build_helm() -> Path:
             _built = build_components("helm", timeout_s=BUILD_TIMEOUT_S)["helm"]
         except ControlPlaneError as exc:
             _failure = str(exc)
-    if _built is None:
-        reason = f"no helm: {_failure}"
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
+    require(_built is not None, f"no helm: {_failure}")
+    assert _built is not None
     return _built
 
 
@@ -116,8 +113,6 @@ STANDARD_LABELS = {
     "app.kubernetes.io/part-of": "topolet",
     "helm.sh/chart": "topolet-0.1.0",
 }
-ARCH_AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-    {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}]}]}}}
 
 
 def _drop_added(mapping: dict[str, Any], base: dict[str, Any], added: dict[str, Any], where: str) -> None:
@@ -151,12 +146,6 @@ def without_deliberate(chart_obj: dict[str, Any], base_obj: dict[str, Any]) -> d
         if obj["kind"] == "DaemonSet":
             added["topolet.io/node-pool"] = "default"
         _drop_added(template["metadata"]["labels"], base_template["metadata"]["labels"], added, where)
-        spec, base_spec = template["spec"], base_template["spec"]
-        _drop_added(spec, base_spec, {"nodeSelector": {"kubernetes.io/os": "linux"}}, where)
-        if "affinity" not in base_spec:
-            _drop_added(spec, base_spec, {"affinity": ARCH_AFFINITY}, where)
-        else:
-            _drop_added(spec["affinity"], base_spec["affinity"], ARCH_AFFINITY, where)
     return obj
 
 

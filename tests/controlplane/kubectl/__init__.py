@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.controlplane.fixtures import IN_CI
+from tests.conftest import require
 from tests.controlplane.harness import BUILD_SCRIPT, BUILD_TIMEOUT_S, ControlPlane
 
 REPO = Path(__file__).resolve().parents[3]
@@ -52,11 +52,8 @@ def build_kubectl() -> Path:
                 _failure = f"build.sh kubectl failed ({done.returncode}):\n{done.stderr[-4000:]}"
             else:
                 _built = Path(paths["kubectl"])
-    if _built is None:
-        reason = f"no kubectl: {_failure}"
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
+    require(_built is not None, f"no kubectl: {_failure}")
+    assert _built is not None
     return _built
 
 
