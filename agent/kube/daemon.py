@@ -30,10 +30,15 @@ The container's cgroup is the kubelet's (`agent.enforce.kubepods`); the cgroup d
 looking for `kubepods.slice` (systemd) or `kubepods` (cgroupfs) under the cpuset hierarchy, and per
 pod when neither exists yet at startup.
 
-The kubelet's CPU manager: topolet pins only where the kubelet runs `cpuManagerPolicy: none`; with
-`static` (the kubelet pins Guaranteed pods itself) and enforcement on, the agent refuses to run
-(ConfigError, exit 2), at start or when a restarted kubelet turns out to run it (`agent.kube.kubelet`
-says how it asks).
+The kubelet's CPU manager: topolet pins only where the kubelet runs `cpuManagerPolicy: none`.  With
+`static` (the kubelet pins Guaranteed pods itself) the agent stands down: it runs as with
+`--enforcement off`, its NRT counts the kubelet's own exclusive CPUs (pod-resources, as NFD's topology
+updater reads them), and it says so in one log line, a Normal Event `KubeletCPUManagerStatic` on its
+Node and `topolet_info{enforcement="kubelet-static"}` (`agent.kube.kubelet` says how it asks).  A
+kubelet restarted under a running agent with the other policy (static under an enforcing agent, none
+under one standing down) stops the agent (ConfigError, exit 2, the message says why) before it
+writes another cpuset: the DaemonSet's restarted pod comes up in the mode that fits.  Switching
+engines in place would leave the NRI plugin or the pod-cgroup watcher holding the old one.
 
 With `--enforcement off` the agent discovers, decides, records allocations in its state file and
 publishes labels and the NRT exactly as with enforcement on, but reads and writes no cgroup
@@ -67,9 +72,10 @@ from agent.enforce import detect_layout
 from agent.enforce.cgroup import hierarchy_path
 from agent.enforce.state_file import StateFile
 from agent.errors import ConfigError, EnforcementError, TopoletError
-from agent.kube.kubelet import Kubelet
+from agent.kube.kubelet import Kubelet, static_message
 from agent.kube.mig_enforcer import MigEnforcer
 from agent.kube.mig_status import MigConfigChanged, MigStatus
+from agent.kube.nrt import KubeletCPUs
 from agent.kube.nrt_build import MemoryRequests, Snapshot
 from agent.kube.pinner import PodPinner, alloc_id
 from agent.kube.podcgroup_route import PodCgroupRoute
@@ -90,6 +96,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("topolet.kube")
 PENDING_RETRY_SECONDS = 0.2  # a running container whose cgroup is not there yet is looked for again
+KUBELET_STATIC = "kubelet-static"  # topolet_info{enforcement}: standing down beside the static CPU manager
 
 
 class KubeAgent:
@@ -113,10 +120,15 @@ class KubeAgent:
         self.state_file = StateFile(args.state_dir, on_write=metrics.state_writes.inc)
         self.state_file.check_folder()  # a --state-dir that cannot be one stops the agent at start
         self.kubelet = Kubelet(str(getattr(args, "pod_resources_socket", "") or ""), self.gpus)
-        if self.enforce:  # before any cgroup is touched: never one cpuset written where the kubelet pins
-            self.kubelet.check_cpu_manager()
-            if self.kubelet.cpu_manager_refusal:
-                raise ConfigError(self.kubelet.cpu_manager_refusal)
+        # Before any cgroup is touched: never one cpuset written where the kubelet pins.
+        self.kubelet.check_cpu_manager()
+        self.enforcement = "on" if self.enforce else "off"  # topolet_info{enforcement}
+        standing_down = ""
+        if self.enforce and self.kubelet.static_cpus is not None:
+            self.enforce = False
+            self.enforcement = KUBELET_STATIC
+            standing_down = static_message(self.kubelet.static_cpus)
+            log.warning("%s", standing_down)
         if self.enforce:
             layout = detect_layout(args.cgroup_root)
             if not os.access(layout.root, os.W_OK):
@@ -139,6 +151,8 @@ class KubeAgent:
                                    mig=mig_status,
                                    on_mig_change=lambda: self.changes.put(MigConfigChanged()),
                                    node_poll_seconds=args.reconcile_seconds)
+        if standing_down:
+            self.publisher.node_event("Normal", "KubeletCPUManagerStatic", standing_down)
         self.mig: MigEnforcer | None = None
         if mig_status is not None:
             self.mig = MigEnforcer(mig_status, nvml=nvml, state_dir=args.state_dir,
@@ -161,7 +175,7 @@ class KubeAgent:
         self.generation = -1
         self.pinned_pods: tuple[tuple[str, str], ...] = ()  # replaced whole: the publisher reads it
         self.memory_requests: MemoryRequests = {}  # likewise: allocation id → memory it asked for
-        metrics.set_node(self.node, self.enforce, mode="kubernetes")
+        metrics.set_node(self.node, self.enforcement, mode="kubernetes")
         metrics.watch_gpus(self._gpu_zones if self.gpus else None)
 
     def _gpu_zones(self) -> GPUZones:
@@ -173,9 +187,23 @@ class KubeAgent:
         return zone_gpus(self.gpus, snap.state.held_gpus() | snap.assigned_gpus, snap.mig)
 
     def refresh_devices(self) -> None:
-        """Read which GPUs the kubelet handed to containers; the publisher hears of a change."""
-        if self.kubelet.refresh_devices():
+        """Read which GPUs (and, under its static CPU manager, which CPUs) the kubelet handed to
+        containers; the publisher hears of a change."""
+        gpus = self.kubelet.refresh_devices()
+        if self.kubelet.refresh_cpus() or gpus:
             self.publisher.notify()
+
+    def cpu_manager_changed(self) -> str:
+        """Why this agent must stop: a restarted kubelet runs the other CPU manager policy ("": it
+        does not)."""
+        static = self.kubelet.static_cpus
+        if self.enforce and static is not None:
+            return (f"{static_message(static)}. The kubelet restarted with it under a pinning agent: "
+                    "topolet stops and its restarted pod stands down")
+        if self.enforcement == KUBELET_STATIC and static is None:
+            return ("the kubelet restarted with cpuManagerPolicy: none: topolet stops and its restarted "
+                    "pod pins")
+        return ""
 
     def snapshot(self) -> Snapshot:
         """What the publisher describes: topology, allocation state, (namespace, name) of pinned pods,
@@ -183,7 +211,9 @@ class KubeAgent:
         instances."""
         return Snapshot(self.topology, self.state_file.load(missing_ok=True), self.pinned_pods,
                         self.kubelet.assigned_gpus, self.memory_requests,
-                        self.mig.inventory if self.mig is not None else None, self.route_name)
+                        self.mig.inventory if self.mig is not None else None, self.route_name,
+                        None if self.kubelet.static_cpus is None
+                        else KubeletCPUs(self.kubelet.static_cpus, self.kubelet.pinned_cpus))
 
     def _after_changes(self) -> None:
         """Bring the pod cgroups to the pins; tell the publisher when the allocation state moved."""
@@ -227,11 +257,10 @@ class KubeAgent:
             if topo != self.topology:
                 self.topology = self.engine.topology = topo
                 self.publisher.notify()
+            self.kubelet.check_cpu_manager()
+            if self.cpu_manager_changed():
+                return  # run() stops with it before writing another cpuset
             self.refresh_devices()
-            if self.enforce:
-                self.kubelet.check_cpu_manager()
-                if self.kubelet.cpu_manager_refusal:
-                    return  # run() stops with it before writing another cpuset
             with self.pinner.lock:  # one thread at a time in the engine (the NRI route's too)
                 result = self.engine.reconcile()
             if result.drift_repaired:
@@ -253,7 +282,7 @@ class KubeAgent:
         """Run until `stop` is set."""
         self.publisher.start()
         self.route_name = self.route.start()
-        self.metrics.set_node(self.node, self.enforce, mode="kubernetes", route=self.route_name)
+        self.metrics.set_node(self.node, self.enforcement, mode="kubernetes", route=self.route_name)
         if self.route_name == POD_CGROUP and self.enforce:
             bundles = str(getattr(self.args, "runtime_bundles", "") or "")
             self.pod_cgroups = PodCgroupRoute(self.pinner, bundles=bundles)
@@ -267,8 +296,8 @@ class KubeAgent:
         next_retry = 0.0
         try:
             while not stop.is_set():
-                if self.kubelet.cpu_manager_refusal:
-                    raise ConfigError(self.kubelet.cpu_manager_refusal)
+                if reason := self.cpu_manager_changed():
+                    raise ConfigError(reason)
                 now = time.monotonic()
                 wait = next_reconcile - now
                 if self.pinner.pending:
@@ -318,8 +347,8 @@ class KubeAgent:
             except queue.Empty:
                 break
         self.reconcile()
-        if self.kubelet.cpu_manager_refusal:
-            raise ConfigError(self.kubelet.cpu_manager_refusal)
+        if reason := self.cpu_manager_changed():
+            raise ConfigError(reason)
         ok = self.publisher.publish_once()
         kicked = False
         while True:  # the Node's MIG layout, read by that publish: apply it and say how it went

@@ -9,6 +9,8 @@ Public API (stable; the in-cluster daemon builds on it):
   kubernetes V1Pod, with metadata namespace, name and uid.  True when it wrote to the API.  Best
   effort: an API failure is logged and counted (`.failures`), never raised, so a missing Event cannot
   stop enforcement.  Raises ConfigError only for a pod without namespace/name or an invalid reason.
+- `.on_node(kind, reason, message, uid="") -> bool`: the same, regarding this node's Node (an Event in
+  the `default` namespace, where the kubelet writes the Node's own).
 - `.writes` / `.aggregated` / `.failures`: counters.
 - `REPORTING_CONTROLLER` (`topolet.io/agent`): every Event's `reportingController`; its
   `reportingInstance` is `node_name`; daemonset/admission-policy.yaml refuses the agent any other.
@@ -45,6 +47,7 @@ REPORTING_CONTROLLER = "topolet.io/agent"
 ACTION = "Reconcile"  # what the agent was doing: reconciling the pod's CPUs with its annotations
 _REASON_RE = re.compile(r"[A-Za-z][A-Za-z0-9]{0,127}")  # UpperCamelCase by convention
 _EVENTS_GROUP, _EVENTS_VERSION = "events.k8s.io", "v1"
+NODE_EVENT_NAMESPACE = "default"  # where the kubelet and kubectl look for a Node's Events
 
 
 @dataclass
@@ -58,9 +61,10 @@ class _Record:
 
 @dataclass(frozen=True)
 class _PodRef:
-    namespace: str
+    namespace: str  # the Event's; a Pod's own
     name: str
     uid: str
+    kind: str = "Pod"  # or "Node" (cluster-scoped: the Event goes to NODE_EVENT_NAMESPACE)
 
 
 def _pod_ref(pod: object) -> _PodRef:
@@ -114,12 +118,19 @@ class EventRecorder:
         """A Normal Event on `pod`; True when written to the API."""
         return self._record(pod, "Normal", reason, message)
 
+    def on_node(self, kind: str, reason: str, message: str, uid: str = "") -> bool:
+        """A `kind` ("Normal" or "Warning") Event on this node's Node; True when written to the API."""
+        if kind not in ("Normal", "Warning"):
+            raise ConfigError(f"invalid event type {kind!r}")
+        return self._record(_PodRef(NODE_EVENT_NAMESPACE, self.node_name, uid, "Node"), kind, reason,
+                            message)
+
     def _record(self, pod: object, kind: str, reason: str, message: str) -> bool:
         if not _REASON_RE.fullmatch(reason):
             raise ConfigError(f"invalid event reason {reason!r}")
-        ref = _pod_ref(pod)
+        ref = pod if isinstance(pod, _PodRef) else _pod_ref(pod)
         message = _cut(message)
-        key = (ref.namespace, ref.name, ref.uid, kind, reason, message)
+        key = (ref.kind, ref.namespace, ref.name, ref.uid, kind, reason, message)
         with self._lock:
             now = self._clock()
             rec = self._records.get(key)
@@ -140,7 +151,8 @@ class EventRecorder:
                         self._records.popitem(last=False)
             except KubeAPIError as exc:
                 self.failures += 1
-                log.warning("event %s on pod %s/%s not recorded: %s", reason, ref.namespace, ref.name, exc)
+                log.warning("event %s on %s %s/%s not recorded: %s", reason, ref.kind.lower(),
+                            ref.namespace, ref.name, exc)
                 return False
             self.writes += 1
             return True
@@ -149,7 +161,9 @@ class EventRecorder:
                 now: float) -> _Record:
         # kubelet's naming: the object's name and a nanosecond stamp in hex (unique per recorder).
         name = f"{ref.name[:200]}.{int(now * 1e9):x}"
-        regarding = {"apiVersion": "v1", "kind": "Pod", "namespace": ref.namespace, "name": ref.name}
+        regarding = {"apiVersion": "v1", "kind": ref.kind, "name": ref.name}
+        if ref.kind == "Pod":
+            regarding["namespace"] = ref.namespace
         if ref.uid:
             regarding["uid"] = ref.uid
         body: dict[str, Any] = {

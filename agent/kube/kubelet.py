@@ -2,21 +2,27 @@
 
 The kubelet's CPU manager: topolet pins only where the kubelet runs `cpuManagerPolicy: none`.  With
 `static` the kubelet pins Guaranteed pods itself and reconciles every container's cpuset, and two
-writers on one cpuset fight forever, so with enforcement on the agent refuses to run there
-(ConfigError, exit 2, the message says what to change).  It asks the kubelet's pod-resources API:
+writers on one cpuset fight forever, so there the agent stands down: it runs as with `--enforcement
+off` (labels and the NRT, no cgroup written) and the NRT counts the CPUs the kubelet gave containers
+exclusively (`List`'s `cpu_ids`, as NFD's topology updater reads them) as taken, and only the CPUs it
+offers for exclusive use as allocatable.  It asks the kubelet's pod-resources API:
 `GetAllocatableResources` offers CPUs for exclusive use under `static` and none under `none`.  It asks
-at start and again whenever the socket is a new one (the kubelet makes it afresh at every start, so a
-kubelet restarted with `static` under a running agent stops it); with no socket or no answer it goes
-on (asking again a minute later), as it would without the kubelet's word on devices.
+at start and again whenever the socket is a new one (the kubelet makes it afresh at every start);
+with no socket or no answer it goes on (asking again a minute later), as it would without the
+kubelet's word on devices.
 
 GPUs the kubelet handed to containers (read only when the node has GPUs) count as taken in the NRT,
 and their MIG instances as in use; a container that asks for devices gets its CPUs from its GPUs'
-NUMA nodes.  grpc loads on the first question, not at start.
+NUMA nodes.  grpc loads on the first question, not at start (under `static`, on the first read of the
+kubelet's exclusive CPUs).
 
 Public API: `Kubelet(socket, gpus)` (`socket` "": not asked): `.check_cpu_manager()` sets
-`.cpu_manager_refusal`; `.refresh_devices() -> bool` (whether `.assigned_gpus` changed) sets
-`.answered`, and `.gpu_ids` and `.assigned_gpus` when the kubelet answers (its last answer stands
-while it does not); `.gpu_numa_source(topology)` is the pinner's `gpu_numa`.
+`.static_cpus` (the CPUs the kubelet's static CPU manager offers; None: not static, or not known);
+`.refresh_cpus() -> bool` (whether `.pinned_cpus`, the CPUs it gave containers, changed);
+`.refresh_devices() -> bool` (whether `.assigned_gpus` changed) sets `.answered`, and `.gpu_ids` and
+`.assigned_gpus` when the kubelet answers (its last answer stands while it does not);
+`.gpu_numa_source(topology)` is the pinner's `gpu_numa`; `static_message(cpus)` is the one line that
+says why the agent stands down.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.kube.nrt_build import kubelet_gpus
 from agent.kube.pods import ContainerPlan, PodPlan
+from agent.topology.cpuset import CPUSet
 
 if TYPE_CHECKING:
     from agent.gpu.model import GPU
@@ -44,7 +51,8 @@ class Kubelet:
     def __init__(self, socket: str, gpus: Sequence[GPU]) -> None:
         self.socket = socket
         self.gpus = gpus
-        self.cpu_manager_refusal = ""  # set when the kubelet turns out to pin CPUs itself
+        self.static_cpus: CPUSet | None = None  # set when the kubelet turns out to pin CPUs itself
+        self.pinned_cpus = CPUSet()  # CPUs its static CPU manager gave containers, as last read
         self._cpu_manager_asked: tuple[int, int] | None = None  # the socket last answered
         self._cpu_manager_retry_at = 0.0
         self._podres: list[Any] = []  # [] not opened yet; [None] off; [client]
@@ -101,7 +109,7 @@ class Kubelet:
 
     def check_cpu_manager(self) -> None:
         """Ask the kubelet whether its CPU manager hands out exclusive CPUs (`static`); if so, set
-        `cpu_manager_refusal` to the reason topolet must not pin here.
+        `static_cpus` to the CPUs it offers.
 
         Asked again only when the kubelet's socket is a new one: the kubelet makes it afresh at every
         start, and its policy changes only with a restart."""
@@ -125,14 +133,30 @@ class Kubelet:
             return
         self._cpu_manager_asked = identity
         if cpus:
-            self.cpu_manager_refusal = (
-                f"the kubelet runs cpuManagerPolicy: static (its pod-resources API offers CPUs "
-                f"{cpus.cpulist()} for exclusive use): it pins Guaranteed pods itself and topolet would "
-                "fight it over their cpusets. Set cpuManagerPolicy: none in this node's kubelet "
-                "configuration (drain the node and remove its cpu_manager_state file), or run topolet "
-                "with --enforcement off")
+            self.static_cpus = cpus
         else:
-            log.info("kubelet's CPU manager: policy none (no exclusive CPUs offered): topolet pins")
+            if self.static_cpus is not None:
+                log.info("kubelet's CPU manager: policy none now (a restarted kubelet)")
+            self.static_cpus = None
+            self.pinned_cpus = CPUSet()
+            log.info("kubelet's CPU manager: policy none (no exclusive CPUs offered)")
+
+    def refresh_cpus(self) -> bool:
+        """Under the kubelet's static CPU manager, read the CPUs it gave containers exclusively; True
+        when they changed (the last answer stands while it gives none)."""
+        if self.static_cpus is None:
+            return False
+        client = self._pod_resources()
+        if client is None:
+            return False
+        found = client.exclusive_cpus()
+        if found is None:
+            return False
+        cpus = CPUSet(found)
+        if cpus == self.pinned_cpus:
+            return False
+        self.pinned_cpus = cpus
+        return True
 
     def refresh_devices(self) -> bool:
         """Read which GPUs the kubelet handed to containers; True when the whole GPUs among them changed.
@@ -168,3 +192,12 @@ class Kubelet:
             return False
         self.assigned_gpus = assigned
         return True
+
+
+def static_message(cpus: CPUSet) -> str:
+    """Why the agent stands down on a node whose kubelet runs the static CPU manager."""
+    return (f"the kubelet runs cpuManagerPolicy: static (its pod-resources API offers CPUs {cpus.cpulist()} "
+            "for exclusive use): it pins Guaranteed pods itself, so topolet stands down - labels and "
+            "the NodeResourceTopology (counting the kubelet's exclusive CPUs), no cgroup written. "
+            "For topolet to pin here, set cpuManagerPolicy: none in this node's kubelet configuration "
+            "(drain the node and remove its cpu_manager_state file)")

@@ -4,8 +4,9 @@ Public API (stable; the in-cluster daemon builds on it):
 
 - `nrt_object(node, topology, state, *, reserved=EMPTY, gpu_capacity=None,
   topology_manager_policy="none", topology_manager_scope="container", pods_fingerprint=None,
-  pods_fingerprint_method=None, memory_held=None) -> dict`: the `topology.node.k8s.io/v1alpha2`
-  object.  `node` is a Node (a dict as the API returns it, or a kubernetes V1Node) or a `(name, uid)` pair;
+  pods_fingerprint_method=None, memory_held=None, pinning_route=None, kubelet_cpus=None) -> dict`:
+  the `topology.node.k8s.io/v1alpha2` object.
+  `node` is a Node (a dict as the API returns it, or a kubernetes V1Node) or a `(name, uid)` pair;
   `gpu_capacity` is `agent.gpu.capacity.numa_gpu_capacity(...)`'s `{numa: {resource: (capacity,
   available)}}`.  Pure: no I/O, no clock.  Raises ConfigError on invalid input.
 - `pod_set_fingerprint(pods: Iterable[tuple[namespace, name]]) -> str`: the podfingerprint
@@ -20,7 +21,17 @@ Public API (stable; the in-cluster daemon builds on it):
   `.invalidate()` forces the next apply; `.resource_version` is the server's last known one.
   Call `publish` on every pass with the freshly built object: it decides itself whether to write,
   and only a call can notice a deleted object (a caller-side "unchanged, skip" gate defeats that).
+  `.yielded_to`: the manager it leaves the object to ("": none), see below.
 - `canonical(obj) -> str`: the text compared for "changed" (sorted keys, no spaces).
+- `foreign_manager(live) -> str`: who else publishes a live NRT ("": topolet, or no one).
+
+One NRT per node, named after it, and another publisher may own it: NFD's topology updater
+(`nfd-topology-updater`, or `nfd-master` in NFD before v0.14) and the resource topology exporter
+write the same object.  topolet never fights one: before its first apply, and every `verify_seconds`
+while it stands aside, the publisher reads the object, and where it exists without topolet's
+`app.kubernetes.io/managed-by` label, or one of those managers owns its zones (`managedFields`),
+it applies nothing and sets `.yielded_to`; it applies again once the object is gone.  Any other
+edit of an object topolet made is put back, as above.
 
 Shape (k8stopologyawareschedwg/noderesourcetopology-api, v1alpha2 types.go): cluster-scoped, named
 after the node, owned by the Node (the garbage collector removes it with the node).  One zone per
@@ -31,7 +42,10 @@ NodeResourceTopologyMatch reads (it skips other types and parses N from the name
 
 - `cpu`: capacity = the zone's online CPUs; allocatable = capacity less reserved CPUs (`reserved`
   plus the state's); available = allocatable less CPUs held by exclusive allocations in the state.
-  The shared pool is not subtracted: pods there hold no CPU exclusively.
+  The shared pool is not subtracted: pods there hold no CPU exclusively.  Under the kubelet's
+  static CPU manager (`kubelet_cpus`, a `KubeletCPUs`) the kubelet's word replaces the state's:
+  allocatable = the CPUs it offers for exclusive use, available = those less the CPUs it gave
+  containers (NFD's topology updater counts the same).
 - `memory`: capacity = the NUMA node's memory; allocatable = capacity less the hugepage pools
   (memory the pools hold is not available as regular memory, kubelet's rule); available =
   allocatable less `memory_held` for the zone.
@@ -65,6 +79,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from agent.enforce.state import State
@@ -84,12 +99,24 @@ PLURAL = "noderesourcetopologies"
 ZONE_TYPE = "Node"
 MAX_ZONE_ID = 63
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+# Field managers of other NRT publishers (the user agent client-go sends, up to its first "/").
+OTHER_PUBLISHERS = ("nfd-topology-updater", "nfd-master", "resource-topology-exporter")
 
 ATTR_POLICY = "topologyManagerPolicy"
 ATTR_SCOPE = "topologyManagerScope"
 ATTR_FINGERPRINT = "nodeTopologyPodsFingerprint"
 ATTR_FINGERPRINT_METHOD = "nodeTopologyPodsFingerprintMethod"
 ATTR_PINNING_ROUTE = "topolet.io/pinning-route"
+
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletCPUs:
+    """The kubelet's static CPU manager's word: CPUs it offers for exclusive use, and those it gave."""
+
+    offered: CPUSet
+    pinned: CPUSet
+
 
 # kubelet's topologyManagerPolicy / topologyManagerScope values, and the deprecated v1alpha2
 # `topologyPolicies` enum they map to (noderesourcetopology-api v1alpha2 TopologyManagerPolicy).
@@ -272,6 +299,7 @@ def nrt_object(
     pods_fingerprint_method: str | None = None,
     memory_held: Mapping[int, Mapping[str, int]] | None = None,
     pinning_route: str | None = None,
+    kubelet_cpus: KubeletCPUs | None = None,
 ) -> dict[str, Any]:
     """The NodeResourceTopology object for this node, its `available` taken from `state`."""
     name, uid = _node_ref(node)
@@ -296,8 +324,12 @@ def nrt_object(
         for res, amount in amounts.items():
             if amount < 0:
                 raise ConfigError(f"NUMA {numa_id} {res}: negative amount held {amount}")
-    held = reserved | state.reserved
-    allocated = state.allocated()
+    if kubelet_cpus is not None:  # the kubelet pins CPUs here: its sets, not the state's
+        held = topology.cpus - kubelet_cpus.offered
+        allocated = kubelet_cpus.pinned
+    else:
+        held = reserved | state.reserved
+        allocated = state.allocated()
     published = [n for n in topology.numa_nodes
                  if 0 <= n.id <= MAX_ZONE_ID and (n.cpus or n.memory_bytes > 0)]
     zones: list[dict[str, Any]] = []
@@ -361,6 +393,21 @@ def _ours_intact(ours: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
                for ref in meta.get("ownerReferences") or [])
 
 
+def foreign_manager(live: Mapping[str, Any], ours: str = "topolet") -> str:
+    """Who else publishes the live NRT `live`: a known publisher that owns its zones, else the first
+    manager of an object without our managed-by label ("" for ours, or no one)."""
+    meta = live.get("metadata") or {}
+    entries = [m for m in meta.get("managedFields") or [] if isinstance(m, Mapping)]
+    for m in entries:
+        name = str(m.get("manager") or "")
+        if name in OTHER_PUBLISHERS and "f:zones" in (m.get("fieldsV1") or {}):
+            return name
+    if (meta.get("labels") or {}).get(MANAGED_BY_LABEL) == ours:
+        return ""
+    others = [str(m.get("manager") or "") for m in entries if m.get("manager") != ours]
+    return next((n for n in others if n), "another manager")
+
+
 class NRTPublisher:
     """Applies this node's NodeResourceTopology when it changed; never writes on a timer alone."""
 
@@ -381,6 +428,8 @@ class NRTPublisher:
         self._verified_at = -math.inf
         self.writes = 0  # applies sent and accepted
         self.failures = 0  # calls that failed (API down, refused)
+        self.yielded_to = ""  # the other publisher left the object to ("": none)
+        self._looked = False  # whether the object was read before our first apply
 
     def invalidate(self) -> None:
         """Apply on the next `publish` whatever it is given (e.g. after a watch saw the object deleted)."""
@@ -402,7 +451,18 @@ class NRTPublisher:
                               f"({self.node_name})")
         text = canonical(obj)
         with self._lock:
-            if text == self._last and not self._gone_or_changed(obj):
+            if self._last is None:
+                # Before our first apply, and every verify_seconds while standing aside: whose is it?
+                if not self._looked or (self.yielded_to and
+                                        self._clock() - self._verified_at >= self.verify_seconds):
+                    self._look()
+                if self.yielded_to:
+                    return False
+            elif self._gone_or_changed(obj):  # a read every verify_seconds, changed or not
+                if self.yielded_to:
+                    self._last = None  # looked at again every verify_seconds
+                    return False
+            elif text == self._last:
                 return False
             try:
                 self._apply(json.loads(text))
@@ -414,6 +474,28 @@ class NRTPublisher:
             self._verified_at = self._clock()
             self.writes += 1
             return True
+
+    def _look(self) -> None:
+        """Read the object: set `yielded_to` to its other publisher ("" when absent or ours)."""
+        try:
+            live = self.kube.get(self._path(), what=f"get NodeResourceTopology {self.node_name}")
+        except KubeAPIError as exc:
+            if not exc.not_found:
+                self.failures += 1
+                raise
+            live = {}
+        self._looked = True
+        self._verified_at = self._clock()
+        self._set_owner(foreign_manager(live, self.field_manager) if live else "")
+
+    def _set_owner(self, manager: str) -> None:
+        if manager and not self.yielded_to:
+            log.warning("NodeResourceTopology %s is published by %s: topolet leaves it alone",
+                        self.node_name, manager)
+        elif self.yielded_to and not manager:
+            log.info("NodeResourceTopology %s is no longer %s's: topolet publishes it", self.node_name,
+                     self.yielded_to)
+        self.yielded_to = manager
 
     def _gone_or_changed(self, obj: Mapping[str, Any]) -> bool:
         """Every `verify_seconds`, read the object back: True when it was deleted or our fields changed."""
@@ -430,6 +512,9 @@ class NRTPublisher:
             raise
         self._verified_at = now
         self._resource_version = (live.get("metadata") or {}).get("resourceVersion")
+        self._set_owner(foreign_manager(live, self.field_manager))
+        if self.yielded_to:
+            return True  # publish() stands aside
         if _ours_intact(obj, live):
             return False
         log.info("NodeResourceTopology %s was changed by someone else; applying it again", self.node_name)

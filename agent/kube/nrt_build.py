@@ -27,6 +27,7 @@ from agent.topology.model import Topology
 if TYPE_CHECKING:
     from agent.gpu.capacity import MigInventory
     from agent.gpu.model import GPU
+    from agent.kube.nrt import KubeletCPUs
 
 MemoryRequests = Mapping[str, tuple[tuple[str, int], ...]]  # allocation id → ((resource, bytes), ...)
 
@@ -42,6 +43,7 @@ class Snapshot:
     memory: MemoryRequests = field(default_factory=dict)  # memory requests of pinned containers
     mig: MigInventory | None = None  # MIG mode and instances per GPU index, when NVML was read
     route: str | None = None  # how pods are pinned ("nri", "pod-cgroup"), once chosen
+    kubelet_cpus: KubeletCPUs | None = None  # the kubelet's static CPU manager's CPUs, where it runs
 
 
 def zone_memory_held(topology: Topology, state: State, requests: MemoryRequests) -> dict[int, dict[str, int]]:
@@ -72,7 +74,8 @@ def zone_memory_held(topology: Topology, state: State, requests: MemoryRequests)
 def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
               pinned: tuple[tuple[str, str], ...], gpus: Sequence[GPU] = (),
               assigned_gpus: Collection[str] = (), *, memory: MemoryRequests | None = None,
-              mig: MigInventory | None = None, route: str | None = None) -> dict[str, Any]:
+              mig: MigInventory | None = None, route: str | None = None,
+              kubelet_cpus: KubeletCPUs | None = None) -> dict[str, Any]:
     """The node's NRT: CPUs and GPUs less what `state` holds, GPUs less those the kubelet assigned
     (`assigned_gpus`: PCI addresses or UUIDs), memory and hugepages less what memory-bound
     containers request (`memory`, by allocation id), and the fingerprint of the pinned pods.
@@ -80,7 +83,7 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
     With `mig` (NVML's word), a GPU in MIG mode offers its instances by profile
     (`nvidia.com/mig-<profile>`) in the zone of the GPU, available unless in use; without it no
     MIG resource is published (instances unknown).  `route` becomes the `topolet.io/pinning-route`
-    attribute."""
+    attribute; `kubelet_cpus` (the kubelet's static CPU manager) replaces the state's CPUs."""
     from agent.kube.nrt import nrt_object, pod_set_fingerprint
 
     gpu_capacity: Mapping[int, Mapping[str, tuple[int, int]]] | None = None
@@ -92,7 +95,8 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
         node_ref, topology, state, gpu_capacity=gpu_capacity,
         pods_fingerprint=pod_set_fingerprint(pinned),
         pods_fingerprint_method="with-exclusive-resources",
-        memory_held=zone_memory_held(topology, state, memory or {}), pinning_route=route)
+        memory_held=zone_memory_held(topology, state, memory or {}), pinning_route=route,
+        kubelet_cpus=kubelet_cpus)
     return obj
 
 

@@ -2,8 +2,11 @@
 
 It writes what the enforcer changed.  While the API is down it retries with the API loops'
 back-off (`agent.kube.backoff`: 1 s doubling to 30 s, jittered; a change to publish tries again at
-once) and logs the outage once, then a reminder a minute, then its end.  With MIG managed it also
-re-reads the Node for its layout label (`agent.kube.mig_status`).  Each write counts in
+once) and logs the outage once, then a reminder a minute, then its end.  Where another manager
+publishes this node's NRT (NFD's topology updater: `agent.kube.nrt`) it leaves the NRT alone, keeps
+publishing labels, and says so once: a log line, a Warning Event on the Node and
+`topolet_nrt_yielded`.  With MIG managed it also re-reads the Node for its layout label
+(`agent.kube.mig_status`).  Each write counts in
 `topolet_api_writes_total{kind}`, each failed attempt to publish (the write, or a read it needs
 first) in `topolet_api_write_errors_total{kind}`.
 """
@@ -68,8 +71,10 @@ class Publisher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._warnings: queue.Queue[tuple[PodPlan, PodWarning]] = queue.Queue(maxsize=1000)
+        self._node_events: queue.Queue[tuple[str, str, str]] = queue.Queue(maxsize=100)
         self._published_nrt: str | None = None  # fingerprint of the last NRT written
         self._published_labels: dict[str, str] | None = None
+        self._nrt_owner = ""  # the other publisher this node's NRT was last seen to be left to
         self.failing_since: float | None = None
         self.problems: list[str] = []  # what the last publish_once could not do
         self.outage = Outage(f"publishing for node {node}", log)
@@ -96,6 +101,14 @@ class Publisher:
             log.warning("event queue full: dropping %s for %s/%s", w.reason, plan.namespace, plan.name)
         self._wake.set()
 
+    def node_event(self, kind: str, reason: str, message: str) -> None:
+        """An Event ("Normal" or "Warning") on this node's Node, written on the publisher's thread."""
+        try:
+            self._node_events.put_nowait((kind, reason, message))
+        except queue.Full:
+            log.warning("event queue full: dropping %s for node %s", reason, self.node)
+        self._wake.set()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             ok = self.publish_once()
@@ -103,8 +116,10 @@ class Publisher:
                 self.failing_since = None
                 self.outage.recovered()
                 self.caught_up.set()
-                self._wake.wait(None if self.mig is None
-                                else max(self._next_node_read - time.monotonic(), 0.0))
+                wait = None if self.mig is None else max(self._next_node_read - time.monotonic(), 0.0)
+                if self.nrt.yielded_to:  # look again whether the other publisher's NRT is still there
+                    wait = self.nrt.verify_seconds if wait is None else min(wait, self.nrt.verify_seconds)
+                self._wake.wait(wait)
             else:
                 if self.failing_since is None:
                     self.failing_since = time.monotonic()
@@ -142,11 +157,12 @@ class Publisher:
         try:
             obj = self._nrt_object(snap)
             digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
-            if digest != self._published_nrt:
+            if digest != self._published_nrt or self.nrt.yielded_to:
                 if self.nrt.publish(obj):
                     self.metrics.api_writes.labels(kind="nrt").inc()
                     log.info("NodeResourceTopology %s written", self.node)
                 self._published_nrt = digest
+                self._note_nrt_owner()
         except Exception as exc:  # noqa: BLE001
             ok = False
             self.metrics.api_write_errors.labels(kind="nrt").inc()
@@ -167,12 +183,36 @@ class Publisher:
             except TopoletError as exc:
                 self.metrics.api_write_errors.labels(kind="event").inc()
                 log.warning("event not recorded: %s", exc)
+        while True:
+            try:
+                kind, reason, message = self._node_events.get_nowait()
+            except queue.Empty:
+                break
+            failures = self.events.failures
+            uid = self._node_ref[1] if self._node_ref is not None else ""
+            if self.events.on_node(kind, reason, message, uid):
+                self.metrics.api_writes.labels(kind="event").inc()
+            elif self.events.failures != failures:
+                self.metrics.api_write_errors.labels(kind="event").inc()
         if self._mig_changed:
             self._mig_changed = False
             if self.on_mig_change is not None:
                 # After the labels, so that "pending" is on its way before the change starts.
                 self.on_mig_change()
         return ok
+
+    def _note_nrt_owner(self) -> None:
+        """Say once (log, Event, `topolet_nrt_yielded`) that another manager owns this node's NRT."""
+        owner = self.nrt.yielded_to
+        if owner == self._nrt_owner:
+            return
+        self._nrt_owner = owner
+        self.metrics.nrt_yielded.set(1 if owner else 0)
+        if owner:
+            self.node_event("Warning", "NodeResourceTopologyOwnedElsewhere",
+                            f"NodeResourceTopology {self.node} is published by {owner}: topolet leaves "
+                            "it alone and keeps publishing labels (delete the object or stop the other "
+                            "publisher for topolet's)")
 
     def _read_node(self) -> None:
         """Read this node's Node: its uid (the NRT's owner) and, with MIG managed, its layout label."""
@@ -193,7 +233,8 @@ class Publisher:
         if self._node_ref is None:  # _read_node sets it or raises
             raise TopoletError(f"Node {self.node} not read")
         return build_nrt(self._node_ref, snap.topology, snap.state, snap.pinned, self.gpus,
-                         snap.assigned_gpus, memory=snap.memory, mig=snap.mig, route=snap.route)
+                         snap.assigned_gpus, memory=snap.memory, mig=snap.mig, route=snap.route,
+                         kubelet_cpus=snap.kubelet_cpus)
 
 
 def _pod_ref(plan: PodPlan) -> dict[str, Any]:

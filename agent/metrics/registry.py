@@ -10,7 +10,8 @@ Values that live elsewhere are read when scraped, not copied in: `watch_cpus(sou
 state}` (whole GPUs, allocated or free) and `topolet_mig_devices{numa, profile, state}` the GPUs'
 per-zone figures the NRT publishes, at scrape time, `watch_mig(source)` exports the MIG applier's
 totals (`MIG_APPLY_TOTALS`).  `topolet_info` carries `nodename` (never `node`, which scrape configs
-add as a target label), `enforcement`, `mode` and, in Kubernetes mode once chosen, `route` (how pods
+add as a target label), `enforcement` (`on`, `off`, or `kubelet-static`: standing down where the
+kubelet's static CPU manager pins), `mode` and, in Kubernetes mode once chosen, `route` (how pods
 are pinned: `nri` or `pod-cgroup`, `agent.kube.route`).  `agent.metrics.server` serves a registry over HTTP.
 """
 
@@ -186,6 +187,9 @@ class Metrics:
                                            registry=r)
         self.last_reconcile = Gauge("topolet_last_reconcile_timestamp_seconds",
                                     "Unix time of the last completed reconcile", registry=r)
+        self.nrt_yielded = Gauge("topolet_nrt_yielded",
+                                 "1 while another manager (NFD's topology updater) owns this node's "
+                                 "NodeResourceTopology and topolet leaves it alone", registry=r)
         self.reconcile_errors = Counter("topolet_reconcile_errors", "Reconcile passes that failed",
                                         registry=r)
         self.pod_lists = Counter("topolet_pod_lists", "Lists of this node's pods (startup, expired watch)",
@@ -236,10 +240,11 @@ class Metrics:
         self.allocations.labels(result=REFUSED).inc()
         self.refusals.labels(reason=reason).inc()
 
-    def set_node(self, nodename: str, enforcement: bool, **facts: str) -> None:
-        """Complete `topolet_info` with this node's name, whether CPUs are enforced, and `facts`."""
-        self.info.info({"version": __version__, "nodename": nodename,
-                        "enforcement": "on" if enforcement else "off", **facts})
+    def set_node(self, nodename: str, enforcement: bool | str, **facts: str) -> None:
+        """Complete `topolet_info` with this node's name, whether CPUs are enforced (True/False, or
+        why not: "kubelet-static"), and `facts`."""
+        said = enforcement if isinstance(enforcement, str) else "on" if enforcement else "off"
+        self.info.info({"version": __version__, "nodename": nodename, "enforcement": said, **facts})
 
     def watch_cpus(self, source: Callable[[], CPURows] | None) -> None:
         """Serve `topolet_cpus` from `source()` at each scrape (called on the scraping thread)."""

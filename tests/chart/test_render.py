@@ -71,6 +71,21 @@ def test_components_render_as_values(helm: Helm, tmp_path: Path) -> None:
     assert compare_with_base(chart, base) == []
 
 
+def test_agent_only_component_renders_as_controller_disabled(helm: Helm, tmp_path: Path) -> None:
+    """components/agent-only, which drops the controller and its policies, and `controller.enabled: false`."""
+    base = base_with_components(tmp_path, "agent-only")
+    assert not [d for d in base if "controller" in d["metadata"]["name"]
+                or d["metadata"]["name"] in ("topolet-placement", "topolet-admission-fields")]
+    assert compare_with_base(render(helm, VALUE_SETS["agent-only"]), base) == []
+
+
+def test_no_crds_component_renders_as_crds_not_installed(helm: Helm, tmp_path: Path) -> None:
+    """components/no-crds (so that `kubectl delete -k` never deletes a CRD) and `crds.install: false`."""
+    base = base_with_components(tmp_path, "no-crds")
+    assert not [d for d in base if d["kind"] == "CustomResourceDefinition"]
+    assert compare_with_base(render(helm, {"crds.install": False}), base) == []
+
+
 def test_node_pool_components_render_as_pool_values(helm: Helm, tmp_path: Path) -> None:
     """cgroup-v1-cpuset and nri-required, which patch the agent, as a pool's values."""
     base = base_with_components(tmp_path, "cgroup-v1-cpuset", "nri-required")

@@ -371,10 +371,18 @@ def test_stale_means_older_than_the_healthz_deadline() -> None:
         assert red_from(p) == deadline, title
 
 
-def test_fleet_shows_enforcement_off_mig_state_and_versions() -> None:
+def test_fleet_shows_enforcement_mig_state_and_versions() -> None:
     fleet = load(FLEET)
     (off,) = panel(fleet, "Enforcement off")["targets"]
     assert ('enforcement="off"' in off["expr"]) and off["expr"].startswith("count(")
+    # Every mode by node count, the kubelet's static CPU manager's stand-down among them.
+    by_mode = panel(fleet, "Enforcement")
+    assert by_mode["targets"][0]["expr"].startswith("count by (enforcement) (topolet_info{")
+    (column,) = [o for o in by_mode["fieldConfig"]["overrides"] if o["matcher"]["options"] == "enforcement"]
+    (modes,) = [prop["value"] for prop in column["properties"] if prop["id"] == "mappings"]
+    from agent.kube.daemon import KUBELET_STATIC
+
+    assert set(modes[0]["options"]) == {"on", "off", KUBELET_STATIC}
     versions = panel(fleet, "Versions")
     assert versions["type"] == "table"
     assert versions["targets"][0]["expr"].startswith("count by (version) (topolet_info{")
@@ -601,6 +609,7 @@ _SHOWS: list[tuple[str, str, list[tuple[str, float]]]] = [
     (FLEET, "Seconds since last reconcile", [(A_, 0), (C_, 465), (E_, 0)]),  # as of each last scrape
     (FLEET, "Agent up by node", [(A_, 1), (B_, 0), (C_, 1), (E_, 1)]),
     (FLEET, "Agents gone quiet by node", [('{nodename="n2"}', 290)]),  # b's last reconcile: 5 min
+    (FLEET, "Enforcement", [('{enforcement="off"}', 1), ('{enforcement="on"}', 2)]),
     (FLEET, "Versions", [('{version="0"}', 1), ('{version="1"}', 2)]),
     (FLEET, "MIG config state", [(C_.replace("}", ', state="failed"}'), 1)]),
     (NODE, "Agent up", [(A_, 1), (B_, 0), (C_, 1), (E_, 1)]),

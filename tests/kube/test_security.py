@@ -503,6 +503,8 @@ def test_agent_publishers_work_with_the_agents_credentials(cluster: Cluster) -> 
         recorder = EventRecorder(api, node)
         pod = {"metadata": {"namespace": NAMESPACE, "name": "some-pod", "uid": str(uuid.uuid4())}}
         assert recorder.warn(pod, "InvalidAnnotation", "topolet.io/smt: not one of full-cores, any")
+        # About its own Node (standing down beside the kubelet's static CPU manager, an NRT left to NFD).
+        assert recorder.on_node("Normal", "KubeletCPUManagerStatic", "topolet stands down", uid)
         assert recorder.failures == 0
 
 
@@ -517,6 +519,9 @@ def test_agent_publishers_for_another_node_are_refused(cluster: Cluster) -> None
             with pytest.raises(KubeAPIError) as refused:
                 LabelPublisher(api, cluster.b, NAMESPACE, sink=sink).publish({"topolet.io/numa.nodes": "7"})
             assert refused.value.status == 403
+        # B's NRT gone (an earlier test made one without topolet's label, which the publisher would
+        # leave alone as another publisher's): the publisher then tries its write, and is refused.
+        api_request(cluster.plane, "DELETE", f"{NRT_PATH}/{cluster.b}")
         with pytest.raises(KubeAPIError) as refused:
             NRTPublisher(api, cluster.b).publish(nrt(cluster.b, cpus=7))
         assert refused.value.status == 403

@@ -1,10 +1,12 @@
-"""topolet and the kubelet's own CPU manager on a real kubelet: `none` topolet pins, `static` it refuses.
+"""topolet and the kubelet's own CPU manager on a real kubelet: `none` topolet pins, `static` it stands down.
 
-DESIGN.md: with `cpuManagerPolicy: static` the kubelet owns the cpusets of every container (it pins
-Guaranteed pods and reconciles all of them every `cpuManagerReconcilePeriod`), so topolet must never
-write them.  The agent asks the kubelet's pod-resources API (`GetAllocatableResources` offers CPUs
-only under `static`) and refuses to start, with a message that says what to change.  The `none` side
-is tests/realnode/test_realnode.py, where the agent pins.
+With `cpuManagerPolicy: static` the kubelet owns the cpusets of every container (it pins Guaranteed
+pods and reconciles all of them every `cpuManagerReconcilePeriod`), so topolet must never write them.
+The agent asks the kubelet's pod-resources API (`GetAllocatableResources` offers CPUs only under
+`static`) and stands down: it runs as with `--enforcement off` (labels and the NRT), counts the
+kubelet's own exclusive CPUs (`List`) as taken in the NRT, and says so in one log line.  The `none`
+side is tests/realnode/test_realnode.py, where the agent pins; the Event and the metric are
+tests/kube/test_kubelet_static.py.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tests.realnode.node import (
     cpuset_of,
     proc_affinity,
 )
-from tests.realnode.test_realnode import all_cpus, run
+from tests.realnode.test_realnode import all_cpus, nrt_available_cpus, run
 
 WATCH_SECONDS = 60.0  # six of the kubelet's reconcile periods (10 s)
 
@@ -45,7 +47,7 @@ def static_pods(static_node: RealNode) -> Iterator[list[str]]:
     yield from pods_deleted_after(static_node)
 
 
-def test_agent_refuses_a_static_cpu_manager_and_no_cpuset_is_written_twice(
+def test_agent_stands_down_beside_a_static_cpu_manager_and_no_cpuset_is_written_twice(
         static_node: RealNode, static_pods: list[str]) -> None:
     everything = all_cpus(static_node)
     _, pinned_pid = run(static_node, static_pods, "pinned")
@@ -56,32 +58,32 @@ def test_agent_refuses_a_static_cpu_manager_and_no_cpuset_is_written_twice(
                                    "the kubelet's own pin"))
     assert 0 not in pinned and len(pinned) == 1
     assert CPUSet.parse(proc_affinity(pinned_pid)) == pinned
-
-    agent = NodeAgent(static_node)
-    proc = agent.start()
-    try:
-        proc.popen.wait(60)
-    finally:
-        agent.stop()
-    log = agent.log()
-    assert proc.popen.returncode == 2, log
-    offered = (everything - CPUSet([0])).cpulist()
-    assert "cpuManagerPolicy: static" in log and f"offers CPUs {offered}" in log, log
-    assert "Traceback" not in log
-    assert not (static_node.cpuset_root / "topolet").exists()  # it made no cgroup of its own either
+    offered = everything - CPUSet([0])
 
     # Every cpuset of the node's pods, the pods' and the kubelet's QoS cgroups, watched for a minute
-    # (six of the kubelet's reconcile periods): none written twice.
+    # (six of the kubelet's reconcile periods) while the agent runs: none written twice.
     files = [Path(d) / "cpuset.cpus" for d, _, fs in os.walk(static_node.cpuset_root / "kubepods")
              if "cpuset.cpus" in fs]
     assert len(files) >= 5  # kubepods, 2 QoS, 2 pods and their 4 containers at least
+    agent = NodeAgent(static_node)
     with WriteCounter(files) as writes:
-        agent.start()  # a restart of the DaemonSet's pod: refused again, nothing written
-        time.sleep(WATCH_SECONDS)
-        agent.stop()
+        agent.start()
+        try:
+            # The NRT offers what the kubelet offers, less its pin.
+            wait_for(lambda: nrt_available_cpus(static_node) == len(offered) - len(pinned) or
+                     not agent.running(), "the NRT counting the kubelet's pin")
+            log = agent.log()
+            assert agent.running(), log
+            assert "cpuManagerPolicy: static" in log and f"offers CPUs {offered.cpulist()}" in log, log
+            assert "stands down" in log and "Traceback" not in log
+            time.sleep(WATCH_SECONDS)
+            assert agent.running(), agent.log()
+        finally:
+            agent.stop()
+    assert not (static_node.cpuset_root / "topolet").exists()  # it made no cgroup of its own either
     # The kubelet writes a container's cpuset through the runtime when its decision for it is new to
     # its reconcile loop (seen here: once, for the Burstable container), never again while nothing
-    # changes; the refused agent writes none.
+    # changes; the agent standing down writes none.
     twice = {str(p.relative_to(static_node.cpuset_root)): n for p, n in writes.counts.items() if n > 1}
     assert not twice, twice
     assert cpuset_of(pinned_pid)[1] == pinned.cpulist()
@@ -103,30 +105,3 @@ def test_exclusive_cpus_question_answers_what_the_socket_offers(in_process: bool
     with PodResourcesStandIn(mode="garbage") as garbage:
         assert kubelet_exclusive_cpus(garbage.path, in_process) is None
     assert kubelet_exclusive_cpus("/nonexistent/kubelet.sock", in_process) is None
-
-
-def test_agent_refuses_to_start_when_the_kubelet_offers_exclusive_cpus(tmp_path: Path) -> None:
-    """The refusal as the DaemonSet's pod would show it: exit 2, one line saying what to change, and
-    nothing written (no state, no cgroup) before it."""
-    import subprocess
-
-    from tests.conftest import REPO, topolet_bin
-    from tests.kube.podresources_standin import PodResourcesStandIn
-
-    kubeconfig = tmp_path / "kubeconfig"  # never read: the refusal comes before any API call
-    kubeconfig.write_text('{"apiVersion": "v1", "kind": "Config", "clusters": [{"name": "c", "cluster": '
-                          '{"server": "https://127.0.0.1:1"}}], "users": [{"name": "u", "user": {}}], '
-                          '"contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}], '
-                          '"current-context": "c"}')
-    with PodResourcesStandIn(allocatable_cpus=[1]) as static:
-        done = subprocess.run(
-            [topolet_bin(), "agent", "--mode", "kubernetes", "--kubeconfig", str(kubeconfig),
-             "--node-name", "n1", "--state-dir", str(tmp_path / "state"), "--label-sink", "none",
-             "--cgroup-root", str(tmp_path / "no-cgroup"), "--pod-resources-socket", static.path,
-             "--listen", "127.0.0.1:0"],
-            capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert done.returncode == 2, done.stderr
-    assert "cpuManagerPolicy: static" in done.stderr and "offers CPUs 1 " in done.stderr
-    assert "Traceback" not in done.stderr
-    assert not (tmp_path / "state" / "state.json").exists()

@@ -190,6 +190,20 @@ class PodResourcesClient:
         """Devices of every container the kubelet runs, by (namespace, pod, container); {} = no info."""
         return self._listed() or {}
 
+    def exclusive_cpus(self) -> frozenset[int] | None:
+        """CPUs the kubelet's CPU manager gave containers exclusively (List's `cpu_ids`, as NFD's
+        topology updater reads them); None = no info."""
+        reply = self._call("List", api_pb2.ListPodResourcesRequest())
+        if reply is None:
+            return None
+        try:
+            return frozenset(int(c) for pod in reply.pod_resources for container in pod.containers
+                             for c in container.cpu_ids if 0 <= int(c) < _MAX_CPU_ID)
+        except Exception as exc:  # noqa: BLE001 - see _call
+            self._failed()
+            self._note(f"pod-resources List: unreadable answer: {exc}", logging.WARNING)
+            return None
+
     def get(self, namespace: str, pod: str) -> dict[str, tuple[Device, ...]] | None:
         """Devices of one pod's containers by container name (Get, else List); None = no info."""
         if not self._get_unimplemented:
