@@ -94,21 +94,39 @@ clean:
 # build/image/oci. Offline: the base is a debootstrap rootfs cached under ~/.cache/topolet/image (about
 # 2 minutes, once); a warm build takes about 1.5 minutes on 2 cores. IMAGE_BASE=<image> builds the same
 # recipe on a public base (docker.io/library/debian:bookworm-slim) instead.
-.PHONY: image image-check image-deps
+.PHONY: image image-arm64 image-multiarch image-push image-check image-deps
 image: image-deps install
 	image/build.sh
+
+# The same recipe for arm64 under qemu-user (build/image-arm64; its base and the compiled C helper are
+# cached like the amd64 base), and both combined into one OCI image index (build/image-index/oci).
+image-arm64: image-deps install
+	IMAGE_ARCH=arm64 image/build.sh
+
+image-multiarch: image-deps install
+	image/push.sh
+
+# Builds both architectures, pushes the index with skopeo and prints the digest to pull:
+#   make image-push REGISTRY=registry.example.com/team      (skopeo login registry.example.com first)
+# IMAGE_PUSH_TLS_VERIFY=false for a registry served over plain HTTP.
+image-push: image-deps install
+	@test -n "$(REGISTRY)" || { echo "usage: make image-push REGISTRY=registry.example.com/team" >&2; exit 2; }
+	image/push.sh $(REGISTRY)
 
 # Reproducibility: builds the last commit twice and fails unless the digests are the same.
 image-check: image-deps install
 	image/check.sh
 
-# Debian's debootstrap (the base), buildah (the build, chroot isolation: no runtime needed) and umoci
-# (tests/image unpacks the built image with it). tests/image builds the image, so `deps` needs them.
+# Debian's debootstrap (the base), buildah (the build, chroot isolation: no runtime needed), umoci
+# (tests/image unpacks the built image with it), qemu-user-static (the arm64 image, image/binfmt.sh),
+# skopeo (the push) and docker-registry (distribution's registry: tests/image pushes to a throwaway one).
+# tests/image builds the images, so `deps` needs them.
 image-deps:
 	@if ! command -v debootstrap >/dev/null || ! command -v buildah >/dev/null \
-	    || ! command -v umoci >/dev/null; then \
+	    || ! command -v umoci >/dev/null || ! command -v qemu-aarch64-static >/dev/null \
+	    || ! command -v skopeo >/dev/null || ! command -v docker-registry >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    debootstrap buildah umoci >/dev/null; \
+	    debootstrap buildah umoci qemu-user-static skopeo docker-registry >/dev/null; \
 	fi
 
 deps: image-deps

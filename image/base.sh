@@ -3,11 +3,15 @@
 # Debian's python3, made with `debootstrap --variant=minbase`, packed as a tarball with sorted entries,
 # numeric owners and clamped mtimes.
 #
-# Usage: image/base.sh            prints the absolute path of the cached tarball on stdout
+# Usage: image/base.sh [runtime|build]   prints the absolute path of the cached tarball on stdout
+#   runtime (default)  what the image is built on: minbase and python3
+#   build              the same plus a C compiler and Python's headers, for building the project's
+#                      wheel on an architecture the host's toolchain does not target (image/build.sh)
 #
 # The tarball is cached under
-#   ${TOPOLET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topolet}/image/base-bookworm-<hash>.tar
-# where <hash> covers the mirror, suite, variant, package list, debootstrap's version and this script,
+#   ${TOPOLET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topolet}/image/<flavour>-bookworm-<arch>-<hash>.tar
+# where <hash> covers the mirror, suite, architecture, variant, package list, debootstrap's version and
+# this script,
 # so the same inputs reuse one base (and give one image digest) and a change to any of them makes a
 # fresh one. A mirror that moves (deb.debian.org gets point releases) changes nothing once cached;
 # point IMAGE_MIRROR at a snapshot.debian.org date to pin the packages themselves, or delete the cache
@@ -15,7 +19,8 @@
 #
 # Environment: IMAGE_MIRROR (default http://deb.debian.org/debian, the mirror /etc/apt/sources.list.d
 # names), IMAGE_BASE_EPOCH (the mtime every entry is clamped to; default 2025-05-20, the snapshot date
-# the apt sources name).
+# the apt sources name), IMAGE_ARCH (Debian's name for the architecture, default the host's: amd64 or
+# arm64; a foreign one runs debootstrap's second stage under qemu-user, registered by image/binfmt.sh).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,17 +28,23 @@ cache_root="${TOPOLET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topolet}/image"
 mirror="${IMAGE_MIRROR:-http://deb.debian.org/debian}"
 suite=bookworm
 variant=minbase
+arch="${IMAGE_ARCH:-$(dpkg --print-architecture)}"
+flavour="${1:-runtime}"
 # python3 is the agent's interpreter (bookworm's 3.11, the version the wheels are built for); nothing
-# else beyond minbase's essential set.
-packages=python3
+# else beyond minbase's essential set. The build flavour adds what compiling the cffi helper needs.
+case "$flavour" in
+    runtime) packages=python3; name=base ;;
+    build) packages=python3,python3-dev,gcc,libc6-dev; name=build ;;
+    *) echo "base.sh: unknown flavour $flavour (runtime or build)" >&2; exit 2 ;;
+esac
 epoch="${IMAGE_BASE_EPOCH:-1747699200}"
 
 command -v debootstrap >/dev/null || { echo "base.sh: debootstrap is not installed (make image-deps)" >&2; exit 2; }
 [[ "$(id -u)" == 0 ]] || { echo "base.sh: debootstrap needs root (chroot, mknod)" >&2; exit 2; }
 
-digest="$( (echo "$mirror $suite $variant $packages $epoch"; dpkg-query -W -f='${Version}\n' debootstrap
+digest="$( (echo "$mirror $suite $arch $variant $packages $epoch"; dpkg-query -W -f='${Version}\n' debootstrap
             cat "${BASH_SOURCE[0]}") | sha256sum | cut -c1-12)"
-tarball="$cache_root/base-$suite-$digest.tar"
+tarball="$cache_root/$name-$suite-$arch-$digest.tar"
 mkdir -p "$cache_root"
 exec {lock}>"$tarball.lock"
 flock "$lock"
@@ -41,6 +52,9 @@ if [[ -s "$tarball" ]]; then
     echo "$tarball"
     exit 0
 fi
+
+# A foreign architecture: debootstrap's second stage runs the target's own binaries in the chroot.
+[[ "$arch" == "$(dpkg --print-architecture)" ]] || "$here/binfmt.sh" "$arch"
 
 work="$(mktemp -d "$cache_root/.base-XXXXXX")"
 target="$work/rootfs"
@@ -58,10 +72,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-echo "base.sh: debootstrap --variant=$variant $suite from $mirror (a few minutes, once)" >&2
+echo "base.sh: debootstrap --arch=$arch --variant=$variant $suite ($packages) from $mirror (minutes, once)" >&2
 start=$SECONDS
 # --merged-usr: bookworm's layout (/bin -> usr/bin), as in debian:bookworm-slim.
-nice -n 19 debootstrap --variant="$variant" --merged-usr --include="$packages" \
+nice -n 19 debootstrap --arch="$arch" --variant="$variant" --merged-usr --include="$packages" \
     --keyring=/usr/share/keyrings/debian-archive-keyring.gpg "$suite" "$target" "$mirror" >"$work/debootstrap.log" 2>&1 || {
     tail -20 "$work/debootstrap.log" >&2
     echo "base.sh: debootstrap failed (log above)" >&2

@@ -7,7 +7,12 @@
 # Environment:
 #   IMAGE_BASE      a base image to build on instead of the debootstrap rootfs, e.g.
 #                   docker.io/library/debian:bookworm-slim (pulled, so it needs a registry)
-#   IMAGE_OUT       output directory (default build/image)
+#   IMAGE_ARCH      Debian's name for the image's architecture: amd64 or arm64 (default the host's).
+#                   A foreign one runs the recipe under qemu-user (image/binfmt.sh), on a base of its
+#                   own, with the locked wheels for that platform; the project's C helper is compiled
+#                   there too, in a build base with gcc (image/base.sh build), cached like the base.
+#   IMAGE_OUT       output directory (default build/image for the host's architecture,
+#                   build/image-<arch> for another; image/index.py combines them)
 #   IMAGE_TREE      a commit whose files the project's wheel is built from (git archive), instead of
 #                   the working tree; the recipe (image/) is always the working tree's
 #   IMAGE_CONTEXT_ONLY=1  only prepare IMAGE_OUT/context (install.sh and wheels/) for another builder:
@@ -27,16 +32,28 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache_root="${TOPOLET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topolet}/image"
-out="$(realpath -m "${IMAGE_OUT:-$repo/build/image}")"
+host_arch="$(dpkg --print-architecture)"
+arch="${IMAGE_ARCH:-$host_arch}"
+case "$arch" in
+    amd64) multiarch=x86_64-linux-gnu; wheel_platform=x86_64 ;;
+    arm64) multiarch=aarch64-linux-gnu; wheel_platform=aarch64 ;;
+    *) echo "build.sh: IMAGE_ARCH=$arch: amd64 or arm64" >&2; exit 2 ;;
+esac
+if [[ "$arch" == "$host_arch" ]]; then
+    out="$(realpath -m "${IMAGE_OUT:-$repo/build/image}")"
+else
+    out="$(realpath -m "${IMAGE_OUT:-$repo/build/image-$arch}")"
+fi
 python="${PYTHON:-$repo/.venv/bin/python}"
 
 context_only="${IMAGE_CONTEXT_ONLY:-}"
 tools=(git)
-[[ -n "$context_only" ]] || tools+=(buildah)
+# buildah also prepares another architecture's context: its wheel is compiled in a container.
+[[ -n "$context_only" && "$arch" == "$host_arch" ]] || tools+=(buildah)
 for tool in "${tools[@]}"; do
     command -v "$tool" >/dev/null || { echo "build.sh: $tool is not installed (make image-deps)" >&2; exit 2; }
 done
-[[ -n "$context_only" || "$(id -u)" == 0 ]] \
+[[ ( -n "$context_only" && "$arch" == "$host_arch" ) || "$(id -u)" == 0 ]] \
     || { echo "build.sh: buildah's chroot isolation and vfs storage need root" >&2; exit 2; }
 "$python" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null \
     || { echo "build.sh: $python must be CPython 3.11, the image's interpreter" >&2; exit 2; }
@@ -79,19 +96,25 @@ rm -rf "$storage" "$out/context" "$out/src"
 mkdir -p "$out/context/wheels"
 
 step "wheels"
-# 1. Dependency wheels, verified against the lock's hashes, downloaded once per lock.
+# 1. Dependency wheels, verified against the lock's hashes, downloaded once per lock and architecture.
 lock_hash="$(sha256sum "$repo/image/requirements.txt" | cut -c1-12)"
-wheels="$cache_root/wheels-$lock_hash"
+wheels="$cache_root/wheels-$arch-$lock_hash"
+# CPython 3.11 on glibc (bookworm's 2.36): the host interpreter's own tags for the host's architecture,
+# the manylinux tags the lock's aarch64 hashes name for arm64.
+platform_args=()
+[[ "$arch" == "$host_arch" ]] || platform_args=(--python-version 3.11 --implementation cp --abi cp311
+    --platform "manylinux_2_28_$wheel_platform" --platform "manylinux_2_17_$wheel_platform"
+    --platform "manylinux2014_$wheel_platform")
 mkdir -p "$cache_root"
 exec {wheels_lock}>"$wheels.lock"
 flock "$wheels_lock"
 if [[ ! -f "$wheels/.complete" ]]; then
     echo "build.sh: downloading the locked wheels into $wheels" >&2
     mkdir -p "$wheels"
-    # For this interpreter's tags (CPython 3.11, glibc x86_64, as the image's): the lock's hashes name
-    # exactly the wheels pip picks for those, and a mismatch fails here rather than in the image.
+    # The lock's hashes name exactly the wheels pip picks for the image's tags, and a mismatch fails
+    # here rather than in the image.
     "$python" -m pip download -q --disable-pip-version-check --no-deps --require-hashes \
-        --only-binary=:all: -r "$repo/image/requirements.txt" -d "$wheels" >&2
+        --only-binary=:all: "${platform_args[@]}" -r "$repo/image/requirements.txt" -d "$wheels" >&2
     touch "$wheels/.complete"
 fi
 cp "$wheels"/*.whl "$out/context/wheels/"
@@ -110,9 +133,48 @@ else
         | tar --null --no-recursion -T - -cf -) | tar -x -C "$out/src"
 fi
 # -g0: pyenv's and Debian's CFLAGS carry -g, whose DWARF names the build directory.
-CFLAGS="-g0 -ffile-prefix-map=$out/src=." nice -n 19 "$python" -m pip wheel -q --disable-pip-version-check \
-    --no-deps --no-build-isolation -w "$out/context/wheels" "$out/src" >"$out/wheel.log" 2>&1 \
-    || { cat "$out/wheel.log" >&2; echo "build.sh: building the topolet wheel failed" >&2; exit 1; }
+if [[ "$arch" == "$host_arch" ]]; then
+    CFLAGS="-g0 -ffile-prefix-map=$out/src=." nice -n 19 "$python" -m pip wheel -q --disable-pip-version-check \
+        --no-deps --no-build-isolation -w "$out/context/wheels" "$out/src" >"$out/wheel.log" 2>&1 \
+        || { cat "$out/wheel.log" >&2; echo "build.sh: building the topolet wheel failed" >&2; exit 1; }
+else
+    # Another architecture's C helper is compiled by that architecture's gcc, under qemu-user, in the
+    # cached build base (Debian's gcc and Python headers), with the locked cffi and the same setuptools
+    # as the host's build (which writes wheels itself since 70.1), fetched once: the same build as
+    # above, only slower.
+    build_tools="$("$python" -c 'import setuptools; print(f"setuptools=={setuptools.__version__}")')"
+    tools="$cache_root/build-tools-$(echo "$build_tools" | sha256sum | cut -c1-12)"
+    if [[ ! -f "$tools/.complete" ]]; then
+        "$python" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+            -d "$tools" "$build_tools" >&2
+        touch "$tools/.complete"
+    fi
+    build_tarball="$(IMAGE_ARCH="$arch" "$repo/image/base.sh" build)"
+    # Cached by what goes into it (the tree's files, the build base, the tools, this script), since the
+    # compile under emulation is what a warm foreign build would otherwise spend its time on.
+    wheel_key="$( { (cd "$out/src" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+                    echo "$build_tarball $build_tools"; sha256sum "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)"
+    wheel_cache="$cache_root/topolet-wheel-$arch-$wheel_key"
+    if [[ ! -f "$wheel_cache/.complete" ]]; then
+        rm -rf "$wheel_cache"
+        mkdir -p "$wheel_cache"
+        bctr="$(buildah_ from --arch "$arch" scratch)"
+        tar -C "$(buildah_ mount "$bctr")" --numeric-owner --xattrs -xpf "$build_tarball"
+        buildah_ umount "$bctr" >/dev/null
+        buildah_ run --isolation chroot -v "$out/src:/src" -v "$wheel_cache:/out" -v "$wheels:/deps:ro" \
+            -v "$tools:/tools:ro" "$bctr" -- sh -ec '
+            pip="$(ls /deps/pip-*.whl)/pip"
+            python3 "$pip" install -q --no-index --find-links /deps --find-links /tools --no-cache-dir \
+                --break-system-packages --root-user-action=ignore --disable-pip-version-check \
+                cffi pycparser setuptools
+            CFLAGS="-g0 -ffile-prefix-map=/src=." python3 "$pip" wheel -q --disable-pip-version-check \
+                --no-deps --no-build-isolation --no-cache-dir -w /out /src' >"$out/wheel.log" 2>&1 \
+            || { cat "$out/wheel.log" >&2; echo "build.sh: building the topolet wheel for $arch failed" >&2; exit 1; }
+        buildah_ rm "$bctr" >/dev/null
+        touch "$wheel_cache/.complete"
+    fi
+    cp "$wheel_cache"/topolet-*.whl "$out/context/wheels/"
+fi
 cp "$repo/image/install.sh" "$out/context/"
 if [[ -n "$context_only" ]]; then
     rm -rf "$out/src"
@@ -127,10 +189,10 @@ fi
 # moves, so it is always built.
 inputs=""
 if [[ -z "${IMAGE_BASE:-}" ]]; then
-    tarball="$("$repo/image/base.sh")"
+    tarball="$(IMAGE_ARCH="$arch" "$repo/image/base.sh")"
     inputs="$( { (cd "$out/context" && sha256sum install.sh wheels/*.whl)
                  (cd "$repo/image" && cat Containerfile build.sh) | sha256sum
-                 echo "$tarball $SOURCE_DATE_EPOCH $revision $version"
+                 echo "$arch $tarball $SOURCE_DATE_EPOCH $revision $version"
                  buildah --version; } | sha256sum | cut -c1-16)"
     if [[ -f "$out/image.env" && -f "$out/topolet-$version.tar" && -f "$out/oci/index.json" ]] \
             && grep -qx "IMAGE_INPUTS=$inputs" "$out/image.env"; then
@@ -147,7 +209,7 @@ if [[ -n "${IMAGE_BASE:-}" ]]; then
     pull=--pull=missing
 else
     base="localhost/topolet-base:bookworm-$(basename "$tarball" .tar | sed 's/^base-bookworm-//')"
-    ctr="$(buildah_ from scratch)"
+    ctr="$(buildah_ from --arch "$arch" scratch)"
     tar -C "$(buildah_ mount "$ctr")" --numeric-owner --xattrs -xpf "$tarball"
     buildah_ umount "$ctr" >/dev/null
     buildah_ commit -q --timestamp "$SOURCE_DATE_EPOCH" "$ctr" "$base" >/dev/null
@@ -159,7 +221,7 @@ fi
 # bind mount) is gone from the image rather than hidden by a later layer; --timestamp: the image's
 # created time and every file's mtime are SOURCE_DATE_EPOCH.
 step "building $ref on $base"
-buildah_ build -q --isolation chroot --squash $pull --timestamp "$SOURCE_DATE_EPOCH" \
+buildah_ build -q --isolation chroot --squash $pull --platform "linux/$arch" --timestamp "$SOURCE_DATE_EPOCH" \
     --layers=false --build-arg BASE="$base" --build-arg VERSION="$version" \
     --build-arg REVISION="$revision" \
     -f "$repo/image/Containerfile" -t "$ref" "$out/context" >/dev/null
@@ -179,11 +241,11 @@ step "sizes"
 # Sizes: the compressed layer as a registry serves it, the unpacked layer, and the biggest directories.
 manifest_blob="$out/oci/blobs/sha256/${digest#sha256:}"
 compressed="$("$python" -c 'import json,sys; m=json.load(open(sys.argv[1])); print(sum(l["size"] for l in m["layers"]))' "$manifest_blob")"
-ctr="$(buildah_ from --pull=never "$ref")"
+ctr="$(buildah_ from --pull=never --arch "$arch" "$ref")"
 rootfs="$(buildah_ mount "$ctr")"
 unpacked="$(du -sb --apparent-size "$rootfs" | cut -f1)"
 (cd "$rootfs" && du -s -m --apparent-size usr/local/lib/python3.11/dist-packages/* usr/lib/python3.11 \
-    usr/lib/x86_64-linux-gnu usr/bin usr/sbin usr/share/* var etc) | sort -rn >"$out/du.txt"
+    "usr/lib/$multiarch" usr/bin usr/sbin usr/share/* var etc) | sort -rn >"$out/du.txt"
 biggest="$(head -10 "$out/du.txt")"
 rm -f "$out/du.txt"
 buildah_ umount "$ctr" >/dev/null
@@ -191,6 +253,7 @@ buildah_ umount "$ctr" >/dev/null
 mib() { "$python" -c "import sys; print(f'{int(sys.argv[1]) / 2**20:.1f}')" "$1"; }
 cat >"$out/image.env" <<EOF
 IMAGE_REF=$ref
+IMAGE_ARCH=$arch
 IMAGE_INPUTS=$inputs
 IMAGE_ARCHIVE=$archive
 IMAGE_OCI=$out/oci:$version
@@ -202,7 +265,7 @@ IMAGE_UNPACKED_BYTES=$unpacked
 SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH
 EOF
 {
-    echo "image $ref on $base (SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH), built in $((SECONDS - start)) s"
+    echo "image $ref ($arch) on $base (SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH), built in $((SECONDS - start)) s"
     echo "  digest   $digest"
     echo "  id       $image_id"
     echo "  archive  $archive"

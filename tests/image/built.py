@@ -35,10 +35,14 @@ class ImageError(RuntimeError):
     """A step of building, unpacking or running the image failed."""
 
 
-def build(out: Path = DEFAULT_OUT) -> dict[str, str]:
-    """Build the image from the working tree into `out` (or find it up to date); its image.env's variables."""
-    env = {k: v for k, v in os.environ.items() if k not in ("IMAGE_BASE", "IMAGE_TREE")}
+def build(out: Path = DEFAULT_OUT, arch: str | None = None) -> dict[str, str]:
+    """Build the image from the working tree into `out` (or find it up to date); its image.env's variables.
+
+    `arch` (Debian's name) builds for that architecture, under qemu-user when it is not the host's."""
+    env = {k: v for k, v in os.environ.items() if k not in ("IMAGE_BASE", "IMAGE_TREE", "IMAGE_ARCH")}
     env["IMAGE_OUT"] = str(out)
+    if arch is not None:
+        env["IMAGE_ARCH"] = arch
     done = subprocess.run([str(BUILD_SCRIPT)], env=env, capture_output=True, text=True,
                           timeout=BUILD_TIMEOUT_S, check=False)
     if done.returncode != 0:
