@@ -85,6 +85,7 @@ from typing import Any
 from agent.enforce.state import State
 from agent.errors import ConfigError, KubeAPIError
 from agent.kube.client import KubeClient, resource_path
+from agent.kube.pods import MAX_NUMA_ZONE
 from agent.labels.validate import is_dns_subdomain
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import NumaNode, Topology
@@ -97,7 +98,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "NodeResourceTopology"
 PLURAL = "noderesourcetopologies"
 ZONE_TYPE = "Node"
-MAX_ZONE_ID = 63
+MAX_ZONE_ID = MAX_NUMA_ZONE  # one bound for writer and readers: Linux numbers at most 1024 NUMA nodes
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 # Field managers of other NRT publishers (the user agent client-go sends, up to its first "/").
 OTHER_PUBLISHERS = ("nfd-topology-updater", "nfd-master", "resource-topology-exporter")
@@ -132,6 +133,16 @@ _LEGACY_POLICY = {
     ("single-numa-node", "container"): "SingleNUMANodeContainerLevel",
     ("single-numa-node", "pod"): "SingleNUMANodePodLevel",
 }
+# The deprecated enum read back as the kubelet's policy (NRTs of older publishers carry only it).
+_POLICY_OF_LEGACY = {legacy: policy for (policy, _), legacy in _LEGACY_POLICY.items()}
+
+
+def policy_of_legacy(value: object) -> str | None:
+    """The Topology Manager policy a deprecated `topologyPolicies` entry names ("SingleNUMANodePodLevel"
+    → "single-numa-node"), None for anything else."""
+    return _POLICY_OF_LEGACY.get(value) if isinstance(value, str) else None
+
+
 FINGERPRINT_METHODS = ("all", "with-exclusive-resources", "exclude-terminal")
 
 # ---- podfingerprint ------------------------------------------------------------------------------

@@ -234,6 +234,42 @@ def test_node_policy_is_each_nodes_own(attributes: object, want: str) -> None:
     assert node_policy(nrt) == want
 
 
+@pytest.mark.parametrize(("nrt", "want"), [
+    # Older publishers (NFD's topology updater before the attributes) fill only the deprecated list.
+    ({"topologyPolicies": ["SingleNUMANodeContainerLevel"]}, "single-numa-node"),
+    ({"topologyPolicies": ["SingleNUMANodePodLevel"]}, "single-numa-node"),
+    ({"topologyPolicies": ["RestrictedPodLevel"]}, "restricted"),
+    ({"topologyPolicies": ["BestEffortContainerLevel"]}, "best-effort"),
+    ({"topologyPolicies": ["None"]}, "none"),
+    ({"topologyPolicies": ["Bogus"]}, "none"),
+    ({"topologyPolicies": [{"x": 1}]}, "none"),
+    ({"topologyPolicies": "SingleNUMANodePodLevel"}, "none"),  # not a list
+    ({"topologyPolicies": []}, "none"),
+    # The attribute wins where both are given.
+    ({"topologyPolicies": ["SingleNUMANodePodLevel"],
+      "attributes": [{"name": "topologyManagerPolicy", "value": "best-effort"}]}, "best-effort"),
+])
+def test_node_policy_reads_the_deprecated_list_without_the_attribute(nrt: dict[str, Any], want: str) -> None:
+    assert node_policy(nrt) == want
+
+
+def zone_named(name: str) -> dict[str, Any]:
+    return {"type": "Node", "name": name,
+            "resources": [{"name": "cpu", "available": "1", "allocatable": "1"}]}
+
+
+def test_zone_ids_have_the_bound_the_agent_writes_with() -> None:
+    """One bound for the agent's NRT writer and the controller's reader: Linux's 1024 NUMA nodes."""
+    from agent.kube.nrt import MAX_ZONE_ID
+    from agent.kube.pods import MAX_NUMA_ZONE
+
+    assert MAX_ZONE_ID == MAX_NUMA_ZONE == 1023
+    now, _ = nrt_zones({"zones": [zone_named("node-1023")]})
+    assert [z.numa for z in now] == [1023]
+    with pytest.raises(BadObject, match="above 1023"):
+        nrt_zones({"zones": [zone_named("node-1024")]})
+
+
 def test_a_guaranteed_gang_without_a_policy_takes_each_nodes() -> None:
     pod_spec = {"containers": [{"name": "c", "resources": {"limits": {"cpu": "2", "memory": "1Gi"}}}]}
     job = {"metadata": {"name": "j", "namespace": "t"},

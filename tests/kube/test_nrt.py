@@ -210,11 +210,16 @@ def test_node_as_client_object() -> None:
     assert nrt_object(node, TWO_SOCKETS_AND_CXL, State())["metadata"]["ownerReferences"][0]["uid"] == "u-9"
 
 
-def test_numa_ids_beyond_the_consumers_table_are_left_out() -> None:
+@pytest.mark.parametrize(("far_id", "zones"), [
+    (64, ["node-0", "node-64"]),
+    (1023, ["node-0", "node-1023"]),  # the controller's reader takes ids up to the same bound
+    (1024, ["node-0"]),  # past Linux's 1024 NUMA nodes: no kernel numbers one so
+])
+def test_numa_ids_up_to_the_shared_bound_are_published(far_id: int, zones: list[str]) -> None:
     topo = machine([([0], GiB, []), ([1], GiB, [])])
-    far = record.replace(topo.numa_nodes[1], id=64)
+    far = record.replace(topo.numa_nodes[1], id=far_id)
     topo = record.replace(topo, numa_nodes=(topo.numa_nodes[0], far))
-    assert [z["name"] for z in nrt_object(("n", "u"), topo, State())["zones"]] == ["node-0"]
+    assert [z["name"] for z in nrt_object(("n", "u"), topo, State())["zones"]] == zones
 
 
 @st.composite

@@ -47,9 +47,9 @@ from typing import Any
 from agent.admission.cluster.ledger import Entry, Ledger, SlotOf, agent_pins, job_slot
 from agent.admission.cluster.podindex import NodeUse, PodIndex
 from agent.admission.engine.model import NUMA_POLICIES, ClusterView, Node, Resources, Taint, Zone
-from agent.kube.nrt import ZONE_TYPE
+from agent.kube.nrt import ZONE_TYPE, policy_of_legacy
 from agent.kube.objects import as_list, as_mapping
-from agent.kube.pods import parse_quantity
+from agent.kube.pods import MAX_NUMA_ZONE, parse_quantity
 
 GPU = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
@@ -199,6 +199,8 @@ def nrt_zones(nrt: Mapping[str, Any]) -> tuple[tuple[Zone, ...], tuple[Zone, ...
         if m is None:
             raise BadObject(f"zone name {z.get('name')!r} is not node-<N>")
         numa = int(m.group(1))
+        if numa > MAX_NUMA_ZONE:  # the agent's writer publishes no zone past it either
+            raise BadObject(f"zone name {z.get('name')!r}: NUMA node id above {MAX_NUMA_ZONE}")
         available: dict[str, Any] = {}
         allocatable: dict[str, Any] = {}
         for res in as_list(z.get("resources")):
@@ -379,11 +381,16 @@ TOPOLOGY_POLICY_ATTRIBUTE = "topologyManagerPolicy"
 
 def node_policy(nrt: Mapping[str, Any] | None) -> str:
     """The node's kubelet Topology Manager policy as its NRT reports it (`Node.topology_policy`, which
-    pods that name no NUMA policy are placed for on that node); "none" without an NRT, without the
-    attribute or with a value the engine does not know (a node's report only ever concerns itself)."""
-    for attr in as_list(as_mapping(nrt).get("attributes")):
+    pods that name no NUMA policy are placed for on that node): the `topologyManagerPolicy` attribute,
+    else (older publishers) the first entry of the deprecated `topologyPolicies` list; "none" without an
+    NRT, without either or with a value the engine does not know (a node's report only ever concerns
+    itself)."""
+    nrt = as_mapping(nrt)
+    for attr in as_list(nrt.get("attributes")):
         attr = as_mapping(attr)
         if attr.get("name") == TOPOLOGY_POLICY_ATTRIBUTE:
             value = attr.get("value")
             return value if isinstance(value, str) and value in NUMA_POLICIES else "none"
-    return "none"
+    legacy = as_list(nrt.get("topologyPolicies"))
+    policy = policy_of_legacy(legacy[0]) if legacy else None
+    return policy if policy in NUMA_POLICIES else "none"
