@@ -13,13 +13,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from agent.kube.podresources import api_pb2, api_pb2_grpc
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -175,16 +177,21 @@ class PodResourcesClient:
             self._last_problem = problem
             log.log(level, "%s", problem)
 
-    def _listed(self) -> DeviceMap | None:
+    def _list_reply(self, decode: Callable[[Any], _T]) -> _T | None:
+        """`decode` of List's pod resources; None when the kubelet gives no answer or one it cannot
+        read (a failure, as in `_call`)."""
         reply = self._call("List", api_pb2.ListPodResourcesRequest())
         if reply is None:
             return None
         try:
-            return _containers(reply.pod_resources)
+            return decode(reply.pod_resources)
         except Exception as exc:  # noqa: BLE001 - see _call
             self._failed()
             self._note(f"pod-resources List: unreadable answer: {exc}", logging.WARNING)
             return None
+
+    def _listed(self) -> DeviceMap | None:
+        return self._list_reply(_containers)
 
     def list(self) -> DeviceMap:
         """Devices of every container the kubelet runs, by (namespace, pod, container); {} = no info."""
@@ -193,16 +200,9 @@ class PodResourcesClient:
     def exclusive_cpus(self) -> frozenset[int] | None:
         """CPUs the kubelet's CPU manager gave containers exclusively (List's `cpu_ids`, as NFD's
         topology updater reads them); None = no info."""
-        reply = self._call("List", api_pb2.ListPodResourcesRequest())
-        if reply is None:
-            return None
-        try:
-            return frozenset(int(c) for pod in reply.pod_resources for container in pod.containers
-                             for c in container.cpu_ids if 0 <= int(c) < _MAX_CPU_ID)
-        except Exception as exc:  # noqa: BLE001 - see _call
-            self._failed()
-            self._note(f"pod-resources List: unreadable answer: {exc}", logging.WARNING)
-            return None
+        return self._list_reply(lambda pods: frozenset(
+            int(c) for pod in pods for container in pod.containers for c in container.cpu_ids
+            if 0 <= int(c) < _MAX_CPU_ID))
 
     def get(self, namespace: str, pod: str) -> dict[str, tuple[Device, ...]] | None:
         """Devices of one pod's containers by container name (Get, else List); None = no info."""
