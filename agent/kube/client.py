@@ -47,7 +47,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from agent.errors import ConfigError, KubeAPIError
-from agent.labels.validate import is_dns_subdomain
+from agent.labels.validate import is_dns_label, is_dns_subdomain
 
 # A call that cannot connect in 5 s or answer in 20 s is treated as the API being down: the caller
 # retries on its next reconcile instead of blocking enforcement behind a hung socket.
@@ -380,7 +380,6 @@ def agent_namespace(value: str | None = None,
         except OSError:
             name = ""
     name = name or DEFAULT_NAMESPACE
-    # A namespace is a DNS label: no dots, at most 63 characters.
-    if not is_dns_subdomain(name) or "." in name or len(name) > 63:
+    if not is_dns_label(name):
         raise ConfigError(f"invalid namespace {name!r}")
     return name

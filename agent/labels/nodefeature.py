@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent.errors import ConfigError
-from agent.labels.validate import is_dns_subdomain, is_label_key, is_label_value
+from agent.labels.validate import is_dns_label, is_dns_subdomain, is_label_key, is_label_value
 
 NODEFEATURE_API_VERSION = "nfd.k8s-sigs.io/v1alpha1"
 NODEFEATURE_KIND = "NodeFeature"
@@ -42,7 +42,7 @@ def nodefeature_object(node: str, namespace: str, labels: Mapping[str, str]) -> 
     if not is_dns_subdomain(node) or not is_label_value(node):
         # The node name must also fit a label value (63 characters) to be the node-name label.
         raise ConfigError(f"node name {node!r} cannot be used in a NodeFeature")
-    if not is_dns_subdomain(namespace) or "." in namespace:
+    if not is_dns_label(namespace):
         raise ConfigError(f"invalid namespace {namespace!r}")
     return {
         "apiVersion": NODEFEATURE_API_VERSION,

@@ -42,6 +42,11 @@ def is_dns_subdomain(text: str) -> bool:
     )
 
 
+def is_dns_label(text: str) -> bool:
+    """Whether `text` is a lower-case RFC 1123 DNS label (a namespace name): one part, at most 63."""
+    return "." not in text and is_dns_subdomain(text)
+
+
 def is_label_key(key: str) -> bool:
     """Whether `key` is a valid label key: an optional DNS-subdomain prefix, "/", and a name."""
     prefix, slash, name = key.rpartition("/")
