@@ -187,8 +187,8 @@ class KubeAgent:
         return zone_gpus(self.gpus, snap.state.held_gpus() | snap.assigned_gpus, snap.mig)
 
     def refresh_devices(self) -> None:
-        """Read which GPUs (and, under its static CPU manager, which CPUs) the kubelet handed to
-        containers; the publisher hears of a change."""
+        """Read which GPUs and other devices (and, under its static CPU manager, which CPUs) the
+        kubelet handed to containers; the publisher hears of a change."""
         gpus = self.kubelet.refresh_devices()
         if self.kubelet.refresh_cpus() or gpus:
             self.publisher.notify()
@@ -207,13 +207,14 @@ class KubeAgent:
 
     def snapshot(self) -> Snapshot:
         """What the publisher describes: topology, allocation state, (namespace, name) of pinned pods,
-        the whole GPUs the kubelet handed out, the memory requests of pinned containers and the MIG
-        instances."""
+        the whole GPUs the kubelet handed out, the memory requests of pinned containers, the MIG
+        instances and the device plugin devices the kubelet offers and containers hold."""
         return Snapshot(self.topology, self.state_file.load(missing_ok=True), self.pinned_pods,
                         self.kubelet.assigned_gpus, self.memory_requests,
                         self.mig.inventory if self.mig is not None else None, self.route_name,
                         None if self.kubelet.static_cpus is None
-                        else KubeletCPUs(self.kubelet.static_cpus, self.kubelet.pinned_cpus))
+                        else KubeletCPUs(self.kubelet.static_cpus, self.kubelet.pinned_cpus),
+                        self.kubelet.offered_devices, self.kubelet.held_devices)
 
     def _after_changes(self) -> None:
         """Bring the pod cgroups to the pins; tell the publisher when the allocation state moved."""

@@ -12,15 +12,21 @@ with no socket or no answer it goes on (asking again a minute later), as it woul
 kubelet's word on devices.
 
 GPUs the kubelet handed to containers (read only when the node has GPUs) count as taken in the NRT,
-and their MIG instances as in use; a container that asks for devices gets its CPUs from its GPUs'
-NUMA nodes.  grpc loads on the first question, not at start (under `static`, on the first read of the
+and their MIG instances as in use; a container that asks for devices gets its CPUs from its devices'
+NUMA nodes.  Every other device plugin resource the kubelet can hand out (`GetAllocatableResources`:
+NICs, RDMA HCAs, SR-IOV VFs, other accelerators) is read with the devices containers hold (`List`),
+so the NRT publishes it per zone (`agent.kube.nrt_build.zone_devices`).  Devices are read only on a
+node with GPUs or where the kubelet offered some device at its CPU-manager question (asked again
+every `DEVICE_PROBE_SECONDS` while it offered none: device plugins register after the kubelet
+starts).  grpc loads on the first question, not at start (under `static`, on the first read of the
 kubelet's exclusive CPUs).
 
 Public API: `Kubelet(socket, gpus)` (`socket` "": not asked): `.check_cpu_manager()` sets
 `.static_cpus` (the CPUs the kubelet's static CPU manager offers; None: not static, or not known);
 `.refresh_cpus() -> bool` (whether `.pinned_cpus`, the CPUs it gave containers, changed);
-`.refresh_devices() -> bool` (whether `.assigned_gpus` changed) sets `.answered`, and `.gpu_ids` and
-`.assigned_gpus` when the kubelet answers (its last answer stands while it does not);
+`.refresh_devices() -> bool` (whether `.assigned_gpus` or the device plugin devices changed) sets
+`.answered`, and `.gpu_ids`, `.assigned_gpus`, `.offered_devices` and `.held_devices` when the kubelet
+answers (its last answer stands while it does not);
 `.gpu_numa_source(topology)` is the pinner's `gpu_numa`; `static_message(cpus)` is the one line that
 says why the agent stands down.
 """
@@ -39,10 +45,12 @@ from agent.topology.cpuset import CPUSet
 
 if TYPE_CHECKING:
     from agent.gpu.model import GPU
+    from agent.kube.podresources.client import Device
     from agent.topology.model import Topology
 
 log = logging.getLogger("topolet.kube")
 CPU_MANAGER_RETRY_SECONDS = 60.0  # a kubelet socket that gave no answer on its CPU manager is asked again
+DEVICE_PROBE_SECONDS = 300.0  # a kubelet that offered no device is asked again (plugins register late)
 
 
 class Kubelet:
@@ -62,6 +70,11 @@ class Kubelet:
         self.answered: bool | None = None
         self._quiet_until = 0.0
         self.assigned_gpus: frozenset[str] = frozenset()  # whole GPUs among them (PCI addresses)
+        # Device plugin resources the kubelet offered at its last CPU-manager question (not GPUs).
+        self.device_resources: frozenset[str] = frozenset()
+        self._device_probe_at = 0.0
+        self.offered_devices: tuple[Device, ...] = ()  # every device it can hand out, GPUs' aside
+        self.held_devices: tuple[Device, ...] = ()  # those of them containers hold
 
     def gpu_numa_source(self, topology: Callable[[], Topology]
                         ) -> Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None:
@@ -121,16 +134,28 @@ class Kubelet:
         if st is None:
             return
         identity = (st.st_ino, st.st_mtime_ns)
-        if identity == self._cpu_manager_asked or time.monotonic() < self._cpu_manager_retry_at:
+        now = time.monotonic()
+        if now < self._cpu_manager_retry_at:
             return
-        from agent.kube.podresources.exclusive import kubelet_exclusive_cpus
+        if identity == self._cpu_manager_asked:
+            if self.device_resources or self.gpus or now < self._device_probe_at:
+                return
+        from agent.kube.podresources.exclusive import kubelet_offer
 
-        cpus = kubelet_exclusive_cpus(socket)
-        if cpus is None:
+        offer = kubelet_offer(socket)
+        if offer is None:
             self._cpu_manager_retry_at = time.monotonic() + CPU_MANAGER_RETRY_SECONDS
             log.warning("the kubelet's pod-resources socket %s gave no answer on its CPU manager; "
                         "asking again in %.0f s", socket, CPU_MANAGER_RETRY_SECONDS)
             return
+        cpus, names = offer
+        self._device_probe_at = time.monotonic() + DEVICE_PROBE_SECONDS
+        if names != self.device_resources and names:
+            log.info("the kubelet offers devices of %s: the NRT publishes them per NUMA zone",
+                     ", ".join(sorted(names)))
+        self.device_resources = self.device_resources | names
+        if identity == self._cpu_manager_asked:
+            return  # a device probe: the CPU manager's policy changes only with a restart
         self._cpu_manager_asked = identity
         if cpus:
             self.static_cpus = cpus
@@ -159,11 +184,12 @@ class Kubelet:
         return True
 
     def refresh_devices(self) -> bool:
-        """Read which GPUs the kubelet handed to containers; True when the whole GPUs among them changed.
+        """Read which GPUs and other devices the kubelet handed to containers; True when the whole GPUs
+        among them, or the devices it offers or containers hold, changed.
 
-        Only on a node with GPUs: elsewhere grpc is never loaded for this.
+        Only on a node with GPUs or device plugin resources: elsewhere grpc is never loaded for this.
         """
-        if not self.gpus:
+        if not self.gpus and not self.device_resources:
             return False
         client = self._pod_resources()
         if client is None:
@@ -184,13 +210,36 @@ class Kubelet:
             # handed out", it would show the GPUs free in the NRT until the kubelet answers again,
             # with a write each way.
             return False
+        devices = self._refresh_offered(client, listed)
+        if not self.gpus:
+            return devices
         ids = tuple(sorted({i for devices in listed.values() for d in devices
                             if is_gpu_resource(d.resource) for i in d.ids}))
         self.gpu_ids = ids
         assigned = kubelet_gpus(ids, self.gpus)
         if assigned == self.assigned_gpus:
-            return False
+            return devices
         self.assigned_gpus = assigned
+        return True
+
+    def _refresh_offered(self, client: Any, listed: dict[Any, list[Device]]) -> bool:
+        """Read the devices the kubelet offers (GPUs aside where NVML counts them) and keep those of
+        them containers hold (`listed`); True when either changed (no answer: the last one stands)."""
+        from agent.kube.objects import is_extended_resource
+        from agent.kube.podresources.locality import is_gpu_resource
+
+        found = client.allocatable()
+        if found is None:
+            return False
+        offered = tuple(sorted((d for d in found.devices if is_extended_resource(d.resource)
+                                and not (self.gpus and is_gpu_resource(d.resource))),
+                               key=lambda d: (d.resource, d.ids)))
+        names = {d.resource for d in offered}
+        held = tuple(sorted((d for devices in listed.values() for d in devices if d.resource in names),
+                            key=lambda d: (d.resource, d.ids)))
+        if (offered, held) == (self.offered_devices, self.held_devices):
+            return False
+        self.offered_devices, self.held_devices = offered, held
         return True
 
 

@@ -4,7 +4,8 @@ Public API (stable; the in-cluster daemon builds on it):
 
 - `nrt_object(node, topology, state, *, reserved=EMPTY, gpu_capacity=None,
   topology_manager_policy="none", topology_manager_scope="container", pods_fingerprint=None,
-  pods_fingerprint_method=None, memory_held=None, pinning_route=None, kubelet_cpus=None) -> dict`:
+  pods_fingerprint_method=None, memory_held=None, pinning_route=None, kubelet_cpus=None,
+  devices=None) -> dict`:
   the `topology.node.k8s.io/v1alpha2` object.
   `node` is a Node (a dict as the API returns it, or a kubernetes V1Node) or a `(name, uid)` pair;
   `gpu_capacity` is `agent.gpu.capacity.numa_gpu_capacity(...)`'s `{numa: {resource: (capacity,
@@ -56,6 +57,9 @@ NodeResourceTopologyMatch reads (it skips other types and parses N from the name
   (`agent.kube.nrt_build.zone_memory_held` says how a binding to several zones is split).
 - GPU resources (`nvidia.com/gpu`, `nvidia.com/mig-...`) from `gpu_capacity`: capacity =
   allocatable, available as given.  GPUs of unknown locality (key -1) are in no zone.
+- Every other device plugin resource (`example.com/nic`, `rdma/hca`, ...) from `devices`, shaped
+  like `gpu_capacity` (`agent.kube.nrt_build.zone_devices`): capacity = allocatable, available as
+  given.  A name `gpu_capacity` also gives for a zone is published once, as `gpu_capacity` says.
 
 Memory-only NUMA nodes (CXL, HBM, GPU memory) are zones of their own, `node-<N>`, with `memory`
 (and hugepages) but no `cpu`.  NodeResourceTopologyMatch's single-NUMA filter sets a zone's bit for a
@@ -297,6 +301,18 @@ def _zone_resources(numa: NumaNode, *, reserved: CPUSet, allocated: CPUSet,
     return out
 
 
+def _with_devices(gpus: Mapping[int, Mapping[str, tuple[int, int]]],
+                  devices: Mapping[int, Mapping[str, tuple[int, int]]]
+                  ) -> Mapping[int, Mapping[str, tuple[int, int]]]:
+    """GPU and device plugin figures per zone in one map (a GPU figure wins over a device one)."""
+    if not devices:
+        return gpus
+    out: dict[int, dict[str, tuple[int, int]]] = {n: dict(v) for n, v in devices.items()}
+    for numa_id, per_zone in gpus.items():
+        out.setdefault(numa_id, {}).update(per_zone)
+    return out
+
+
 def nrt_object(
     node: object,
     topology: Topology,
@@ -311,6 +327,7 @@ def nrt_object(
     memory_held: Mapping[int, Mapping[str, int]] | None = None,
     pinning_route: str | None = None,
     kubelet_cpus: KubeletCPUs | None = None,
+    devices: Mapping[int, Mapping[str, tuple[int, int]]] | None = None,
 ) -> dict[str, Any]:
     """The NodeResourceTopology object for this node, its `available` taken from `state`."""
     name, uid = _node_ref(node)
@@ -324,7 +341,7 @@ def nrt_object(
         raise ConfigError(f"not a pod fingerprint: {pods_fingerprint!r}")
     if pods_fingerprint_method is not None and pods_fingerprint_method not in FINGERPRINT_METHODS:
         raise ConfigError(f"unknown pod fingerprint method {pods_fingerprint_method!r}")
-    gpus = gpu_capacity or {}
+    gpus = _with_devices(gpu_capacity or {}, devices or {})
     for numa_id, per_zone in gpus.items():
         for res, (capacity, available) in per_zone.items():
             if not 0 <= available <= capacity:

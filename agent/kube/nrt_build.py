@@ -1,9 +1,18 @@
-"""What this node's NodeResourceTopology says: CPUs, memory and GPUs less what pods hold.
+"""What this node's NodeResourceTopology says: CPUs, memory, GPUs and other devices less what pods hold.
 
 `build_nrt` assembles the object `agent.kube.nrt.nrt_object` shapes from a `Snapshot` of the
 enforcer's view; its GPU part (whole GPUs and MIG devices per zone, shared with the agents' metrics)
 is `agent.gpu.capacity.zone_gpus`; `kubelet_gpus` turns the kubelet's device ids (pod-resources)
-into the whole GPUs they name.
+into the whole GPUs they name; `zone_devices` counts every other device plugin resource per zone.
+
+Device plugin resources (NICs, RDMA HCAs, SR-IOV VFs, accelerators other than the GPUs NVML finds)
+come from the kubelet's pod-resources API: `GetAllocatableResources` lists each device it can hand
+out with the NUMA nodes its plugin reported, `List` the devices containers hold.  A device counts
+in the zone of its NUMA node (the lowest published one when its plugin names several, so a zone's
+figures never add up to more devices than there are); capacity = allocatable = its devices there,
+available = those no container holds.  A device without a NUMA node among the published zones is in
+no zone: NRT v1alpha2 has no node-level resource list, and the Node's `status.allocatable` already
+counts it (the admission engine counts such devices at node level).
 
 Memory and hugepages are accounted per pod where topolet binds memory: a container with exclusive
 CPUs and `topolet.io/memory-binding: true` gets `cpuset.mems` = the NUMA nodes of its CPUs, and its
@@ -28,6 +37,7 @@ if TYPE_CHECKING:
     from agent.gpu.capacity import MigInventory
     from agent.gpu.model import GPU
     from agent.kube.nrt import KubeletCPUs
+    from agent.kube.podresources.client import Device
 
 MemoryRequests = Mapping[str, tuple[tuple[str, int], ...]]  # allocation id → ((resource, bytes), ...)
 
@@ -44,6 +54,8 @@ class Snapshot:
     mig: MigInventory | None = None  # MIG mode and instances per GPU index, when NVML was read
     route: str | None = None  # how pods are pinned ("nri", "pod-cgroup"), once chosen
     kubelet_cpus: KubeletCPUs | None = None  # the kubelet's static CPU manager's CPUs, where it runs
+    offered_devices: tuple[Device, ...] = ()  # device plugin devices the kubelet can hand out (not GPUs)
+    held_devices: tuple[Device, ...] = ()  # those of them containers hold
 
 
 def zone_memory_held(topology: Topology, state: State, requests: MemoryRequests) -> dict[int, dict[str, int]]:
@@ -75,7 +87,9 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
               pinned: tuple[tuple[str, str], ...], gpus: Sequence[GPU] = (),
               assigned_gpus: Collection[str] = (), *, memory: MemoryRequests | None = None,
               mig: MigInventory | None = None, route: str | None = None,
-              kubelet_cpus: KubeletCPUs | None = None) -> dict[str, Any]:
+              kubelet_cpus: KubeletCPUs | None = None, offered_devices: Iterable[Device] = (),
+              held_devices: Iterable[Device] = (),
+              scope: str = "container") -> dict[str, Any]:
     """The node's NRT: CPUs and GPUs less what `state` holds, GPUs less those the kubelet assigned
     (`assigned_gpus`: PCI addresses or UUIDs), memory and hugepages less what memory-bound
     containers request (`memory`, by allocation id), and the fingerprint of the pinned pods.
@@ -83,7 +97,9 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
     With `mig` (NVML's word), a GPU in MIG mode offers its instances by profile
     (`nvidia.com/mig-<profile>`) in the zone of the GPU, available unless in use; without it no
     MIG resource is published (instances unknown).  `route` becomes the `topolet.io/pinning-route`
-    attribute; `kubelet_cpus` (the kubelet's static CPU manager) replaces the state's CPUs."""
+    attribute; `kubelet_cpus` (the kubelet's static CPU manager) replaces the state's CPUs;
+    `offered_devices` less `held_devices` are the device plugin resources per zone (`zone_devices`);
+    `scope` (`topolet agent --numa-scope`) becomes the `topologyManagerScope` attribute."""
     from agent.kube.nrt import nrt_object, pod_set_fingerprint
 
     gpu_capacity: Mapping[int, Mapping[str, tuple[int, int]]] | None = None
@@ -96,8 +112,31 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
         pods_fingerprint=pod_set_fingerprint(pinned),
         pods_fingerprint_method="with-exclusive-resources",
         memory_held=zone_memory_held(topology, state, memory or {}), pinning_route=route,
-        kubelet_cpus=kubelet_cpus)
+        kubelet_cpus=kubelet_cpus, topology_manager_scope=scope,
+        devices=zone_devices(offered_devices, held_devices, {n.id for n in topology.numa_nodes}))
     return obj
+
+
+def zone_devices(offered: Iterable[Device], held: Iterable[Device],
+                 zones: Collection[int]) -> dict[int, dict[str, tuple[int, int]]]:
+    """{numa id: {resource: (capacity, available)}} of the devices `offered` (the kubelet's
+    allocatable devices) less those `held` by containers, each device id in the lowest of its NUMA
+    nodes among `zones` (the rule in this module's docstring); devices in none of them are left out."""
+    taken = {(d.resource, i) for d in held for i in d.ids}
+    seen: set[tuple[str, str]] = set()
+    out: dict[int, dict[str, tuple[int, int]]] = {}
+    for d in offered:
+        nodes = [n for n in d.numa_nodes if n in zones]
+        if not nodes:
+            continue
+        zone = out.setdefault(min(nodes), {})
+        for device_id in d.ids:
+            if (d.resource, device_id) in seen:
+                continue
+            seen.add((d.resource, device_id))
+            capacity, available = zone.get(d.resource, (0, 0))
+            zone[d.resource] = (capacity + 1, available + ((d.resource, device_id) not in taken))
+    return out
 
 
 def is_mig_device_id(device_id: str) -> bool:

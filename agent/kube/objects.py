@@ -21,6 +21,8 @@ in the admission controller, `PodError` or a pod warning in the agent):
 - `json_int(value, maximum) -> int | None`: a JSON integer (never a bool) in 0..maximum.
 - `json_object(text, max_chars, max_depth) -> dict | None`: the JSON object `text` holds, when it is
   at most `max_chars` long and nests at most `max_depth` levels (checked before it is parsed).
+- `is_extended_resource(name) -> bool`: whether a resource name is an extended resource (a device
+  plugin's, such as `example.com/nic`), as the API server validates one.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ _DECIMAL = re.compile(r"0|[1-9][0-9]*")  # [0-9], not \d: only ASCII digits
 # A JSON string, or an unterminated one to the end: one linear pass, whatever the input.
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?')
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+# A qualified name's part after the prefix: 1..63 of [-A-Za-z0-9_.], alphanumeric at both ends.
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 
 
 def as_dict(value: object) -> dict[str, Any]:
@@ -107,3 +111,17 @@ def json_object(text: object, max_chars: int, max_depth: int) -> dict[str, Any] 
     except (ValueError, RecursionError):
         return None
     return body if isinstance(body, dict) else None
+
+
+def is_extended_resource(name: object) -> bool:
+    """Whether `name` is an extended resource name (apimachinery's rule): `<domain>/<name>`, a DNS
+    subdomain then a qualified name, the domain not `kubernetes.io` nor under it, and not a quota's
+    `requests.` name."""
+    from agent.labels.validate import is_dns_subdomain
+
+    if not isinstance(name, str) or name.startswith("requests."):
+        return False
+    prefix, slash, rest = name.partition("/")
+    if not slash or _QUALIFIED_NAME.fullmatch(rest) is None or not is_dns_subdomain(prefix):
+        return False
+    return prefix != "kubernetes.io" and not prefix.endswith(".kubernetes.io")

@@ -53,7 +53,7 @@ from fractions import Fraction
 from typing import Any
 
 from agent.enforce.kubepods import QOSClass
-from agent.kube.objects import as_dict, as_list, decimal
+from agent.kube.objects import as_dict, as_list, decimal, is_extended_resource
 
 ANNOTATION_PREFIX = "topolet.io/"
 CPU_POLICY = "topolet.io/cpu-policy"
@@ -109,7 +109,7 @@ class ContainerPlan:
     numa_policy: str = DEFAULT_NUMA_POLICY
     smt: str = DEFAULT_SMT
     memory_binding: bool = False
-    wants_devices: bool = False  # it asks for GPUs or MIG devices: their locality is worth a lookup
+    wants_devices: bool = False  # it asks for devices (GPUs, NICs...): their locality is worth a lookup
     numa_zone: int | None = None  # the NUMA node the admission controller placed it on (numa-zone)
     # Requests of `memory` and `hugepages-<size>` in bytes, sorted by name (requests, else limits as
     # the API server defaults them): what a memory-bound allocation holds on its zones.
@@ -350,11 +350,6 @@ def _memory_requests(requests: dict[str, Any], limits: dict[str, Any]) -> tuple[
     return tuple(sorted(out.items()))
 
 
-def _is_gpu_resource(name: object) -> bool:
-    """NVIDIA's device-plugin resources: whole GPUs and MIG devices (`nvidia.com/mig-<profile>`)."""
-    return isinstance(name, str) and (name == "nvidia.com/gpu" or name.startswith("nvidia.com/mig-"))
-
-
 def plan_pod(pod: object) -> PodPlan:
     """Decide, for every running container of `pod`, exclusive CPUs or the shared pool.
 
@@ -402,7 +397,7 @@ def plan_pod(pod: object) -> PodPlan:
             continue
         cid, cstatus = running.get(cname, ("", {}))
         requests, limits = _granted(c, cstatus)
-        devices = any(_is_gpu_resource(k) for k in (*requests, *limits))
+        devices = any(is_extended_resource(k) for k in (*requests, *limits))
         cpus = 0
         if pinning_allowed and policy != "shared":
             # Warnings are told once the container runs, as before the NRI route asked ahead.

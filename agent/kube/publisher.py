@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from agent.alloc.scope import DEFAULT_SCOPE
 from agent.errors import TopoletError
 from agent.kube.backoff import Outage
 from agent.kube.mig_status import MigStatus
@@ -234,7 +235,9 @@ class Publisher:
             raise TopoletError(f"Node {self.node} not read")
         return build_nrt(self._node_ref, snap.topology, snap.state, snap.pinned, self.gpus,
                          snap.assigned_gpus, memory=snap.memory, mig=snap.mig, route=snap.route,
-                         kubelet_cpus=snap.kubelet_cpus)
+                         kubelet_cpus=snap.kubelet_cpus, offered_devices=snap.offered_devices,
+                         held_devices=snap.held_devices,
+                         scope=str(getattr(self.args, "numa_scope", DEFAULT_SCOPE)))
 
 
 def _pod_ref(plan: PodPlan) -> dict[str, Any]:

@@ -252,9 +252,13 @@ def test_gpu_of(device_id: str, index: int | None) -> None:
     ([Device("nvidia.com/gpu", (GPU_A, GPU_B), frozenset())], {0, 1}, {0, 1}),
     # MIG slices count as GPUs
     ([Device("nvidia.com/mig-1g.10gb", (f"MIG-{GPU_B}/1/0",), frozenset())], {0, 1}, {1}),
-    # other resources say nothing about GPUs
-    ([Device("example.com/nic", ("vf-1",), frozenset({1}))], {0, 1}, None),
-    ([Device("nvidia.com/gpux", ("0",), frozenset({1}))], {0, 1}, None),
+    # every other device plugin resource counts by the node its plugin reported (CPUs follow all of
+    # a container's devices), never by the GPU inventory
+    ([Device("example.com/nic", ("vf-1",), frozenset({1}))], {0, 1}, {1}),
+    ([Device("nvidia.com/gpux", ("0",), frozenset({1}))], {0, 1}, {1}),
+    ([Device("nvidia.com/gpux", ("0",), frozenset())], {0, 1}, None),
+    ([Device("nvidia.com/gpu", (GPU_A,), frozenset({0})),
+      Device("example.com/nic", ("vf-1",), frozenset({1}))], {0, 1}, {0, 1}),
     # GPU of unknown place, unknown GPU, no GPU at all
     ([Device("nvidia.com/gpu", ("GPU-0000000c",), frozenset())], {0, 1}, None),
     ([Device("nvidia.com/gpu", ("GPU-ffff",), frozenset())], {0, 1}, None),
@@ -307,10 +311,11 @@ def test_without_a_gpu_the_same_request_lands_elsewhere(standin: PodResourcesSta
 
 
 def test_inventory_places_a_gpu_the_kubelet_did_not_place(standin: PodResourcesStandIn) -> None:
-    # "infer/server" holds GPU index 0 without topology; the inventory says node 0 — or node 1 in another
+    # "infer/server" holds GPU index 0 without topology; the inventory says node 0 — or node 1 in
+    # another, where its NIC (reported on node 0) keeps node 0 in the answer too
     inventory = (replace(INVENTORY[0], numa_node=1),)
     assert locator_for(standin).numa_nodes(NS, "infer", "server", TWO_NUMA) == frozenset({0})
-    assert locator_for(standin, inventory).numa_nodes(NS, "infer", "server", TWO_NUMA) == frozenset({1})
+    assert locator_for(standin, inventory).numa_nodes(NS, "infer", "server", TWO_NUMA) == frozenset({0, 1})
 
 
 def test_single_numa_node_must_stay_on_the_gpus_node_and_best_effort_only_prefers(

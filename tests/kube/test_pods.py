@@ -176,10 +176,13 @@ def test_any_bad_annotation_value_keeps_the_pod_shared(value: str) -> None:
 @pytest.mark.parametrize("resource, wants", [
     ("nvidia.com/gpu", True),
     ("nvidia.com/mig-1g.10gb", True),
-    ("example.com/fpga", False),
+    ("example.com/fpga", True),  # every device plugin resource: CPUs follow all of its devices
+    ("rdma/hca_shared_devices_a", True),
+    ("kubernetes.io/something", False),  # not an extended resource
+    ("hugepages-2Mi", False),
     (None, False),
 ])
-def test_containers_asking_for_gpus_are_marked_for_a_lookup(resource: str | None, wants: bool) -> None:
+def test_containers_asking_for_devices_are_marked_for_a_lookup(resource: str | None, wants: bool) -> None:
     spec = g()
     if resource is not None:
         spec["resources"]["limits"][resource] = "1"

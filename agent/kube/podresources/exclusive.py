@@ -1,11 +1,14 @@
-"""Which CPUs the kubelet's own CPU manager hands out exclusively: `cpuManagerPolicy: static` or not.
+"""Which CPUs the kubelet's own CPU manager hands out exclusively (`cpuManagerPolicy: static` or not),
+and which device plugin resources it can hand out.
 
 The kubelet's pod-resources `GetAllocatableResources` lists CPUs for exclusive use under the static
 policy and none under `none` (kubelet `pkg/kubelet/cm/cpumanager`: the none policy's allocatable set
-is empty).  `kubelet_exclusive_cpus(socket)` asks it.  grpc costs ~13 MiB of resident memory, which
-an agent on a node without GPU workloads never loads, so unless grpc is loaded already the question
-is asked from a child process (`python -m agent.kube.podresources.exclusive SOCKET`, which prints
-the cpulist, or "none" when the kubelet gives no answer).
+is empty), and every device its device plugins registered.  `kubelet_offer(socket)` asks it
+(`kubelet_exclusive_cpus(socket)`: the CPUs alone).  grpc costs ~13 MiB of resident memory, which
+an agent on a node without GPU or device plugin workloads never loads, so unless grpc is loaded
+already the question is asked from a child process (`python -m agent.kube.podresources.exclusive
+SOCKET`, which prints the cpulist on one line and the device resource names on the next, or "none"
+when the kubelet gives no answer).
 """
 
 from __future__ import annotations
@@ -13,12 +16,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from agent.kube.objects import is_extended_resource
 from agent.topology.cpuset import CPUSet
 
 PROBE_TIMEOUT_SECONDS = 30.0  # interpreter and grpc start-up included
 
+Offer = tuple[CPUSet, frozenset[str]]  # exclusive-capable CPUs, device plugin resource names
 
-def _ask(socket: str) -> CPUSet | None:
+
+def _ask(socket: str) -> Offer | None:
     from agent.kube.podresources.client import PodResourcesClient
 
     client = PodResourcesClient(socket)
@@ -26,11 +32,15 @@ def _ask(socket: str) -> CPUSet | None:
         allocatable = client.allocatable()
     finally:
         client.close()
-    return None if allocatable is None else CPUSet(allocatable.cpu_ids)
+    if allocatable is None:
+        return None
+    return CPUSet(allocatable.cpu_ids), frozenset(d.resource for d in allocatable.devices
+                                                  if is_extended_resource(d.resource))
 
 
-def kubelet_exclusive_cpus(socket: str, in_process: bool | None = None) -> CPUSet | None:
-    """The CPUs the kubelet's CPU manager may give exclusively (empty: policy none); None = no answer.
+def kubelet_offer(socket: str, in_process: bool | None = None) -> Offer | None:
+    """(the CPUs the kubelet's CPU manager may give exclusively (empty: policy none), the extended
+    resource names of the devices it can hand out); None = no answer.
 
     `in_process`: ask from this process (True) or a child (False); None: here only if grpc is loaded.
     """
@@ -43,22 +53,35 @@ def kubelet_exclusive_cpus(socket: str, in_process: bool | None = None) -> CPUSe
                               timeout=PROBE_TIMEOUT_SECONDS, check=False, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    answer = done.stdout.strip()
-    if done.returncode != 0 or answer == "none":
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or not lines or lines[0].strip() == "none":
         return None
     try:
-        return CPUSet.parse(answer) if answer else CPUSet()
+        cpus = CPUSet.parse(lines[0].strip()) if lines[0].strip() else CPUSet()
     except ValueError:
         return None
+    names = lines[1].split() if len(lines) > 1 else []
+    return cpus, frozenset(n for n in names if is_extended_resource(n))  # a child's word, checked again
+
+
+def kubelet_exclusive_cpus(socket: str, in_process: bool | None = None) -> CPUSet | None:
+    """The CPUs the kubelet's CPU manager may give exclusively (empty: policy none); None = no answer."""
+    offer = kubelet_offer(socket, in_process)
+    return None if offer is None else offer[0]
 
 
 def main(argv: list[str]) -> int:
-    """Print the kubelet's exclusive-capable CPUs as a cpulist ("" for none), or "none" without an answer."""
+    """Print the kubelet's exclusive-capable CPUs as a cpulist ("" for none) and, on the next line, its
+    device resource names; "none" without an answer."""
     if len(argv) != 1:
         print("usage: python -m agent.kube.podresources.exclusive SOCKET", file=sys.stderr)
         return 2
-    cpus = _ask(argv[0])
-    print("none" if cpus is None else cpus.cpulist())
+    offer = _ask(argv[0])
+    if offer is None:
+        print("none")
+    else:
+        print(offer[0].cpulist())
+        print(" ".join(sorted(offer[1])))
     return 0
 
 

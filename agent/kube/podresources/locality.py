@@ -1,10 +1,11 @@
-"""Where a container's GPUs sit: the NUMA nodes its CPUs should come from (DESIGN.md: "the CPUs from
-the GPUs' node").
+"""Where a container's devices sit: the NUMA nodes its CPUs should come from (DESIGN.md: "the CPUs
+from the GPUs' node"), for GPUs and every other device plugin resource (NICs, RDMA HCAs, ...).
 
 The kubelet gives GPUs through NVIDIA's device plugin, which names each device by GPU UUID or by
 index (`--device-id-strategy`), and reports each device's NUMA node when it knows it.  The node comes
-from that report first, else from our GPU inventory by UUID or index.  `gpu_numa_nodes` is pure;
-`GPULocator` asks the kubelet and reads the inventory once, lazily, only when a report lacks a node.
+from that report first, else, for GPUs, from our GPU inventory by UUID or index; other devices count
+only with the node their plugin reported.  `gpu_numa_nodes` is pure; `GPULocator` asks the kubelet
+and reads the inventory once, lazily, only when a GPU's report lacks a node.
 """
 
 from __future__ import annotations
@@ -52,18 +53,19 @@ def gpu_of(device_id: str, gpus: Sequence[GPU]) -> GPU | None:
 
 def gpu_numa_nodes(devices: Iterable[Device], gpus: Sequence[GPU],
                    cpu_nodes: Collection[int]) -> frozenset[int] | None:
-    """NUMA nodes (among `cpu_nodes`, those with CPUs) of the GPUs in `devices`; None when none is known.
+    """NUMA nodes (among `cpu_nodes`, those with CPUs) of the devices in `devices` (GPUs and every
+    other device plugin resource); None when none is known.
 
-    A device's reported NUMA nodes win; for a device without them each id is looked up in `gpus`.
+    A device's reported NUMA nodes win; for a GPU without them each id is looked up in `gpus`.
     Nodes outside `cpu_nodes` are dropped: CPUs cannot come from there, and a strict NUMA policy
     must not be refused over a node number this machine does not have.
     """
     nodes: set[int] = set()
     for d in devices:
-        if not is_gpu_resource(d.resource):
-            continue
         if d.numa_nodes:
             nodes |= d.numa_nodes
+            continue
+        if not is_gpu_resource(d.resource):
             continue
         for device_id in d.ids:
             g = gpu_of(device_id, gpus)
@@ -79,7 +81,8 @@ def needs_inventory(devices: Iterable[Device]) -> bool:
 
 
 class GPULocator:
-    """The NUMA nodes of a container's GPUs, from the kubelet's pod-resources socket and our inventory."""
+    """The NUMA nodes of a container's devices, from the kubelet's pod-resources socket and our GPU
+    inventory."""
 
     def __init__(self, client: PodResourcesClient, inventory: Callable[[], Sequence[GPU]]) -> None:
         self.client = client
@@ -98,12 +101,12 @@ class GPULocator:
 
     def numa_nodes(self, namespace: str, pod: str, container: str,
                    topology: Topology) -> frozenset[int] | None:
-        """The NUMA nodes the container's CPUs should prefer; None when it holds no GPU we can place."""
+        """The NUMA nodes the container's CPUs should prefer; None when it holds no device we can place."""
         by_container = self.client.get(namespace, pod)
         if not by_container:
             return None
         devices = by_container.get(container, ())
-        if not any(is_gpu_resource(d.resource) for d in devices):
+        if not devices:
             return None
         gpus = self.gpus() if needs_inventory(devices) else ()
         cpu_nodes = {n.id for n in topology.numa_nodes if n.cpus}
