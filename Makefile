@@ -8,7 +8,7 @@ HWLOC_DATA := tests/data/hwloc
 FUZZ_SECONDS ?= 30
 NATIVE_SRC := $(wildcard csrc/*.c csrc/*.h) agent/_native_build.py setup.py pyproject.toml
 
-.PHONY: run test deps install lint typecheck native-check fuzz conformance pytest bench clean controlplane vm
+.PHONY: run test deps install lint typecheck native-check fuzz conformance pytest bench clean controlplane peers vm
 
 $(STAMP): $(NATIVE_SRC)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -70,12 +70,18 @@ conformance: install
 controlplane:
 	tests/controlplane/build.sh
 
+# The benchmarks' peers (bench/peers/: kube-scheduler with scheduler-plugins' NodeResourceTopologyMatch
+# and Coscheduling), cached under ~/.cache/topolet/peers; about a minute once the control plane's Go
+# build cache is warm, so after it.
+peers: controlplane
+	bench/peers/build.sh
+
 # The throwaway cgroup-v2 guest for tests/vm (Debian's kernel + a minbase root file system), cached under
 # ~/.cache/topolet/vm (a cold build takes about 3 minutes, most of it debootstrap).
 vm: deps
 	tests/vm/build.sh
 
-pytest: install controlplane vm image
+pytest: install controlplane peers vm image
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 test: deps install lint typecheck native-check fuzz conformance pytest

@@ -22,9 +22,11 @@ allocator on real machines).  The in-process part ends with
 
 Through the API (`bench/admission_api.py`, on fresh test clusters: real kube-apiserver,
 kube-controller-manager, kube-scheduler): 1,000 nodes and 3,000 gangs as Indexed Jobs, the wall time
-until every pod is bound with `topolet controller` and with the plain kube-scheduler, and the share of
-bound pods their node can pin in one zone.  The last line of the whole bench:
-`admission: N pods aligned 100.0% vs scheduler-only X.X%; wall with controller / scheduler-only = R.RR`.
+until every pod is bound with `topolet controller`, with the plain kube-scheduler and with the NRT
+plugin peer (kube-scheduler + scheduler-plugins' NodeResourceTopologyMatch and Coscheduling,
+`bench/admission_peer.py`), the share of bound pods their node can pin in one zone, and the gangs
+wholly and partly bound.  The last line of the whole bench: `admission: N pods aligned 100.0% vs
+scheduler-only X.X% vs NRT-plugin Y.Y%; wall with controller / scheduler-only = R.RR, / NRT-plugin = S.SS`.
 Quick run: `--nodes 500 --gangs 1500 --api-nodes 50 --api-gangs 150`; `--api-nodes 0` skips the API part.
 """
 
@@ -43,6 +45,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import admission_workload as workload  # noqa: E402
+from admission_peer import scope_list  # noqa: E402
 
 from agent.admission.cluster.ledger import Ledger  # noqa: E402
 from agent.admission.cluster.view import build_view  # noqa: E402
@@ -203,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-nodes", type=int, default=1000, help="nodes through the API (0: skip it)")
     parser.add_argument("--api-gangs", type=int, default=3000, help="gangs through the API")
     parser.add_argument("--api-rounds", type=int, default=3,
-                        help="pairs of runs through the API (order swapped each round; median ratio)")
+                        help="rounds of one run per placer through the API (order rotated; median ratios)")
+    parser.add_argument("--api-scopes", type=scope_list, default=("pod",),
+                        help="NRT topologyManagerScopes to run the NRT plugin with (pod,container; none)")
     args = parser.parse_args(argv)
     ours = in_process(args.nodes, args.gangs, args.seed, args.dumps)
     print(f"admission engine: {ours.rate:.0f} decisions/s, p99 {ours.p99_ms:.2f} ms "
@@ -211,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.api_nodes > 0:
         from admission_api import last_line, through_api
 
-        print(last_line(*through_api(args.api_nodes, args.api_gangs, args.seed, args.dumps, args.api_rounds)))
+        print(last_line(through_api(args.api_nodes, args.api_gangs, args.seed, args.dumps, args.api_rounds,
+                                    args.api_scopes)))
     return 0
 
 

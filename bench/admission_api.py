@@ -1,7 +1,10 @@
-"""Admission through the real API server: `topolet controller` against the plain kube-scheduler, same pods.
+"""Admission through the real API server: `topolet controller` against the plain kube-scheduler and
+against the NUMA-aware peer (kube-scheduler with scheduler-plugins' NodeResourceTopologyMatch and
+Coscheduling), same pods.
 
-`through_api(nodes, gangs, seed, rounds=1)` runs both placers `rounds` times (the order swapped every
-round; the reported wall ratio is the median of the rounds'), each run on a fresh test cluster
+`through_api(nodes, gangs, seed, rounds=1, scopes=("pod",))` runs every placer `rounds` times (the
+order rotated every round; the reported wall ratios are the medians of the rounds'), each run on a
+fresh test cluster
 (tests/controlplane/cluster.py: etcd, kube-apiserver, kube-controller-manager, kube-scheduler) holding
 the same objects from `bench/admission_workload.py`: `nodes` Node objects and their NRTs (created
 directly, no agent processes at this scale), the bound filler pods that hold the NRTs' allocations,
@@ -11,10 +14,17 @@ and `gangs` Indexed Jobs of single-numa-node pods:
   scheduler binds them on node totals;
 - with topolet: the Jobs are created suspended with `topolet.io/queue`; `topolet controller` admits
   them, the Job controller makes the gated pods, the controller pins each to its node and zone, and
-  the scheduler binds them.
+  the scheduler binds them;
+- NRT plugin (one run per NRT topologyManagerScope in `scopes`): a PodGroup per gang (`minMember` =
+  its pods) and the Job unsuspended with its pods labelled into the group and handed to the peer's
+  scheduler profile, which runs beside the cluster's own scheduler under its own service account and
+  RBAC (`bench/admission_peer.py` says how it is set up and why static NRTs account it fairly).
 
 Wall time: from the first Job's creation until every pod is bound (or until binding stalls for
-`STALL_S`, when some gangs wait: their pods are reported apart).  Alignment: the pods bound to each
+`STALL_S`, when some gangs wait: their pods are reported apart).  Gangs are counted wholly bound, or
+partly bound at the end (some pods bound and holding resources while their siblings wait).  CPU
+seconds are per component (this process included) while binding; peak RSS (VmHWM) per component at
+the end, among them topolet's controller and the peer scheduler.  Alignment: the pods bound to each
 node are replayed, in creation order and after that node's fillers, through `agent.alloc.allocate`
 with single-numa-node on the node's topology (inside the zone the controller named, as the agent
 does); the share that gets CPUs in one zone is "aligned".  "Gang on one node" is the share of bound
@@ -30,24 +40,33 @@ import argparse
 import copy
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import admission_workload as workload  # noqa: E402
+from admission_peer import FILLER_SCHEDULER, PeerScheduler, build_peer, peer_objects, scope_list  # noqa: E402
+from admission_report import (  # noqa: E402
+    CONTROLLER,
+    PLAIN,
+    STALL_S,
+    ApiRun,
+    cpu_by_component,
+    last_line,
+    peak_rss_mib,
+    print_table,
+)
 
 from agent.admission.engine.model import Gang  # noqa: E402
 from agent.admission.gangs.slots import pod_target  # noqa: E402
@@ -69,9 +88,6 @@ from tests.controlplane.harness import PROFILING_ENV  # noqa: E402
 NAMESPACE = "bench"
 FILLER_NAMESPACE = "filler"  # bench/admission_workload.py's filler pods live there
 QUEUE = "bench"
-# No bind for this long after every Job exists: the rest wait (not admitted, or unschedulable). Longer
-# than the controller's default resync (30 s), so a slow pass is not taken for a stall.
-STALL_S = 120.0
 PROGRESS_S = 15.0  # a progress line this often while pods are being bound
 WORKERS = 8  # parallel object writers while setting up and creating Jobs
 KEEP_LOGS: Path | None = None  # --keep-logs: copy each cluster's component logs here
@@ -80,40 +96,23 @@ PROFILE_SECONDS = 30
 LEDGER_TIMEOUT_S = 24 * 3600  # longer than any run: static NRTs never show the controller's placements
 
 
-def _cpu_by_component() -> dict[str, float]:
-    """CPU seconds (user + system) so far of this process and each cluster component it started,
-    by component: where the wall time of a run goes on a machine with few cores."""
-    me = psutil.Process()
-    out: dict[str, float] = defaultdict(float)
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            times, argv = proc.cpu_times(), proc.cmdline()
-        except psutil.Error:
-            continue
-        name = Path(argv[0]).name if argv else proc.name()
-        if proc.pid == me.pid:
-            name = "bench (this process)"
-        elif "controller" in argv[1:3]:
-            name = "topolet controller"
-        out[name] += times.user + times.system
-    return out
-
-
 @dataclass(frozen=True)
-class ApiRun:
-    """One placer's run through the API."""
+class Arm:
+    """One placer: the plain scheduler, topolet's controller, or the peer with NRTs of `scope`."""
 
     name: str
-    pods: int  # gang pods asked for
-    bound: int
-    wall_s: float  # first Job created → last pod bound
-    aligned: int  # bound pods their node can pin in one zone
-    one_node: int = 0  # bound pods whose whole gang is on one node
-    cpu_s: float = 0.0  # CPU seconds of every component and this process while binding
+    controller: bool = False
+    scope: str | None = None  # the NRT plugin's run, NRTs of this topologyManagerScope
 
     @property
-    def aligned_share(self) -> float:
-        return self.aligned / self.bound if self.bound else 1.0
+    def key(self) -> str:
+        return "topolet" if self.controller else f"nrt-{self.scope}" if self.scope else "plain"
+
+
+def arms(scopes: tuple[str, ...] = ("pod",)) -> list[Arm]:
+    """The placers of a round, in the first round's order: plain, topolet, then the peer per scope."""
+    return [Arm(PLAIN), Arm(CONTROLLER, controller=True),
+            *(Arm(f"NRT plugin, scope {s}", scope=s) for s in scopes)]
 
 
 def _parallel(items: list[Any], work: Any) -> None:
@@ -122,10 +121,14 @@ def _parallel(items: list[Any], work: Any) -> None:
             pass
 
 
+def _job_name(index: int) -> str:
+    return f"gang-{index:05d}"
+
+
 def _job(gang: Gang, index: int, *, queued: bool) -> dict[str, Any]:
     (ps,) = gang.pod_sets
     res = {"cpu": str(ps.requests.cpu_milli // 1000), "memory": str(ps.requests.memory)}
-    meta: dict[str, Any] = {"name": f"gang-{index:05d}"}
+    meta: dict[str, Any] = {"name": _job_name(index)}
     if queued:
         meta["labels"] = {"topolet.io/queue": QUEUE}
     return {
@@ -139,8 +142,9 @@ def _job(gang: Gang, index: int, *, queued: bool) -> dict[str, Any]:
     }
 
 
-def _populate(cluster: Cluster, objects: workload.Cluster) -> None:
-    """Nodes (Ready, untainted), their NRTs owned by them, the filler pods bound to them."""
+def _populate(cluster: Cluster, objects: workload.Cluster, filler_scheduler: str | None = None) -> None:
+    """Nodes (Ready, untainted), their NRTs owned by them, the filler pods bound to them (with
+    `filler_scheduler` as their schedulerName when given)."""
     local = threading.local()
 
     def api() -> KubeClient:
@@ -164,6 +168,8 @@ def _populate(cluster: Cluster, objects: workload.Cluster) -> None:
         body["spec"] = dict(pod["spec"], automountServiceAccountToken=False,
                             containers=[dict(c, image="registry.k8s.io/pause:3.10")
                                         for c in pod["spec"]["containers"]])
+        if filler_scheduler is not None:
+            body["spec"]["schedulerName"] = filler_scheduler
         api().create(f"/api/v1/namespaces/{FILLER_NAMESPACE}/pods", body)
 
     setup = KubeClient(cluster.plane.client())
@@ -240,14 +246,30 @@ def _gang_pods(cluster: Cluster) -> list[dict[str, Any]]:
     return pods
 
 
-def _on_one_node(cluster: Cluster) -> int:
-    """How many bound gang pods share their node with every other pod of their Job (the controller
-    pins such a gang by its Job's pod template: no per-pod policy or patch)."""
-    jobs: dict[str, list[str]] = defaultdict(list)  # Job -> its pods' nodes
+def _nodes_by_job(cluster: Cluster) -> dict[str, list[str]]:
+    """Job -> the nodes of its pods ("" for a pod not bound)."""
+    jobs: dict[str, list[str]] = defaultdict(list)
     for p in _gang_pods(cluster):
         jobs[(p["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name", "")].append(
             p["spec"].get("nodeName") or "")
+    return jobs
+
+
+def _on_one_node(jobs: Mapping[str, list[str]]) -> int:
+    """How many bound gang pods share their node with every other pod of their Job (the controller
+    pins such a gang by its Job's pod template: no per-pod policy or patch)."""
     return sum(len(nodes) for nodes in jobs.values() if len(set(nodes)) == 1 and nodes[0])
+
+
+def _gang_counts(jobs: Mapping[str, list[str]], stream: list[Gang]) -> tuple[int, int]:
+    """(gangs wholly bound, gangs partly bound): a gang's pods that were never made count as unbound."""
+    whole = partial = 0
+    for index, gang in enumerate(stream):
+        bound = sum(1 for node in jobs.get(_job_name(index), ()) if node)
+        want = sum(ps.count for ps in gang.pod_sets)
+        whole += bound == want
+        partial += 0 < bound < want
+    return whole, partial
 
 
 def _replay(cluster: Cluster, objects: workload.Cluster, topos: list[tuple[str, Topology]]) -> int:
@@ -323,13 +345,21 @@ def _profile_api_server(cluster: Cluster, name: str) -> threading.Thread:
     return thread
 
 
-def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[str, Topology]],
-         stream: list[Gang], *, controller: bool) -> ApiRun:
+def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[str, Topology]],
+         stream: list[Gang], peer_binary: Path | None = None) -> ApiRun:
+    name = arm.name
     cluster = start_cluster(workdir)
+    peer: PeerScheduler | None = None
+    profiler: threading.Thread | None = None
     try:
-        _populate(cluster, objects)
-        if controller:
+        _populate(cluster, objects, filler_scheduler=FILLER_SCHEDULER if arm.scope else None)
+        if arm.controller:
             cluster.start_controller("--ledger-timeout-seconds", str(LEDGER_TIMEOUT_S))
+        if arm.scope:
+            assert peer_binary is not None
+            peer = PeerScheduler(cluster, peer_binary)
+            peer.start()
+        labels = peer.labels if peer is not None else {}
         want = sum(ps.count for g in stream for ps in g.pod_sets)
         watch = BindWatch(cluster)
         local = threading.local()
@@ -337,12 +367,14 @@ def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[
         def create(item: tuple[int, Gang]) -> None:
             if not hasattr(local, "api"):
                 local.api = KubeClient(cluster.plane.client())
-            local.api.create(f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs",
-                             _job(item[1], item[0], queued=controller))
+            job = _job(item[1], item[0], queued=arm.controller)
+            for path, body in (peer_objects(job, NAMESPACE) if peer is not None
+                               else [(f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs", job)]):
+                local.api.create(path, body)
 
         try:
             profiler = _profile_api_server(cluster, name) if PROFILE is not None else None
-            cpu_before = _cpu_by_component()
+            cpu_before = cpu_by_component(labels)
             start = time.monotonic()
             _parallel(list(enumerate(stream)), create)
             created = time.monotonic()
@@ -351,8 +383,9 @@ def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[
                 now = time.monotonic()
                 if now - max(watch.last_bind, created) > STALL_S:
                     break
-                if not cluster.running():
-                    raise SystemExit(f"a cluster component died:\n{cluster.logs()}")
+                if not cluster.running() or (peer is not None and not peer.running()):
+                    raise SystemExit(f"a cluster component died:\n{cluster.logs()}\n"
+                                     f"{peer.log_tail() if peer else ''}")
                 if now - progress >= PROGRESS_S:
                     progress = now
                     print(f"# {name}: {len(watch.bound)}/{want} pods bound after {now - start:.0f} s",
@@ -364,21 +397,29 @@ def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[
                 _report_unbound(cluster, want)
             print(f"# {name}: Jobs created after {created - start:.1f} s, the last pod after "
                   f"{watch.last_created - start:.1f} s, the last bind after {wall:.1f} s", flush=True)
-            used = {k: v - cpu_before.get(k, 0.0) for k, v in _cpu_by_component().items()}
-            cpu_s = sum(used.values())
+            used = {k: v - cpu_before.get(k, 0.0) for k, v in cpu_by_component(labels).items()}
+            rss = peak_rss_mib(labels)
             print(f"# {name}: CPU seconds while binding: "
-                  + ", ".join(f"{k} {v:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1])),
+                  + ", ".join(f"{k} {v:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]))
+                  + "; peak RSS MiB: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(rss.items())),
                   flush=True)
         finally:
             watch.close()
             if profiler is not None:
                 profiler.join()
         aligned = _replay(cluster, objects, topos)
-        return ApiRun(name, want, bound, wall, aligned, _on_one_node(cluster), cpu_s)
+        jobs = _nodes_by_job(cluster)
+        whole, partial = _gang_counts(jobs, stream)
+        return ApiRun(name, want, bound, wall, aligned, _on_one_node(jobs), sum(used.values()),
+                      len(stream), whole, partial, used, rss)
     except BaseException:
         print(cluster.logs(2000))
+        if peer is not None:
+            print(peer.log_tail(4000))
         raise
     finally:
+        if peer is not None:
+            peer.stop()
         cluster.stop()
         if KEEP_LOGS is not None:  # the controller's per-pass timing lines, for profiling
             dest = KEEP_LOGS / workdir.name
@@ -388,60 +429,27 @@ def _run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[
 
 
 def through_api(nodes: int = 1000, gangs: int = 3000, seed: int = 42, dumps: Path | None = None,
-                rounds: int = 1) -> tuple[list[ApiRun], list[ApiRun]]:
-    """`rounds` pairs of runs on fresh clusters with the same objects, the order swapped every round
-    (so load that comes and goes on a shared machine does not always fall on the same placer); prints
-    them side by side; (topolet runs, plain runs), round by round."""
-    ours: list[ApiRun] = []
-    plain: list[ApiRun] = []
+                rounds: int = 1, scopes: tuple[str, ...] = ("pod",)) -> dict[str, list[ApiRun]]:
+    """`rounds` rounds of one run per placer (`arms(scopes)`), each on a fresh cluster with the same
+    objects, the order rotated every round (so load that comes and goes on a shared machine does not
+    always fall on the same placer); prints them side by side; {placer: its runs, round by round}."""
+    placers = arms(scopes)
+    runs: dict[str, list[ApiRun]] = {a.name: [] for a in placers}
+    peer_binary = build_peer() if scopes else None
     with tempfile.TemporaryDirectory(prefix="topolet-admission-api-") as tmp:
         topos = workload.topologies(dumps or Path(tmp) / "dumps")
-        objects = workload.cluster(nodes, topos, seed)
+        objects = {s: workload.cluster(nodes, topos, seed, scope=s) for s in {"pod", *scopes}}
         stream = workload.gangs(gangs, seed + 1)
-        print(f"# through the API: {nodes} nodes, {len(objects.pods)} filler pods, {gangs} gangs "
-              f"({sum(ps.count for g in stream for ps in g.pod_sets)} pods), {rounds} round(s)", flush=True)
+        print(f"# through the API: {nodes} nodes, {len(objects['pod'].pods)} filler pods, {gangs} gangs "
+              f"({sum(ps.count for g in stream for ps in g.pod_sets)} pods), {rounds} round(s), placers: "
+              + ", ".join(runs), flush=True)
         for r in range(rounds):
-            order = (False, True) if r % 2 == 0 else (True, False)
-            for controller in order:
-                name = "topolet controller" if controller else "kube-scheduler only"
-                run = _run(name, Path(tmp) / f"{'topolet' if controller else 'plain'}-{r}", objects, topos,
-                           stream, controller=controller)
-                (ours if controller else plain).append(run)
-    print(f"{'placer':<24} {'round':>5} {'pods':>7} {'bound':>7} {'wall s':>8} {'aligned':>8} "
-          f"{'gang on one node':>17}")
-    for r in range(rounds):
-        for run in (ours[r], plain[r]):
-            share = run.one_node / run.bound * 100 if run.bound else 0.0
-            print(f"{run.name:<24} {r + 1:>5} {run.pods:>7} {run.bound:>7} {run.wall_s:>8.1f} "
-                  f"{run.aligned_share * 100:>7.1f}% {share:>16.1f}%")
-    if rounds > 1:
-        ratios = (f"{o.wall_s / p.wall_s:.2f}" for o, p in zip(ours, plain, strict=True))
-        print("# wall ratio by round: " + ", ".join(ratios))
-        # Both runs are CPU-bound on a small machine: the CPU they took is a second view of the same
-        # comparison (on a shared VM it moves with the machine's speed too, less with steal time).
-        cpu = [o.cpu_s / p.cpu_s for o, p in zip(ours, plain, strict=True) if p.cpu_s]
-        if cpu:
-            print("# CPU-seconds ratio by round: " + ", ".join(f"{c:.2f}" for c in cpu)
-                  + f"; median {statistics.median(cpu):.2f}")
-    return ours, plain
-
-
-def last_line(ours: list[ApiRun], plain: list[ApiRun]) -> str:
-    """The bench's required last line: the median of the rounds' wall ratios (after a warning line when
-    a round's runs bound different counts)."""
-    for o, p in zip(ours, plain, strict=True):
-        if o.bound != p.bound:
-            print(f"# WARNING: the runs bound different numbers of pods ({o.bound} with the controller, "
-                  f"{p.bound} scheduler-only, {STALL_S:.0f} s without a bind ended a run): the wall ratio "
-                  "compares unequal work")
-    ratio = statistics.median(o.wall_s / p.wall_s if p.wall_s else float("nan")
-                              for o, p in zip(ours, plain, strict=True))
-    bound = sum(o.bound for o in ours)
-    aligned = sum(o.aligned for o in ours) / bound if bound else 1.0
-    plain_bound = sum(p.bound for p in plain)
-    plain_aligned = sum(p.aligned for p in plain) / plain_bound if plain_bound else 1.0
-    return (f"admission: {ours[0].bound} pods aligned {aligned * 100:.1f}% vs scheduler-only "
-            f"{plain_aligned * 100:.1f}%; wall with controller / scheduler-only = {ratio:.2f}")
+            k = r % len(placers)
+            for arm in placers[k:] + placers[:k]:
+                runs[arm.name].append(_run(arm, Path(tmp) / f"{arm.key}-{r}", objects[arm.scope or "pod"],
+                                           topos, stream, peer_binary))
+    print_table(runs, rounds)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -451,7 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gangs", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--rounds", type=int, default=3,
-                        help="pairs of runs, the order swapped each round; the ratio is their median")
+                        help="rounds of one run per placer, the order rotated each round; ratios are medians")
+    parser.add_argument("--scopes", type=scope_list, default=("pod",),
+                        help="NRT topologyManagerScopes to run the NRT plugin with, one run each "
+                             "(pod,container; none: no peer run)")
     parser.add_argument("--dumps", type=Path, default=None)
     parser.add_argument("--keep-logs", type=Path, default=None,
                         help="copy each run's component logs (the controller's timing lines) here")
@@ -463,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     KEEP_LOGS, PROFILE, PROFILE_SECONDS = args.keep_logs, args.profile, args.profile_seconds
     if PROFILE is not None:
         os.environ[PROFILING_ENV] = "1"
-    print(last_line(*through_api(args.nodes, args.gangs, args.seed, args.dumps, args.rounds)))
+    print(last_line(through_api(args.nodes, args.gangs, args.seed, args.dumps, args.rounds, args.scopes)))
     return 0
 
 

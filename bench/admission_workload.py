@@ -2,15 +2,16 @@
 
 Public API (the in-process bench and the through-the-API run share it, so both see the same objects):
 
-- `topologies(dest) -> list[tuple[str, Topology]]`: the hwloc dumps of `DUMPS` unpacked under `dest`
-  and discovered (`agent.topology.discover`).
-- `cluster(count, topos, seed) -> Cluster`: `count` nodes named `node-00000`..., each one of the
+- `topologies(dest, names=DUMPS) -> list[tuple[str, Topology]]`: those hwloc dumps unpacked under
+  `dest` and discovered (`agent.topology.discover`).
+- `cluster(count, topos, seed, scope="pod") -> Cluster`: `count` nodes named `node-00000`..., each one of the
   topologies in turn, partly filled: a seeded share (`FILL`, 15–55%) of its CPUs is held by exclusive
   single-numa-node allocations made with `agent.alloc.allocate` (so the free CPUs are fragmented
   as on a real node).  `Cluster.nodes` are Node dicts (allocatable cpu/memory/pods, labels
   `kubernetes.io/hostname` and `RACK_LABEL`, 64 nodes a rack), `Cluster.nrts` the NRTs
-  `agent.kube.nrt.nrt_object` builds from that state, `Cluster.pods` one bound Guaranteed filler pod
-  per allocation (so node totals agree with the NRT).
+  `agent.kube.nrt.nrt_object` builds from that state (policy single-numa-node, topologyManagerScope
+  `scope`; the same seed gives the same nodes whatever the scope), `Cluster.pods` one bound Guaranteed
+  filler pod per allocation (so node totals agree with the NRT).
 - `gangs(count, seed) -> list[Gang]`: gangs of 2, 4 or 8 single-numa-node pods in the pod-count mix
   of Kueue's `tas` scheduler performance test (kubernetes-sigs/kueue,
   test/performance/scheduler/configs/tas/generator.yaml at commit cc13fff8: per queue 350
@@ -79,12 +80,12 @@ class Cluster:
     pods: list[dict[str, Any]]
 
 
-def topologies(dest: Path) -> list[tuple[str, Topology]]:
-    """The `DUMPS` machines, unpacked under `dest` and discovered."""
+def topologies(dest: Path, names: tuple[str, ...] = DUMPS) -> list[tuple[str, Topology]]:
+    """The `names` machines (of DUMP_DIR), unpacked under `dest` and discovered."""
     from agent.topology.discover import discover
 
     out = []
-    for name in DUMPS:
+    for name in names:
         folder = dest / name
         if not folder.exists():
             with tarfile.open(DUMP_DIR / f"{name}.tar.bz2") as tar:
@@ -119,8 +120,9 @@ def _memory(topo: Topology) -> int:
     return sum(n.memory_bytes for n in topo.numa_nodes if n.cpus)
 
 
-def cluster(count: int, topos: list[tuple[str, Topology]], seed: int) -> Cluster:
-    """`count` partly filled nodes cycling over `topos` (see the module docstring)."""
+def cluster(count: int, topos: list[tuple[str, Topology]], seed: int, scope: str = "pod") -> Cluster:
+    """`count` partly filled nodes cycling over `topos`, NRTs of topologyManagerScope `scope` (see the
+    module docstring)."""
     rng = random.Random(seed)
     states = [[_fill(topo, rng, f"{name}-{k}") for k in range(_STATES_PER_TOPOLOGY)]
               for name, topo in topos]
@@ -144,7 +146,7 @@ def cluster(count: int, topos: list[tuple[str, Topology]], seed: int) -> Cluster
                        "conditions": [{"type": "Ready", "status": "True"}]},
         })
         nrts.append(nrt_object((name, uid), topo, state, topology_manager_policy="single-numa-node",
-                               topology_manager_scope="pod"))
+                               topology_manager_scope=scope))
         for k, n in enumerate(sizes):
             pods.append(_filler(f"fill-{i:05d}-{k}", name, n))
     return Cluster(nodes, nrts, pods)
