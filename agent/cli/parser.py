@@ -133,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="containerd's OCI bundles of the kubelet's containers (--route pod-cgroup: a pod "
                         "whose containers differ gets each container's CPUs as runc makes its cgroup); "
                         "'' = off, default /run/containerd/io.containerd.runtime.v2.task/k8s.io")
+    g.add_argument("--numa-scope", default="container", choices=["container", "pod"],
+                   help="Kubernetes mode: the kubelet's topologyManagerScope topolet aligns by. container "
+                        "(default, the kubelet's): each container on its own; pod: every container within "
+                        "the NUMA nodes chosen for the whole pod. Published as the NRT's "
+                        "topologyManagerScope, which the admission controller places by")
     g.add_argument("--enforcement", default="on", choices=["on", "off"],
                    help="Kubernetes mode: off = decide, record in the state file and publish labels and "
                         "NRT as with on, but write no cgroup and need no cpuset hierarchy; a container "

@@ -75,6 +75,9 @@ class Allocation:
     policy: str  # what produced it, e.g. "single-numa-node"; "rebuilt" after a rebuild
     created_at: float  # seconds since the epoch
     gpus: tuple[str, ...] = ()  # whole GPUs held with the CPUs: PCI addresses or UUIDs
+    # The NUMA nodes the pod scope confines its pod's containers to (`agent.alloc.scope`), recorded
+    # so a restarted agent confines the pod's later containers alike; empty under container scope.
+    affinity: CPUSet = EMPTY
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not ALLOCATION_ID.fullmatch(self.id):

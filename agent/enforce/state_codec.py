@@ -23,8 +23,8 @@ VERSION = 1
 def _body(state: State) -> dict[str, Any]:
     """The JSON body of `state` (what the checksum covers).
 
-    `gpus` is written only when an allocation holds GPUs, so a file without any still loads in
-    a topolet that predates the field.
+    `gpus` is written only when an allocation holds GPUs, and `affinity` (NUMA node ids) only under
+    the pod scope, so a file without either still loads in a topolet that predates the field.
     """
     return {
         "generation": state.generation,
@@ -32,6 +32,7 @@ def _body(state: State) -> dict[str, Any]:
         "allocations": [
             {
                 **({"gpus": list(a.gpus)} if a.gpus else {}),
+                **({"affinity": a.affinity.cpulist()} if a.affinity else {}),
                 "id": a.id,
                 "cpus": a.cpus.cpulist(),
                 "mems": a.mems.cpulist(),
@@ -98,7 +99,7 @@ def _cpulist(value: object, what: str) -> CPUSet:
 def _allocation(value: object, index: int) -> Allocation:
     what = f"allocations[{index}]"
     a = _obj(value, what, {"id", "cpus", "mems", "cgroup", "owner", "policy", "created_at"},
-             frozenset({"gpus"}))
+             frozenset({"gpus", "affinity"}))
     o = _obj(a["owner"], f"{what}.owner", {"pid", "start_time", "pod_uid", "container"})
     created = a["created_at"]
     if not isinstance(created, int | float) or isinstance(created, bool):
@@ -120,6 +121,7 @@ def _allocation(value: object, index: int) -> Allocation:
         policy=_str(a["policy"], f"{what}.policy"),
         created_at=float(created),
         gpus=tuple(_str(g, f"{what}.gpus[{i}]") for i, g in enumerate(gpus)),
+        affinity=_cpulist(a["affinity"], f"{what}.affinity") if "affinity" in a else CPUSet(),
     )
 
 

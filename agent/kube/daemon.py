@@ -68,6 +68,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from agent.alloc.scope import DEFAULT_SCOPE
 from agent.enforce import detect_layout
 from agent.enforce.cgroup import hierarchy_path
 from agent.enforce.state_file import StateFile
@@ -161,7 +162,8 @@ class KubeAgent:
                                    gpus=self.gpus, notify=self.publisher.notify)
         self.pinner = PodPinner(self.engine, metrics, self.publisher.warn,
                                 gpu_numa=self.kubelet.gpu_numa_source(lambda: self.topology),
-                                enforce=self.enforce)
+                                enforce=self.enforce,
+                                numa_scope=str(getattr(args, "numa_scope", DEFAULT_SCOPE)))
         self.watcher = PodWatcher(self.api, self.node, self.changes.put,
                                   on_list=metrics.pod_lists.inc,
                                   on_invalid=metrics.invalid_objects.labels(kind="pod").inc)

@@ -26,6 +26,11 @@ watch neither releases nor moves that allocation while the pod status has not ca
 container still waiting, or an older container of the same name still listed), and hands it over
 once it lists that very container running.
 
+Every route builds a container's request in one place, `_allocate`, by the node's Topology Manager
+scope (`numa_scope`, `topolet agent --numa-scope`; `agent.kube.numa_scope`): under `container` each
+container is aligned on its own, under `pod` within the NUMA nodes chosen for the whole pod and
+recorded with its allocations.
+
 Which pod warnings become Events, and how often, is `agent.kube.warnings.WarningLimiter`'s call;
 how an Event is written, `agent.kube.events`'s.
 """
@@ -38,12 +43,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from agent.alloc.request import Request
+from agent.alloc.scope import DEFAULT_SCOPE
 from agent.enforce import CgroupDriver, container_cgroup_path, exists
 from agent.enforce.cgroup import at_own_namespace_root, read_procs
 from agent.enforce.kubepods import pod_cgroup_path
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import AllocationError, EnforcementError, TopoletError
+from agent.kube.numa_scope import scoped_request
 from agent.kube.pods import REASON_INVALID, ContainerPlan, PodPlan, PodWarning
 from agent.kube.warnings import WarningLimiter
 from agent.kube.watch import Changed, Gone, PodChange, Synced
@@ -76,8 +82,10 @@ class PodPinner:
     def __init__(self, engine: PinningEngine, metrics: Metrics,
                  warn: Callable[[PodPlan, PodWarning], None],
                  gpu_numa: Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None = None,
-                 *, enforce: bool = True, warnings: WarningLimiter | None = None) -> None:
+                 *, enforce: bool = True, warnings: WarningLimiter | None = None,
+                 numa_scope: str = DEFAULT_SCOPE) -> None:
         self.engine = engine
+        self.numa_scope = numa_scope  # the Topology Manager scope pods are aligned by (agent.kube.numa_scope)
         self.lock = threading.RLock()  # the pod cache and the engine, one thread at a time
         # Allocation id → cgroup of containers the NRI route pinned that the watch does not list running yet.
         self.created: dict[str, str] = {}
@@ -341,15 +349,18 @@ class PodPinner:
             near: frozenset[int] | None = frozenset((c.numa_zone,))
         else:
             near = self.gpu_numa(plan, c) if self.gpu_numa is not None else None
+        pod_near = self._pod_near(plan, c, near)
+        held = [a for a in self._state().allocations if a.owner.pod_uid == plan.uid]
         try:
-            request = Request(c.cpus, c.numa_policy, c.smt, near)
+            request, pod = scoped_request(self.numa_scope, self.engine.topology, plan, c, near, pod_near,
+                                          held)
         except AllocationError as exc:
             self._refuse(plan, c, rel, INVALID, exc)
             return None
         try:
             a = self.engine.allocate(
                 aid, request, Owner(pod_uid=plan.uid, container=c.name),
-                memory_binding=c.memory_binding, policy=f"{c.numa_policy}/{c.smt}", cgroup=rel)
+                memory_binding=c.memory_binding, policy=f"{c.numa_policy}/{c.smt}", cgroup=rel, pod=pod)
         except AllocationRefused as exc:  # no room, or the policy cannot be met
             self._refuse(plan, c, rel, exc.reason, exc)
             return None
@@ -366,6 +377,18 @@ class PodPinner:
                  a.policy, f", zone {c.numa_zone}" if c.numa_zone is not None
                  else f", GPUs on NUMA {sorted(near)}" if near else "")
         return a
+
+    def _pod_near(self, plan: PodPlan, c: ContainerPlan,
+                  near: frozenset[int] | None) -> frozenset[int] | None:
+        """The NUMA nodes the whole pod should prefer under the pod scope: those of every exclusive
+        container's GPUs (`near` for `c`); None without any, or under the container scope."""
+        if self.numa_scope != "pod" or self.gpu_numa is None or c.numa_zone is not None:
+            return near
+        found: set[int] = set(near or ())
+        for other in (*plan.containers, *plan.waiting):
+            if other.exclusive and other.name != c.name:
+                found |= self.gpu_numa(plan, other) or frozenset()
+        return frozenset(found) or None
 
     def _refuse(self, plan: PodPlan, c: ContainerPlan, rel: str, reason: str | None,
                 exc: TopoletError) -> None:

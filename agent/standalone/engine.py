@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from agent.alloc.devices import allocate_with_gpus, is_held
 from agent.alloc.request import Request
+from agent.alloc.scope import PodScope, pod_affinity, within
 from agent.enforce import (
     CgroupLayout,
     apply_assignment,
@@ -211,7 +212,8 @@ class PinningEngine:
     # -- the operations ------------------------------------------------------------------------
 
     def allocate(self, alloc_id: str, request: Request, owner: Owner, *, memory_binding: bool = False,
-                 policy: str | None = None, gpus: int = 0, cgroup: str | None = None) -> Allocation:
+                 policy: str | None = None, gpus: int = 0, cgroup: str | None = None,
+                 pod: PodScope | None = None) -> Allocation:
         """Choose, record and enforce an exclusive allocation; the caller then moves its process in.
 
         `cgroup` names an existing cgroup someone else made (a kubelet container's) to pin instead
@@ -219,6 +221,10 @@ class PinningEngine:
 
         With `gpus`, that many whole GPUs are chosen first and the CPUs prefer (under a strict NUMA
         policy: must lie on) the GPUs' NUMA nodes; both are recorded in the one state commit.
+
+        With `pod` (the pod scope, `agent.alloc.scope`), the CPUs stay inside the pod's NUMA nodes:
+        its recorded affinity, else the nodes its whole request takes now, chosen under this lock
+        (refused as the pod's when the pod cannot be placed); the allocation records them.
         """
         with self.locked() as state:
             if self._unsaved:
@@ -233,6 +239,12 @@ class PinningEngine:
             free = self.allowed - state.reserved - state.allocated()
             request = Request(request.cpus, request.numa_policy, request.smt, request.preferred_numa,
                               request.reserved | state.reserved)
+            affinity = EMPTY
+            if pod is not None:
+                nodes = pod.affinity if pod.affinity is not None else self._pod_affinity(
+                    free, dataclasses.replace(pod.whole, reserved=pod.whole.reserved | state.reserved), state)
+                affinity = CPUSet(nodes)
+                request = within(self.topology, request, nodes)
             try:
                 cpus, chosen = allocate_with_gpus(self.topology, free, request, self.gpus,
                                                   state.held_gpus(), gpus)
@@ -246,7 +258,7 @@ class PinningEngine:
             mems = CPUSet(self.topology.numa_of(c) for c in cpus) & self.all_mems if memory_binding else EMPTY
             alloc = Allocation(alloc_id, cpus, mems, cgroup or self.layout.workload_path(alloc_id), owner,
                                policy or f"{request.numa_policy}/{request.smt}", time.time(),
-                               chosen.addresses)
+                               chosen.addresses, affinity)
             before = state
             state = self.state_file.commit(state.with_allocation(alloc))  # the record comes first
             created = False
@@ -260,6 +272,14 @@ class PinningEngine:
                 self._roll_back(state, before, alloc, created)
                 raise
             return alloc
+
+    def _pod_affinity(self, free: CPUSet, whole: Request, state: State) -> frozenset[int]:
+        """The NUMA nodes a pod's whole exclusive request takes now (the pod scope's first container)."""
+        try:
+            return pod_affinity(self.topology, free, whole)
+        except AllocationError as exc:
+            raise AllocationRefused(f"pod scope: the pod's {whole.cpus} exclusive CPUs: {exc}",
+                                    self._refusal_reason(free, whole, state, 0)) from exc
 
     def _refusal_reason(self, free: CPUSet, request: Request, state: State, gpus: int) -> str:
         """Why the allocator refused: too few CPUs (or GPUs) free at all, else their placement."""

@@ -97,6 +97,8 @@ CORRUPT: list[tuple[str, bytes]] = [
     ("start time without pid", _doc(_body([_alloc_json(owner={**_owner, "pid": None})]))),
     ("owner key missing", _doc(_body([_alloc_json(owner={"pid": 10})]))),
     ("extra allocation key", _doc(_body([{**_alloc_json(), "x": 1}]))),
+    ("bad affinity", _doc(_body([{**_alloc_json(), "affinity": "0-"}]))),
+    ("affinity not text", _doc(_body([{**_alloc_json(), "affinity": [0]}]))),
     ("cgroup escapes", _doc(_body([_alloc_json(cgroup="../etc")]))),
     ("cgroup not clean", _doc(_body([_alloc_json(cgroup="/topolet/a/")]))),
     ("bad id", _doc(_body([_alloc_json(id="a/b")]))),
@@ -190,7 +192,8 @@ def test_encode_decode_round_trip(specs: list[tuple[int, int, list[int], int | N
                                   generation: int) -> None:
     allocations = tuple(
         Allocation(f"w{i}", CPUSet(range(8 * i, 8 * i + n)), CPUSet(mems), f"topolet/w{i}",
-                   Owner(pid, None, uid, "ctr" if uid else None), "best-effort", t)
+                   Owner(pid, None, uid, "ctr" if uid else None), "best-effort", t,
+                   affinity=CPUSet(mems[:1]) if uid else CPUSet())  # the pod scope's NUMA nodes
         for i, n, mems, pid, uid, t in specs
     )
     s = State(allocations, CPUSet([1000]), generation)

@@ -557,3 +557,31 @@ def test_missing_kubeconfig_and_no_cluster_are_config_errors(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ConfigError, match="in-cluster"):
         load_api_client(None)
+
+
+@pytest.mark.parametrize(("argv", "scope", "legacy"), [
+    ([], "container", "None"),  # the kubelet's default scope
+    (["--numa-scope", "container"], "container", "None"),
+    (["--numa-scope", "pod"], "pod", "None"),
+])
+def test_the_agents_numa_scope_flag_is_the_published_scope(argv: list[str], scope: str,
+                                                           legacy: str) -> None:
+    """`topolet agent --numa-scope` reaches the NRT the publisher writes (`topologyManagerScope`)."""
+    from agent.cli.parser import build_parser
+    from agent.kube.nrt_build import Snapshot
+    from agent.kube.publisher import Publisher
+
+    args = build_parser().parse_args(["agent", *argv])
+    # Only what the NRT's body reads (no API client: nothing is sent).
+    publisher = object.__new__(Publisher)
+    publisher.args, publisher.gpus, publisher._node_ref = args, (), ("worker-1", "u-1")
+    obj = publisher._nrt_object(Snapshot(TWO_SOCKETS_AND_CXL, State(), ()))
+    assert attributes(obj)["topologyManagerScope"] == scope
+    assert obj["topologyPolicies"] == [legacy]
+
+
+def test_an_unknown_numa_scope_is_refused_by_the_cli() -> None:
+    from agent.cli.parser import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["agent", "--numa-scope", "node"])

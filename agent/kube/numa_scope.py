@@ -1,0 +1,50 @@
+"""One pod container's exclusive CPU request under the node's Topology Manager scope.
+
+Pure: a pod plan, one of its containers and the pod's allocations in, the request out; no I/O.  Every
+route that pins a container (the pod watch, the pod-cgroup route ahead of the runtime, the NRI route)
+builds its request here, through `agent.kube.pinner.PodPinner`.
+
+- `container` scope: the container's own request (its pod's NUMA policy and SMT rule, near its GPUs
+  or inside the admission controller's zone).
+- `pod` scope (`agent.alloc.scope`): the same request, kept inside the pod's NUMA nodes.  Those are
+  the nodes recorded with any allocation the pod holds already (a restart of the agent or of the
+  container finds them in the state file); an allocation recorded before the agent ran this scope
+  stands for the nodes its CPUs lie on.  A pod holding nothing yet has them chosen from its whole
+  request: every exclusive regular container of the spec (the kubelet's pod hint counts them all),
+  under the pod's policy, near the GPUs of all its containers (`pod_near`) or in its zone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agent.alloc.request import Request
+from agent.alloc.scope import PodScope
+from agent.enforce.state import Allocation
+from agent.kube.pods import ContainerPlan, PodPlan
+from agent.topology.model import Topology
+
+
+def pod_exclusive_cpus(plan: PodPlan) -> int:
+    """The exclusive CPUs of every regular container of the pod's spec (running or not)."""
+    return sum(c.cpus for c in (*plan.containers, *plan.waiting) if c.exclusive)
+
+
+def scoped_request(scope: str, topology: Topology, plan: PodPlan, c: ContainerPlan,
+                   near: frozenset[int] | None, pod_near: frozenset[int] | None,
+                   held: Iterable[Allocation]) -> tuple[Request, PodScope | None]:
+    """Container `c`'s request and, under the pod scope, what confines it (see the module docstring).
+
+    `near`: the nodes the container should prefer (its zone, or its GPUs'); `pod_near`: the same for
+    the whole pod; `held`: the pod's allocations now.  Raises AllocationError on an invalid request.
+    """
+    request = Request(c.cpus, c.numa_policy, c.smt, near)
+    if scope != "pod":
+        return request, None
+    others = [a for a in held if a.owner.pod_uid == plan.uid and a.owner.container != c.name]
+    recorded = next((frozenset(a.affinity) for a in others if a.affinity), None)
+    if recorded is None and others:
+        recorded = frozenset(topology.numa_of(cpu) for a in others for cpu in a.cpus)
+    whole = Request(max(pod_exclusive_cpus(plan), c.cpus), c.numa_policy, c.smt,
+                    near if c.numa_zone is not None else pod_near)
+    return request, PodScope(whole, recorded)
