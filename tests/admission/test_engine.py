@@ -25,28 +25,38 @@ from agent.admission.engine.model import (
 from agent.admission.engine.place import commit, place
 
 GI = 1 << 30
+NIC = "example.com/nic"
+FPGA = "example.com/fpga"
 
 
 def node(name: str, zones: Sequence[tuple[int, int]] = (), *, mem: int = 64,
          labels: dict[str, str] | None = None, taints: tuple[Taint, ...] = (), unschedulable: bool = False,
          free_pods: int = 110,
          zone_gpus: Sequence[int] = (), gpu_free: tuple[int, ...] = (), cpus: int | None = None,
-         l3: int = 0, tm: str = "none") -> Node:
+         l3: int = 0, tm: str = "none", zone_devices: Sequence[dict[str, int]] = (),
+         node_devices: dict[str, int] | None = None) -> Node:
     """A node whose zones are (free CPUs, capacity CPUs) with `mem` GiB each; totals add up; `tm`: its
-    kubelet's Topology Manager policy."""
+    kubelet's Topology Manager policy; `zone_devices`: device plugin resources per zone, and
+    `node_devices` those no zone lists."""
     zs = tuple(Zone(numa=i, cpu_milli=f * 1000, cpu_capacity_milli=c * 1000, memory=mem * GI,
-                    gpus=zone_gpus[i] if i < len(zone_gpus) else 0, l3_cpus=l3)
+                    gpus=zone_gpus[i] if i < len(zone_gpus) else 0, l3_cpus=l3,
+                    devices=zone_devices[i] if i < len(zone_devices) else {})
                for i, (f, c) in enumerate(zones))
     gpus = sum(zone_gpus) if zone_gpus else sum(1 for g in gpu_free if g == 1000)
     total = cpus if cpus is not None else sum(f for f, _ in zones)
-    free = Resources(cpu_milli=total * 1000, memory=mem * GI * max(1, len(zones)), gpus=gpus)
+    devices = dict(node_devices or {})
+    for d in zone_devices:
+        for k, v in d.items():
+            devices[k] = devices.get(k, 0) + v
+    free = Resources(cpu_milli=total * 1000, memory=mem * GI * max(1, len(zones)), gpus=gpus,
+                     devices=devices)
     return Node(name=name, labels=labels or {}, taints=taints, unschedulable=unschedulable, free=free,
                 capacity=free, zones=zs, gpu_free_milli=gpu_free, free_pods=free_pods, topology_policy=tm)
 
 
 def pods(name: str, count: int, cpus: float = 0, *, mem: int = 1, policy: str = "single-numa-node",
          **kw: object) -> PodSet:
-    extra = {k: v for k, v in kw.items() if k in ("gpus", "gpu_milli", "hugepages", "mig")}
+    extra = {k: v for k, v in kw.items() if k in ("gpus", "gpu_milli", "hugepages", "mig", "devices")}
     rest = {k: v for k, v in kw.items() if k not in extra}
     return PodSet(name=name, count=count, requests=Resources(cpu_milli=int(cpus * 1000), memory=mem * GI,
                                                              **extra),  # type: ignore[arg-type]
@@ -200,6 +210,46 @@ ROWS = [
     Row("a pod's own policy wins over its node's",
         (node("s", [(4, 8), (4, 8)], tm="single-numa-node"),), (pods("g", 1, 6, policy="none"),),
         placed=[("g", 0, "s", None)]),
+    # Device plugin resources (NICs, HCAs...) the zones list go with the pod's CPUs and GPUs.
+    Row("a GPU pod's NIC: the zone holding both, not the tighter one without a NIC",
+        (node("a", [(6, 8), (8, 8)], zone_gpus=[1, 1], zone_devices=[{NIC: 0}, {NIC: 1}]),),
+        (pods("g", 1, 2, gpus=1, devices={NIC: 1}),), placed=[("g", 0, "a", 1)]),
+    Row("a CPU pod's NIC picks the zone as a GPU would",
+        (node("a", [(4, 8), (8, 8)], zone_devices=[{}, {NIC: 2}]), node("b", [(3, 8)])),
+        (pods("n", 1, 2, devices={NIC: 1}),), placed=[("n", 0, "a", 1)]),
+    Row("one NIC per zone: two pods take one zone each though CPUs fit one",
+        (node("a", [(8, 8), (8, 8)], zone_devices=[{NIC: 1}, {NIC: 1}]),),
+        (pods("n", 2, 2, devices={NIC: 1}),), placed=[("n", 0, "a", 0), ("n", 1, "a", 1)]),
+    Row("no zone holds two NICs and the CPUs",
+        (node("a", [(8, 8), (8, 8)], zone_devices=[{NIC: 1}, {NIC: 1}]),),
+        (pods("n", 1, 2, devices={NIC: 2}),),
+        refusal=("never", "no node holds the pod's CPU, memory and devices together in one NUMA zone")),
+    Row("restricted: the fewest zones the CPUs need must hold the devices too",
+        (node("a", [(8, 8), (8, 8)], zone_devices=[{NIC: 1}, {NIC: 2}]),),
+        (pods("n", 1, 2, devices={NIC: 2}, policy="restricted"),), placed=[("n", 0, "a", 1)]),
+    Row("a device no zone lists counts at node level",
+        (node("a", [(8, 8), (6, 8)], zone_devices=[{NIC: 1}, {NIC: 0}], node_devices={FPGA: 1}),),
+        (pods("f", 1, 2, devices={FPGA: 1}),), placed=[("f", 0, "a", 1)]),
+    Row("node-level devices run out on the node",
+        (node("a", [(8, 8)], node_devices={FPGA: 1}),), (pods("f", 2, 2, devices={FPGA: 1}),),
+        refusal=("never", "pod needs 1 example.com/fpga on one node; most free on a node is 0")),
+    Row("a node without the device is no place for the pod",
+        (node("a", [(8, 8)]), node("b", [(8, 8)], zone_devices=[{NIC: 1}])),
+        (pods("n", 1, 2, devices={NIC: 1}, policy="none"),), placed=[("n", 0, "b", None)]),
+    Row("not CPU-aligned (Burstable): its NIC from a zone, its CPU from the node's shared pool",
+        (node("a", [(0, 8), (0, 8)], cpus=16, zone_devices=[{NIC: 0}, {NIC: 1}]),),
+        (pods("b", 1, 4, devices={NIC: 1}, cpu_aligned=False),), placed=[("b", 0, "a", 1)]),
+    Row("not CPU-aligned: GPU and NIC in one zone still",
+        (node("a", [(0, 8), (0, 8)], cpus=16, zone_gpus=[1, 1], zone_devices=[{NIC: 0}, {NIC: 1}]),),
+        (pods("b", 1, 1, gpus=1, devices={NIC: 1}, cpu_aligned=False),), placed=[("b", 0, "a", 1)]),
+    Row("not CPU-aligned: no zone with both its GPU and its NIC",
+        (node("a", [(0, 8), (0, 8)], cpus=16, zone_gpus=[1, 0], zone_devices=[{NIC: 0}, {NIC: 1}]),),
+        (pods("b", 1, 1, gpus=1, devices={NIC: 1}, cpu_aligned=False),),
+        refusal=("never", "in one NUMA zone")),
+    Row("not CPU-aligned, by the node's policy: a none node takes it on totals",
+        (node("a", [(0, 8), (0, 8)], cpus=16, zone_devices=[{NIC: 0}, {NIC: 1}]),),
+        (pods("b", 1, 4, devices={NIC: 1}, cpu_aligned=False, policy=NODE_POLICY),),
+        placed=[("b", 0, "a", None)]),
 ]
 
 
@@ -219,7 +269,7 @@ def test_place(row: Row) -> None:
 
 def _emptied(n: Node) -> Node:
     zones = tuple(Zone(numa=z.numa, cpu_milli=z.cpu_capacity_milli, cpu_capacity_milli=z.cpu_capacity_milli,
-                       memory=z.memory, gpus=z.gpus, l3_cpus=z.l3_cpus) for z in n.zones)
+                       memory=z.memory, gpus=z.gpus, l3_cpus=z.l3_cpus, devices=z.devices) for z in n.zones)
     return Node(name=n.name, labels=n.labels, taints=n.taints, free=n.capacity, capacity=n.capacity,
                 zones=zones, gpu_free_milli=tuple(1000 for _ in n.gpu_free_milli), free_pods=110,
                 topology_policy=n.topology_policy)

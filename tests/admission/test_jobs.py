@@ -85,10 +85,23 @@ GANGS = [
      Resources(cpu_milli=3000, memory=2 * GI), "none"),
     ("whole GPUs, MIG and hugepages",
      _job(containers=[_c("4", "8Gi", extra={"nvidia.com/gpu": "2", "hugepages-2Mi": "1Gi"})]), 2,
-     Resources(cpu_milli=4000, memory=8 * GI, gpus=2, hugepages={"hugepages-2Mi": GI}), "none"),
+     Resources(cpu_milli=4000, memory=8 * GI, gpus=2, hugepages={"hugepages-2Mi": GI}),
+     "restricted (devices)"),  # Burstable: its devices are aligned (the kubelet does), its CPUs not
     ("MIG devices by resource name",
      _job(containers=[_c("1", "1Gi", extra={"nvidia.com/mig-1g.10gb": "1"})]), 2,
-     Resources(cpu_milli=1000, memory=GI, mig={"nvidia.com/mig-1g.10gb": 1}), "none"),
+     Resources(cpu_milli=1000, memory=GI, mig={"nvidia.com/mig-1g.10gb": 1}), "restricted (devices)"),
+    ("every device plugin resource, kubernetes.io's own names aside",
+     _job(containers=[_c("1", "1Gi", extra={"example.com/nic": "2", "rdma/hca": "1",
+                                            "example.kubernetes.io/thing": "1"})]), 2,
+     Resources(cpu_milli=1000, memory=GI, devices={"example.com/nic": 2, "rdma/hca": 1}),
+     "restricted (devices)"),
+    ("guaranteed with devices: all aligned",
+     _job(containers=[_c("2", "1Gi", limits=True, extra={"example.com/nic": "1"})]), 2,
+     Resources(cpu_milli=2000, memory=GI, devices={"example.com/nic": 1}), "restricted"),
+    ("the annotation decides for devices too",
+     _job(containers=[_c("1", "1Gi", extra={"example.com/nic": "1"})],
+          template_annotations={"topolet.io/numa-policy": "none"}), 2,
+     Resources(cpu_milli=1000, memory=GI, devices={"example.com/nic": 1}), "none"),
     ("the annotation sets the NUMA policy",
      _job(template_annotations={"topolet.io/numa-policy": "single-numa-node"}), 2,
      Resources(cpu_milli=2000, memory=GI), "single-numa-node"),
@@ -104,7 +117,8 @@ GANGS = [
 def test_gang_from_job(what: str, job: dict[str, Any], count: int, requests: Resources, policy: str) -> None:
     gang = gang_from_job(job, {}, guaranteed_policy="restricted")
     (ps,) = gang.pod_sets
-    assert (gang.key, ps.count, ps.requests, ps.numa_policy) == ("ns/j", count, requests, policy)
+    got = ps.numa_policy + ("" if ps.cpu_aligned else " (devices)")
+    assert (gang.key, ps.count, ps.requests, got) == ("ns/j", count, requests, policy)
 
 
 def test_gang_placement_constraints_and_priority() -> None:
@@ -138,6 +152,9 @@ BAD = [
             {"matchExpressions": [{"key": "zone", "operator": "Near"}]}]}}}})),
     ("whole GPUs and MIG",
      _job(containers=[_c("1", extra={"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"})])),
+    ("fractional device", _job(containers=[_c("1", extra={"example.com/nic": "1500m"})])),
+    ("invalid extended resource name", _job(containers=[_c("1", extra={"Example.com/nic": "1"})])),
+    ("negative device count", _job(containers=[_c("1", extra={"example.com/nic": "-1"})])),
 ]
 
 

@@ -140,3 +140,49 @@ def test_pod_with_unreadable_requests_costs_only_itself(cpu: str) -> None:
     assert out == {}
     (node,) = view.nodes
     assert node.free.cpu_milli == 14_000 and node.free_pods == 8
+
+
+NIC = "example.com/nic"
+
+
+def device_zone(numa: int, nics: tuple[int, int]) -> dict[str, Any]:
+    z = zone(numa, (8, 8))
+    z["resources"].append({"name": NIC, "capacity": str(nics[0]), "allocatable": str(nics[0]),
+                           "available": str(nics[1])})
+    return z
+
+
+def test_device_plugin_resources_per_zone_and_at_node_level() -> None:
+    obj = node_obj("a")
+    obj["status"]["allocatable"].update({NIC: "4", "example.com/fpga": "2", "kubernetes.io/x": "7"})
+    pods = [pod_obj("p", "a", [{"cpu": "1", NIC: "1", "example.com/fpga": "1"}])]
+    ledger = Ledger((Entry("ns/j", "0", "a", 1, Resources(cpu_milli=1000, devices={NIC: 1}), 0.0),))
+    view, out = build_view([obj], [nrt_obj("a", [device_zone(0, (2, 1)), device_zone(1, (2, 2))])], pods,
+                           ledger, 0.0)
+    assert out == {}
+    a = view.nodes[0]
+    # node level: allocatable less the bound pod and the unbound ledger entry; kubernetes.io's own
+    # names are not devices
+    assert a.free.devices == {NIC: 2, "example.com/fpga": 1}
+    # per zone: the NRT's available, less the ledger entry counted on zone 1
+    assert [dict(z.devices) for z in a.zones] == [{NIC: 1}, {NIC: 1}]
+    assert [dict(z.devices) for z in view.empty[0].zones] == [{NIC: 2}, {NIC: 2}]
+    assert pod_requests(pods[0]) == Resources(cpu_milli=1000, devices={NIC: 1, "example.com/fpga": 1})
+
+
+@pytest.mark.parametrize(("name", "value", "reason"), [
+    ("Example.com/nic", "1", "invalid extended resource name"),
+    ("example.com/nic", "1500m", "not a whole number"),
+    ("example.com/nic", "-1", "malformed quantity"),
+    ("example.com/nic", "lots", "malformed quantity"),
+])
+def test_bad_devices_cost_only_their_node_or_pod(name: str, value: str, reason: str) -> None:
+    bad_node = node_obj("a")
+    bad_node["status"]["allocatable"][name] = value
+    bad_zone = device_zone(0, (1, 1))
+    bad_zone["resources"][-1].update({"name": name, "available": value})
+    view, out = build_view([bad_node, node_obj("b"), node_obj("ok")],
+                           [nrt_obj("b", [bad_zone])], [], Ledger(), 0.0)
+    assert [n.name for n in view.nodes] == ["ok"]
+    assert reason in out["a"] and reason in out["b"]
+    assert pod_requests(pod_obj("p", "ok", [{"cpu": "1", name: value}])) is None

@@ -74,6 +74,7 @@ def _sum(values: Iterable[Resources]) -> Resources:
     cpu = memory = gpus = 0
     hugepages: dict[str, int] = {}
     mig: dict[str, int] = {}
+    devices: dict[str, int] = {}
     for r in values:
         cpu += r.cpu_milli
         memory += r.memory
@@ -82,7 +83,10 @@ def _sum(values: Iterable[Resources]) -> Resources:
             hugepages[k] = hugepages.get(k, 0) + v
         for k, v in r.mig.items():
             mig[k] = mig.get(k, 0) + v
-    return Resources(cpu_milli=cpu, memory=memory, gpus=gpus, hugepages=hugepages, mig=mig)
+        for k, v in r.devices.items():
+            devices[k] = devices.get(k, 0) + v
+    return Resources(cpu_milli=cpu, memory=memory, gpus=gpus, hugepages=hugepages, mig=mig,
+                     devices=devices)
 
 
 class PodIndex:

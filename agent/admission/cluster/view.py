@@ -20,8 +20,13 @@ What each node's figures are:
   restartable init ones, plus `spec.overhead`) less the ledger entries whose pod is not bound yet;
   `free_pods` likewise from allocatable `pods`.
 - `zones` = the NRT zones of `type: Node` named `node-<N>`: `available` cpu (as millicores),
-  memory, `hugepages-*`, `nvidia.com/gpu`, `nvidia.com/mig-*`; `cpu_capacity_milli` from the zone's
-  cpu `allocatable`; less the ledger entries counted on that zone.  A node without an NRT has no
+  memory, `hugepages-*`, `nvidia.com/gpu`, `nvidia.com/mig-*` and every other extended resource
+  (a device plugin's: `Zone.devices`); `cpu_capacity_milli` from the zone's cpu `allocatable`; less
+  the ledger entries counted on that zone.
+- Extended resources (`<domain>/<name>` outside kubernetes.io) are read strictly wherever they
+  appear (allocatable, NRT zones, pod requests): a name that is not a valid extended resource name,
+  or a count that is not a whole non-negative number, leaves that node out (or makes that pod's
+  requests malformed).  A node without an NRT has no
   zones (it takes only best-effort/none pods).
 - `labels`, `spec.taints`, `spec.unschedulable`; `gpu_model` from `nvidia.com/gpu.product`;
   `topology_policy` from the NRT's `topologyManagerPolicy` attribute (`node_policy`).
@@ -48,7 +53,7 @@ from agent.admission.cluster.ledger import Entry, Ledger, SlotOf, agent_pins, jo
 from agent.admission.cluster.podindex import NodeUse, PodIndex
 from agent.admission.engine.model import NUMA_POLICIES, ClusterView, Node, Resources, Taint, Zone
 from agent.kube.nrt import ZONE_TYPE, policy_of_legacy
-from agent.kube.objects import as_list, as_mapping
+from agent.kube.objects import as_list, as_mapping, is_extended_resource
 from agent.kube.pods import MAX_NUMA_ZONE, parse_quantity
 
 GPU = "nvidia.com/gpu"
@@ -80,12 +85,13 @@ class _Amounts:
     pods: int = 0
     hugepages: dict[str, int] | None = None
     mig: dict[str, int] | None = None
+    devices: dict[str, int] | None = None
 
     def add(self, r: Resources, sign: int = 1) -> None:
         self.cpu += sign * r.cpu_milli
         self.memory += sign * r.memory
         self.gpus += sign * r.gpus
-        for attr, extra in (("hugepages", r.hugepages), ("mig", r.mig)):
+        for attr, extra in (("hugepages", r.hugepages), ("mig", r.mig), ("devices", r.devices)):
             if extra:
                 d = getattr(self, attr)
                 if d is None:
@@ -98,14 +104,30 @@ class _Amounts:
         return Resources(cpu_milli=max(0, self.cpu), memory=max(0, self.memory),
                          gpus=max(0, self.gpus),
                          hugepages={k: max(0, v) for k, v in (self.hugepages or {}).items()},
-                         mig={k: max(0, v) for k, v in (self.mig or {}).items()})
+                         mig={k: max(0, v) for k, v in (self.mig or {}).items()},
+                         devices={k: max(0, v) for k, v in (self.devices or {}).items()})
+
+
+def _count(name: str, value: object, what: str) -> int:
+    q = _quantity(name, value, what)
+    if q.denominator != 1:
+        raise BadObject(f"{what}: {name}={value!r} is not a whole number of devices")
+    return int(q)
+
+
+def _kubernetes_own(name: str) -> bool:
+    """A `kubernetes.io` resource name: not an extended resource, and not a device."""
+    prefix = name.partition("/")[0]
+    return prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io")
 
 
 def _resources(amounts: Mapping[str, Any], what: str) -> tuple[Resources, int]:
-    """(Resources, pods) of a resource list ({"cpu": "4", ...}); unknown names are ignored."""
+    """(Resources, pods) of a resource list ({"cpu": "4", ...}); other names without a domain (and
+    kubernetes.io's own) are ignored, extended resources read strictly (BadObject)."""
     a = _Amounts()
     hp: dict[str, int] = {}
     mig: dict[str, int] = {}
+    dev: dict[str, int] = {}
     for name, value in amounts.items():
         if not isinstance(name, str):
             continue
@@ -121,7 +143,11 @@ def _resources(amounts: Mapping[str, Any], what: str) -> tuple[Resources, int]:
             hp[name] = int(_quantity(name, value, what))
         elif name.startswith(MIG_PREFIX):
             mig[name] = int(_quantity(name, value, what))
-    a.hugepages, a.mig = hp, mig
+        elif "/" in name and not _kubernetes_own(name):
+            if not is_extended_resource(name):
+                raise BadObject(f"{what}: invalid extended resource name {name[:300]!r}")
+            dev[name] = _count(name, value, what)
+    a.hugepages, a.mig, a.devices = hp, mig, dev
     return a.resources(), a.pods
 
 
@@ -137,7 +163,7 @@ def _max(a: Resources, b: Resources) -> Resources:
         return {k: max(x.get(k, 0), y.get(k, 0)) for k in set(x) | set(y)}
     return Resources(cpu_milli=max(a.cpu_milli, b.cpu_milli), memory=max(a.memory, b.memory),
                      gpus=max(a.gpus, b.gpus), hugepages=keys(a.hugepages, b.hugepages),
-                     mig=keys(a.mig, b.mig))
+                     mig=keys(a.mig, b.mig), devices=keys(a.devices, b.devices))
 
 
 def pod_requests(pod: Mapping[str, Any]) -> Resources | None:
@@ -214,9 +240,11 @@ def nrt_zones(nrt: Mapping[str, Any]) -> tuple[tuple[Zone, ...], tuple[Zone, ...
         free, _ = _resources(available, what)
         cap, _ = _resources(allocatable, what)
         now.append(Zone(numa=numa, cpu_milli=free.cpu_milli, cpu_capacity_milli=cap.cpu_milli,
-                        memory=free.memory, hugepages=free.hugepages, gpus=free.gpus, mig=free.mig))
+                        memory=free.memory, hugepages=free.hugepages, gpus=free.gpus, mig=free.mig,
+                        devices=free.devices))
         empty.append(Zone(numa=numa, cpu_milli=cap.cpu_milli, cpu_capacity_milli=cap.cpu_milli,
-                          memory=cap.memory, hugepages=cap.hugepages, gpus=cap.gpus, mig=cap.mig))
+                          memory=cap.memory, hugepages=cap.hugepages, gpus=cap.gpus, mig=cap.mig,
+                          devices=cap.devices))
     if len({z.numa for z in now}) != len(now):
         raise BadObject("NRT names a zone twice")
     order = sorted(range(len(now)), key=lambda k: now[k].numa)
@@ -247,7 +275,8 @@ def _less_zone(zone: Zone, r: Resources) -> Zone:
     return Zone(numa=zone.numa, cpu_milli=max(0, zone.cpu_milli - r.cpu_milli),
                 cpu_capacity_milli=zone.cpu_capacity_milli, memory=max(0, zone.memory - r.memory),
                 hugepages=minus(zone.hugepages, r.hugepages), gpus=max(0, zone.gpus - r.gpus),
-                mig=minus(zone.mig, r.mig), l3_cpus=zone.l3_cpus)
+                mig=minus(zone.mig, r.mig), l3_cpus=zone.l3_cpus,
+                devices=minus(zone.devices, {k: v for k, v in r.devices.items() if k in zone.devices}))
 
 
 def build_view(nodes: Iterable[Mapping[str, Any]], nrts: Iterable[Mapping[str, Any]],
@@ -353,7 +382,7 @@ def _node_views(obj: Mapping[str, Any], name: str, meta: Mapping[str, Any], topo
         zones, zones_empty = zones_of(topo)
     zones = tuple(_zone_after(z, on_zone) for z in zones)
     a = _Amounts(cpu=alloc.cpu_milli, memory=alloc.memory, gpus=alloc.gpus, pods=max_pods,
-                 hugepages=dict(alloc.hugepages), mig=dict(alloc.mig))
+                 hugepages=dict(alloc.hugepages), mig=dict(alloc.mig), devices=dict(alloc.devices))
     a.add(use.requests, -1)
     a.pods -= use.pods
     for e in pending:

@@ -21,7 +21,11 @@ Candidates come from the index's zones sorted by free CPU (bisected at the reque
 compares the `WINDOW` tightest zones that hold it (plus the nodes the attempt already changed)
 instead of every node.  A restricted pod takes the fewest zones an empty node would need, tightest
 first.  A pod set of NODE_POLICY takes each node's policy (`search` gives it the one policy when every
-node reports the same); across nodes of several policies it compares nodes, not zones.  GPU scoring
+node reports the same); across nodes of several policies it compares nodes, not zones.  A zone holds
+a pod's devices too (GPUs, MIG, and each device plugin resource the node's zones list); a pod set
+that is not `cpu_aligned` (not Guaranteed) asks its zones for its devices alone (`zoned`), its CPU
+and memory counted on the node's totals.  Restricted takes the fewest zones its CPU needs on an
+empty node; those zones must hold its devices too.  GPU scoring
 uses `agent.admission.engine.fragmentation` when it is importable, else best fit.
 """
 
@@ -30,13 +34,21 @@ from __future__ import annotations
 import bisect
 import importlib
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agent.admission.engine.filters import filter_reason, untolerated
 from agent.admission.engine.model import NODE_POLICY, Node, PodSet, Resources
-from agent.admission.engine.viewindex import WHOLE_GPU, Index, NodeState, minus, node_holds, zone_holds
+from agent.admission.engine.viewindex import (
+    WHOLE_GPU,
+    Index,
+    NodeState,
+    minus,
+    node_holds,
+    zone_devices_hold,
+    zone_holds,
+)
 
 # How many feasible candidates a pod compares before choosing (the index yields them tightest first).
 WINDOW = 16
@@ -104,6 +116,14 @@ class Work:
     def state(self, i: int) -> NodeState:
         return self.touched.get(i) or self.ix.states[i]
 
+    def zoned(self, ps: PodSet) -> Resources:
+        """What one pod of `ps` asks of its zones: all of its requests, or its devices alone when its
+        CPU and memory are not aligned."""
+        if ps.cpu_aligned:
+            return ps.requests
+        r = ps.requests
+        return Resources(gpus=r.gpus, gpu_milli=r.gpu_milli, mig=r.mig, devices=r.devices)
+
     def filter(self, ps: PodSet, i: int) -> tuple[bool, int]:
         """(node `i` may take pods of `ps`, its PreferNoSchedule penalty), cached per pod set."""
         k = (ps.name, i)
@@ -164,13 +184,13 @@ class Work:
         return found[:limit]
 
     def _scan_zones(self, ps: PodSet) -> list[Choice]:
-        r = ps.requests
+        r = self.zoned(ps)
         zkeys = self.ix.zkeys
         found: list[Choice] = []
         seen = 0
         for i in self.touched:  # their index keys are stale: look at them directly
             found.extend(self.options(ps, i))
-        dead = self.ix.dead.setdefault(_signature(r), set())
+        dead = self.ix.dead.setdefault(_signature(ps.requests), set())
         for pos in range(bisect.bisect_left(zkeys, (r.cpu_milli, -1, -1)), len(zkeys)):
             _, i, p = zkeys[pos]
             if i in self.touched:
@@ -225,8 +245,9 @@ class Work:
         if policy == NODE_POLICY:
             policy = self.ix.nodes[i].topology_policy
         if policy == "single-numa-node":
+            z = self.zoned(ps)
             return [self._zone_choice(ps, i, s, p, soft, gpu)
-                    for p in range(len(s.zcpu)) if zone_holds(s, p, r)]
+                    for p in range(len(s.zcpu)) if zone_holds(s, p, z)]
         if policy == "restricted":
             choice = self.restricted(ps, i, s, soft, gpu)
             return [choice] if choice is not None else []
@@ -250,14 +271,14 @@ class Work:
 
     def _zone_choice(self, ps: PodSet, i: int, s: NodeState, p: int, soft: int,
                      gpu: tuple[float, int | None] | None = None) -> Choice:
-        r = ps.requests
+        r = self.zoned(ps)
         if gpu is None:
             gpu = (0.0, None)
         zone = self.ix.nodes[i].zones[p]
         free = s.zcpu[p]
         left = free - r.cpu_milli
         cap = zone.cpu_capacity_milli or free
-        broken = 1 if free >= cap and left > 0 else 0
+        broken = 1 if free >= cap and left > 0 and r.cpu_milli else 0
         l3 = zone.l3_cpus * 1000
         l3_split = 1 if l3 and left % l3 else 0
         cost = gpu[0] + broken + (left / cap if cap else 0.0)
@@ -266,7 +287,7 @@ class Work:
 
     def restricted(self, ps: PodSet, i: int, s: NodeState, soft: int,
                     gpu: tuple[float, int | None]) -> Choice | None:
-        r = ps.requests
+        r = self.zoned(ps)
         k = self._kmin(i, r.cpu_milli)
         if k == 1:
             options = [self._zone_choice(ps, i, s, p, soft, gpu)
@@ -279,6 +300,8 @@ class Work:
             cpu = sum(s.zcpu[p] for p in combo)
             if (cpu < r.cpu_milli or sum(s.zmem[p] for p in combo) < r.memory
                     or sum(s.zgpus[p] for p in combo) < r.gpus):
+                continue
+            if r.devices and not zone_devices_hold(s, _summed([s.zdev[p] for p in combo]), r.devices):
                 continue
             rank = (cpu - r.cpu_milli, combo)
             if best is None or rank < best[0]:
@@ -326,6 +349,7 @@ class Work:
         s.mem -= r.memory
         s.hp = minus(s.hp, r.hugepages)
         s.mig = minus(s.mig, r.mig)
+        s.dev = minus(s.dev, r.devices)
         if r.gpus:
             left = r.gpus
             for g, f in enumerate(s.gfree):
@@ -338,25 +362,40 @@ class Work:
                 s.gpus = max(0, s.gpus - 1)
             s.gfree[c.gpu_index] -= r.gpu_milli
         if c.zones:
+            z = self.zoned(ps)
             first = c.zones[0]
             for p, cpu in zip(c.zones, c.cpu_split, strict=True):
                 s.zcpu[p] -= cpu
+            zdev = {k: v for k, v in z.devices.items() if k in s.zdevnames} if z.devices else {}
             if len(c.zones) == 1:
-                s.zmem[first] -= r.memory
-                s.zgpus[first] -= r.gpus
-                s.zhp[first] = minus(s.zhp[first], r.hugepages)
-                s.zmig[first] = minus(s.zmig[first], r.mig)
+                s.zmem[first] -= z.memory
+                s.zgpus[first] -= z.gpus
+                s.zhp[first] = minus(s.zhp[first], z.hugepages)
+                s.zmig[first] = minus(s.zmig[first], z.mig)
+                s.zdev[first] = minus(s.zdev[first], zdev)
             else:
-                mem, gpus = r.memory, r.gpus
+                mem, gpus = z.memory, z.gpus
                 for p in c.zones:
                     m, g = min(mem, s.zmem[p]), min(gpus, s.zgpus[p])
                     s.zmem[p] -= m
                     s.zgpus[p] -= g
                     mem, gpus = mem - m, gpus - g
+                    if zdev:
+                        took = {k: min(v, s.zdev[p].get(k, 0)) for k, v in zdev.items()}
+                        s.zdev[p] = minus(s.zdev[p], took)
+                        zdev = {k: v - took[k] for k, v in zdev.items() if v > took[k]}
         self.touched[c.node] = s
 
 
 def _signature(r: Resources) -> tuple[Any, ...]:
     return (r.cpu_milli, r.memory, r.gpus, r.gpu_milli, tuple(sorted(r.hugepages.items())),
-            tuple(sorted(r.mig.items())))
+            tuple(sorted(r.mig.items())), tuple(sorted(r.devices.items())))
+
+
+def _summed(maps: Sequence[Mapping[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in maps:
+        for k, v in m.items():
+            out[k] = out.get(k, 0) + v
+    return out
 

@@ -2,7 +2,12 @@
 
 Everything here is an immutable value with no I/O, so the engine (`agent.admission.engine.place.place`)
 is a pure function of `(ClusterView, Gang)`.  Quantities are integers in base units: CPU in
-millicores, memory and hugepages in bytes, GPU shares in thousandths of one GPU (`gpu_milli`).
+millicores, memory and hugepages in bytes, GPU shares in thousandths of one GPU (`gpu_milli`),
+devices of every other device plugin resource (`devices`: NICs, RDMA HCAs, SR-IOV VFs...) in counts.
+
+A device resource a node's zones list (the NRT publishes it per zone) is placed per zone with the
+pod's CPUs under single-numa-node and restricted; one no zone of the node lists is counted at node
+level only.
 
 A zone is one NUMA node as the node's NodeResourceTopology reports it (`node-<N>`, type Node); the
 view's zone figures are what is *available* there now, after the view subtracted the controller's
@@ -40,7 +45,8 @@ class Resources:
 
     cpu_milli: millicores; memory: bytes; hugepages: `hugepages-<size>` -> bytes;
     gpus: whole `nvidia.com/gpu` devices; gpu_milli: a share of one GPU (0 < gpu_milli < 1000), 0 for
-    none (a pod takes whole GPUs or one share, never both); mig: `nvidia.com/mig-<profile>` -> count.
+    none (a pod takes whole GPUs or one share, never both); mig: `nvidia.com/mig-<profile>` -> count;
+    devices: every other extended resource (a device plugin's, e.g. `example.com/nic`) -> count.
     """
 
     cpu_milli: int = 0
@@ -49,6 +55,7 @@ class Resources:
     gpus: int = 0
     gpu_milli: int = 0
     mig: Mapping[str, int] = field(default_factory=_empty)
+    devices: Mapping[str, int] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +90,9 @@ class Zone:
 
     cpu_milli: available exclusive CPU, in millicores (whole CPUs × 1000 as the NRT reports them);
     cpu_capacity_milli: the zone's allocatable CPU when empty (for fragmentation scoring);
-    l3_cpus: CPUs per L3 group in this zone, 0 when unknown.
+    l3_cpus: CPUs per L3 group in this zone, 0 when unknown;
+    devices: device plugin resources the zone lists -> available count (listed with 0 when none is
+    free: a name in any zone makes that resource zone-level on the node).
     """
 
     numa: int
@@ -94,6 +103,7 @@ class Zone:
     gpus: int = 0
     mig: Mapping[str, int] = field(default_factory=_empty)
     l3_cpus: int = 0
+    devices: Mapping[str, int] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +158,11 @@ class PodSet:
 
     colocate_label: when set, every pod of the set (and of every other set of the gang that names the
     same label) lands on nodes that share one value of that label (a rack or a block);
-    numa_policy: one of NUMA_POLICIES, or NODE_POLICY (each node's own).
+    numa_policy: one of NUMA_POLICIES, or NODE_POLICY (each node's own);
+    cpu_aligned: False for pods that are not Guaranteed with whole CPUs: the kubelet aligns their
+    devices (its device manager gives NUMA hints whatever the QoS) but not their CPU and memory, so
+    under single-numa-node and restricted only their devices (GPUs, MIG, `devices`) are placed in
+    zones and their CPU and memory are counted at node level.
     """
 
     name: str
@@ -159,6 +173,7 @@ class PodSet:
     required_affinity: tuple[tuple[NodeSelectorRequirement, ...], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     colocate_label: str | None = None
+    cpu_aligned: bool = True
 
     def policy_on(self, node: Node) -> str:
         """The NUMA policy its pods are placed for on `node`: its own, else the node's."""

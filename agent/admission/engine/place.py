@@ -12,8 +12,11 @@ Rules per pod: the node is schedulable, its NoSchedule/NoExecute taints are tole
 (PreferNoSchedule only ranks it lower), its labels match the nodeSelector and the required node
 affinity, it admits one more pod, and its node-level free resources hold the request.  Then by policy:
 
-- `single-numa-node`: CPU, memory, hugepages, whole GPUs and MIG devices from one zone; the pod's
-  `PodPlacement.zone` is that zone.  CPU is compared in millicores as the NRT reports whole CPUs.
+- `single-numa-node`: CPU, memory, hugepages, whole GPUs, MIG devices and every device plugin
+  resource the node's zones list from one zone (devices no zone lists from the node's totals); the
+  pod's `PodPlacement.zone` is that zone.  CPU is compared in millicores as the NRT reports whole
+  CPUs.  A pod set that is not `cpu_aligned` (Burstable, BestEffort) takes only its devices from the
+  zone, its CPU and memory from the node's totals.
 - `restricted`: the zones the node would use must be as few as an empty node would need (the fewest
   zones whose `cpu_capacity_milli` hold the CPU request, kubelet's "preferred" hint).  The pod's
   zone is recorded only when that is one zone (then it pins exactly like single-numa-node); a
@@ -124,7 +127,7 @@ def commit(view: ClusterView, gang: Gang, placement: Placement) -> ClusterView:
 def _recount(work: Work, ps: PodSet, i: int, node: Node, pod: PodPlacement) -> Choice:
     """The choice `place` made for `pod`, rebuilt from its placement record."""
     s = work.state(i)
-    r = ps.requests
+    r = work.zoned(ps)
     if pod.zone is not None:
         p = next(k for k, z in enumerate(node.zones) if z.numa == pod.zone)
         return Choice((), i, (p,), (r.cpu_milli,), pod.gpu_index, 0.0)

@@ -78,6 +78,7 @@ def explain(work: Work, ps: PodSet, allowed: tuple[int, ...] | None) -> str:
     ]
     checks += [(f" {k}", _node_map(k, "hp"), v, _bytes) for k, v in sorted(r.hugepages.items())]
     checks += [(f" {k}", _node_map(k, "mig"), v, str) for k, v in sorted(r.mig.items())]
+    checks += [(f" {k}", _node_map(k, "dev"), v, str) for k, v in sorted(r.devices.items())]
     for what, get, want, fmt in checks:
         if want <= 0:
             continue
@@ -90,6 +91,7 @@ def explain(work: Work, ps: PodSet, allowed: tuple[int, ...] | None) -> str:
         return "no node holds the pod's CPU, memory and devices together"
     policies = {ps.policy_on(names[i]) for i in live}
     if policies <= {"single-numa-node", "restricted"}:
+        r = work.zoned(ps)  # without CPU and memory where those are not aligned
         zone_checks: list[tuple[str, Callable[[NodeState, int], int], int, Callable[[int], str]]] = [
             ("", lambda s, p: s.zcpu[p], r.cpu_milli, cpus),
             (" memory", lambda s, p: s.zmem[p], r.memory, _bytes),

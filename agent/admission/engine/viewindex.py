@@ -5,7 +5,8 @@ Public API:
 - `NodeState`: one node's free figures (node totals and per zone) during a decision, cloned before
   any change; `NodeState.of(node)` and `state.to_node(node)` convert from and to `model.Node`;
 - `node_holds(state, request)` / `zone_holds(state, zone, request)`: whether the node's totals (one
-  more pod, CPU, memory, hugepages, MIG, whole GPUs, a GPU share) or one zone hold a request;
+  more pod, CPU, memory, hugepages, MIG, whole GPUs, a GPU share, devices) or one zone (its devices:
+  those of the names the node's zones list) hold a request;
   `minus(have, want)`: a resource map less a request;
 - `Index`: a view's nodes and their states, its zones and nodes sorted by free CPU (so a search
   bisects at the request), the GPU nodes, the nodes' Topology Manager policies, and memos the search
@@ -40,7 +41,7 @@ class NodeState:
     """A node's free figures during one decision; never mutated once stored (clone, then change)."""
 
     __slots__ = ("zcpu", "zmem", "zgpus", "zhp", "zmig", "cpu", "mem", "gpus", "hp", "mig", "pods",
-                 "gfree")
+                 "gfree", "zdev", "dev", "zdevnames")
 
     zcpu: list[int]
     zmem: list[int]
@@ -54,6 +55,9 @@ class NodeState:
     mig: Mapping[str, int]
     pods: int
     gfree: list[int]
+    zdev: list[Mapping[str, int]]  # device plugin resources per zone
+    dev: Mapping[str, int]  # and at node level (the Node's allocatable less what pods ask)
+    zdevnames: frozenset[str]  # the device names the node's zones list: placed per zone
 
     @classmethod
     def of(cls, node: Node) -> NodeState:
@@ -67,6 +71,9 @@ class NodeState:
         s.cpu, s.mem, s.gpus, s.hp, s.mig = f.cpu_milli, f.memory, f.gpus, f.hugepages, f.mig
         s.pods = node.free_pods
         s.gfree = list(node.gpu_free_milli)
+        s.zdev = [z.devices for z in node.zones]
+        s.dev = f.devices
+        s.zdevnames = frozenset(k for z in node.zones if z.devices for k in z.devices)
         return s
 
     def clone(self) -> NodeState:
@@ -76,6 +83,7 @@ class NodeState:
         s.cpu, s.mem, s.gpus, s.hp, s.mig = self.cpu, self.mem, self.gpus, self.hp, self.mig
         s.pods = self.pods
         s.gfree = list(self.gfree)
+        s.zdev, s.dev, s.zdevnames = list(self.zdev), self.dev, self.zdevnames
         return s
 
     def whole_gpus(self) -> int:
@@ -88,10 +96,10 @@ class NodeState:
         """`node` with these free figures."""
         zones = tuple(
             Zone(z.numa, self.zcpu[i], z.cpu_capacity_milli, self.zmem[i], _frozen(self.zhp[i]),
-                 self.zgpus[i], _frozen(self.zmig[i]), z.l3_cpus)
+                 self.zgpus[i], _frozen(self.zmig[i]), z.l3_cpus, _frozen(self.zdev[i]))
             for i, z in enumerate(node.zones))
         free = Resources(self.cpu, self.mem, _frozen(self.hp), self.gpus, node.free.gpu_milli,
-                         _frozen(self.mig))
+                         _frozen(self.mig), _frozen(self.dev))
         return Node(node.name, node.labels, node.taints, node.unschedulable, free, node.capacity,
                     zones, tuple(self.gfree), node.gpu_model, self.pods, node.topology_policy)
 
@@ -126,16 +134,25 @@ def node_holds(s: NodeState, r: Resources) -> bool:
         return False
     if r.gpu_milli and not any(f >= r.gpu_milli for f in s.gfree):
         return False
-    return True
+    return not r.devices or _holds(s.dev, r.devices)
 
 
 def zone_holds(s: NodeState, i: int, r: Resources) -> bool:
-    """Whether zone `i` holds the CPU, memory, whole GPUs, hugepages and MIG devices of `r`."""
+    """Whether zone `i` holds the CPU, memory, whole GPUs, hugepages, MIG devices and zone-level
+    devices of `r`."""
     if s.zcpu[i] < r.cpu_milli or s.zmem[i] < r.memory or s.zgpus[i] < r.gpus:
         return False
     if r.hugepages and not _holds(s.zhp[i], r.hugepages):
         return False
+    if r.devices and not zone_devices_hold(s, s.zdev[i], r.devices):
+        return False
     return not r.mig or _holds(s.zmig[i], r.mig)
+
+
+def zone_devices_hold(s: NodeState, have: Mapping[str, int], want: Mapping[str, int]) -> bool:
+    """Whether `have` (one zone's devices, or several zones' summed) holds the zone-level ones of `want`."""
+    names = s.zdevnames
+    return all(have.get(k, 0) >= v for k, v in want.items() if k in names)
 
 
 # ---- the index of a view ---------------------------------------------------------------------------

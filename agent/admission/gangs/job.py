@@ -41,7 +41,7 @@ from agent.admission.engine.model import (
     Toleration,
 )
 from agent.errors import TopoletError
-from agent.kube.objects import as_dict, as_list, metadata_of, namespaced_name
+from agent.kube.objects import as_dict, as_list, is_extended_resource, metadata_of, namespaced_name
 from agent.kube.pods import COMPLETION_INDEX, NUMA_ZONE, parse_quantity
 from agent.labels.validate import is_dns_subdomain
 
@@ -166,16 +166,25 @@ def resources_of(requests: Mapping[str, Fraction]) -> Resources:
     """Requests in the engine's base units (CPU millicores rounded up, as the scheduler counts them)."""
     hugepages: dict[str, int] = {}
     mig: dict[str, int] = {}
+    devices: dict[str, int] = {}
     for name, value in requests.items():
         if name.startswith("hugepages-"):
             hugepages[name] = math.ceil(value)
         elif name.startswith(_MIG_PREFIX):
             mig[name] = _whole(name, value)
+        elif name != _GPU and "/" in name:
+            prefix = name.partition("/")[0]
+            if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
+                continue  # the API's own names are no device
+            if not is_extended_resource(name):
+                raise JobSpecError(f"invalid extended resource name {name[:300]!r}")
+            devices[name] = _whole(name, value)
     gpus = _whole(_GPU, requests.get(_GPU, Fraction(0)))
     return Resources(cpu_milli=math.ceil(requests.get("cpu", Fraction(0)) * 1000),
                      memory=math.ceil(requests.get("memory", Fraction(0))),
                      hugepages={k: v for k, v in sorted(hugepages.items()) if v},
-                     gpus=gpus, mig={k: v for k, v in sorted(mig.items()) if v})
+                     gpus=gpus, mig={k: v for k, v in sorted(mig.items()) if v},
+                     devices={k: v for k, v in sorted(devices.items()) if v})
 
 
 def _guaranteed_integer_cpus(pod_spec: Mapping[str, Any]) -> bool:
@@ -262,7 +271,10 @@ def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
     count: `parallelism` (Indexed: min(parallelism, completions)); requests: the pod template's, as
     the scheduler counts them; NUMA policy: the template annotation `topolet.io/numa-policy`, else
     `guaranteed_policy` (by default NODE_POLICY: on each node, that node's kubelet Topology Manager
-    policy) when every container is Guaranteed with whole CPUs, else "none"; priority: the template's
+    policy) when every container is Guaranteed with whole CPUs; else, for a pod that asks for devices
+    (GPUs, MIG, any device plugin resource), `guaranteed_policy` for its devices alone
+    (`cpu_aligned` False: the kubelet aligns devices whatever the QoS, CPU and memory only for
+    Guaranteed pods); else "none"; priority: the template's
     priorityClassName looked up in `priorities` (unknown class: JobSpecError), else
     `default_priority` (the cluster's globalDefault PriorityClass, else 0), never the template's own
     `priority`; the Job annotation `topolet.io/colocate: <label key>` keeps every pod within one value
@@ -280,8 +292,14 @@ def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
         raise JobSpecError("a pod takes whole GPUs or MIG devices, not both")
     annotations = as_dict(metadata_of(template).get("annotations"))
     policy = annotations.get(NUMA_POLICY_ANNOTATION)
+    cpu_aligned = True
     if policy is None:
-        policy = guaranteed_policy if _guaranteed_integer_cpus(pod_spec) else "none"
+        if _guaranteed_integer_cpus(pod_spec):
+            policy = guaranteed_policy
+        elif requests.gpus or requests.mig or requests.devices:
+            policy, cpu_aligned = guaranteed_policy, False
+        else:
+            policy = "none"
     elif policy not in NUMA_POLICIES:
         raise JobSpecError(f"{NUMA_POLICY_ANNOTATION} must be one of {', '.join(NUMA_POLICIES)}, "
                            f"got {policy!r}")
@@ -299,7 +317,7 @@ def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
         priority = default_priority
     pod_set = PodSet(name="main", count=count, requests=requests, numa_policy=str(policy),
                      node_selector=_node_selector(pod_spec), required_affinity=_required_affinity(pod_spec),
-                     tolerations=_tolerations(pod_spec), colocate_label=colocate)
+                     tolerations=_tolerations(pod_spec), colocate_label=colocate, cpu_aligned=cpu_aligned)
     return Gang(key=namespaced_name(job), pod_sets=(pod_set,), priority=int(priority))
 
 
