@@ -76,3 +76,9 @@ def controller(args: argparse.Namespace) -> int:
     from agent.admission.controller.command import run_controller
 
     return run_controller(args)
+
+
+def cleanup(args: argparse.Namespace) -> int:
+    from agent.kube.cleanup_command import run_cleanup
+
+    return run_cleanup(args)

@@ -187,6 +187,37 @@ def build_parser() -> argparse.ArgumentParser:
     log_level(s)
     s.set_defaults(handler=commands.status)
 
+    u = sub.add_parser("cleanup", help="remove what topolet created (uninstall): this machine's cgroups and "
+                                         "state (--local), its API objects (--objects)")
+    u.add_argument("--local", action="store_true",
+                   help="remove what the agent made on this machine: its cgroup tree (topolet/, tasks moved "
+                        "to the hierarchy root first), the state folder's files and the features.d file; "
+                        "run it with the agent stopped")
+    u.add_argument("--objects", action="store_true",
+                   help="delete topolet's NodeResourceTopologies (never another publisher's), NodeFeatures "
+                        "and Node labels: this node's (--node-name) or every node's (--all-nodes)")
+    u.add_argument("--state-dir", default="/var/lib/topolet",
+                   help="--local: the agent's state folder, default /var/lib/topolet")
+    u.add_argument("--features-dir", default="/etc/kubernetes/node-feature-discovery/features.d",
+                   help="--local: the NFD features.d folder the agent's label file is in")
+    u.add_argument("--cgroup-root", default=None,
+                   help="--local: the cgroup (cpuset) folder topolet/ lives in (default: auto-detected)")
+    u.add_argument("--kubeconfig", default=None, help=KUBECONFIG_HELP)
+    u.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
+                   help="--objects: the node whose objects to delete (default: $NODE_NAME)")
+    u.add_argument("--all-nodes", action="store_true", help="--objects: every node's objects")
+    u.add_argument("--namespace", default=None, type=values.namespace,
+                   help="--objects: the agents' namespace, where their NodeFeatures are (default: "
+                        "$POD_NAMESPACE, the service account's, else topolet-system)")
+    u.add_argument("--daemonset", action="append", default=[], metavar="NAME",
+                   help="--objects: first stop the agents' DaemonSet NAME in --namespace (a running agent "
+                        "writes its objects again) and run cleanup --local on each of its nodes through a "
+                        "DaemonSet NAME-cleanup made from its pod template; repeat per node pool")
+    u.add_argument("--timeout-seconds", type=values.seconds, default=300.0,
+                   help="--daemonset: how long each wait for pods may take (default 300)")
+    log_level(u, "info")
+    u.set_defaults(handler=commands.cleanup)
+
     c = sub.add_parser("controller", help="run the central admission controller (gangs of queued Jobs)")
     c.add_argument("--kubeconfig", default=None, help=KUBECONFIG_HELP)
     c.add_argument("--namespace", default=None, type=values.namespace,

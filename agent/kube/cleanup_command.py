@@ -1,0 +1,76 @@
+"""`topolet cleanup`: remove what topolet created, for an uninstall.
+
+`--local` (on the node, the agent stopped): the cgroup tree `topolet/` (`agent.enforce.cleanup`), the
+state folder's files and the features.d label file.  `--objects` (anywhere with the API): with
+`--daemonset NAME`, first stop the agents and run `--local` on each of their nodes
+(`agent.kube.cleanup_nodes`), then delete this node's or every node's NRT, NodeFeature and Node
+labels that topolet wrote (`agent.kube.cleanup`).  The chart's pre-delete hook Job runs
+`topolet cleanup --objects --all-nodes --daemonset topolet-agent`.  Prints one line per part;
+every failure is one line and a non-zero exit (the CLI's rule).  Running it again finds nothing
+left and succeeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from agent.errors import ConfigError, EnforcementError
+
+
+def _local(args: argparse.Namespace) -> str:
+    from agent.enforce.cgroup import detect_layout
+    from agent.enforce.cleanup import remove_cgroup_tree, remove_state_files
+    from agent.labels.features_file import remove_features_file
+
+    try:
+        layout = detect_layout(args.cgroup_root)
+    except EnforcementError:
+        if args.cgroup_root is not None:
+            raise
+        layout = None  # no cpuset hierarchy here: the agent made no cgroup on this machine
+    if layout is None:
+        cgroups = "no cpuset hierarchy, no cgroups"
+    else:
+        done = remove_cgroup_tree(layout)
+        where = layout.abspath(done.to)
+        cgroups = (f"{len(done.removed)} cgroup(s) removed from {layout.abspath(layout.parent)}, "
+                   f"{done.moved} task(s) moved to {where}")
+    files = remove_state_files(args.state_dir)
+    label_file = remove_features_file(args.features_dir) if os.path.isdir(args.features_dir) else False
+    return (f"local: {cgroups}; {len(files)} state path(s) removed from {args.state_dir}; "
+            f"features.d file {'removed' if label_file else 'absent'}")
+
+
+def _objects(args: argparse.Namespace) -> str:
+    from agent.kube.cleanup import delete_objects
+    from agent.kube.cleanup_nodes import clean_nodes
+    from agent.kube.client import KubeClient, agent_namespace, load_api_client, node_name
+
+    node = None if args.all_nodes else node_name(args.node_name)
+    namespace = agent_namespace(args.namespace)
+    kube = KubeClient(load_api_client(args.kubeconfig))
+    try:
+        stopped = "".join(clean_nodes(kube, namespace, name, args.timeout_seconds) + "; "
+                          for name in args.daemonset)
+        done = delete_objects(kube, namespace, node)
+    finally:
+        kube.close()
+    scope = "every node" if node is None else f"node {node}"
+    left = f"; left to their managers: {', '.join(done.left)}" if done.left else ""
+    return (f"objects ({scope}): {stopped}{len(done.nrts)} NodeResourceTopology(ies), "
+            f"{len(done.nodefeatures)} NodeFeature(s) in {namespace} deleted, topolet labels removed "
+            f"from {len(done.node_labels)} Node(s){left}")
+
+
+def run_cleanup(args: argparse.Namespace) -> int:
+    """Entry point of `topolet cleanup`."""
+    if not (args.local or args.objects):
+        raise ConfigError("say what to remove: --local (this machine), --objects (the API), or both")
+    if args.daemonset and not args.objects:
+        raise ConfigError("--daemonset goes with --objects")
+    if args.objects:
+        print(f"topolet cleanup: {_objects(args)}", flush=True)
+    if args.local:
+        print(f"topolet cleanup: {_local(args)}", flush=True)
+    return 0
