@@ -328,6 +328,32 @@ def test_place_is_deterministic_and_commit_counts_the_pods() -> None:
     assert where(place(after, gang)) != where(first)
 
 
+def test_commit_takes_devices_from_the_zones_and_the_node() -> None:
+    # restricted across both zones: the NICs come from both, the node-level FPGA from the node
+    a = node("a", [(8, 8), (8, 8)], zone_devices=[{NIC: 1}, {NIC: 1}], node_devices={FPGA: 2})
+    view = ClusterView(nodes=(a,), empty=(_emptied(a),))
+    gang = Gang("ns/g", (pods("r", 1, 12, devices={NIC: 2, FPGA: 1}, policy="restricted"),))
+    result = place(view, gang)
+    assert where(result) == [("r", "a", None)]
+    assert isinstance(result, Placement)
+    after = commit(view, gang, result).nodes[0]
+    assert [dict(z.devices) for z in after.zones] == [{NIC: 0}, {NIC: 0}]
+    assert dict(after.free.devices) == {NIC: 0, FPGA: 1}
+    assert sum(z.cpu_milli for z in after.zones) == 4000
+
+
+def test_commit_of_a_pod_not_cpu_aligned_leaves_the_zones_cpus() -> None:
+    a = node("a", [(2, 8), (2, 8)], cpus=16, zone_devices=[{NIC: 1}, {NIC: 1}])
+    view = ClusterView(nodes=(a,), empty=(_emptied(a),))
+    gang = Gang("ns/g", (pods("b", 2, 4, devices={NIC: 1}, cpu_aligned=False),))
+    result = place(view, gang)
+    assert where(result) == [("b", "a", 0), ("b", "a", 1)]
+    assert isinstance(result, Placement)
+    after = commit(view, gang, result).nodes[0]
+    assert [(z.cpu_milli, dict(z.devices)) for z in after.zones] == [(2000, {NIC: 0}), (2000, {NIC: 0})]
+    assert after.free.cpu_milli == 8000
+
+
 def test_invalid_gang_is_never() -> None:
     result = place(ClusterView(nodes=(node("a", [(8, 8)]),)), Gang("g", (pods("w", 0, 1),)))
     assert isinstance(result, Refusal) and result.kind == "never"
@@ -458,3 +484,47 @@ def test_placements_never_overcommit_and_are_deterministic(seed: int) -> None:
     after = commit(view, gang, result)
     assert all(z.cpu_milli >= 0 for n in after.nodes for z in n.zones)
     assert all(n.free.cpu_milli >= 0 and n.free_pods >= 0 for n in after.nodes)
+
+
+def random_device_case(rng: random.Random) -> tuple[ClusterView, Gang]:
+    nodes = []
+    for i in range(rng.randint(1, 5)):
+        zones = [(rng.randint(0, 8), 8) for _ in range(rng.randint(1, 3))]
+        nics = [{NIC: rng.randint(0, 2)} for _ in zones] if rng.random() < 0.8 else []
+        nodes.append(node(f"n{i}", zones, cpus=rng.choice([None, 24]), zone_devices=nics,
+                          zone_gpus=[rng.randint(0, 1) for _ in zones],
+                          node_devices={FPGA: rng.randint(0, 2)},
+                          tm=rng.choice(["single-numa-node", "restricted", "none"])))
+    sets = tuple(pods(f"s{k}", rng.randint(1, 3), rng.randint(0, 4),
+                      devices={k: v for k, v in ((NIC, rng.randint(0, 2)), (FPGA, rng.randint(0, 1))) if v},
+                      gpus=rng.choice([0, 0, 1]), cpu_aligned=rng.random() < 0.6,
+                      policy=rng.choice(["single-numa-node", "restricted", "none", NODE_POLICY]))
+                 for k in range(rng.randint(1, 3)))
+    return ClusterView(nodes=tuple(nodes)), Gang("g", sets)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_devices_never_overcommit_zones_or_nodes(seed: int) -> None:
+    view, gang = random_device_case(random.Random(seed))
+    result = place(view, gang)
+    assert result == place(view, gang)
+    if isinstance(result, Refusal):
+        return
+    sets = {ps.name: ps for ps in gang.pod_sets}
+    by_node = {n.name: n for n in view.nodes}
+    node_use: dict[tuple[str, str], int] = {}
+    zone_use: dict[tuple[str, int, str], int] = {}
+    for p in result.pods:
+        ps = sets[p.pod_set]
+        for k, v in ps.requests.devices.items():
+            node_use[(p.node, k)] = node_use.get((p.node, k), 0) + v
+            zoned = any(k in z.devices for z in by_node[p.node].zones)
+            if p.zone is not None and zoned:
+                zone_use[(p.node, p.zone, k)] = zone_use.get((p.node, p.zone, k), 0) + v
+    for (name, k), used in node_use.items():
+        assert used <= by_node[name].free.devices.get(k, 0)
+    for (name, numa, k), used in zone_use.items():
+        assert used <= next(z.devices.get(k, 0) for z in by_node[name].zones if z.numa == numa)
+    after = commit(view, gang, result)
+    assert all(v >= 0 for n in after.nodes for z in n.zones for v in z.devices.values())
+    assert all(v >= 0 for n in after.nodes for v in n.free.devices.values())
