@@ -78,11 +78,12 @@ class Kubelet:
 
     def gpu_numa_source(self, topology: Callable[[], Topology]
                         ) -> Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None:
-        """Where containers' GPUs sit, from the kubelet's pod-resources socket (off when not given);
+        """Where containers' devices sit, from the kubelet's pod-resources socket (off when not given);
         `topology` gives the node's topology as it is now.
 
-        grpc is loaded on the first container that asks for GPUs, not at start: it costs ~13 MiB of
-        resident memory, which a node without GPU workloads should not pay.
+        grpc is loaded on the first container that asks for devices (GPUs or any other extended
+        resource), not at start: it costs ~13 MiB of resident memory, which a node without device
+        workloads should not pay.
         """
         if not self.socket:
             return None
