@@ -147,6 +147,14 @@ def policy_of_legacy(value: object) -> str | None:
     return _POLICY_OF_LEGACY.get(value) if isinstance(value, str) else None
 
 
+def scope_of_legacy(value: object) -> str | None:
+    """The Topology Manager scope a deprecated `topologyPolicies` entry names ("SingleNUMANodePodLevel"
+    → "pod", "RestrictedContainerLevel" → "container"), None for "None" and anything else."""
+    if isinstance(value, str) and value != "None" and value in _POLICY_OF_LEGACY:
+        return "pod" if value.endswith("PodLevel") else "container"
+    return None
+
+
 FINGERPRINT_METHODS = ("all", "with-exclusive-resources", "exclude-terminal")
 
 # ---- podfingerprint ------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ builds its request here, through `agent.kube.pinner.PodPinner`.
 
 - `container` scope: the container's own request (its pod's NUMA policy and SMT rule, near its GPUs
   or inside the admission controller's zone).
-- `pod` scope (`agent.alloc.scope`): the same request, kept inside the pod's NUMA nodes.  Those are
+- `pod` scope (`agent.alloc.scope`): the same request, kept inside the pod's NUMA nodes (unless the
+  admission controller split the pod, a zone per container, under the container scope it read
+  before this node's changed: each container is then pinned in its own zone, where it was counted).  Those are
   the nodes recorded with any allocation the pod holds already (a restart of the agent or of the
   container finds them in the state file); an allocation recorded before the agent ran this scope
   stands for the nodes its CPUs lie on.  A pod holding nothing yet has them chosen from its whole
@@ -39,7 +41,8 @@ def scoped_request(scope: str, topology: Topology, plan: PodPlan, c: ContainerPl
     the whole pod; `held`: the pod's allocations now.  Raises AllocationError on an invalid request.
     """
     request = Request(c.cpus, c.numa_policy, c.smt, near)
-    if scope != "pod":
+    zones = {x.numa_zone for x in (*plan.containers, *plan.waiting) if x.exclusive}
+    if scope != "pod" or len(zones) > 1:  # the controller split the pod: each container in its zone
         return request, None
     others = [a for a in held if a.owner.pod_uid == plan.uid and a.owner.container != c.name]
     recorded = next((frozenset(a.affinity) for a in others if a.affinity), None)

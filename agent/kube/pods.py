@@ -22,7 +22,11 @@ The rules (DESIGN.md "Pods"; the node's kubelet runs `cpuManagerPolicy: none`, s
   fills in only what the status does not carry (an older kubelet, an extended resource).
 - `topolet.io/numa-zone: "<N>"` (N a NUMA node id, written by the admission controller on the pods
   it places) pins the pod's exclusive CPUs inside node N with single-numa-node semantics, whatever
-  `topolet.io/numa-policy` says: the controller counted the pod against that zone.  A node that
+  `topolet.io/numa-policy` says: the controller counted the pod against that zone.  On a node of the
+  container scope the controller may split a pod whose containers each fit a zone but whose sum fits
+  none: then the value is one zone per regular container of the spec, in order, comma-separated
+  (`"0,1"`), and each container is pinned in its own (`parse_numa_zone`; a list whose length is not
+  the number of containers is a bad annotation).  A node that
   cannot hold it (no such node, no CPUs there, not enough free) gives an `AllocationFailed` Event
   and the shared pool, retried as CPUs are freed.
 - `topolet.io/placements: "<node>:<zone>,..."` (one entry per completion index; written by the
@@ -236,11 +240,11 @@ def _annotations(meta: dict[str, Any]) -> tuple[dict[str, str], list[PodWarning]
         if not isinstance(key, str) or not key.startswith(ANNOTATION_PREFIX):
             continue
         if key == NUMA_ZONE:
-            if decimal(value, MAX_NUMA_ZONE) is not None:
+            if parse_numa_zone(value) is not None:
                 out[key] = str(value)
             else:
                 warnings.append(PodWarning(REASON_INVALID, f"{key}={repr(value)[:64]}: expected a NUMA "
-                                        f"node id (0..{MAX_NUMA_ZONE})"))
+                                        f"node id (0..{MAX_NUMA_ZONE}), or one per container"))
             continue
         if key == PLACEMENTS:
             if isinstance(value, str):
@@ -258,6 +262,32 @@ def _annotations(meta: dict[str, Any]) -> tuple[dict[str, str], list[PodWarning]
             continue
         out[key] = value
     return out, warnings
+
+
+MAX_CONTAINER_ZONES = 64  # zones one `topolet.io/numa-zone` value may list (one per container)
+
+
+def parse_numa_zone(value: object) -> tuple[int | None, tuple[int, ...]] | None:
+    """A `topolet.io/numa-zone` value: ("<N>" → (N, ()): the pod's zone) or ("<N>,<M>,..." → (None,
+    (N, M, ...)): a zone per regular container, in spec order); None when malformed.
+
+    The one reader of the format, for the agent and the admission controller (`agent.admission`)."""
+    if not isinstance(value, str):
+        return None
+    parts = value.split(",", MAX_CONTAINER_ZONES)
+    zones = [decimal(p, MAX_NUMA_ZONE) for p in parts]
+    if len(parts) > MAX_CONTAINER_ZONES or any(z is None for z in zones):
+        return None
+    if len(zones) == 1:
+        return zones[0], ()
+    return None, tuple(z for z in zones if z is not None)
+
+
+def numa_zone_value(zone: int | None, zones: tuple[int, ...] = ()) -> str | None:
+    """The `topolet.io/numa-zone` value of a pod's zone, or of its containers' zones; None for neither."""
+    if zones:
+        return ",".join(str(z) for z in zones)
+    return None if zone is None else str(zone)
 
 
 def parse_placement(entry: str) -> tuple[str, int | None] | None:
@@ -372,13 +402,20 @@ def plan_pod(pod: object) -> PodPlan:
     others = _running_others(status)
     policy = notes.get(CPU_POLICY)
     numa = notes.get(NUMA_POLICY, DEFAULT_NUMA_POLICY)
-    zone = int(notes[NUMA_ZONE]) if NUMA_ZONE in notes else None
+    zone: int | None = None
+    per_container: tuple[int, ...] = ()  # a zone per container (a pod split by the container scope)
+    if NUMA_ZONE in notes:
+        zone, per_container = parse_numa_zone(notes[NUMA_ZONE]) or (None, ())
+    count = len(as_list(as_dict(pod.get("spec")).get("containers")))
+    if per_container and len(per_container) != count:
+        warnings.append(PodWarning(REASON_INVALID, f"{NUMA_ZONE}: {len(per_container)} zones for "
+                                   f"{count} containers"))
     if NUMA_ZONE not in notes and PLACEMENTS in notes:
         zone, why = _placed_zone(pod, meta, notes[PLACEMENTS])
         if why:
             warnings.append(PodWarning(REASON_INVALID, why))
-    if zone is not None:
-        numa = "single-numa-node"  # the controller counted the pod against one zone
+    if zone is not None or per_container:
+        numa = "single-numa-node"  # the controller counted the pod (or each container) against one zone
     smt = notes.get(SMT, DEFAULT_SMT)
     binding = notes.get(MEMORY_BINDING) == "true"
     pinning_allowed = not warnings  # a bad annotation: the whole pod stays on the shared pool
@@ -390,9 +427,11 @@ def plan_pod(pod: object) -> PodPlan:
         binding = False
     plans: list[ContainerPlan] = []
     waiting: list[ContainerPlan] = []
-    for c in as_list(as_dict(pod.get("spec")).get("containers")):
+    for k, c in enumerate(as_list(as_dict(pod.get("spec")).get("containers"))):
         c = as_dict(c)
         cname = c.get("name")
+        if per_container and pinning_allowed:
+            zone = per_container[k]
         if not isinstance(cname, str):
             continue
         cid, cstatus = running.get(cname, ("", {}))

@@ -447,7 +447,7 @@ OWN_REQUIRED = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelector
     {"matchExpressions": [{"key": "pool", "operator": "Exists"}]}]}}
 # Gated pods as the Job controller creates them, each placed with the very patch the controller sends
 # (`patches.pod_patch`): (id, the pod's affinity, its annotations, its gates, the zone).
-PODS: list[tuple[str, dict[str, Any] | None, dict[str, str], tuple[str, ...], int | None]] = [
+PODS: list[tuple[str, dict[str, Any] | None, dict[str, str], tuple[str, ...], int | str | None]] = [
     ("no affinity: the node's name added, a zone", None, {}, (GATE,), 1),
     ("no affinity, no zone", None, {}, (GATE,), None),
     ("a preferred node affinity and pod anti-affinity of its own: kept, the node's name added",
@@ -456,6 +456,7 @@ PODS: list[tuple[str, dict[str, Any] | None, dict[str, str], tuple[str, ...], in
     ("the template's placements removed, another gate kept", None,
      {"topolet.io/placements": "x:0", "batch.kubernetes.io/job-completion-index": "0"},
      (GATE, OTHER_GATE), 0),
+    ("a pod the container scope split: a zone per container", None, {}, (GATE,), "0,1"),
 ]
 
 
@@ -463,7 +464,7 @@ PODS: list[tuple[str, dict[str, Any] | None, dict[str, str], tuple[str, ...], in
                          ids=[p[0] for p in PODS])
 def test_places_a_gated_pod_with_the_patch_the_controller_sends(
         setup: Setup, affinity: dict[str, Any] | None, notes: dict[str, str], gates: tuple[str, ...],
-        zone: int | None) -> None:
+        zone: int | str | None) -> None:
     body = gated_pod(f"placed-{uuid.uuid4().hex[:6]}", gates)
     body["metadata"]["annotations"] = notes
     if affinity is not None:
@@ -675,6 +676,9 @@ POLICY_REFUSED: list[PolicyRow] = [
      lambda s: {"metadata": {"annotations": {"topolet.io/placements": f"{s.node}:0"}}}, MERGE),
     ("give a held pod a zone that is no NUMA node id", "PATCH", "/api/v1/namespaces/{team}/pods/{held}",
      lambda s: {"metadata": {"annotations": {"topolet.io/numa-zone": "\u00b2"}}}, MERGE),
+    ("give a held pod containers' zones that are no list of NUMA node ids", "PATCH",
+     "/api/v1/namespaces/{team}/pods/{held}",
+     lambda s: {"metadata": {"annotations": {"topolet.io/numa-zone": "0,,1"}}}, MERGE),
     ("annotate a queued Job beyond its record", "PATCH", "/apis/batch/v1/namespaces/{team}/jobs/{waiting}",
      lambda s: {"metadata": {"annotations": {"topolet.io/colocate": "kubernetes.io/hostname"}}}, MERGE),
     ("place a pod not held by our gate", "PATCH", "/api/v1/namespaces/{team}/pods/{free}",

@@ -20,7 +20,7 @@ from agent.enforce.state import Allocation, Owner
 from agent.enforce.state_file import StateFile
 from agent.kube.numa_scope import scoped_request
 from agent.kube.pinner import PodPinner
-from agent.kube.pods import PodPlan, plan_pod
+from agent.kube.pods import PodPlan, parse_numa_zone, plan_pod
 from agent.kube.recording import RecordingEngine
 from agent.kube.watch import Changed
 from agent.metrics.registry import Metrics
@@ -76,6 +76,9 @@ ROWS: list[tuple[str, PodPlan, str, frozenset[int] | None, frozenset[int] | None
      None, 5, None),
     # recorded before the pod scope ran: the nodes of the CPUs held stand for the pod's
     ("pod", two("2", "3"), "b", None, None, [held("a", {0, 1})], None, 5, frozenset({0})),
+    # the controller split the pod (a zone per container): each in its own, under either scope
+    ("pod", two("2", "3", notes={"topolet.io/numa-zone": "0,1"}), "b", frozenset({1}), None,
+     [held("a", {0, 1}, {0})], frozenset({1}), None, None),
 ]
 
 
@@ -169,3 +172,44 @@ def test_a_restarted_agent_under_the_container_scope_places_alone(dump_root: Any
     again, _ = pinner(dump_root, tmp_path, "container")
     again.handle(Changed(two("6", "6", uid="cd")))
     assert nodes(again, "cd") == {"a": {1}, "b": {0}}
+
+
+# ---- a pod the admission controller split over zones (container scope): a zone per container ------
+
+ZONE = "topolet.io/numa-zone"
+
+
+@pytest.mark.parametrize(("value", "read"), [
+    ("3", (3, ())),
+    ("0,2", (None, (0, 2))),
+    ("1,1,0", (None, (1, 1, 0))),
+    ("0,", None), (",1", None), ("0,,1", None), ("0, 1", None), ("01,1", None), ("0,1024", None),
+    (",".join(["0"] * 65), None), (3, None), (["0", "1"], None), ("", None),
+])
+def test_parse_numa_zone(value: object, read: tuple[int | None, tuple[int, ...]] | None) -> None:
+    assert parse_numa_zone(value) == read
+
+
+def split_pod(value: str, uid: str = "ef") -> PodPlan:
+    return two("6", "6", notes={ZONE: value}, uid=uid)
+
+
+@pytest.mark.parametrize("scope", ["container", "pod"])
+def test_each_container_is_pinned_in_its_own_zone(dump_root: Any, tmp_path: Path, scope: str) -> None:
+    plan = split_pod("2,0")
+    assert [(c.name, c.numa_zone, c.numa_policy) for c in plan.containers] == [
+        ("a", 2, "single-numa-node"), ("b", 0, "single-numa-node")]
+    p, warned = pinner(dump_root, tmp_path, scope)  # the controller's zones decide under either
+    p.handle(Changed(plan))
+    assert nodes(p, "ef") == {"a": {2}, "b": {0}}
+    assert not warned.warnings
+
+
+@pytest.mark.parametrize("value", ["0", "1,2,3", "0,x"])
+def test_a_zone_list_that_is_not_one_per_container_is_a_bad_annotation(value: str) -> None:
+    plan = split_pod(value)
+    if value == "0":  # the pod's zone: both containers there
+        assert [c.numa_zone for c in plan.containers] == [0, 0]
+        return
+    assert [w.reason for w in plan.warnings] == ["InvalidAnnotation"]
+    assert all(c.cpus == 0 and c.numa_zone is None for c in plan.containers)  # the shared pool

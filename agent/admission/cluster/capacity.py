@@ -66,7 +66,7 @@ class Capacity:
                 continue
             self._ledgered.add(key)
             request = requests()
-            added += [Entry(gang, str(slot), p.node, p.zone, request, now)
+            added += [Entry(gang, str(slot), p.node, p.zone, request, now, p.zones)
                       for slot, p in sorted(record.slots.items())]
         if added:
             self.ledger = replace(self.ledger, entries=self.ledger.entries + tuple(added))

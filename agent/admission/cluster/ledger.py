@@ -25,8 +25,8 @@ When an entry clears (each rule is checked in order by `settle`):
 1. its gang is not live any more (`live_gangs` given and the gang not in it): deleted or finished;
 2. it is older than `timeout` seconds (the NRT never caught up: the agent is slow or gone);
 3. its pod is terminal, or is bound to another node than the entry's (the pods list counts it there);
-4. its pod is bound to the entry's node and the entry has no zone: node totals come from the pods
-   list from now on, and no zone figure was ever counted;
+4. its pod is bound to the entry's node and the entry has no zone (nor containers' zones): node
+   totals come from the pods list from now on, and no zone figure was ever counted;
 5. its pod is bound to the entry's node, the pod is pinned-eligible, and that node's NRT attribute
    `nodeTopologyPodsFingerprint` equals `pod_set_fingerprint` of *all* the pinned-eligible pods the
    controller sees on the node.  The agent computes that fingerprint over the pods it has pinned
@@ -36,7 +36,8 @@ When an entry clears (each rule is checked in order by `settle`):
    it yet, or pinned something the controller does not see) keeps the entry: overcounting for a
    while is safe, undercounting is not.
 
-Until an entry clears, `agent.admission.cluster.view.build_view` subtracts its request from its zone, and
+Until an entry clears, `agent.admission.cluster.view.build_view` subtracts its request from its zone
+(from each of its containers' zones, for a pod the container scope split), and
 from the node's totals while its pod is not yet bound there (a bound pod's requests are already in
 the node's used figures).  Pure: no I/O; `now` is passed in.
 """
@@ -69,6 +70,10 @@ class Entry:
     zone: int | None
     request: Resources
     added_at: float
+    # A pod the container scope split (zone None): its containers' zones.  Its whole request is
+    # counted on each of them until it clears (the ledger holds no per-container figures, and
+    # overcounting for a while is safe).
+    zones: tuple[int, ...] = ()
 
 
 Record = tuple[str, str, str, int | None, Resources]
@@ -133,7 +138,7 @@ class Ledger:
     def record(self, placement: Placement, requests: Mapping[str, Resources], now: float) -> Ledger:
         """This ledger plus every pod of `placement` (slot "<pod set>#<index>")."""
         added = tuple(Entry(placement.gang, f"{p.pod_set}#{p.index}", p.node, p.zone,
-                            requests[p.pod_set], now) for p in placement.pods)
+                            requests[p.pod_set], now, p.zones) for p in placement.pods)
         return replace(self, entries=self.entries + added)
 
     def without_gang(self, gang: str) -> Ledger:
@@ -174,7 +179,7 @@ class Ledger:
                 if mine.terminal or (mine.node is not None and mine.node != e.node):
                     continue
                 if mine.node == e.node:
-                    if e.zone is None:
+                    if e.zone is None and not e.zones:
                         continue
                     fp = prints.get(e.node)
                     if fp is not None:

@@ -29,7 +29,8 @@ What each node's figures are:
   requests malformed).  A node without an NRT has no
   zones (it takes only best-effort/none pods).
 - `labels`, `spec.taints`, `spec.unschedulable`; `gpu_model` from `nvidia.com/gpu.product`;
-  `topology_policy` from the NRT's `topologyManagerPolicy` attribute (`node_policy`).
+  `topology_policy` from the NRT's `topologyManagerPolicy` attribute (`node_policy`);
+  `topology_scope` from its `topologyManagerScope` attribute (`node_scope`, read strictly).
 
 A bound pod whose requests cannot be read counts as a pod that requests nothing
 (`agent.admission.cluster.podindex.NodeUse`): it costs only itself, never its node.
@@ -51,8 +52,16 @@ from typing import Any
 
 from agent.admission.cluster.ledger import Entry, Ledger, SlotOf, agent_pins, job_slot
 from agent.admission.cluster.podindex import NodeUse, PodIndex
-from agent.admission.engine.model import NUMA_POLICIES, ClusterView, Node, Resources, Taint, Zone
-from agent.kube.nrt import ZONE_TYPE, policy_of_legacy
+from agent.admission.engine.model import (
+    NUMA_POLICIES,
+    TOPOLOGY_SCOPES,
+    ClusterView,
+    Node,
+    Resources,
+    Taint,
+    Zone,
+)
+from agent.kube.nrt import ZONE_TYPE, policy_of_legacy, scope_of_legacy
 from agent.kube.objects import as_list, as_mapping, is_extended_resource
 from agent.kube.pods import MAX_NUMA_ZONE, parse_quantity
 
@@ -310,7 +319,7 @@ def build_view(nodes: Iterable[Mapping[str, Any]], nrts: Iterable[Mapping[str, A
         mine = index.slot((e.gang, e.slot))
         if mine is None or mine.node != e.node:  # a bound pod is already in the node's used figures
             pending.setdefault(e.node, []).append(e)
-        if e.zone is not None:
+        if e.zone is not None or e.zones:
             on_zone.setdefault(e.node, []).append(e)
 
     out: list[Node] = []
@@ -390,22 +399,44 @@ def _node_views(obj: Mapping[str, Any], name: str, meta: Mapping[str, Any], topo
         a.pods -= 1
     taints, unschedulable = _taints(spec), bool(spec.get("unschedulable"))
     gpu_model, policy = labels.get(GPU_PRODUCT_LABEL, ""), node_policy(topo)
+    scope = node_scope(topo)
     return (Node(name=name, labels=labels, taints=taints, unschedulable=unschedulable, free=a.resources(),
                  capacity=alloc, zones=zones, gpu_model=gpu_model, free_pods=max(0, a.pods),
-                 topology_policy=policy),
+                 topology_policy=policy, topology_scope=scope),
             Node(name=name, labels=labels, taints=taints, unschedulable=unschedulable, free=alloc,
                  capacity=alloc, zones=zones_empty, gpu_model=gpu_model, free_pods=max_pods,
-                 topology_policy=policy))
+                 topology_policy=policy, topology_scope=scope))
 
 
 def _zone_after(zone: Zone, on_zone: list[Entry]) -> Zone:
     for e in on_zone:
-        if e.zone == zone.numa:
+        if e.zone == zone.numa or zone.numa in e.zones:
             zone = _less_zone(zone, e.request)
     return zone
 
 
 TOPOLOGY_POLICY_ATTRIBUTE = "topologyManagerPolicy"
+TOPOLOGY_SCOPE_ATTRIBUTE = "topologyManagerScope"
+DEFAULT_SCOPE = "container"  # the kubelet's default topologyManagerScope
+
+
+def node_scope(nrt: Mapping[str, Any] | None) -> str:
+    """The node's kubelet Topology Manager scope as its NRT reports it (`Node.topology_scope`): the
+    `topologyManagerScope` attribute, else (older publishers) the scope the first entry of the
+    deprecated `topologyPolicies` list names ("SingleNUMANodePodLevel": pod); "container", the
+    kubelet's default, without an NRT or either.  A value that is not a scope is a bad object
+    (BadObject: that node is left out)."""
+    nrt = as_mapping(nrt)
+    for attr in as_list(nrt.get("attributes")):
+        attr = as_mapping(attr)
+        if attr.get("name") == TOPOLOGY_SCOPE_ATTRIBUTE:
+            value = attr.get("value")
+            if not (isinstance(value, str) and value in TOPOLOGY_SCOPES):
+                raise BadObject(f"{TOPOLOGY_SCOPE_ATTRIBUTE} {str(value)[:64]!r} is not one of "
+                                f"{', '.join(TOPOLOGY_SCOPES)}")
+            return value
+    legacy = as_list(nrt.get("topologyPolicies"))
+    return scope_of_legacy(legacy[0]) or DEFAULT_SCOPE if legacy else DEFAULT_SCOPE
 
 
 def node_policy(nrt: Mapping[str, Any] | None) -> str:

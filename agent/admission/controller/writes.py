@@ -306,7 +306,7 @@ class JobWrites:
         try:
             out = self._patch(self.pods, resource_path("", "v1", "pods", str(meta.get("name")),
                                                        namespace=str(meta.get("namespace"))),
-                              pod_patch(pod, place.node, place.zone),
+                              pod_patch(pod, place.node, place.zone_value()),
                               f"place pod {object_key(pod)} (slot {slot}) on {place.node}")
         finally:
             with self._placing_lock:

@@ -20,7 +20,10 @@ A choice's cost is the GPU score plus the share of the zone left over plus one p
 Candidates come from the index's zones sorted by free CPU (bisected at the request), so a pod
 compares the `WINDOW` tightest zones that hold it (plus the nodes the attempt already changed)
 instead of every node.  A restricted pod takes the fewest zones an empty node would need, tightest
-first.  A pod set of NODE_POLICY takes each node's policy (`search` gives it the one policy when every
+first.  On a node of the container scope a single-numa-node pod no zone holds whole may be split
+over zones, container by container (`split_choice`, `agent.admission.engine.scope`); such pods are
+looked for node by node once no zone holds them.
+A pod set of NODE_POLICY takes each node's policy (`search` gives it the one policy when every
 node reports the same); across nodes of several policies it compares nodes, not zones.  A zone holds
 a pod's devices too (GPUs, MIG, and each device plugin resource the node's zones list); a pod set
 that is not `cpu_aligned` (not Guaranteed) asks its zones for its devices alone (`zoned`), its CPU
@@ -40,6 +43,7 @@ from typing import Any
 
 from agent.admission.engine.filters import filter_reason, untolerated
 from agent.admission.engine.model import NODE_POLICY, Node, PodSet, Resources
+from agent.admission.engine.scope import split
 from agent.admission.engine.viewindex import (
     WHOLE_GPU,
     Index,
@@ -95,6 +99,8 @@ class Choice:
     cpu_split: tuple[int, ...]  # millicores taken from each of `zones`
     gpu_index: int | None
     cost: float
+    # A pod the container scope splits: the zone (position) of each container, in spec order.
+    containers: tuple[int, ...] = ()
 
 
 class Work:
@@ -178,6 +184,8 @@ class Work:
                 found.extend(self.options(ps, i))
         elif ps.numa_policy == "single-numa-node":
             found = self._scan_zones(ps)
+            if not found and len(ps.containers) > 1:
+                found = self._scan_nodes(ps)  # no zone holds it whole: the container scope may split it
         else:
             found = self._scan_nodes(ps)
         found.sort(key=lambda c: c.key)
@@ -244,6 +252,8 @@ class Work:
         policy = ps.numa_policy
         if policy == NODE_POLICY:
             policy = self.ix.nodes[i].topology_policy
+        if policy == "single-numa-node" and self.splits(ps, i):
+            return self._container_scope(ps, i, s, soft, gpu)
         if policy == "single-numa-node":
             z = self.zoned(ps)
             return [self._zone_choice(ps, i, s, p, soft, gpu)
@@ -284,6 +294,45 @@ class Work:
         cost = gpu[0] + broken + (left / cap if cap else 0.0)
         key = (soft, gpu[0], broken, left, l3_split, s.cpu, i, p)
         return Choice(key, i, (p,), (r.cpu_milli,), gpu[1], cost)
+
+    def splits(self, ps: PodSet, i: int) -> bool:
+        """Whether node `i` may split a single-numa-node pod of `ps` over zones: the node aligns
+        containers one by one (its scope "container"), the pod has several, and it asks its zones for
+        CPU and memory alone (a pod with devices takes one zone whole)."""
+        r = ps.requests
+        return (len(ps.containers) > 1 and self.ix.nodes[i].topology_scope == "container"
+                and ps.cpu_aligned and not (r.gpus or r.gpu_milli or r.mig or r.devices))
+
+    def _container_scope(self, ps: PodSet, i: int, s: NodeState, soft: int,
+                         gpu: tuple[float, int | None]) -> list[Choice]:
+        """A single-numa-node pod on a node of the container scope: in one zone where one holds it
+        whole, else split over zones (`split_choice`)."""
+        whole = [self._zone_choice(ps, i, s, p, soft, gpu)
+                 for p in range(len(s.zcpu)) if zone_holds(s, p, ps.requests)]
+        if whole:
+            return whole
+        choice = self.split_choice(ps, i, s, soft, gpu)
+        return [choice] if choice is not None else []
+
+    def split_choice(self, ps: PodSet, i: int, s: NodeState, soft: int,
+                     gpu: tuple[float, int | None]) -> Choice | None:
+        """The pod's containers over two or more zones of node `i`, each in a zone that holds it
+        (`agent.admission.engine.scope.split`); its memory from those zones' total."""
+        where = split(s.zcpu, ps.containers)
+        if where is None or len(set(where)) < 2:
+            return None
+        per: dict[int, int] = {}
+        for p, cpu in zip(where, ps.containers, strict=True):
+            per[p] = per.get(p, 0) + cpu
+        zones = tuple(sorted(per))
+        if sum(s.zmem[p] for p in zones) < ps.requests.memory:
+            return None
+        caps = [self.ix.nodes[i].zones[p].cpu_capacity_milli for p in zones]
+        broken = sum(1 for p, cap in zip(zones, caps, strict=True) if s.zcpu[p] >= cap and per[p] < s.zcpu[p])
+        left = sum(s.zcpu[p] - per[p] for p in zones)
+        cost = gpu[0] + broken + left / (sum(caps) or 1)
+        key = (soft, gpu[0], broken, left, 0, s.cpu, i, zones[0])
+        return Choice(key, i, zones, tuple(per[p] for p in zones), gpu[1], cost, where)
 
     def restricted(self, ps: PodSet, i: int, s: NodeState, soft: int,
                     gpu: tuple[float, int | None]) -> Choice | None:

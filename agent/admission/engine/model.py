@@ -29,6 +29,9 @@ NODE_POLICY = "node"
 """A pod set's NUMA policy when it names none of its own: on each node, that node's kubelet Topology
 Manager policy (`Node.topology_policy`), as the node's kubelet would admit it (`PodSet.policy_on`)."""
 
+TOPOLOGY_SCOPES = ("container", "pod")
+"""The kubelet Topology Manager's scopes (`Node.topology_scope`); "container" is its default."""
+
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 _EMPTY: Mapping[str, int] = MappingProxyType({})
@@ -116,7 +119,10 @@ class Node:
     gpu_free_milli: per physical GPU, the thousandths still free for sharing (1000 = whole GPU free);
     free_pods: how many more pods the node admits (allocatable pods less bound pods);
     topology_policy: its kubelet's Topology Manager policy (one of NUMA_POLICIES), which pod sets
-    of policy NODE_POLICY are placed for on this node.
+    of policy NODE_POLICY are placed for on this node;
+    topology_scope: its Topology Manager scope (one of TOPOLOGY_SCOPES): under "container" (the
+    kubelet's default) a pod whose containers each fit a zone may be split over zones
+    (`agent.admission.engine.scope`), under "pod" it takes one zone whole.
     """
 
     name: str
@@ -130,6 +136,7 @@ class Node:
     gpu_model: str = ""
     free_pods: int = 110
     topology_policy: str = "none"
+    topology_scope: str = "container"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +180,9 @@ class PodSet:
     required_affinity: tuple[tuple[NodeSelectorRequirement, ...], ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     colocate_label: str | None = None
+    # CPU millicores of each regular container of a pod with several, in spec order (empty for one):
+    # what a node of the container scope aligns one by one (`Node.topology_scope`).
+    containers: tuple[int, ...] = ()
     cpu_aligned: bool = True
 
     def policy_on(self, node: Node) -> str:
@@ -194,7 +204,9 @@ class PodPlacement:
     """Where one pod goes: `pod_set` name, its index within the set, the node and the zone counted on.
 
     zone is the NUMA id the engine counted the pod's CPUs (and devices) against, None for pods placed
-    on node totals (best-effort/none); gpu_index is the physical GPU of a shared-GPU pod, else None.
+    on node totals (best-effort/none); gpu_index is the physical GPU of a shared-GPU pod, else None;
+    zones: a pod the container scope split over zones (zone None): each container's NUMA id, in the
+    order of `PodSet.containers`.
     """
 
     pod_set: str
@@ -202,6 +214,7 @@ class PodPlacement:
     node: str
     zone: int | None = None
     gpu_index: int | None = None
+    zones: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,11 @@ affinity, it admits one more pod, and its node-level free resources hold the req
   multi-zone pod gets zone None, and the view takes its CPUs from the chosen zones tightest first
   (`commit` chooses those zones again on the state it counts: the same number of zones, possibly
   other ones than `place` counted, which only the NRT settles).
+- The node's Topology Manager scope (`Node.topology_scope`): under "pod" a single-numa-node pod
+  takes one zone whole; under "container" (the kubelet's default) too where a zone holds it whole,
+  else its containers may be split over zones (`agent.admission.engine.scope`:
+  each container in a zone that holds it; pods with devices are never split).  A split pod's zone
+  is None and `PodPlacement.zones` names each container's (the node's agent pins each there).
 - `best-effort` / `none`: node totals only, zone None.  Nodes without zones take only these.
 - `node` (`model.NODE_POLICY`, a pod that names no policy): on each node, that node's kubelet
   Topology Manager policy (`Node.topology_policy`), one of the above.
@@ -70,7 +75,8 @@ def place(view: ClusterView, gang: Gang) -> Placement | Refusal:
             (PodPlacement(pod_set=ps.name, index=k, node=ix.nodes[c.node].name,
                           zone=(ix.nodes[c.node].zones[c.zones[0]].numa
                                 if _pod_zone(ps, c) is not None else None),
-                          gpu_index=c.gpu_index)
+                          gpu_index=c.gpu_index,
+                          zones=tuple(ix.nodes[c.node].zones[p].numa for p in c.containers))
              for ps, k, c in found),
             key=lambda p: (p.pod_set, p.index))
         return Placement(gang.key, tuple(pods), round(sum(c.cost for _, _, c in found), 6))
@@ -131,6 +137,14 @@ def _recount(work: Work, ps: PodSet, i: int, node: Node, pod: PodPlacement) -> C
     if pod.zone is not None:
         p = next(k for k, z in enumerate(node.zones) if z.numa == pod.zone)
         return Choice((), i, (p,), (r.cpu_milli,), pod.gpu_index, 0.0)
+    if pod.zones and len(pod.zones) == len(ps.containers):  # split by the container scope
+        position = {z.numa: k for k, z in enumerate(node.zones)}
+        per: dict[int, int] = {}
+        for numa, cpu in zip(pod.zones, ps.containers, strict=True):
+            per[position[numa]] = per.get(position[numa], 0) + cpu
+        zones = tuple(sorted(per))
+        return Choice((), i, zones, tuple(per[p] for p in zones), pod.gpu_index, 0.0,
+                      tuple(position[numa] for numa in pod.zones))
     if ps.policy_on(node) == "restricted" and node.zones:
         c = work.restricted(ps, i, s, 0, (0.0, pod.gpu_index))
         if c is not None:

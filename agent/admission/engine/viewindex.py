@@ -101,7 +101,8 @@ class NodeState:
         free = Resources(self.cpu, self.mem, _frozen(self.hp), self.gpus, node.free.gpu_milli,
                          _frozen(self.mig), _frozen(self.dev))
         return Node(node.name, node.labels, node.taints, node.unschedulable, free, node.capacity,
-                    zones, tuple(self.gfree), node.gpu_model, self.pods, node.topology_policy)
+                    zones, tuple(self.gfree), node.gpu_model, self.pods, node.topology_policy,
+                    node.topology_scope)
 
 
 def _frozen(m: Mapping[str, int]) -> Mapping[str, int]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
@@ -318,7 +319,18 @@ def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
     pod_set = PodSet(name="main", count=count, requests=requests, numa_policy=str(policy),
                      node_selector=_node_selector(pod_spec), required_affinity=_required_affinity(pod_spec),
                      tolerations=_tolerations(pod_spec), colocate_label=colocate, cpu_aligned=cpu_aligned)
+    pod_set = replace(pod_set, containers=container_cpus(pod_spec))  # what the container scope splits
     return Gang(key=namespaced_name(job), pod_sets=(pod_set,), priority=int(priority))
+
+
+def container_cpus(pod_spec: Mapping[str, Any]) -> tuple[int, ...]:
+    """CPU millicores of each regular container (spec order) of a pod with several, as `PodSet.containers`
+    holds them; () for a pod of one container (both Topology Manager scopes align it alike)."""
+    containers = as_list(pod_spec.get("containers"))
+    if len(containers) < 2:
+        return ()
+    return tuple(math.ceil(_requests(as_dict(c), f"containers[{i}]").get("cpu", Fraction(0)) * 1000)
+                 for i, c in enumerate(containers))
 
 
 def priority_classes(classes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, int], int]:

@@ -12,6 +12,8 @@ Public API:
   not ours to read); `decode_record(text)`; `AdmissionRecord.encode()`; `SlotPlacement(node, zone)`.
 - `admitted_record(placement, decision, time)`; `record_too_long(placement) -> str | None`: why an
   admission's record would not fit a Job annotation (RECORD_MAX_CHARS), else None.
+- `SlotPlacement.zone_value()`: the slot's `topolet.io/numa-zone` value ("<N>", or "<N>,<M>,..." for
+  a pod the container scope split: a zone per container, the record's `zones`).
 - `placements_value(record, indexed)`: the slots as `topolet.io/placements` ("node:zone" per
   completion index, comma-separated; the zone empty when the slot has none), or None where a
   placement policy cannot use it; `PLACEMENTS_ANNOTATION`, `PLACEMENTS_MAX_CHARS`.
@@ -27,7 +29,7 @@ from typing import Any
 from agent.admission.engine.model import Placement
 from agent.admission.gangs.job import ADMISSION_ANNOTATION, JobSpecError
 from agent.kube.objects import as_dict, decimal, json_int, json_object, metadata_of
-from agent.kube.pods import MAX_NUMA_ZONE, PLACEMENTS
+from agent.kube.pods import MAX_CONTAINER_ZONES, MAX_NUMA_ZONE, PLACEMENTS, numa_zone_value
 
 PLACEMENTS_ANNOTATION = PLACEMENTS  # the agent reads it too (agent.kube.pods)
 # Past this the value is not written (pods are patched instead): every pod of the Job carries it
@@ -40,7 +42,7 @@ RESULTS = ("admitted", "rejected")
 RECORD_MAX_CHARS = 128 * 1024
 _READ_MAX_CHARS = 256 * 1024
 MAX_SLOTS = 100_000  # agent.admission.gangs.job.MAX_POD_SET
-_RECORD_DEPTH = 3  # {"placement": {"0": {"node": ...}}}
+_RECORD_DEPTH = 4  # {"placement": {"0": {"node": ..., "zones": [...]}}}
 _SHORT = 64  # a decision id, a time
 _NODE_NAME_MAX = 253  # a DNS subdomain
 RECORD_VERSION = 1
@@ -48,10 +50,16 @@ RECORD_VERSION = 1
 
 @dataclass(frozen=True, slots=True)
 class SlotPlacement:
-    """Where one slot (completion index, or a numbered place for a non-indexed Job) goes."""
+    """Where one slot (completion index, or a numbered place for a non-indexed Job) goes; `zones`: a
+    pod the container scope split, each container's zone in spec order (`zone` None)."""
 
     node: str
     zone: int | None = None
+    zones: tuple[int, ...] = ()
+
+    def zone_value(self) -> str | None:
+        """The slot's `topolet.io/numa-zone` value (`agent.kube.pods.numa_zone_value`), None for none."""
+        return numa_zone_value(self.zone, self.zones)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +83,28 @@ class AdmissionRecord:
         body: dict[str, Any] = {"version": RECORD_VERSION, "result": self.result, "decision": self.decision,
                                 "time": self.time}
         if self.result == "admitted":
-            body["placement"] = {str(i): ({"node": p.node} if p.zone is None else
-                                          {"node": p.node, "zone": p.zone})
-                                 for i, p in sorted(self.slots.items())}
+            body["placement"] = {str(i): _slot_body(p) for i, p in sorted(self.slots.items())}
         if self.reason:
             body["reason"] = self.reason
         if self.shape:
             body["shape"] = self.shape
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def _slot_body(p: SlotPlacement) -> dict[str, Any]:
+    """One slot in the record: its node, and its zone or (a split pod) its containers' zones (a key
+    older readers do not know is written only then)."""
+    if p.zones:
+        return {"node": p.node, "zones": list(p.zones)}
+    return {"node": p.node} if p.zone is None else {"node": p.node, "zone": p.zone}
+
+
+def _zones(value: object) -> tuple[int, ...] | None:
+    """A slot's `zones` list read strictly: 2 to MAX_CONTAINER_ZONES NUMA ids; None when it is not one."""
+    if not isinstance(value, list) or not 2 <= len(value) <= MAX_CONTAINER_ZONES:
+        return None
+    zones = tuple(json_int(z, MAX_NUMA_ZONE) for z in value)
+    return None if any(z is None for z in zones) else tuple(z for z in zones if z is not None)
 
 
 def decode_record(text: str) -> AdmissionRecord:
@@ -108,10 +130,12 @@ def decode_record(text: str) -> AdmissionRecord:
         for key, value in placement.items():
             value = as_dict(value)
             slot, node, zone = decimal(key, MAX_SLOTS - 1), value.get("node"), value.get("zone")
+            zones = _zones(value["zones"]) if "zones" in value else ()
             if (slot is None or not isinstance(node, str) or not node or len(node) > _NODE_NAME_MAX
-                    or not (zone is None or json_int(zone, MAX_NUMA_ZONE) is not None)):
+                    or not (zone is None or json_int(zone, MAX_NUMA_ZONE) is not None)
+                    or zones is None or (zones and zone is not None)):
                 raise JobSpecError(f"{ADMISSION_ANNOTATION}: bad placement for slot {key[:16]!r}")
-            slots[slot] = SlotPlacement(node, zone)
+            slots[slot] = SlotPlacement(node, zone, zones)
     reason, shape = body.get("reason", ""), body.get("shape", "")
     return AdmissionRecord(result=body["result"], decision=str(decision), time=time, slots=slots,
                            reason=reason if isinstance(reason, str) else "",
@@ -125,7 +149,7 @@ def _short(value: object) -> bool:
 def admitted_record(placement: Placement, decision: str, time: str, shape: str = "") -> AdmissionRecord:
     """The record of an admission: slots numbered in (pod set, index) order; `shape`, the Job's."""
     pods = sorted(placement.pods, key=lambda p: (p.pod_set, p.index))
-    return AdmissionRecord("admitted", decision, time, {i: SlotPlacement(p.node, p.zone)
+    return AdmissionRecord("admitted", decision, time, {i: SlotPlacement(p.node, p.zone, p.zones)
                                                         for i, p in enumerate(pods)}, shape=shape)
 
 
@@ -152,8 +176,11 @@ def placements_value(record: AdmissionRecord, indexed: bool) -> str | None:
     """The slots as `topolet.io/placements`: "node:zone" per completion index, in index order.
 
     None where the placement policy cannot use it: a non-indexed Job (its pods carry no index), slots
-    that are not exactly 0..n-1, or a value longer than PLACEMENTS_MAX_CHARS."""
+    that are not exactly 0..n-1, a slot split per container (its pods are pinned one by one), or a
+    value longer than PLACEMENTS_MAX_CHARS."""
     if not indexed or record.result != "admitted" or sorted(record.slots) != list(range(len(record.slots))):
+        return None
+    if any(p.zones for p in record.slots.values()):
         return None
     value = ",".join(f"{p.node}:{'' if p.zone is None else p.zone}"
                      for _, p in sorted(record.slots.items()))

@@ -22,9 +22,9 @@ from typing import Any
 
 from agent.admission.gangs.job import GATE, HOSTNAME_LABEL, NUMA_ZONE_ANNOTATION
 from agent.admission.gangs.record import PLACEMENTS_ANNOTATION, SlotPlacement
-from agent.kube.objects import as_dict, as_list, decimal, metadata_of
-from agent.kube.pods import MAX_NUMA_ZONE, placement_entry
+from agent.kube.objects import as_dict, as_list, metadata_of
 from agent.kube.pods import completion_index as pod_completion_index
+from agent.kube.pods import parse_numa_zone, placement_entry
 
 
 def scheduling_gates(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -54,7 +54,8 @@ def pod_target(pod: Mapping[str, Any]) -> SlotPlacement | None:
     if zone is None and isinstance(notes.get(PLACEMENTS_ANNOTATION), str) and index is not None:
         entry = placement_entry(notes[PLACEMENTS_ANNOTATION], index)
         return SlotPlacement(node, entry[1] if not isinstance(entry, str) and entry[0] == node else None)
-    return SlotPlacement(node, decimal(zone, MAX_NUMA_ZONE))
+    zone_read = parse_numa_zone(zone)
+    return SlotPlacement(node, *zone_read) if zone_read is not None else SlotPlacement(node)
 
 
 @dataclass(frozen=True, slots=True)

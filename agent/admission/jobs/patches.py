@@ -86,8 +86,9 @@ def one_node_template(record: AdmissionRecord, pod_spec: Mapping[str, Any],
         annotations[PLACEMENTS_ANNOTATION] = placements
     else:
         (place,) = places
-        if place.zone is not None:
-            annotations[NUMA_ZONE_ANNOTATION] = str(place.zone)
+        value = place.zone_value()
+        if value is not None:
+            annotations[NUMA_ZONE_ANNOTATION] = value
     spec: dict[str, Any] = {"nodeSelector": {HOSTNAME_LABEL: node}}
     if pod_spec.get("affinity") is None:  # an empty one too is the user's (and the write policy's)
         spec["affinity"] = {"nodeAffinity": node_affinity(node)}
@@ -200,8 +201,9 @@ def reject_patch(job: Mapping[str, Any], record: AdmissionRecord) -> dict[str, A
                          "annotations": {ADMISSION_ANNOTATION: record.encode()}}}
 
 
-def pod_patch(pod: Mapping[str, Any], node: str, zone: int | None) -> dict[str, Any]:
-    """Pin a gated pod to `node` (and NUMA `zone`) and remove our gate, in one write.
+def pod_patch(pod: Mapping[str, Any], node: str, zone: int | str | None) -> dict[str, Any]:
+    """Pin a gated pod to `node` (and NUMA `zone`: a node id, or a `topolet.io/numa-zone` value,
+    `SlotPlacement.zone_value`) and remove our gate, in one write.
 
     Only what the node and the scheduler read: no annotation of our own beside the zone (the node's
     agent refuses a pod with a `topolet.io/` annotation it does not know), so a pod's slot is found

@@ -54,8 +54,8 @@ from agent.admission.gangs.record import (
     SlotPlacement,
     placements_value,
 )
-from agent.kube.objects import as_dict, as_list, decimal, metadata_of, namespaced_name
-from agent.kube.pods import MAX_NUMA_ZONE, parse_placement
+from agent.kube.objects import as_dict, as_list, metadata_of, namespaced_name
+from agent.kube.pods import parse_numa_zone, parse_placement
 
 CONTROLLER_NAME = "topolet.io/topology-fit"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -226,7 +226,9 @@ def gang_from_workload(wl: Mapping[str, Any], flavor_labels: Mapping[str, Mappin
             (pod_set,) = gang_from_job(job, {}, guaranteed_policy).pod_sets
         except JobSpecError as exc:
             raise WorkloadSpecError(f"podSets[{i}] ({name}): {exc}") from exc
-        out.append(replace(pod_set, name=name))
+        # One podSetUpdate carries a pod set's zone: a set of several pods, which may take several
+        # slots, is never split per container (the placements format holds one zone a slot).
+        out.append(replace(pod_set, name=name, containers=pod_set.containers if count == 1 else ()))
     priority = spec.get("priority", 0)
     return Gang(key=gang_key(wl), pod_sets=tuple(out),
                 priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)
@@ -237,7 +239,7 @@ def gang_from_workload(wl: Mapping[str, Any], flavor_labels: Mapping[str, Mappin
 def _slots_by_set(placement: Placement) -> dict[str, list[SlotPlacement]]:
     by_set: dict[str, list[tuple[int, SlotPlacement]]] = {}
     for p in placement.pods:
-        by_set.setdefault(p.pod_set, []).append((p.index, SlotPlacement(p.node, p.zone)))
+        by_set.setdefault(p.pod_set, []).append((p.index, SlotPlacement(p.node, p.zone, p.zones)))
     return {name: [s for _, s in sorted(slots, key=lambda x: x[0])] for name, slots in by_set.items()}
 
 
@@ -253,8 +255,9 @@ def pod_set_updates(gang: Gang, placement: Placement, indexed: Callable[[str], b
         if len(set(mine)) == 1:
             (one,) = set(mine)
             update: dict[str, Any] = {"name": ps.name, "nodeSelector": {HOSTNAME_LABEL: one.node}}
-            if one.zone is not None:
-                update["annotations"] = {NUMA_ZONE_ANNOTATION: str(one.zone)}
+            value = one.zone_value()
+            if value is not None:
+                update["annotations"] = {NUMA_ZONE_ANNOTATION: value}
             updates.append(update)
             continue
         if not indexed(ps.name):
@@ -311,8 +314,8 @@ def records_of_state(wl: Mapping[str, Any], state: Mapping[str, Any]) -> dict[st
             zone = as_dict(update.get("annotations")).get(NUMA_ZONE_ANNOTATION)
             if not isinstance(node, str) or not node:
                 raise WorkloadSpecError(f"Ready state {state.get('name')}: pod set {name} has no node")
-            numa = decimal(zone, MAX_NUMA_ZONE)
-            mine = [SlotPlacement(node, numa)] * count
+            numa = parse_numa_zone(zone) if zone is not None else None
+            mine = [SlotPlacement(node, *numa) if numa is not None else SlotPlacement(node)] * count
         out[name] = AdmissionRecord("admitted", digest, time, dict(enumerate(mine)))
     return out
 

@@ -1,0 +1,36 @@
+"""The container scope: where a pod's containers go on a node that aligns each container on its own.
+
+Pure: plain integers in, no I/O.
+
+Under the kubelet's default `topologyManagerScope: container` (`Node.topology_scope`), each
+container of a pod is aligned by itself: a single-numa-node pod whose containers each fit a zone,
+though their sum fits none, is admissible there.  The engine places such a pod whole in one zone
+where one holds it (its `PodPlacement.zone`, as under the pod scope); only where none does, it splits
+the pod's containers over zones (`split`) and the placement names a zone per container
+(`PodPlacement.zones`), which the node's agent pins each container in (`topolet.io/numa-zone:
+"<N>,<M>,..."`, `agent.kube.pods.parse_numa_zone`), so the engine counts exactly what the agent takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+MAX_CONTAINERS = 64  # a pod with more containers is not split (agent.kube.pods.MAX_CONTAINER_ZONES)
+
+
+def split(zone_free: Sequence[int], containers: Sequence[int]) -> tuple[int, ...] | None:
+    """For each container (its CPU in millicores, spec order), the position in `zone_free` (each
+    zone's free CPU in millicores) it goes to: largest first, each in the tightest zone that holds it
+    (lowest position on a tie); None when one finds no zone, or for more than MAX_CONTAINERS."""
+    if not containers or len(containers) > MAX_CONTAINERS:
+        return None
+    room = list(zone_free)
+    where = [0] * len(containers)
+    for k in sorted(range(len(containers)), key=lambda k: (-containers[k], k)):
+        fits = [(f, z) for z, f in enumerate(room) if f >= containers[k]]
+        if not fits:
+            return None
+        _, z = min(fits)
+        room[z] -= containers[k]
+        where[k] = z
+    return tuple(where)
