@@ -209,3 +209,12 @@ def test_the_kueue_route_splits_only_a_pod_set_of_one_pod() -> None:
     placement = Placement("ns/w", (PodPlacement("p", 0, "n1", None, zones=(0, 1)),))
     (update,) = pod_set_updates(Gang("ns/w", (ps,)), placement, lambda _: False)
     assert update["annotations"] == {NUMA_ZONE_ANNOTATION: "0,1"}
+
+
+def test_a_colocated_gang_may_be_split_in_its_domain() -> None:
+    rack = {"topology.kubernetes.io/rack": "r1"}
+    nodes = (scoped("a", "container", [(8, 16), (8, 16)], labels=rack),)
+    ps = replace(two(), colocate_label="topology.kubernetes.io/rack")
+    result = place(ClusterView(nodes), Gang("ns/g", (ps,)))
+    assert isinstance(result, Placement), result
+    assert [(p.node, p.zones) for p in result.pods] == [("a", (0, 1))]

@@ -174,7 +174,8 @@ def _domain_choices(ix: Index, gang: Gang) -> tuple[list[str], list[_Domains], s
         sets = [ps for ps in gang.pod_sets if ps.colocate_label == label]
         need_cpu = sum(ps.count * ps.requests.cpu_milli for ps in sets)
         need_pods = sum(ps.count for ps in sets)
-        zoned = [ps.requests.cpu_milli for ps in sets
+        # the largest part one zone must hold (a container, where the container scope may split)
+        zoned = [max(ps.containers) if ps.containers else ps.requests.cpu_milli for ps in sets
                  if ps.numa_policy == "single-numa-node" and ps.cpu_aligned]
         biggest = max(zoned, default=0)
         groups: dict[str, list[int]] = {}
