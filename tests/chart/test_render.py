@@ -169,6 +169,12 @@ def test_label_sink_and_route(helm: Helm) -> None:
     ds = find(docs, "DaemonSet", "topolet-agent")
     assert "--label-sink=node" in agent_args(ds)
     assert "--route=pod-cgroup" in agent_args(ds)
+    assert "--numa-scope=container" in agent_args(ds)  # the kubelet's default, as the base has it
+
+
+def test_numa_scope(helm: Helm) -> None:
+    ds = find(render(helm, {"agent.numaScope": "pod"}), "DaemonSet", "topolet-agent")
+    assert [a for a in agent_args(ds) if a.startswith("--numa-scope")] == ["--numa-scope=pod"]
 
 
 def test_monitoring_objects_and_dashboards(helm: Helm) -> None:
@@ -220,6 +226,7 @@ def test_other_namespace_moves_the_policies_user_names(helm: Helm) -> None:
     ({"crds.install": "maybe"}, "/crds/install"),
     ({"image.digest": "latest"}, "/image/digest"),
     ({"agent.labelSink": "nfd"}, "/agent/labelSink"),
+    ({"agent.numaScope": "node"}, "/agent/numaScope"),
     ({"controller.replicas": 0}, "/controller/replicas"),
     ({"agent.resoures": {}}, "resoures"),
 ])
