@@ -229,6 +229,8 @@ def test_other_namespace_moves_the_policies_user_names(helm: Helm) -> None:
     ({"agent.numaScope": "node"}, "/agent/numaScope"),
     ({"controller.replicas": 0}, "/controller/replicas"),
     ({"agent.resoures": {}}, "resoures"),
+    ({"cleanup.timeoutSeconds": 0}, "/cleanup/timeoutSeconds"),
+    ({"monitoring.runbookBaseURL": "daemonset/"}, "/monitoring/runbookBaseURL"),
 ])
 def test_schema_rejects_bad_values(helm: Helm, values: dict[str, Any], message: str) -> None:
     for command in ("lint", "template"):
@@ -244,3 +246,71 @@ def test_kueue_needs_the_controller(helm: Helm) -> None:
                                                                  "controller.enabled": False}), check=False)
     assert done.returncode != 0 and "kueue.enabled needs controller.enabled" in done.stderr
 
+
+
+def test_uninstall_hook_cleans_every_pools_nodes_and_never_a_crd(helm: Helm) -> None:
+    """The pre-delete hook Job runs `topolet cleanup` over every pool's DaemonSet (tests/realnode/
+    test_uninstall.py runs that command against a real node's agent); its RBAC reaches no CRD."""
+    docs = render(helm, VALUE_SETS["two-pools"])
+    hooks = [d for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]
+    assert {(d["kind"], d["metadata"]["name"]) for d in hooks} == {
+        (kind, "topolet-cleanup") for kind in
+        ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job")}
+    for d in hooks:
+        assert d["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+        policy = d["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+        assert policy == "before-hook-creation,hook-succeeded"
+    job = find(docs, "Job", "topolet-cleanup")
+    # The RBAC first (weight -10), then the Job.
+    assert int(job["metadata"]["annotations"]["helm.sh/hook-weight"]) > max(
+        int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for d in hooks if d["kind"] != "Job")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["topolet", "cleanup"]
+    assert container["args"] == ["--objects", "--all-nodes", "--namespace=topolet-system",
+                                 "--daemonset=topolet-agent-cpu", "--daemonset=topolet-agent-gpu",
+                                 "--timeout-seconds=300"]
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == "topolet-cleanup"
+    for role in (d for d in hooks if d["kind"] in ("ClusterRole", "Role")):
+        for rule in role["rules"]:
+            assert "apiextensions.k8s.io" not in rule["apiGroups"] and "*" not in rule["verbs"], rule
+    off = render(helm, {"cleanup.enabled": False})
+    assert not [d for d in off if "helm.sh/hook" in d["metadata"].get("annotations", {})]
+    assert not [d for d in render(helm, VALUE_SETS["controller-only"]) if d["kind"] == "Job"]
+
+
+def test_runbook_urls_follow_the_one_value(helm: Helm) -> None:
+    """monitoring.runbookBaseURL moves every alert's runbook_url, its section anchor kept (the
+    kustomize overlay's generator entry does the same: tests/monitoring/test_component.py)."""
+    values = {"monitoring.prometheusRule.enabled": True}
+    default = find(render(helm, values), "PrometheusRule", "topolet")
+    moved = find(render(helm, {**values, "monitoring.runbookBaseURL": "https://wiki.example.com/t/"}),
+                 "PrometheusRule", "topolet")
+    pairs = [(a["annotations"]["runbook_url"], b["annotations"]["runbook_url"])
+             for ga, gb in zip(default["spec"]["groups"], moved["spec"]["groups"], strict=True)
+             for a, b in zip(ga["rules"], gb["rules"], strict=True) if "alert" in a]
+    assert pairs
+    for before, after in pairs:
+        assert before.startswith("https://github.com/topolet/topolet/blob/main/daemonset/README.md#")
+        assert after == before.replace("https://github.com/topolet/topolet/blob/main/", "https://wiki.example.com/t/")
+
+
+# The kinds the base and its components render that the API server keeps without a namespace.
+CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy",
+                  "MutatingAdmissionPolicyBinding", "AdmissionCheck"}
+COMPONENTS = ("kueue", "prometheus-operator", "cgroup-v1-cpuset", "nri-required", "local-image")
+
+
+def test_kustomize_gives_only_namespaced_objects_a_namespace(tmp_path: Path) -> None:
+    """The base (and its components) name topolet-system on every namespaced object and on nothing
+    cluster-scoped: kustomize's `namespace:` transform, left out, would stamp it on the admission
+    policies and their bindings too (kinds its schema does not know), and on nothing else."""
+    docs = base_with_components(tmp_path, *COMPONENTS)
+    kinds = {d["kind"] for d in docs}
+    assert {"ValidatingAdmissionPolicyBinding", "MutatingAdmissionPolicy", "AdmissionCheck"} <= kinds
+    for d in docs:
+        namespace = d["metadata"].get("namespace")
+        where = f"{d['kind']}/{d['metadata']['name']}"
+        assert namespace == (None if d["kind"] in CLUSTER_SCOPED else NAMESPACE), where
+        for subject in d.get("subjects", []):
+            assert subject.get("namespace") == NAMESPACE, where

@@ -115,3 +115,24 @@ def test_render_follows_an_edit_of_the_rules_file() -> None:
     text = render(edited)
     assert text != render()
     assert yaml.safe_load(text)["spec"] == yaml.safe_load(edited)
+
+
+def test_an_overlay_moves_every_runbook_url_with_one_generator_entry(tmp_path: Path) -> None:
+    """The one kustomize setting: an overlay merges its base URL into the base's local ConfigMap
+    topolet-runbooks; every alert's runbook_url moves under it, its section anchor kept, and the
+    ConfigMap itself is never rendered."""
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{os.path.relpath(BASE, tmp_path)}]\n"
+        f"components: [{os.path.relpath(COMPONENT, tmp_path)}]\n"
+        "configMapGenerator:\n"
+        "  - {name: topolet-runbooks, behavior: merge, literals: [baseURL=https://wiki.example.com/t/]}\n")
+    docs = render_docs(tmp_path)
+    assert not [d for d in docs if d["metadata"]["name"] == "topolet-runbooks"]
+    alerts = [r for g in one(docs, "PrometheusRule", "topolet")["spec"]["groups"] for r in g["rules"]
+              if "alert" in r]
+    plain = {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
+             if "alert" in r}
+    assert len(alerts) == len(plain) > 0
+    for alert in alerts:
+        anchor = plain[alert["alert"]]["annotations"]["runbook_url"].partition("#")[2]
+        assert alert["annotations"]["runbook_url"] == f"https://wiki.example.com/t/daemonset/README.md#{anchor}"

@@ -22,6 +22,9 @@ RULES_TEST = Path(__file__).resolve().parent / "rules_test.yaml"
 README = REPO / "daemonset" / "README.md"
 # The scrape jobs of the metric contract (issue 11): every rule reads one of them.
 JOBS = ('job="topolet-agent"', 'job="topolet-controller"')
+# Every runbook_url's base: the rules file's default, and the one setting's default where it is set
+# (the base's ConfigMap topolet-runbooks, the chart's monitoring.runbookBaseURL).
+RUNBOOK_BASE = "https://github.com/topolet/topolet/blob/main/"
 
 
 def promtool() -> str:
@@ -94,8 +97,9 @@ def test_every_alert_has_a_severity_summary_description_and_runbook(name: str) -
     assert alert["labels"]["severity"] in ("critical", "warning")
     assert set(alert["annotations"]) == {"summary", "description", "runbook_url"}
     assert all(alert["annotations"][k].strip() for k in ("summary", "description"))
-    path, _, anchor = alert["annotations"]["runbook_url"].partition("#")
-    assert REPO / path == README
+    url, _, anchor = alert["annotations"]["runbook_url"].partition("#")
+    # Absolute, as Alertmanager's users follow it: the one base, then the README's path in the repository.
+    assert url == RUNBOOK_BASE + str(README.relative_to(REPO)), url
     assert anchor == name.lower()
     headings = [line.lstrip("#") for line in README.read_text().splitlines() if line.startswith("### ")]
     assert anchor in {github_anchor(h) for h in headings}, f"no runbook section {name} in {README}"
@@ -106,3 +110,15 @@ def test_every_rule_reads_a_contract_job() -> None:
         expr = rule["expr"]
         assert any(job in expr for job in JOBS) or re.match(r"^(instance|job):topolet_", expr.strip()), \
             f"{rule.get('alert') or rule.get('record')} reads no topolet job: {expr}"
+
+
+def test_the_runbook_base_is_one_setting_with_one_default() -> None:
+    """The kustomize base's ConfigMap topolet-runbooks and the chart's value default to the rules'
+    base; tests/monitoring/test_component.py and tests/chart/test_render.py change it each way."""
+    kustomization = yaml.safe_load((REPO / "daemonset" / "kustomization.yaml").read_text())
+    (generator,) = [g for g in kustomization["configMapGenerator"] if g["name"] == "topolet-runbooks"]
+    assert generator["literals"] == [f"baseURL={RUNBOOK_BASE}"]
+    assert generator["options"]["annotations"] == {"config.kubernetes.io/local-config": "true"}
+    values = yaml.safe_load((REPO / "charts" / "topolet" / "values.yaml").read_text())
+    assert values["monitoring"]["runbookBaseURL"] == RUNBOOK_BASE
+    assert all(r["annotations"]["runbook_url"].startswith(RUNBOOK_BASE) for r in alerts())
