@@ -82,7 +82,8 @@ class _Servicer(api_pb2_grpc.PodResourcesListerServicer):
         for pod in self.s.pods():
             if (pod.namespace, pod.name) == (request.pod_namespace, request.pod_name):
                 return api_pb2.GetPodResourcesResponse(pod_resources=pod)
-        context.abort(grpc.StatusCode.NOT_FOUND,
+        # As the kubelet answers (v1.37 server_v1.go returns a plain error: code Unknown).
+        context.abort(grpc.StatusCode.UNKNOWN,
                       f"pod {request.pod_name} in namespace {request.pod_namespace} not found")
 
 

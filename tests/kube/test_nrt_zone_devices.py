@@ -5,6 +5,7 @@ builder, and the agent's kubelet reader against the pod-resources stand-in (what
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,35 @@ def test_kubelet_reads_devices_offered_and_held() -> None:
     assert not no_gpus.refresh_devices()
     assert {d.resource for d in no_gpus.offered_devices} == {NIC, "nvidia.com/gpu"}
     os.rmdir(folder)
+
+
+def test_a_pod_the_kubelet_has_not_admitted_yet_is_asked_about_again() -> None:
+    # The pod-cgroup route pins as soon as the pod is bound; the kubelet assigns devices when it
+    # admits the pod, moments later.  Until then Get says "not found" (not a failure: no back-off).
+    from agent.kube.podresources.client import PodResourcesClient
+    from agent.kube.podresources.locality import GPULocator
+    from agent.topology.discover import discover
+    from tests.realnode.numa_split import agent_root
+
+    topology = discover(str(agent_root(Path(short_tmpdir()) / "root", [0, 1])))
+    with PodResourcesStandIn({}) as standin:
+        client = PodResourcesClient(standin.path)
+        slept: list[float] = []
+
+        def admit(seconds: float) -> None:
+            slept.append(seconds)
+            if len(slept) == 2:  # the kubelet knows the pod, its devices not assigned yet
+                standin.assignments = {("ns", "p", "c"): []}
+            if len(slept) == 3:  # the kubelet admits the pod
+                standin.assignments = {("ns", "p", "c"): [nic("n1", 1)]}
+
+        locator = GPULocator(client, lambda: (), sleep=admit)
+        assert locator.numa_nodes("ns", "p", "c", topology) == frozenset({1})
+        assert len(slept) == 3 and client.failures == 0
+        # A pod it never admits: pinned without its devices' nodes once the wait is over.
+        now = [0.0]
+        never = GPULocator(client, lambda: (), wait=1.0, sleep=lambda s: now.__setitem__(0, now[0] + s),
+                           clock=lambda: now[0])
+        assert never.numa_nodes("ns", "other", "c", topology) is None
+        assert client.failures == 0
+        client.close()

@@ -36,7 +36,10 @@ _MAX_NUMA_ID = 1 << 16  # larger (or negative) NUMA ids in an answer are garbage
 _MAX_CPU_ID = 1 << 22  # likewise for CPU ids
 
 ContainerKey = tuple[str, str, str]  # (namespace, pod name, container name)
-_UNKNOWN_POD = object()  # Get's NOT_FOUND
+_UNKNOWN_POD = object()  # Get's NOT_FOUND, or the kubelet's own "pod ... not found"
+# The kubelet answers Get for a pod it has not admitted (yet) with code Unknown and this text
+# (pkg/kubelet/apis/podresources/server_v1.go: "pod %s in namespace %s not found").
+_NOT_FOUND_TEXT = " not found"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,12 @@ def _containers(pods: Iterable[Any]) -> DeviceMap:
                 out.setdefault((str(pod.namespace), str(pod.name), str(c.name)), []).extend(
                     _devices(c.devices))
     return out
+
+
+def _pod_not_found(exc: grpc.RpcError) -> bool:
+    """Whether an error is the kubelet's "pod <name> in namespace <ns> not found"."""
+    detail = str(exc.details()) if isinstance(exc, grpc.Call) else ""
+    return detail.startswith("pod ") and detail.endswith(_NOT_FOUND_TEXT)
 
 
 def _of_pod(found: DeviceMap, namespace: str, pod: str) -> dict[str, tuple[Device, ...]]:
@@ -149,8 +158,9 @@ class PodResourcesClient:
             if method == "Get" and code == grpc.StatusCode.UNIMPLEMENTED:
                 self._get_unimplemented = True
                 return None
-            if method == "Get" and code == grpc.StatusCode.NOT_FOUND:
-                return _UNKNOWN_POD  # an answer, not a failure: the kubelet runs no such pod
+            if method == "Get" and (code == grpc.StatusCode.NOT_FOUND
+                                    or (code == grpc.StatusCode.UNKNOWN and _pod_not_found(exc))):
+                return _UNKNOWN_POD  # an answer, not a failure: the kubelet runs no such pod (yet)
             self._failed()
             detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
             self._note(f"pod-resources {method} at {self.path}: {code.name if code else 'error'}: "

@@ -6,11 +6,19 @@ index (`--device-id-strategy`), and reports each device's NUMA node when it know
 from that report first, else, for GPUs, from our GPU inventory by UUID or index; other devices count
 only with the node their plugin reported.  `gpu_numa_nodes` is pure; `GPULocator` asks the kubelet
 and reads the inventory once, lazily, only when a GPU's report lacks a node.
+
+The agent may pin a container before its node's kubelet has admitted the pod (the pod-cgroup route
+makes the pod's cgroup as soon as the pod is bound), and the kubelet assigns devices at admission
+(it knows the pod a moment before that): for a container that asks for devices and holds none yet,
+`GPULocator` asks again for up to `ADMISSION_WAIT_SECONDS` (the kubelet admits a pod moments after it
+is bound) before pinning without the devices' nodes.  An extended resource no device plugin serves
+costs its containers that wait.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 
 from agent.gpu.model import GPU
@@ -21,6 +29,8 @@ from agent.topology.model import Topology
 log = logging.getLogger(__name__)
 _MAX_INDEX = 99_999  # an NVML index in a device id: five digits at most
 
+ADMISSION_WAIT_SECONDS = 2.0  # how long a pod the kubelet has not admitted yet is asked about again
+ADMISSION_POLL_SECONDS = 0.05
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # the device plugin's "mixed" MIG strategy: one per profile
 
@@ -84,10 +94,15 @@ class GPULocator:
     """The NUMA nodes of a container's devices, from the kubelet's pod-resources socket and our GPU
     inventory."""
 
-    def __init__(self, client: PodResourcesClient, inventory: Callable[[], Sequence[GPU]]) -> None:
+    def __init__(self, client: PodResourcesClient, inventory: Callable[[], Sequence[GPU]], *,
+                 wait: float = ADMISSION_WAIT_SECONDS, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self._inventory = inventory
         self._gpus: tuple[GPU, ...] | None = None
+        self.wait = wait
+        self._sleep = sleep
+        self._clock = clock
 
     def gpus(self) -> tuple[GPU, ...]:
         """The node's GPUs, read once (an empty inventory when reading fails)."""
@@ -103,6 +118,11 @@ class GPULocator:
                    topology: Topology) -> frozenset[int] | None:
         """The NUMA nodes the container's CPUs should prefer; None when it holds no device we can place."""
         by_container = self.client.get(namespace, pod)
+        deadline = self._clock() + self.wait
+        # Not admitted yet (unknown, or known without the devices it asks for): ask again.
+        while by_container is not None and not by_container.get(container) and self._clock() < deadline:
+            self._sleep(ADMISSION_POLL_SECONDS)
+            by_container = self.client.get(namespace, pod)
         if not by_container:
             return None
         devices = by_container.get(container, ())
