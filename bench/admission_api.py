@@ -410,6 +410,8 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
         aligned = _replay(cluster, objects, topos)
         jobs = _nodes_by_job(cluster)
         whole, partial = _gang_counts(jobs, stream)
+        print(f"# {name}: {bound}/{want} pods bound, {aligned} aligned; gangs {whole}/{len(stream)} "
+              f"wholly bound, {partial} partly", flush=True)
         return ApiRun(name, want, bound, wall, aligned, _on_one_node(jobs), sum(used.values()),
                       len(stream), whole, partial, used, rss)
     except BaseException:
