@@ -1,0 +1,222 @@
+"""The chart on a real node: `helm install` brings up the agent (the image `make image` built) and the
+controller there, and `helm uninstall`'s pre-delete hook Job cleans the node and the API.
+
+Helm v4.3.2 (tests/controlplane/build.sh) installs charts/topolet with the image's values and a
+post-renderer plugin that adapts the rendered objects to this test machine and nothing else, as
+tests/realnode/node.py's `write_overlay` does for the kustomize base: the agent's DaemonSet gets the
+same patch (the node's own host paths, host network to the API server on 127.0.0.1, its cgroup root);
+the controller's Deployment and the cleanup hook's Job get host network, the API server's address and
+the node (the cluster also has simulated nodes). Helm v4 sends hooks through the post-renderer too.
+A kube-controller-manager of the test's own runs the DaemonSet, Deployment and ReplicaSet controllers
+(the cluster's runs the Job controller).
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.errors import KubeAPIError
+from tests.chart.helm import CHART, Helm, build_helm
+from tests.conftest import require
+from tests.controlplane.cluster import Cluster
+from tests.controlplane.harness import _Process, free_port
+from tests.controlplane.kubectl import Kubectl, build_kubectl
+from tests.realnode.node import (
+    AGENT_NS,
+    IMAGE_ENV,
+    IMPORT_TIMEOUT_S,
+    LOCAL_IMAGE,
+    RealNode,
+    container_id,
+    image_build_lock,
+    image_env,
+    milestone,
+    wait,
+    write_overlay,
+)
+from tests.realnode.test_realnode import nrt
+
+RELEASE = "topolet"
+CONTROLLERS = "daemonset-controller,deployment-controller,replicaset-controller"
+LEFT_CLUSTER_WIDE = ("clusterroles", "clusterrolebindings", "validatingadmissionpolicies",
+                     "validatingadmissionpolicybindings", "mutatingadmissionpolicies",
+                     "mutatingadmissionpolicybindings")
+
+
+def start_workload_controllers(cluster: Cluster) -> _Process:
+    """A kube-controller-manager running the DaemonSet, Deployment and ReplicaSet controllers."""
+    plane = cluster.plane
+
+    def argv(port: int) -> list[str]:
+        kc = plane.write_kubeconfig(cluster.workdir / "kcm-chart.kubeconfig",
+                                    plane.controller_manager_token, user="kube-controller-manager")
+        return [str(cluster.binaries.kube_controller_manager), "--kubeconfig", str(kc),
+                "--bind-address", "127.0.0.1", "--secure-port", str(port),
+                "--cert-dir", str(cluster.workdir / "kcm-chart-certs"), "--leader-elect=false",
+                "--controllers", CONTROLLERS, "--use-service-account-credentials=true",
+                "--service-account-private-key-file", str(plane.pki / "sa.key"),
+                "--root-ca-file", str(plane.ca_file), "--profiling=false"]
+
+    return cluster._start("kube-controller-manager-chart", argv)
+
+
+def host_patch(node: RealNode, port: int, kind: str, name: str, *extra: dict[str, Any]) -> dict[str, Any]:
+    """A kustomize patch giving a workload's pod host networking to the test API server on this node."""
+    api_port = node.cluster.plane.url.rsplit(":", 1)[1]
+    spec, c = "/spec/template/spec", "/spec/template/spec/containers/0"
+    ops = [
+        {"op": "add", "path": f"{spec}/nodeSelector", "value": {"kubernetes.io/hostname": node.name}},
+        {"op": "add", "path": f"{spec}/hostNetwork", "value": True},
+        {"op": "add", "path": f"{c}/env", "value": [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": api_port}]},
+        *extra,
+    ]
+    if port:
+        ops += [{"op": "add", "path": f"{c}/args/-", "value": f"--listen=0.0.0.0:{port}"},
+                {"op": "replace", "path": f"{c}/ports/0/containerPort", "value": port}]
+    return {"target": {"kind": kind, "name": name}, "patch": json.dumps(ops)}
+
+
+def write_post_renderer(plugins: Path, node: RealNode) -> None:
+    """The post-renderer plugin `realnode`: `kubectl kustomize` of Helm's output with the patches."""
+    overlay = write_overlay(node.dir / "chart-overlay", node, LOCAL_IMAGE, free_port())
+    patches = json.loads((overlay / "kustomization.yaml").read_text())["patches"]  # the agent's
+    # The controller's env is replaced whole: keep what it had (POD_NAME, POD_NAMESPACE) after the API's.
+    controller_env = [{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": {
+        "name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}}
+        for name, path in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"))]
+    patches += [host_patch(node, free_port(), "Deployment", "topolet-controller", *controller_env),
+                host_patch(node, 0, "Job", "topolet-cleanup")]
+    folder = plugins / "realnode"
+    folder.mkdir(parents=True)
+    (folder / "plugin.yaml").write_text(textwrap.dedent("""\
+        apiVersion: v1
+        type: postrenderer/v1
+        name: realnode
+        version: 0.1.0
+        runtime: subprocess
+        runtimeConfig:
+          platformCommand:
+            - command: ${HELM_PLUGIN_DIR}/render.py
+        """))
+    (folder / "patches.json").write_text(json.dumps(patches))
+    script = folder / "render.py"
+    script.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, subprocess, sys, tempfile
+        from pathlib import Path
+        here = Path(__file__).resolve().parent
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "rendered.yaml").write_text(sys.stdin.read())
+            patches = json.loads((here / "patches.json").read_text())
+            (Path(tmp) / "kustomization.yaml").write_text(
+                json.dumps({{"resources": ["rendered.yaml"], "patches": patches}}))
+            done = subprocess.run([{str(build_kubectl())!r}, "kustomize", tmp],
+                                  capture_output=True, text=True)
+            sys.stderr.write(done.stderr)
+            sys.stdout.write(done.stdout)
+            sys.exit(done.returncode)
+        """))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+
+
+def agent_pods(node: RealNode, component: str) -> list[dict[str, Any]]:
+    with node.api() as api:
+        pods = api.list(f"/api/v1/namespaces/{AGENT_NS}/pods",
+                        {"labelSelector": f"app.kubernetes.io/component={component}"})["items"]
+    return [p for p in pods if p["spec"].get("nodeName") == node.name
+            and container_id(p, component) and p["status"].get("phase") == "Running"]
+
+
+def namespace_gone(node: RealNode) -> bool:
+    with node.api() as api:
+        return not [n for n in api.list("/api/v1/namespaces")["items"] if n["metadata"]["name"] == AGENT_NS]
+
+
+@pytest.fixture(scope="module")
+def namespace_free(real_node: RealNode) -> None:
+    """The agents' namespace gone: an earlier module deletes it without waiting, and a namespace
+    still terminating refuses what the next install puts there."""
+    wait(lambda: namespace_gone(real_node), f"namespace {AGENT_NS} left by an earlier test to go",
+         timeout=180)
+
+
+@pytest.fixture(scope="module")
+def chart(real_node: RealNode, namespace_free: None,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Helm]:
+    """helm with the real node's cluster, its image imported, workload controllers running and the
+    namespace free; uninstalled (without hooks) and the namespace deleted afterwards if still there."""
+    env = image_env()
+    require(bool(env), f"no agent image: {IMAGE_ENV} missing (make image)")
+    with image_build_lock():
+        real_node._ctr("images", "import", env["IMAGE_ARCHIVE"], timeout=IMPORT_TIMEOUT_S)
+    home = tmp_path_factory.mktemp("helm-realnode")
+    write_post_renderer(home / "plugins", real_node)
+    helm = Helm(build_helm(), home, Path(real_node.cluster.plane.kubeconfig),
+                env={"HELM_PLUGINS": str(home / "plugins")})
+    controllers = start_workload_controllers(real_node.cluster)
+    # What `kubectl apply -k` of an earlier module left cluster-wide (its teardown deletes only the
+    # DaemonSet and the namespace): Helm adopts none of it. The CRDs stay, as any install keeps them.
+    kubectl = Kubectl(build_kubectl(), Path(real_node.cluster.plane.kubeconfig))
+    for kind in LEFT_CLUSTER_WIDE:
+        kubectl.run("delete", kind, "-l", "app.kubernetes.io/part-of=topolet", "--ignore-not-found",
+                    check=False)
+    try:
+        yield helm
+    finally:
+        if RELEASE in helm.run("list", "-n", AGENT_NS, "-q", check=False).stdout.split():
+            helm.run("uninstall", RELEASE, "-n", AGENT_NS, "--no-hooks", "--wait", "--timeout", "2m",
+                     check=False)
+        with real_node.api() as api:
+            try:
+                api.request("DELETE", f"/api/v1/namespaces/{AGENT_NS}")
+            except KubeAPIError as exc:
+                if not exc.not_found:
+                    raise
+        # The next module applies its own objects there: a namespace still terminating refuses them.
+        wait(lambda: namespace_gone(real_node), f"namespace {AGENT_NS} to go", timeout=180)
+        controllers.stop()
+
+
+def test_chart_brings_up_agent_and_controller_and_its_uninstall_cleans_the_node(
+        real_node: RealNode, chart: Helm) -> None:
+    done = chart.run("install", RELEASE, str(CHART), "-n", AGENT_NS, "--create-namespace",
+                     "--post-renderer", "realnode", "--timeout", "5m",
+                     "--set", "image.repository=localhost/topolet", "--set", "image.tag=0.1.0",
+                     "--set", "image.pullPolicy=Never", "--set", "controller.replicas=1")
+    assert "kubectl get noderesourcetopologies" in done.stdout  # NOTES: how to check it
+    wait(lambda: agent_pods(real_node, "agent"), "the chart's agent pod Running on the real node",
+         timeout=240)
+    milestone("chart agent running")
+    wait(lambda: nrt(real_node), "the NRT from the chart's agent")
+    with real_node.api() as api:
+        features = f"/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{AGENT_NS}/nodefeatures"
+        (feature,) = wait(lambda: api.list(features)["items"], "the agent's NodeFeature")
+        assert feature["spec"]["labels"].get("topolet.io/numa.nodes") == "1"
+    wait(lambda: agent_pods(real_node, "controller"), "the chart's controller pod Running", timeout=240)
+    with real_node.api() as api:
+        wait(lambda: (api.get(f"/apis/coordination.k8s.io/v1/namespaces/{AGENT_NS}/leases/topolet-controller")
+                      .get("spec", {}).get("holderIdentity")), "the controller to lead")
+    milestone("chart controller leading")
+    tree = real_node.cpuset_root / "topolet"
+    assert tree.is_dir()
+
+    chart.run("uninstall", RELEASE, "-n", AGENT_NS, "--timeout", "8m")
+    milestone("chart uninstalled")
+    assert not tree.exists()  # the hook's node cleanup
+    assert nrt(real_node) is None
+    with real_node.api() as api:
+        assert api.list(features)["items"] == []
+        for crd in ("noderesourcetopologies.topology.node.k8s.io", "nodefeatures.nfd.k8s-sigs.io"):
+            assert api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
+        assert not [j for j in api.list(f"/apis/batch/v1/namespaces/{AGENT_NS}/jobs")["items"]
+                    if j["metadata"]["name"] == "topolet-cleanup"]  # deleted once it succeeded
