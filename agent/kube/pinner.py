@@ -375,7 +375,7 @@ class PodPinner:
         self.metrics.pin_latency.observe(time.perf_counter() - started)
         log.info("pod %s/%s container %s: CPUs %s (%s%s)", plan.namespace, plan.name, c.name, a.cpus,
                  a.policy, f", zone {c.numa_zone}" if c.numa_zone is not None
-                 else f", GPUs on NUMA {sorted(near)}" if near else "")
+                 else f", devices on NUMA {sorted(near)}" if near else "")
         return a
 
     def _pod_near(self, plan: PodPlan, c: ContainerPlan,

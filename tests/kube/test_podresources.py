@@ -459,7 +459,7 @@ def test_agent_reads_the_kubelets_socket_for_gpu_pods(kube_node: KubeNode) -> No
                                  extended=GPU_REQUEST)
         wait_for(lambda: _single_cpu(elsewhere.containers["c0"].pid), "the second GPU pod to get one CPU")
         assert "Get" in s.calls
-    assert "GPUs on NUMA [0]" in node.log_text()
+    assert "devices on NUMA [0]" in node.log_text()
     assert "AllocationFailed" not in node.log_text()
     assert node.agent is not None and node.agent.poll() is None
 

@@ -67,6 +67,8 @@ BASE = Path("/run/topolet-realnode")
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 READY_TIMEOUT_S = 120.0
+# The kubelet's device manager keeps its Registration socket here whatever its --root-dir.
+KUBELET_DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
 IMPORT_TIMEOUT_S = 600.0
 MNT_DETACH = 2
 # What the kubelet's container manager sets at start (pkg/kubelet/cm/container_manager_linux.go,
@@ -314,9 +316,16 @@ class RealNode:
 
     def __init__(self, cluster: Cluster, parts: RealNodeParts, *, cpu_manager_policy: str = "none",
                  reserved_cpus: str = "", runtime: str = CONTAINERD_1_6,
-                 nri_required_plugins: Sequence[str] = ()) -> None:
+                 nri_required_plugins: Sequence[str] = (), numa_split: bool = False,
+                 topology_manager_policy: str = "none", device_plugins: bool = False) -> None:
         """`runtime`: CONTAINERD_1_6 (Debian's) or CONTAINERD_2_4 (with NRI on `nri_socket`, where
-        `nri_required_plugins` makes NRI's default validator refuse containers while one is missing)."""
+        `nri_required_plugins` makes NRI's default validator refuse containers while one is missing).
+        `numa_split`: the kubelet sees this machine's CPUs as two NUMA nodes
+        (`tests.realnode.numa_split`; the agent needs `--fsroot numa_split.agent_root(...)` to see the
+        same); `topology_manager_policy`: the kubelet's; `device_plugins`: the kubelet's device-plugins
+        folder, which it keeps at the fixed `/var/lib/kubelet/device-plugins` whatever its root dir, is
+        one of this node's own (`device_plugins_dir`, bound there in its mount namespace), so the
+        plugins a test registers reach this kubelet and no other node's."""
         hexid = uuid.uuid4().hex[:8]
         self.cluster = cluster
         self.parts = parts
@@ -330,6 +339,9 @@ class RealNode:
         self.runtime = runtime
         self.nri_socket = self.dir / "nri.sock"
         self.nri_required_plugins = tuple(nri_required_plugins)
+        self.numa_split = numa_split
+        self.topology_manager_policy = topology_manager_policy
+        self.device_plugins = device_plugins
         self.kubelet_root = self.dir / "kubelet"
         self.subnet = f"10.251.{random.randrange(256)}.0/24"
         self.namespace_holder: _Process | None = None
@@ -344,6 +356,12 @@ class RealNode:
     def pod_resources_socket(self) -> Path:
         """The kubelet's pod-resources gRPC socket."""
         return self.kubelet_root / "pod-resources" / "kubelet.sock"
+
+    @property
+    def device_plugins_dir(self) -> Path:
+        """The kubelet's device-plugins folder (with `device_plugins`): its Registration socket and the
+        plugins' own."""
+        return self.dir / "device-plugins"
 
     @property
     def cpuset_root(self) -> Path:
@@ -427,6 +445,15 @@ class RealNode:
             f.write_text(value + "\n")
             binds.append(f"mount --bind {f} /proc/sys/{name}")
         ready = self.dir / "namespace.ready"
+        if self.numa_split:
+            from tests.realnode.numa_split import host_cpus, kubelet_node_dir
+
+            nodes = kubelet_node_dir(self.dir / "sys-node", host_cpus())
+            binds.append(f"mount --bind {nodes} /sys/devices/system/node")
+        if self.device_plugins:
+            self.device_plugins_dir.mkdir()
+            binds.append(f"mkdir -p {KUBELET_DEVICE_PLUGINS} && "
+                         f"mount --bind {self.device_plugins_dir} {KUBELET_DEVICE_PLUGINS}")
         script = " && ".join([*binds, f"touch {ready}", "exec sleep 2147483647"])
         self.namespace_holder = _Process("mount-namespace", ["unshare", "--mount", "--propagation", "private",
                                                              "--", "sh", "-c", script],
@@ -549,6 +576,8 @@ class RealNode:
         }
         if self.reserved_cpus:
             config["reservedSystemCPUs"] = self.reserved_cpus
+        if self.topology_manager_policy != "none":
+            config["topologyManagerPolicy"] = self.topology_manager_policy
         (self.dir / "kubelet.json").write_text(json.dumps(config, indent=1))
 
     # ---- tools -----------------------------------------------------------------------------------

@@ -1,0 +1,18 @@
+#!/bin/sh
+# Regenerate api_pb2.py, api_pb2_grpc.py and api_pb2.pyi from api.proto with grpcio-tools
+# (pip install grpcio-tools, e.g. into a throwaway venv given as PYTHON).  Run from anywhere; PYTHON
+# picks the interpreter (default: the repository's .venv, else python3).  The generated modules are
+# committed: running the tests needs no protoc.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+python=${PYTHON:-}
+if [ -z "$python" ]; then
+  if [ -x "$root/.venv/bin/python" ]; then python="$root/.venv/bin/python"; else python=python3; fi
+fi
+cd "$root"
+# The proto path is given relative to the repository root so that the generated gRPC module
+# imports its messages as tests.realnode.deviceplugin.api_pb2.
+"$python" -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. \
+  tests/realnode/deviceplugin/api.proto
+echo "regenerated: $(ls tests/realnode/deviceplugin/api_pb2*.py* | tr '\n' ' ')"
