@@ -101,8 +101,15 @@ class Kubelet:
 
                     found.append(GPULocator(client, lambda: self.gpus))
             locator = found[0]
-            return None if locator is None else locator.numa_nodes(plan.namespace, plan.name, c.name,
-                                                                   topology())
+            if locator is None:
+                return None
+            from agent.kube.podresources.locality import is_gpu_resource
+
+            served = any(n in self.device_resources or (self.gpus and is_gpu_resource(n))
+                         for n in c.device_names)
+            near: frozenset[int] | None = locator.numa_nodes(plan.namespace, plan.name, c.name,
+                                                             topology(), admitting=served)
+            return near
 
         return numa_nodes
 

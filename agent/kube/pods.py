@@ -113,7 +113,8 @@ class ContainerPlan:
     numa_policy: str = DEFAULT_NUMA_POLICY
     smt: str = DEFAULT_SMT
     memory_binding: bool = False
-    wants_devices: bool = False  # it asks for devices (GPUs, NICs...): their locality is worth a lookup
+    # The extended resources it asks for (GPUs, NICs...): their devices' locality is worth a lookup.
+    device_names: frozenset[str] = frozenset()
     numa_zone: int | None = None  # the NUMA node the admission controller placed it on (numa-zone)
     # Requests of `memory` and `hugepages-<size>` in bytes, sorted by name (requests, else limits as
     # the API server defaults them): what a memory-bound allocation holds on its zones.
@@ -122,6 +123,10 @@ class ContainerPlan:
     @property
     def exclusive(self) -> bool:
         return self.cpus > 0
+
+    @property
+    def wants_devices(self) -> bool:
+        return bool(self.device_names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,7 +441,7 @@ def plan_pod(pod: object) -> PodPlan:
             continue
         cid, cstatus = running.get(cname, ("", {}))
         requests, limits = _granted(c, cstatus)
-        devices = any(is_extended_resource(k) for k in (*requests, *limits))
+        devices = frozenset(k for k in (*requests, *limits) if is_extended_resource(k))
         cpus = 0
         if pinning_allowed and policy != "shared":
             # Warnings are told once the container runs, as before the NRI route asked ahead.

@@ -140,3 +140,21 @@ def test_a_pod_the_kubelet_has_not_admitted_yet_is_asked_about_again() -> None:
         assert never.numa_nodes("ns", "other", "c", topology) is None
         assert client.failures == 0
         client.close()
+
+
+def test_a_resource_no_device_plugin_serves_is_asked_about_once() -> None:
+    # The NRI route answers CreateContainer within the runtime's timeout: a container asking only for
+    # an extended resource no plugin serves must not wait for devices no admission will show.
+    from agent.kube.podresources.client import PodResourcesClient
+    from agent.kube.podresources.locality import GPULocator
+    from agent.topology.discover import discover
+    from tests.realnode.numa_split import agent_root
+
+    topology = discover(str(agent_root(Path(short_tmpdir()) / "root", [0, 1])))
+    with PodResourcesStandIn({("ns", "p", "c"): []}) as standin:
+        client = PodResourcesClient(standin.path)
+        slept: list[float] = []
+        locator = GPULocator(client, lambda: (), sleep=slept.append)
+        assert locator.numa_nodes("ns", "p", "c", topology, admitting=False) is None
+        assert slept == [] and standin.calls.count("Get") == 1
+        client.close()

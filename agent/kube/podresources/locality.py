@@ -11,8 +11,9 @@ The agent may pin a container before its node's kubelet has admitted the pod (th
 makes the pod's cgroup as soon as the pod is bound), and the kubelet assigns devices at admission
 (it knows the pod a moment before that): for a container that asks for devices and holds none yet,
 `GPULocator` asks again for up to `ADMISSION_WAIT_SECONDS` (the kubelet admits a pod moments after it
-is bound) before pinning without the devices' nodes.  An extended resource no device plugin serves
-costs its containers that wait.
+is bound) before pinning without the devices' nodes.  Only a container asking for a resource a device
+plugin serves waits (`admitting`): one asking only for other extended resources is asked about once,
+so the NRI route's answer never waits for devices that will not come.
 """
 
 from __future__ import annotations
@@ -114,11 +115,14 @@ class GPULocator:
                 self._gpus = ()
         return self._gpus
 
-    def numa_nodes(self, namespace: str, pod: str, container: str,
-                   topology: Topology) -> frozenset[int] | None:
-        """The NUMA nodes the container's CPUs should prefer; None when it holds no device we can place."""
+    def numa_nodes(self, namespace: str, pod: str, container: str, topology: Topology, *,
+                   admitting: bool = True) -> frozenset[int] | None:
+        """The NUMA nodes the container's CPUs should prefer; None when it holds no device we can place.
+        `admitting`: it asks for a resource a device plugin serves, so it may be asked about again
+        while the kubelet has not admitted its pod (False: one question, as for a resource no plugin
+        serves, which no admission would ever show)."""
         by_container = self.client.get(namespace, pod)
-        deadline = self._clock() + self.wait
+        deadline = self._clock() + (self.wait if admitting else 0.0)
         # Not admitted yet (unknown, or known without the devices it asks for): ask again.
         while by_container is not None and not by_container.get(container) and self._clock() < deadline:
             self._sleep(ADMISSION_POLL_SECONDS)
