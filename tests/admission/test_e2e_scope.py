@@ -31,13 +31,13 @@ from tests.admission.test_e2e import (  # skips this module where test_e2e skips
 )
 from tests.controlplane.cluster import Cluster, SimNode
 from tests.kube.kubelet_standin import wait_for
+from tests.kube.test_nrt import attributes
 
 CONTAINER_CPUS = 5
 
 
 def scope_of(cluster: Cluster, node: SimNode) -> str | None:
-    attributes = (cluster.nrt(node.name) or {}).get("attributes") or []
-    return next((a["value"] for a in attributes if a["name"] == "topologyManagerScope"), None)
+    return attributes(cluster.nrt(node.name) or {"attributes": []}).get("topologyManagerScope")
 
 
 def split_job(name: str, label: str) -> dict[str, Any]:

@@ -823,19 +823,25 @@ def image_env() -> dict[str, str]:
 
 def start_daemonset_controller(cluster: Cluster) -> _Process:
     """A kube-controller-manager that runs only the DaemonSet controller, on the cluster's plane."""
+    return start_controller_manager(cluster, "daemonset", ("daemonset-controller",))
+
+
+def start_controller_manager(cluster: Cluster, name: str, controllers: Sequence[str]) -> _Process:
+    """A kube-controller-manager of a test's own (`kube-controller-manager-<name>`) running only
+    `controllers`, beside the cluster's (which runs the Job, namespace and garbage collectors)."""
     plane = cluster.plane
 
     def argv(port: int) -> list[str]:
-        kc = plane.write_kubeconfig(cluster.workdir / "kcm-daemonset.kubeconfig",
+        kc = plane.write_kubeconfig(cluster.workdir / f"kcm-{name}.kubeconfig",
                                     plane.controller_manager_token, user="kube-controller-manager")
         return [str(cluster.binaries.kube_controller_manager), "--kubeconfig", str(kc),
                 "--bind-address", "127.0.0.1", "--secure-port", str(port),
-                "--cert-dir", str(cluster.workdir / "kcm-daemonset-certs"), "--leader-elect=false",
-                "--controllers", "daemonset-controller", "--use-service-account-credentials=true",
+                "--cert-dir", str(cluster.workdir / f"kcm-{name}-certs"), "--leader-elect=false",
+                "--controllers", ",".join(controllers), "--use-service-account-credentials=true",
                 "--service-account-private-key-file", str(plane.pki / "sa.key"),
                 "--root-ca-file", str(plane.ca_file), "--profiling=false"]
 
-    return cluster._start("kube-controller-manager-daemonset", argv)
+    return cluster._start(f"kube-controller-manager-{name}", argv)
 
 
 def write_overlay(folder: Path, node: RealNode, image_ref: str, metrics_port: int) -> Path:

@@ -17,23 +17,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.topology.cpuset import CPUSet
+
 HUGEPAGES = Path("/sys/kernel/mm/hugepages")
 MEM_KB = 4 * 1024 * 1024  # per node: what the kubelet and the agent are told, not what is there
 
 
 def host_cpus() -> list[int]:
     """The online CPUs of this machine."""
-    return _cpulist(Path("/sys/devices/system/cpu/online").read_text())
-
-
-def _cpulist(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        first, _, last = part.partition("-")
-        out.extend(range(int(first), int(last or first) + 1))
-    return out
+    return CPUSet.parse(Path("/sys/devices/system/cpu/online").read_text().strip()).sorted()
 
 
 def split(cpus: list[int]) -> tuple[list[int], list[int]]:
@@ -45,13 +37,11 @@ def split(cpus: list[int]) -> tuple[list[int], list[int]]:
 
 
 def _span(cpus: list[int]) -> str:
-    return ",".join(str(c) for c in cpus)
+    return CPUSet(cpus).cpulist()
 
 
 def _mask(cpus: list[int]) -> str:
-    bits = 0
-    for c in cpus:
-        bits |= 1 << c
+    bits = CPUSet(cpus).mask
     words = [(bits >> (32 * i)) & 0xFFFFFFFF for i in range(max(1, (max(cpus) + 32) // 32))]
     return ",".join(f"{w:08x}" for w in reversed(words))
 

@@ -39,13 +39,14 @@ from tests.realnode.node import (
     image_build_lock,
     image_env,
     milestone,
+    start_controller_manager,
     wait,
     write_overlay,
 )
 from tests.realnode.test_realnode import nrt
 
 RELEASE = "topolet"
-CONTROLLERS = "daemonset-controller,deployment-controller,replicaset-controller"
+CONTROLLERS = ("daemonset-controller", "deployment-controller", "replicaset-controller")
 LEFT_CLUSTER_WIDE = ("clusterroles", "clusterrolebindings", "validatingadmissionpolicies",
                      "validatingadmissionpolicybindings", "mutatingadmissionpolicies",
                      "mutatingadmissionpolicybindings")
@@ -53,19 +54,7 @@ LEFT_CLUSTER_WIDE = ("clusterroles", "clusterrolebindings", "validatingadmission
 
 def start_workload_controllers(cluster: Cluster) -> _Process:
     """A kube-controller-manager running the DaemonSet, Deployment and ReplicaSet controllers."""
-    plane = cluster.plane
-
-    def argv(port: int) -> list[str]:
-        kc = plane.write_kubeconfig(cluster.workdir / "kcm-chart.kubeconfig",
-                                    plane.controller_manager_token, user="kube-controller-manager")
-        return [str(cluster.binaries.kube_controller_manager), "--kubeconfig", str(kc),
-                "--bind-address", "127.0.0.1", "--secure-port", str(port),
-                "--cert-dir", str(cluster.workdir / "kcm-chart-certs"), "--leader-elect=false",
-                "--controllers", CONTROLLERS, "--use-service-account-credentials=true",
-                "--service-account-private-key-file", str(plane.pki / "sa.key"),
-                "--root-ca-file", str(plane.ca_file), "--profiling=false"]
-
-    return cluster._start("kube-controller-manager-chart", argv)
+    return start_controller_manager(cluster, "chart", CONTROLLERS)
 
 
 def host_patch(node: RealNode, port: int, kind: str, name: str, *extra: dict[str, Any]) -> dict[str, Any]:
