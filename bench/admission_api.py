@@ -6,9 +6,11 @@ Coscheduling), same pods.
 order rotated every round; the reported wall ratios are the medians of the rounds'), each run on a
 fresh test cluster
 (tests/controlplane/cluster.py: etcd, kube-apiserver, kube-controller-manager, kube-scheduler) holding
-the same objects from `bench/admission_workload.py`: `nodes` Node objects and their NRTs (created
-directly, no agent processes at this scale), the bound filler pods that hold the NRTs' allocations,
-and `gangs` Indexed Jobs of single-numa-node pods:
+the same objects from `bench/admission_workload.py`: `nodes` Node objects and their NRTs, the
+bound filler pods that hold the NRTs' allocations, and `gangs` Indexed Jobs of single-numa-node pods.
+The nodes' kubelets and agents are played by `bench/admission_agents.py` in every arm: each bound pod
+gets its CPUs from the agent's allocator, is reported Running, and its node's NRT is republished with
+the new `available` and pod fingerprint.
 
 - scheduler only: the Jobs are created unsuspended; the Job controller makes the pods and the
   scheduler binds them on node totals;
@@ -18,20 +20,18 @@ and `gangs` Indexed Jobs of single-numa-node pods:
 - NRT plugin (one run per NRT topologyManagerScope in `scopes`): a PodGroup per gang (`minMember` =
   its pods) and the Job unsuspended with its pods labelled into the group and handed to the peer's
   scheduler profile, which runs beside the cluster's own scheduler under its own service account and
-  RBAC (`bench/admission_peer.py` says how it is set up and why static NRTs account it fairly).
+  RBAC (`bench/admission_peer.py` says how it is set up).
 
 Wall time: from the first Job's creation until every pod is bound (or until binding stalls for
-`STALL_S`, when some gangs wait: their pods are reported apart).  Gangs are counted wholly bound, or
-partly bound at the end (some pods bound and holding resources while their siblings wait).  CPU
-seconds are per component (this process included) while binding; peak RSS (VmHWM) per component at
-the end, among them topolet's controller and the peer scheduler.  Alignment: the pods bound to each
-node are replayed, in creation order and after that node's fillers, through `agent.alloc.allocate`
-with single-numa-node on the node's topology (inside the zone the controller named, as the agent
-does); the share that gets CPUs in one zone is "aligned".  "Gang on one node" is the share of bound
-pods whose Job's pods all share one node: the controller pins those by the Job's pod template, with no
-per-pod policy or patch, so the API server's share of the run depends on it.  NRTs are static here,
-so the controller runs with a ledger timeout longer than the run (placements never show up in an NRT
-without agents).
+`STALL_S`, when some gangs wait: their pods are reported apart). Gangs are counted wholly bound, or
+partly bound at the end (some pods bound and holding resources while their siblings wait). CPU seconds
+are per component (this process included) while binding; peak RSS (VmHWM) per component at the end,
+among them topolet's controller and the peer scheduler. Alignment: the share of bound pods whose node's
+stand-in agent pinned them inside one zone (single-numa-node, in the zone the controller named). "Gang
+on one node" is the share of bound pods whose Job's pods all share one node: the controller pins those
+by the Job's pod template, with no per-pod policy or patch, so the API server's share of the run depends
+on it. The controller runs with its default ledger timeout: its placements show in the NRTs once the
+stand-in agents publish them.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import admission_workload as workload  # noqa: E402
+from admission_agents import NodeAgents  # noqa: E402
 from admission_peer import FILLER_SCHEDULER, PeerScheduler, build_peer, peer_objects, scope_list  # noqa: E402
 from admission_report import (  # noqa: E402
     CONTROLLER,
@@ -69,12 +70,8 @@ from admission_report import (  # noqa: E402
 )
 
 from agent.admission.engine.model import Gang  # noqa: E402
-from agent.admission.gangs.slots import pod_target  # noqa: E402
-from agent.alloc.exclusive import allocate  # noqa: E402
-from agent.alloc.request import Request  # noqa: E402
-from agent.errors import AllocationError, KubeAPIError  # noqa: E402
+from agent.errors import KubeAPIError  # noqa: E402
 from agent.kube.client import KubeClient, resource_path  # noqa: E402
-from agent.topology.cpuset import CPUSet  # noqa: E402
 from agent.topology.model import Topology  # noqa: E402
 from tests.controlplane.cluster import (  # noqa: E402
     NRT_GROUP,
@@ -93,7 +90,6 @@ WORKERS = 8  # parallel object writers while setting up and creating Jobs
 KEEP_LOGS: Path | None = None  # --keep-logs: copy each cluster's component logs here
 PROFILE: Path | None = None  # --profile: the API server's CPU profile of each run's first seconds, here
 PROFILE_SECONDS = 30
-LEDGER_TIMEOUT_S = 24 * 3600  # longer than any run: static NRTs never show the controller's placements
 
 
 @dataclass(frozen=True)
@@ -272,37 +268,6 @@ def _gang_counts(jobs: Mapping[str, list[str]], stream: list[Gang]) -> tuple[int
     return whole, partial
 
 
-def _replay(cluster: Cluster, objects: workload.Cluster, topos: list[tuple[str, Topology]]) -> int:
-    """How many bound gang pods their node's allocator pins in one zone (see the module docstring)."""
-    pods = _gang_pods(cluster)
-    fillers: dict[str, list[int]] = defaultdict(list)
-    for p in objects.pods:
-        fillers[p["spec"]["nodeName"]].append(int(p["spec"]["containers"][0]["resources"]["requests"]["cpu"]))
-    by_node: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for p in pods:
-        if p["spec"].get("nodeName"):
-            by_node[p["spec"]["nodeName"]].append(p)
-    aligned = 0
-    for name, bound in by_node.items():
-        topo = topos[int(name.split("-")[1]) % len(topos)][1]
-        free = topo.cpus
-        for n in fillers[name]:  # the same allocations, in the same order, as the workload's fill
-            free = free - allocate(topo, free, Request(cpus=n, numa_policy="single-numa-node"))
-        bound.sort(key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]))
-        for p in bound:
-            cpus = int(p["spec"]["containers"][0]["resources"]["requests"]["cpu"])
-            target = pod_target(p)  # the zone annotation, or a one-node Job's placements entry
-            near = frozenset((target.zone,)) if target is not None and target.zone is not None else None
-            try:
-                got: CPUSet = allocate(topo, free, Request(cpus=cpus, numa_policy="single-numa-node",
-                                                           preferred_numa=near))
-            except AllocationError:
-                continue
-            free = free - got
-            aligned += 1
-    return aligned
-
-
 def _report_unbound(cluster: Cluster, want: int) -> None:
     """What holds the pods that never bound: a few of them, with the scheduler's last word."""
     api = KubeClient(cluster.plane.client())
@@ -350,17 +315,22 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
     name = arm.name
     cluster = start_cluster(workdir)
     peer: PeerScheduler | None = None
+    agents: NodeAgents | None = None
     profiler: threading.Thread | None = None
     try:
         _populate(cluster, objects, filler_scheduler=FILLER_SCHEDULER if arm.scope else None)
+        agents = NodeAgents(cluster, objects, lambda node: topos[int(node.split("-")[1]) % len(topos)][1],
+                            arm.scope or "pod", NAMESPACE, FILLER_NAMESPACE)
+        agents.prime()
         if arm.controller:
-            cluster.start_controller("--ledger-timeout-seconds", str(LEDGER_TIMEOUT_S))
+            cluster.start_controller()
         if arm.scope:
             assert peer_binary is not None
             peer = PeerScheduler(cluster, peer_binary)
             peer.start()
         labels = peer.labels if peer is not None else {}
         want = sum(ps.count for g in stream for ps in g.pod_sets)
+        agents.start()
         watch = BindWatch(cluster)
         local = threading.local()
 
@@ -407,7 +377,11 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
             watch.close()
             if profiler is not None:
                 profiler.join()
-        aligned = _replay(cluster, objects, topos)
+        agents.settle(set(watch.bound))
+        aligned = agents.aligned()
+        if agents.errors:
+            print(f"# {name}: {len(agents.errors)} node-agent errors, the first: {agents.errors[:3]}",
+                  flush=True)
         jobs = _nodes_by_job(cluster)
         whole, partial = _gang_counts(jobs, stream)
         print(f"# {name}: {bound}/{want} pods bound, {aligned} aligned; gangs {whole}/{len(stream)} "
@@ -420,6 +394,8 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
             print(peer.log_tail(4000))
         raise
     finally:
+        if agents is not None:
+            agents.stop()
         if peer is not None:
             peer.stop()
         cluster.stop()

@@ -19,16 +19,14 @@ What an operator deploys for it, set up here the same way on the test cluster:
 - per gang a PodGroup whose `minMember` is the gang's pod count, and the Job's pods labelled into it
   (`scheduling.x-k8s.io/pod-group`) with `schedulerName: topo-aware-scheduler` (`peer_objects`).
 
-NRTs: static, as in the other two arms (no agent processes at 1,000 nodes).  The peer's reserve cache
-("overreserve") takes the NRTs it lists when it starts (so they are created first: an NRT that
-appears later is not filtered on until a resync matches its pod fingerprint) and counts every pod it
-reserves on a node against *every* zone of that node, since it cannot know which zone the kubelet
-will pick, until a resync sees an NRT whose pod fingerprint matches the node's running pods.  These
-NRTs carry no fingerprint and never change, so the cache never drops a count: the accounting is safe
-(it never overcommits a zone) but pessimistic, more so the more zones a node has, as it is in a real
-cluster for the seconds between a burst of bindings and the agents' next publish.  topolet's
-controller accounts its placements per zone in its ledger on the same static NRTs.  So the peer arm
-measures the peer before any NRT refresh; with agents republishing it would pack nodes tighter.
+NRTs: the bench's stand-in agents (`bench/admission_agents.py`) republish a node's NRT, with the pod
+fingerprint of its Running pods, about a second after a pod starts there, as in the other two arms.
+The peer's reserve cache ("overreserve") takes the NRTs it lists when it starts (so they are created
+first: an NRT that appears later is not filtered on until a resync matches its pod fingerprint) and
+counts every pod it reserves on a node against *every* zone of that node, since it cannot know which
+zone the kubelet will pick, until a resync (every `cacheResyncPeriodSeconds`, 5 s in its sample
+config) finds the node's NRT fingerprint equal to that of the Running pods it sees there.  Without
+republished NRTs that never happens and the peer starves on its own reservations.
 The filler pods that the NRTs already count carry the profile's schedulerName (`FILLER_SCHEDULER`):
 as if the peer had placed them and its agents had published since, so they are not "foreign pods" (a
 node with a pod unknown to the profile is left out until its NRT's fingerprint shows the pod).
