@@ -18,10 +18,12 @@ runs with these stand-ins (the plain scheduler reads no NRT; it gets the same AP
   the zone topolet's controller named for it (`pod_target`), as the agent pins; a pod that no zone
   holds gets CPUs all the same (policy best-effort: a kubelet with the single-numa-node topology manager
   would fail it with TopologyAffinityError and the Job controller would make another, which no arm
-  here models), counted unaligned.  Then it is reported Running, and its node's NRT republished:
-  `available` from the CPUs held by Running pods, `nodeTopologyPodsFingerprint` of those pods (method
-  "with-exclusive-resources", as the agent publishes), built by the agent's own `nrt_object` — at most
-  once per `PUBLISH_S` per node, as an agent coalesces its writes;
+  here models), counted unaligned.  Its node's NRT is republished — `available` from the CPUs its
+  pinned pods hold, `nodeTopologyPodsFingerprint` of those pods (method "with-exclusive-resources"),
+  built by the agent's own `nrt_object`, at most once per `PUBLISH_S` per node as an agent coalesces
+  its writes — and the pod is reported Running.  The agent pins a pod before its containers run (its
+  pod cgroup or NRI route), so its NRT may count a pod the scheduler does not see Running yet: then
+  the fingerprints differ and the peer keeps its reservations, the safe way round;
 - `settle(bound)`: waits until it has run every one of `bound` pods and published since;
 - `aligned()`: how many gang pods it pinned inside one zone; `stop()`.
 
@@ -68,8 +70,8 @@ class _Node:
     uid: str
     topo: Topology
     free: CPUSet
-    # "namespace/name" of each Running pod -> its CPUs (None: it runs on none, the node being full)
-    running: dict[str, Allocation | None] = field(default_factory=dict)
+    # "namespace/name" of each pod pinned here -> its CPUs (None: it got none, the node being full)
+    pinned: dict[str, Allocation | None] = field(default_factory=dict)
     last_publish: float = 0.0
     dirty: bool = False
 
@@ -120,10 +122,10 @@ class NodeAgents:
 
     def _publish(self, node: _Node) -> None:
         with self._lock:
-            running = dict(node.running)
+            pinned = dict(node.pinned)
             node.dirty, node.last_publish = False, time.monotonic()
-        held = tuple(sorted((a for a in running.values() if a is not None), key=lambda a: a.id))
-        pods = (tuple(key.split("/", 1)) for key in running)
+        held = tuple(sorted((a for a in pinned.values() if a is not None), key=lambda a: a.id))
+        pods = (tuple(key.split("/", 1)) for key in pinned)
         body = nrt_object((node.name, node.uid), node.topo, State(allocations=held),
                           topology_manager_policy="single-numa-node", topology_manager_scope=self.scope,
                           pods_fingerprint=pod_set_fingerprint(pods),  # type: ignore[arg-type]
@@ -160,7 +162,7 @@ class NodeAgents:
             node = self._nodes[pod["spec"]["nodeName"]]
             key = f"{self.filler_namespace}/{pod['metadata']['name']}"
             alloc, _ = self._place(node, pod["metadata"]["uid"], _cpus(pod), None)
-            node.running[key] = alloc
+            node.pinned[key] = alloc
             self._seen.add(key)
         for _ in self._pool.map(lambda p: self._run_pod(dict(p, metadata={
                 "name": p["metadata"]["name"], "namespace": self.filler_namespace})), self._fillers):
@@ -180,6 +182,9 @@ class NodeAgents:
         near = frozenset((target.zone,)) if target is not None and target.zone is not None else None
         alloc, aligned = self._place(node, uid, _cpus(pod), near)
         self._aligned += aligned
+        with self._lock:  # pinned (as the agent pins before the containers run): the next NRT shows it
+            node.pinned[key] = alloc
+            node.dirty = True
 
         def run() -> None:
             try:
@@ -189,8 +194,6 @@ class NodeAgents:
                     self.errors.append(f"{key}: {exc}")
                 return
             with self._lock:
-                node.running[key] = alloc
-                node.dirty = True
                 self._ran.add(uid)
 
         self._pool.submit(run)

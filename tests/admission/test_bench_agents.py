@@ -1,7 +1,7 @@
 """The admission bench's stand-in kubelets and agents (bench/admission_agents.py) on the real control
-plane: a pod bound to a node is reported Running, pinned inside one zone when one holds it, and the
-node's NRT is republished with the CPUs it holds and the fingerprint of the node's Running pods: what
-the NRT plugin's reserve cache and topolet's ledger both wait for."""
+plane: a pod bound to a node is pinned inside one zone when one holds it, the node's NRT is
+republished with the CPUs it holds and the fingerprint of the node's pinned pods (what the NRT
+plugin's reserve cache and topolet's ledger both wait for), and the pod is reported Running."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_bound_pods_run_pinned_and_the_nrt_follows(cluster: Cluster, api: KubeCl
         api.create(pods, _pod("six", node, 6))  # only the empty zone holds it
         want = pod_set_fingerprint([(namespace, "fill-0"), (namespace, "six")])
         _wait("the six-CPU pod in the NRT", lambda: _fingerprint(nrt()) == want)
-        assert phase("six") == "Running"
+        _wait("the six-CPU pod Running", lambda: phase("six") == "Running")
         assert sorted(_zones_free(nrt())) == [2, 4]
         assert agents.aligned() == 1
 
