@@ -92,6 +92,32 @@ def test_place_by_each_nodes_scope(what: str, nodes: list[Any], pod_set: Any,
         assert sorted((p.node, p.zone, p.zones) for p in result.pods) == placed
 
 
+# (nodes, the pod set, a piece of the refusal's text): under the container scope the binding constraint
+# is a container's zone, not the pod's.
+REFUSALS: list[tuple[str, list[Any], Any, str]] = [
+    ("pod scope: the pod's sum against a zone",
+     [scoped("a", "pod", [(8, 16), (8, 16)])], two(),
+     "pod needs 12 CPUs in one NUMA zone; largest free zone has 8 CPUs (node a)"),
+    ("container scope: the largest container against a zone",
+     [scoped("a", "container", [(6, 16), (6, 16)])], two(a=8, b=2),
+     "a container needs 8 CPUs in one NUMA zone; largest free zone has 6 CPUs (node a)"),
+    ("container scope: each container fits a zone, not all of them together",
+     [scoped("a", "container", [(4, 16), (4, 16), (4, 16)])],
+     replace(pods("p", 1, 12), containers=(3000, 3000, 3000, 3000)),
+     "no node holds the pod's CPU, memory and devices together in one NUMA zone, nor container by container"),
+    ("a node of each scope: no zone-level figure fits both",
+     [scoped("a", "pod", [(6, 16), (6, 16)]), scoped("b", "container", [(5, 16), (5, 16), (5, 16)])], two(),
+     "no node holds the pod's CPU, memory and devices together in one NUMA zone, nor container by container"),
+]
+
+
+@pytest.mark.parametrize(("what", "nodes", "pod_set", "text"), REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_refusal_names_the_scopes_constraint(what: str, nodes: list[Any], pod_set: Any, text: str) -> None:
+    result = place(ClusterView(tuple(nodes)), Gang("ns/g", (pod_set,)))
+    assert isinstance(result, Refusal), result
+    assert text in result.reason, result.reason
+
+
 def test_commit_counts_a_split_pod_in_its_containers_zones() -> None:
     view = ClusterView((scoped("a", "container", [(8, 16), (8, 16)]),))
     gang = Gang("ns/g", (two(a=6, b=4),))

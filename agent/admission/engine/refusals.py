@@ -6,7 +6,9 @@ Public API:
   as `work` sees them, checked in order: the node filters, room for another pod, each node-level
   resource ("pod needs 16 CPUs on one node; most free on a node is 12 CPUs (node n3)"), then for
   single-numa-node and restricted pods (on every node left, by `PodSet.policy_on`) each zone-level
-  one ("pod needs 16 CPUs in one NUMA zone; largest free zone has 12 CPUs (node n3)"), then the GPUs;
+  one ("pod needs 16 CPUs in one NUMA zone; largest free zone has 12 CPUs (node n3)"; on nodes of the
+  container scope that split the pod, its largest container: "a container needs 8 CPUs in one NUMA
+  zone; ..."), then the GPUs;
 - `cpus(millicores) -> str`: a CPU amount as these texts write it ("1 CPU", "16 CPUs", "0.5 CPUs").
 
 This is the slow path of a refusal: it runs only once the search has found no place.
@@ -103,14 +105,21 @@ def explain(work: Work, ps: PodSet, allowed: tuple[int, ...] | None) -> str:
                         for k, v in sorted(r.mig.items())]
         single = policies == {"single-numa-node"}
         where = "in one NUMA zone" if single else "in the fewest NUMA zones an empty node needs"
+        splitting = [i for i in live if work.splits(ps, i)]
+        if single and splitting:
+            # Container scope: each container needs one zone, not the pod (`engine.scope`).
+            where = "in one NUMA zone, nor container by container"
+            zone_checks = [] if len(splitting) < len(live) else [
+                ("", lambda s, p: s.zcpu[p], max(ps.containers), cpus)]
         for what, zget, want, fmt in zone_checks:
             if want <= 0 or not single:
                 continue
             have, at = max((zget(work.state(i), p), -i) for i in live
                            for p in range(len(work.state(i).zcpu)))
             if have < want:
-                return (f"pod needs {fmt(want)}{what} {where}; largest free zone has {fmt(have)} "
-                        f"(node {names[-at].name})")
+                who = "a container" if splitting else "pod"
+                return (f"{who} needs {fmt(want)}{what} in one NUMA zone; largest free zone has "
+                        f"{fmt(have)} (node {names[-at].name})")
         if not any(work.options(ps, i) for i in live):
             return f"no node holds the pod's CPU, memory and devices together {where}"
     if r.gpus or r.gpu_milli:
