@@ -46,18 +46,13 @@ from agent.enforce.state import Allocation, Owner, State
 from agent.errors import AllocationError, KubeAPIError
 from agent.kube.client import KubeClient, resource_path
 from agent.kube.nrt import nrt_object, pod_set_fingerprint
-from agent.kube.pods import qos_of
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import Topology
-from tests.kube.kubelet_standin import container_status, new_container_id, pod_status
+from tests.controlplane.cluster import NRT_GROUP, NRT_PLURAL, NRT_VERSION
+from tests.kube.kubelet_standin import running_status
 
 PUBLISH_S = 1.0  # an agent writes its NRT at most this often
 WRITERS = 6
-NRT = ("topology.node.k8s.io", "v1alpha2", "noderesourcetopologies")
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _cpus(pod: dict[str, Any]) -> int:
@@ -113,25 +108,21 @@ class NodeAgents:
     def _run_pod(self, pod: dict[str, Any]) -> None:
         """The kubelet's status patch once the pod's containers run."""
         meta = pod["metadata"]
-        started = _now()
-        statuses = [container_status(c["name"], new_container_id(), started)
-                    for c in pod["spec"]["containers"]]
         path = resource_path("", "v1", "pods", meta["name"], namespace=meta["namespace"])
-        self._api().patch(path + "/status", pod_status(qos_of(pod), statuses, started),
-                          "application/strategic-merge-patch+json")
+        self._api().patch(path + "/status", running_status(pod), "application/strategic-merge-patch+json")
 
     def _publish(self, node: _Node) -> None:
         with self._lock:
             pinned = dict(node.pinned)
             node.dirty, node.last_publish = False, time.monotonic()
         held = tuple(sorted((a for a in pinned.values() if a is not None), key=lambda a: a.id))
-        pods = (tuple(key.split("/", 1)) for key in pinned)
+        pods = [(ns, name) for ns, _, name in (key.partition("/") for key in pinned)]
         body = nrt_object((node.name, node.uid), node.topo, State(allocations=held),
                           topology_manager_policy="single-numa-node", topology_manager_scope=self.scope,
-                          pods_fingerprint=pod_set_fingerprint(pods),  # type: ignore[arg-type]
+                          pods_fingerprint=pod_set_fingerprint(pods),
                           pods_fingerprint_method="with-exclusive-resources")
-        self._api().patch(resource_path(*NRT, node.name), {"zones": body["zones"],
-                                                           "attributes": body["attributes"]},
+        self._api().patch(resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL, node.name),
+                          {"zones": body["zones"], "attributes": body["attributes"]},
                           "application/merge-patch+json")
 
     # ---- placement -------------------------------------------------------------------------------

@@ -222,8 +222,7 @@ class SimulatedKubelets:
     def _handle(self, api: Any, pod: dict[str, Any]) -> None:
         from agent.errors import KubeAPIError
         from agent.kube.client import resource_path
-        from agent.kube.pods import qos_of
-        from tests.kube.kubelet_standin import container_status, new_container_id, pod_status
+        from tests.kube.kubelet_standin import running_status
 
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         if spec.get("nodeName") not in self.nodes:
@@ -237,10 +236,7 @@ class SimulatedKubelets:
             phase = (pod.get("status") or {}).get("phase")
             if meta["uid"] in self._reported or phase in ("Running", "Succeeded", "Failed"):
                 return
-            started = _now()
-            statuses = [container_status(c["name"], new_container_id(), started) for c in spec["containers"]]
-            api.patch(path + "/status", pod_status(qos_of(pod), statuses, started),
-                      "application/strategic-merge-patch+json")
+            api.patch(path + "/status", running_status(pod), "application/strategic-merge-patch+json")
             self._reported.add(meta["uid"])
         except KubeAPIError as exc:
             if exc.status != 404:  # gone meanwhile: nothing to do

@@ -92,6 +92,13 @@ def pod_status(qos: QOSClass, statuses: list[dict[str, Any]], started_at: str) -
                                        else "False", "lastTransitionTime": _now()}]}}
 
 
+
+def running_status(pod: dict[str, Any]) -> dict[str, Any]:
+    """The status patch kubelet writes once every container of `pod` (an API dict) runs."""
+    started = _now()
+    statuses = [container_status(c["name"], new_container_id(), started) for c in pod["spec"]["containers"]]
+    return pod_status(qos_of(pod), statuses, started)
+
 @dataclass
 class Container:
     """One running (or stopped) container of a stand-in pod."""
