@@ -216,8 +216,9 @@ class NodeAgents:
                                 if event.get("type") in ("ADDED", "MODIFIED"):
                                     try:
                                         self._handle(obj)
-                                    except AllocationError as exc:  # the node has no CPU left at all
-                                        self.errors.append(f"place: {exc}")
+                                    except (AllocationError, KeyError, TypeError, ValueError) as exc:
+                                        # no CPU left on the node, or a pod it cannot read: that pod only
+                                        self.errors.append(f"place: {exc!r}")
                     except KubeAPIError as exc:
                         if not self._stop.is_set():
                             self.errors.append(f"watch: {exc}")
