@@ -25,7 +25,8 @@ runs with these stand-ins (the plain scheduler reads no NRT; it gets the same AP
   pod cgroup or NRI route), so its NRT may count a pod the scheduler does not see Running yet: then
   the fingerprints differ and the peer keeps its reservations, the safe way round;
 - `settle(bound)`: waits until it has run every one of `bound` pods and published since;
-- `aligned()`: how many gang pods it pinned inside one zone; `stop()`.
+- `aligned()`: how many gang pods it pinned inside one zone (`placements`: each pod's node, time and
+  whether aligned); `stop()`.
 
 All API writes go through a pool of `WRITERS` threads, so a slow write never holds up the decisions.
 """
@@ -88,6 +89,8 @@ class NodeAgents:
         self._seen: set[str] = set()  # "namespace/name" of the pods placed
         self._ran: set[str] = set()  # pod uids reported Running
         self._aligned = 0
+        # each gang pod placed: ("namespace/name", node, wall clock time, aligned)
+        self.placements: list[tuple[str, str, float, bool]] = []
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="node-agents")
         self._local = threading.local()
         self._stop = threading.Event()
@@ -173,6 +176,7 @@ class NodeAgents:
         near = frozenset((target.zone,)) if target is not None and target.zone is not None else None
         alloc, aligned = self._place(node, uid, _cpus(pod), near)
         self._aligned += aligned
+        self.placements.append((key, node.name, time.time(), aligned))
         with self._lock:  # pinned (as the agent pins before the containers run): the next NRT shows it
             node.pinned[key] = alloc
             node.dirty = True

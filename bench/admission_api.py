@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import shutil
 import sys
@@ -90,6 +91,7 @@ WORKERS = 8  # parallel object writers while setting up and creating Jobs
 KEEP_LOGS: Path | None = None  # --keep-logs: copy each cluster's component logs here
 PROFILE: Path | None = None  # --profile: the API server's CPU profile of each run's first seconds, here
 PROFILE_SECONDS = 30
+PEER_V = 0  # --peer-v: the peer scheduler's klog verbosity (its logs kept with --keep-logs)
 
 
 @dataclass(frozen=True)
@@ -326,7 +328,7 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
             cluster.start_controller()
         if arm.scope:
             assert peer_binary is not None
-            peer = PeerScheduler(cluster, peer_binary)
+            peer = PeerScheduler(cluster, peer_binary, verbosity=PEER_V)
             peer.start()
         labels = peer.labels if peer is not None else {}
         want = sum(ps.count for g in stream for ps in g.pod_sets)
@@ -399,11 +401,13 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
         if peer is not None:
             peer.stop()
         cluster.stop()
-        if KEEP_LOGS is not None:  # the controller's per-pass timing lines, for profiling
+        if KEEP_LOGS is not None:  # the controller's timing lines, the peer's cache logs
             dest = KEEP_LOGS / workdir.name
             dest.mkdir(parents=True, exist_ok=True)
             for log in cluster.workdir.glob("*.log"):
                 shutil.copy(log, dest / log.name)
+            if agents is not None:  # each gang pod's node, pin time (time.time()) and alignment
+                (dest / "placements.json").write_text(json.dumps(agents.placements, indent=0))
 
 
 def through_api(nodes: int = 1000, gangs: int = 3000, seed: int = 42, dumps: Path | None = None,
@@ -431,7 +435,7 @@ def through_api(nodes: int = 1000, gangs: int = 3000, seed: int = 42, dumps: Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    global KEEP_LOGS, PROFILE, PROFILE_SECONDS
+    global KEEP_LOGS, PROFILE, PROFILE_SECONDS, PEER_V
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gangs", type=int, default=3000)
@@ -448,8 +452,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long each profile runs from the first Job's creation")
     parser.add_argument("--profile", type=Path, default=None,
                         help="the API server's CPU profile of each run's first --profile-seconds, here")
+    parser.add_argument("--peer-v", type=int, default=0,
+                        help="the peer scheduler's log verbosity (2: its reserve cache's reserves and "
+                             "flushes; with --keep-logs, to see why a pod it placed was not aligned)")
     args = parser.parse_args(argv)
     KEEP_LOGS, PROFILE, PROFILE_SECONDS = args.keep_logs, args.profile, args.profile_seconds
+    PEER_V = args.peer_v
     if PROFILE is not None:
         os.environ[PROFILING_ENV] = "1"
     print(last_line(through_api(args.nodes, args.gangs, args.seed, args.dumps, args.rounds, args.scopes)))

@@ -165,6 +165,7 @@ class PeerScheduler:
 
     cluster: Any
     binary: Path
+    verbosity: int = 0  # its klog --v (2: every reserve, unreserve and cache flush is logged)
     process: Any = None
     labels: dict[str, str] = field(default_factory=dict)  # binary path -> LABEL, for the CPU lines
 
@@ -194,7 +195,8 @@ class PeerScheduler:
         def argv(port: int) -> list[str]:
             return [str(self.binary), "--config", str(config),
                     "--bind-address", "127.0.0.1", "--secure-port", str(port),
-                    "--cert-dir", str(workdir / "nrt-scheduler-certs"), "--profiling=false"]
+                    "--cert-dir", str(workdir / "nrt-scheduler-certs"), "--profiling=false",
+                    f"--v={self.verbosity}"]
 
         # The cluster's start-and-wait-for-/healthz, shared with its own scheduler.
         self.process = self.cluster._start("nrt-scheduler", argv)  # noqa: SLF001
