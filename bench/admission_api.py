@@ -64,10 +64,13 @@ from admission_report import (  # noqa: E402
     PLAIN,
     STALL_S,
     ApiRun,
+    counts_line,
     cpu_by_component,
     last_line,
     peak_rss_mib,
     print_table,
+    timing_line,
+    usage_line,
 )
 
 from agent.admission.engine.model import Gang  # noqa: E402
@@ -367,14 +370,10 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
             wall = (watch.last_bind if bound else time.monotonic()) - start
             if bound < want:
                 _report_unbound(cluster, want)
-            print(f"# {name}: Jobs created after {created - start:.1f} s, the last pod after "
-                  f"{watch.last_created - start:.1f} s, the last bind after {wall:.1f} s", flush=True)
+            print(timing_line(name, created - start, watch.last_created - start, wall), flush=True)
             used = {k: v - cpu_before.get(k, 0.0) for k, v in cpu_by_component(labels).items()}
             rss = peak_rss_mib(labels)
-            print(f"# {name}: CPU seconds while binding: "
-                  + ", ".join(f"{k} {v:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]))
-                  + "; peak RSS MiB: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(rss.items())),
-                  flush=True)
+            print(usage_line(name, used, rss), flush=True)
         finally:
             watch.close()
             if profiler is not None:
@@ -386,10 +385,10 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
                   flush=True)
         jobs = _nodes_by_job(cluster)
         whole, partial = _gang_counts(jobs, stream)
-        print(f"# {name}: {bound}/{want} pods bound, {aligned} aligned; gangs {whole}/{len(stream)} "
-              f"wholly bound, {partial} partly", flush=True)
-        return ApiRun(name, want, bound, wall, aligned, _on_one_node(jobs), sum(used.values()),
-                      len(stream), whole, partial, used, rss)
+        run = ApiRun(name, want, bound, wall, aligned, _on_one_node(jobs), sum(used.values()),
+                     len(stream), whole, partial, used, rss)
+        print(counts_line(run), flush=True)
+        return run
     except BaseException:
         print(cluster.logs(2000))
         if peer is not None:
@@ -411,10 +410,13 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
 
 
 def through_api(nodes: int = 1000, gangs: int = 3000, seed: int = 42, dumps: Path | None = None,
-                rounds: int = 1, scopes: tuple[str, ...] = ("pod",)) -> dict[str, list[ApiRun]]:
+                rounds: int = 1, scopes: tuple[str, ...] = ("pod",),
+                first_round: int = 0) -> dict[str, list[ApiRun]]:
     """`rounds` rounds of one run per placer (`arms(scopes)`), each on a fresh cluster with the same
     objects, the order rotated every round (so load that comes and goes on a shared machine does not
-    always fall on the same placer); prints them side by side; {placer: its runs, round by round}."""
+    always fall on the same placer; `first_round`: the rotation of the first, so that an invocation can
+    go on from an earlier one's rounds, see bench/admission_combine.py); prints them side by side;
+    {placer: its runs, round by round}."""
     placers = arms(scopes)
     runs: dict[str, list[ApiRun]] = {a.name: [] for a in placers}
     peer_binary = build_peer() if scopes else None
@@ -425,7 +427,7 @@ def through_api(nodes: int = 1000, gangs: int = 3000, seed: int = 42, dumps: Pat
         print(f"# through the API: {nodes} nodes, {len(objects['pod'].pods)} filler pods, {gangs} gangs "
               f"({sum(ps.count for g in stream for ps in g.pod_sets)} pods), {rounds} round(s), placers: "
               + ", ".join(runs), flush=True)
-        for r in range(rounds):
+        for r in range(first_round, first_round + rounds):
             k = r % len(placers)
             for arm in placers[k:] + placers[:k]:
                 runs[arm.name].append(_run(arm, Path(tmp) / f"{arm.key}-{r}", objects[arm.scope or "pod"],
@@ -452,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long each profile runs from the first Job's creation")
     parser.add_argument("--profile", type=Path, default=None,
                         help="the API server's CPU profile of each run's first --profile-seconds, here")
+    parser.add_argument("--first-round", type=int, default=0,
+                        help="go on from this many rounds of an earlier invocation (the order's rotation)")
     parser.add_argument("--peer-v", type=int, default=0,
                         help="the peer scheduler's log verbosity (2: its reserve cache's reserves and "
                              "flushes; with --keep-logs, to see why a pod it placed was not aligned)")
@@ -460,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     PEER_V = args.peer_v
     if PROFILE is not None:
         os.environ[PROFILING_ENV] = "1"
-    print(last_line(through_api(args.nodes, args.gangs, args.seed, args.dumps, args.rounds, args.scopes)))
+    print(last_line(through_api(args.nodes, args.gangs, args.seed, args.dumps, args.rounds, args.scopes,
+                                args.first_round)))
     return 0
 
 

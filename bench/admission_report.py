@@ -87,16 +87,40 @@ class ApiRun:
         return self.aligned / self.bound if self.bound else 1.0
 
 
+def timing_line(name: str, created_s: float, last_pod_s: float, wall_s: float) -> str:
+    """A run's first line once binding ends (bench/admission_combine.py reads it back)."""
+    return (f"# {name}: Jobs created after {created_s:.1f} s, the last pod after {last_pod_s:.1f} s, "
+            f"the last bind after {wall_s:.1f} s")
+
+
+def usage_line(name: str, cpu: Mapping[str, float], rss: Mapping[str, float]) -> str:
+    """CPU seconds while binding and peak RSS, by component (read back by bench/admission_combine.py)."""
+    return (f"# {name}: CPU seconds while binding: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+            + "; peak RSS MiB: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(rss.items())))
+
+
+def counts_line(run: ApiRun) -> str:
+    """A run's last line: pods bound and aligned, gangs whole and partly bound (read back likewise)."""
+    return (f"# {run.name}: {run.bound}/{run.pods} pods bound, {run.aligned} aligned; gangs "
+            f"{run.whole}/{run.gangs} wholly bound, {run.partial} partly")
+
+
 def _ratios(runs: Mapping[str, list[ApiRun]], top: str, bottom: str, attr: str) -> list[float]:
+    """top / bottom of `attr`, round by round, over the rounds both ran."""
     return [getattr(o, attr) / getattr(p, attr) if getattr(p, attr) else float("nan")
-            for o, p in zip(runs[top], runs[bottom], strict=True)]
+            for o, p in zip(runs[top], runs[bottom], strict=False)]
 
 
 def print_table(runs: Mapping[str, list[ApiRun]], rounds: int) -> None:
+    """Every run, round by round (a placer with fewer runs, as a peer scope run in fewer rounds by
+    bench/admission_combine.py, is left out of the rounds it missed), then the medians."""
     print(f"{'placer':<26} {'round':>5} {'pods':>6} {'bound':>6} {'wall s':>7} {'aligned':>8} "
           f"{'one node':>9} {'gangs whole':>11} {'partly':>6} {'CPU s':>7}  peak RSS MiB")
     for r in range(rounds):
         for name, mine in runs.items():
+            if r >= len(mine):
+                continue
             run = mine[r]
             share = run.one_node / run.bound * 100 if run.bound else 0.0
             rss = ", ".join(f"{k} {v:.0f}" for k, v in sorted(run.rss_mib.items())
@@ -131,6 +155,8 @@ def last_line(runs: Mapping[str, list[ApiRun]]) -> str:
     peer = next((n for n in runs if n not in (CONTROLLER, PLAIN)), None)
     for r, o in enumerate(ours):
         for name, mine in runs.items():
+            if r >= len(mine):
+                continue
             if mine[r].bound != o.bound:
                 print(f"# WARNING: round {r + 1}: {name} bound {mine[r].bound} pods, the controller "
                       f"{o.bound} ({STALL_S:.0f} s without a bind ended a run): the wall ratio compares "
