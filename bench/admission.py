@@ -27,6 +27,9 @@ plugin peer (kube-scheduler + scheduler-plugins' NodeResourceTopologyMatch and C
 `bench/admission_peer.py`), the share of bound pods their node can pin in one zone, and the gangs
 wholly and partly bound.  The last line of the whole bench: `admission: N pods aligned 100.0% vs
 scheduler-only X.X% vs NRT-plugin Y.Y%; wall with controller / scheduler-only = R.RR, / NRT-plugin = S.SS`.
+The peer runs once per NRT topologyManagerScope (`--api-scopes`, both by default), each run many times
+the others' wall: the default API part takes about 2.5 h on 2 cores (bench/admission_combine.py puts
+rounds run in several sittings back together).
 Quick run: `--nodes 500 --gangs 1500 --api-nodes 50 --api-gangs 150`; `--api-nodes 0` skips the API part.
 """
 
@@ -45,7 +48,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import admission_workload as workload  # noqa: E402
-from admission_peer import scope_list  # noqa: E402
+from admission_peer import SCOPES, scope_list  # noqa: E402
 
 from agent.admission.cluster.ledger import Ledger  # noqa: E402
 from agent.admission.cluster.view import build_view  # noqa: E402
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-gangs", type=int, default=3000, help="gangs through the API")
     parser.add_argument("--api-rounds", type=int, default=3,
                         help="rounds of one run per placer through the API (order rotated; median ratios)")
-    parser.add_argument("--api-scopes", type=scope_list, default=("pod",),
+    parser.add_argument("--api-scopes", type=scope_list, default=SCOPES,
                         help="NRT topologyManagerScopes to run the NRT plugin with (pod,container; none)")
     args = parser.parse_args(argv)
     ours = in_process(args.nodes, args.gangs, args.seed, args.dumps)

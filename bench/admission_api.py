@@ -58,7 +58,14 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import admission_workload as workload  # noqa: E402
 from admission_agents import NodeAgents  # noqa: E402
-from admission_peer import FILLER_SCHEDULER, PeerScheduler, build_peer, peer_objects, scope_list  # noqa: E402
+from admission_peer import (  # noqa: E402
+    FILLER_SCHEDULER,
+    SCOPES,
+    PeerScheduler,
+    build_peer,
+    peer_objects,
+    scope_list,
+)
 from admission_report import (  # noqa: E402
     CONTROLLER,
     PLAIN,
@@ -444,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of one run per placer, the order rotated each round; ratios are medians")
-    parser.add_argument("--scopes", type=scope_list, default=("pod",),
+    parser.add_argument("--scopes", type=scope_list, default=SCOPES,
                         help="NRT topologyManagerScopes to run the NRT plugin with, one run each "
                              "(pod,container; none: no peer run)")
     parser.add_argument("--dumps", type=Path, default=None)
