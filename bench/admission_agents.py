@@ -21,9 +21,10 @@ runs with these stand-ins (the plain scheduler reads no NRT; it gets the same AP
   here models), counted unaligned.  Its node's NRT is republished — `available` from the CPUs its
   pinned pods hold, `nodeTopologyPodsFingerprint` of those pods (method "with-exclusive-resources"),
   built by the agent's own `nrt_object`, at most once per `PUBLISH_S` per node as an agent coalesces
-  its writes — and the pod is reported Running.  The agent pins a pod before its containers run (its
-  pod cgroup or NRI route), so its NRT may count a pod the scheduler does not see Running yet: then
-  the fingerprints differ and the peer keeps its reservations, the safe way round;
+  its writes, one write per node queued at most — and the pod is reported Running.  The agent pins a
+  pod before its containers run (its pod cgroup or NRI route), so its NRT may count a pod the
+  scheduler does not see Running yet: then the fingerprints differ and the peer keeps its
+  reservations, the safe way round;
 - `settle(bound)`: waits until it has run every one of `bound` pods and published since;
 - `aligned()`: how many gang pods it pinned inside one zone (`placements`: each pod's node, time and
   whether aligned); `stop()`.
@@ -69,7 +70,8 @@ class _Node:
     # "namespace/name" of each pod pinned here -> its CPUs (None: it got none, the node being full)
     pinned: dict[str, Allocation | None] = field(default_factory=dict)
     last_publish: float = 0.0
-    dirty: bool = False
+    dirty: bool = False  # pinned pods changed since the NRT was last written
+    queued: bool = False  # a write of its NRT waits in the pool: no second one is queued
 
 
 class NodeAgents:
@@ -234,7 +236,10 @@ class NodeAgents:
             while not self._stop.wait(0.1):
                 now = time.monotonic()
                 with self._lock:
-                    due = [n for n in self._nodes.values() if n.dirty and now - n.last_publish >= PUBLISH_S]
+                    due = [n for n in self._nodes.values()
+                           if n.dirty and not n.queued and now - n.last_publish >= PUBLISH_S]
+                    for node in due:
+                        node.queued = True
                 for node in due:
                     self._pool.submit(self._publish_logged, node)
 
@@ -250,6 +255,9 @@ class NodeAgents:
             with self._lock:
                 node.dirty = True
             self.errors.append(f"NRT {node.name}: {exc}")
+        finally:
+            with self._lock:
+                node.queued = False
 
     def settle(self, bound: set[str], timeout_s: float = 60.0) -> None:
         """Wait until every pod uid in `bound` runs and every node's NRT shows it."""

@@ -91,3 +91,44 @@ def test_bound_pods_run_pinned_and_the_nrt_follows(cluster: Cluster, api: KubeCl
     finally:
         agents.stop()
         api.request("DELETE", f"/api/v1/nodes/{node}")
+
+
+class _SlowWrites(NodeAgents):
+    """NRT writes that take a second to start, as on a loaded API server; counted."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.writes = 0
+
+    def _publish(self, node: Any) -> None:
+        self.writes += 1
+        time.sleep(1.0)
+        super()._publish(node)
+
+
+def test_a_slow_nrt_write_is_not_queued_again(cluster: Cluster, api: KubeClient, namespace: str,
+                                              tmp_path: Any) -> None:
+    """While a node's NRT write waits, the publisher queues no second one for it (it did, ten a second,
+    which flooded the API server with duplicate writes and grew the bench by gigabytes in long runs)."""
+    ((_, topo),) = workload.topologies(tmp_path, (DUMP,))
+    node = f"{namespace}-node"
+    uid = cluster.create_node_object(node, *node_resources(topo), api=api)
+    nrt_path = resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL)
+    api.create(nrt_path, nrt_object((node, uid), topo, State(), topology_manager_policy="single-numa-node",
+                                    topology_manager_scope="pod"))
+    agents = _SlowWrites(cluster, SimpleNamespace(nodes=[{"metadata": {"name": node, "uid": uid}}], pods=[]),
+                         lambda _node: topo, "pod", namespace, namespace)
+    try:
+        agents.prime()
+        primed = agents.writes
+        agents.start()
+        api.create(f"/api/v1/namespaces/{namespace}/pods", _pod("two", node, 2))
+        want = pod_set_fingerprint([(namespace, "two")])
+        _wait("the pod in the NRT", lambda: _fingerprint(dict(api.get(f"{nrt_path}/{node}"))) == want)
+        time.sleep(1.5)  # the publisher looks ten times a second
+        assert agents.writes - primed == 1
+        ((key, where, _, aligned),) = agents.placements
+        assert (key, where, aligned) == (f"{namespace}/two", node, True)
+    finally:
+        agents.stop()
+        api.request("DELETE", f"/api/v1/nodes/{node}")
