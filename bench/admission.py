@@ -28,7 +28,7 @@ plugin peer (kube-scheduler + scheduler-plugins' NodeResourceTopologyMatch and C
 wholly and partly bound.  The last line of the whole bench: `admission: N pods aligned 100.0% vs
 scheduler-only X.X% vs NRT-plugin Y.Y%; wall with controller / scheduler-only = R.RR, / NRT-plugin = S.SS`.
 The peer runs once per NRT topologyManagerScope (`--api-scopes`, both by default), each run many times
-the others' wall: the default API part takes about 2.5 h on 2 cores (bench/admission_combine.py puts
+the others' wall: the default API part took 2 h 39 min on 2 cores (bench/admission_combine.py puts
 rounds run in several sittings back together).
 Quick run: `--nodes 500 --gangs 1500 --api-nodes 50 --api-gangs 150`; `--api-nodes 0` skips the API part.
 """
