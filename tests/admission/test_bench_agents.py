@@ -48,14 +48,20 @@ def _wait(what: str, probe: Any, timeout_s: float = 30.0) -> None:
         time.sleep(0.2)
 
 
-def test_bound_pods_run_pinned_and_the_nrt_follows(cluster: Cluster, api: KubeClient, namespace: str,
-                                                   tmp_path: Any) -> None:
+def _node(cluster: Cluster, api: KubeClient, namespace: str, tmp_path: Any) -> tuple[Any, str, str, str]:
+    """A two-zone Node and its empty NRT: (topology, node name, uid, the NRT collection path)."""
     ((_, topo),) = workload.topologies(tmp_path, (DUMP,))
     node = f"{namespace}-node"
     uid = cluster.create_node_object(node, *node_resources(topo), api=api)
     nrt_path = resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL)
     api.create(nrt_path, nrt_object((node, uid), topo, State(), topology_manager_policy="single-numa-node",
                                     topology_manager_scope="pod"))
+    return topo, node, uid, nrt_path
+
+
+def test_bound_pods_run_pinned_and_the_nrt_follows(cluster: Cluster, api: KubeClient, namespace: str,
+                                                   tmp_path: Any) -> None:
+    topo, node, uid, nrt_path = _node(cluster, api, namespace, tmp_path)
     pods = f"/api/v1/namespaces/{namespace}/pods"
     filler = api.create(pods, _pod("fill-0", node, 4))
 
@@ -110,12 +116,7 @@ def test_a_slow_nrt_write_is_not_queued_again(cluster: Cluster, api: KubeClient,
                                               tmp_path: Any) -> None:
     """While a node's NRT write waits, the publisher queues no second one for it (it did, ten a second,
     which flooded the API server with duplicate writes and grew the bench by gigabytes in long runs)."""
-    ((_, topo),) = workload.topologies(tmp_path, (DUMP,))
-    node = f"{namespace}-node"
-    uid = cluster.create_node_object(node, *node_resources(topo), api=api)
-    nrt_path = resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL)
-    api.create(nrt_path, nrt_object((node, uid), topo, State(), topology_manager_policy="single-numa-node",
-                                    topology_manager_scope="pod"))
+    topo, node, uid, nrt_path = _node(cluster, api, namespace, tmp_path)
     agents = _SlowWrites(cluster, SimpleNamespace(nodes=[{"metadata": {"name": node, "uid": uid}}], pods=[]),
                          lambda _node: topo, "pod", namespace, namespace)
     try:
