@@ -90,7 +90,6 @@ class NodeAgents:
         self._lock = threading.Lock()
         self._seen: set[str] = set()  # "namespace/name" of the pods placed
         self._ran: set[str] = set()  # pod uids reported Running
-        self._aligned = 0
         # each gang pod placed: ("namespace/name", node, wall clock time, aligned)
         self.placements: list[tuple[str, str, float, bool]] = []
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="node-agents")
@@ -177,7 +176,6 @@ class NodeAgents:
         target = pod_target(pod)
         near = frozenset((target.zone,)) if target is not None and target.zone is not None else None
         alloc, aligned = self._place(node, uid, _cpus(pod), near)
-        self._aligned += aligned
         self.placements.append((key, node.name, time.time(), aligned))
         with self._lock:  # pinned (as the agent pins before the containers run): the next NRT shows it
             node.pinned[key] = alloc
@@ -270,7 +268,7 @@ class NodeAgents:
             time.sleep(0.2)
 
     def aligned(self) -> int:
-        return self._aligned
+        return sum(1 for *_, aligned in self.placements if aligned)
 
     def stop(self) -> None:
         self._stop.set()

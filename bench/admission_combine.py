@@ -6,8 +6,8 @@
 
 A run of the NUMA-aware peer takes many times the others' wall on a small machine, so the default
 rounds do not always fit one sitting; each invocation prints, per run, the lines read back here (its
-wall, CPU seconds and peak RSS by component, pods bound and aligned, gangs whole and partly bound, and
-the table row with the share of gangs on one node). Runs are taken per placer in the order the files
+wall, CPU seconds and peak RSS by component, pods bound, aligned and in a gang on one node, gangs
+whole and partly bound). Runs are taken per placer in the order the files
 and their lines give; a placer with fewer runs (a peer scope run in fewer invocations) is compared over
 the rounds it has. A run that died before its counts were printed is left out, with a warning.
 """
@@ -18,7 +18,6 @@ import argparse
 import re
 import sys
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -28,10 +27,9 @@ from admission_report import ApiRun, last_line, print_table  # noqa: E402
 _NAME = r"^# (?P<name>[^:]+): "
 _WALL = re.compile(_NAME + r"Jobs created after [\d.]+ s, .*the last bind after (?P<wall>[\d.]+) s")
 _CPU = re.compile(_NAME + r"CPU seconds while binding: (?P<cpu>.*); peak RSS MiB: (?P<rss>.*)$")
-_COUNTS = re.compile(_NAME + r"(?P<bound>\d+)/(?P<pods>\d+) pods bound, (?P<aligned>\d+) aligned; "
+_COUNTS = re.compile(_NAME + r"(?P<bound>\d+)/(?P<pods>\d+) pods bound, (?P<aligned>\d+) aligned, "
+                     r"(?P<one>\d+) in a gang on one node; "
                      r"gangs (?P<whole>\d+)/(?P<gangs>\d+) wholly bound, (?P<partial>\d+) partly")
-_ROW = re.compile(r"^(?P<name>.{26}) +(?P<round>\d+) +(?P<pods>\d+) +(?P<bound>\d+) +[\d.]+ +[\d.]+% "
-                  r"+(?P<one>[\d.]+)% ")
 
 
 def _pairs(text: str) -> dict[str, float]:
@@ -50,7 +48,6 @@ def parse(lines: list[str]) -> dict[str, list[ApiRun]]:
     cpu: dict[str, dict[str, float]] = {}
     rss: dict[str, dict[str, float]] = {}
     runs: dict[str, list[ApiRun]] = defaultdict(list)
-    rows: dict[str, list[float]] = defaultdict(list)  # placer -> share of pods in a gang on one node, %
     for line in lines:
         if m := _WALL.match(line):
             wall[m["name"]] = float(m["wall"])
@@ -60,15 +57,10 @@ def parse(lines: list[str]) -> dict[str, list[ApiRun]]:
             name = m["name"]
             used = cpu.pop(name, {})
             runs[name].append(ApiRun(name, int(m["pods"]), int(m["bound"]), wall.pop(name), int(m["aligned"]),
-                                     0, sum(used.values()), int(m["gangs"]), int(m["whole"]),
+                                     int(m["one"]), sum(used.values()), int(m["gangs"]), int(m["whole"]),
                                      int(m["partial"]), used, rss.pop(name, {})))
-        elif m := _ROW.match(line):
-            rows[m["name"].rstrip()].append(float(m["one"]))
     for name in wall:
         print(f"# WARNING: {name}: a run without its counts (it died?), left out", file=sys.stderr)
-    for name, mine in runs.items():  # the one-node share, from the table the invocation printed
-        for i, share in enumerate(rows.get(name, [])[:len(mine)]):
-            mine[i] = replace(mine[i], one_node=round(share * mine[i].bound / 100))
     return dict(runs)
 
 

@@ -101,9 +101,10 @@ def usage_line(name: str, cpu: Mapping[str, float], rss: Mapping[str, float]) ->
 
 
 def counts_line(run: ApiRun) -> str:
-    """A run's last line: pods bound and aligned, gangs whole and partly bound (read back likewise)."""
-    return (f"# {run.name}: {run.bound}/{run.pods} pods bound, {run.aligned} aligned; gangs "
-            f"{run.whole}/{run.gangs} wholly bound, {run.partial} partly")
+    """A run's last line: pods bound, aligned and in a gang on one node, gangs whole and partly bound
+    (read back likewise)."""
+    return (f"# {run.name}: {run.bound}/{run.pods} pods bound, {run.aligned} aligned, {run.one_node} in a "
+            f"gang on one node; gangs {run.whole}/{run.gangs} wholly bound, {run.partial} partly")
 
 
 def _ratios(runs: Mapping[str, list[ApiRun]], top: str, bottom: str, attr: str) -> list[float]:
