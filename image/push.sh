@@ -5,7 +5,8 @@
 #
 # Usage: image/push.sh [REGISTRY]
 #   without REGISTRY: only build/image-index/oci (ref <version>), the multi-architecture layout
-#   with REGISTRY:    also pushes it to docker://REGISTRY/topolet:<version> and prints the digest to pull
+#   with REGISTRY:    also pushes it to docker://REGISTRY/topolet:<version>-<commit> and prints the digest
+#                     to pull and the chart's --set flags to install it with
 # Environment:
 #   IMAGE_ARCHES            the architectures, Debian's names (default "amd64 arm64")
 #   IMAGE_PUSH_TLS_VERIFY   false for a registry served over plain HTTP (a local test registry)
@@ -39,7 +40,12 @@ digest="$("$python" "$repo/image/index.py" "$index" "$version" "${layouts[@]}")"
 echo "push.sh: image index $digest ($arches): oci:$index:$version" >&2
 [[ -n "$registry" ]] || exit 0
 
-dest="docker://${registry%/}/topolet:$version"
+# A tag of the build's own, <version>-<commit> (-dirty for an edited tree): a node that cached an
+# earlier build under the bare version would keep running it with pullPolicy IfNotPresent.
+commit="$(git -C "$repo" rev-parse --short=12 "${IMAGE_TREE:-HEAD}")"
+[[ -n "${IMAGE_TREE:-}" || -z "$(git -C "$repo" status --porcelain --untracked-files=no)" ]] || commit+="-dirty"
+tag="$version-$commit"
+dest="docker://${registry%/}/topolet:$tag"
 args=(--all --preserve-digests --digestfile "$repo/build/image-index/pushed-digest")
 [[ "${IMAGE_PUSH_TLS_VERIFY:-true}" == true ]] || args+=(--dest-tls-verify=false)
 [[ -z "${IMAGE_PUSH_CREDS:-}" ]] || args+=(--dest-creds "$IMAGE_PUSH_CREDS")
@@ -47,6 +53,8 @@ skopeo copy -q "${args[@]}" "oci:$index:$version" "$dest" >&2
 pushed="$(cat "$repo/build/image-index/pushed-digest")"
 [[ "$pushed" == "$digest" ]] \
     || { echo "push.sh: the registry stored $pushed, not the index built ($digest)" >&2; exit 1; }
-echo "pushed ${registry%/}/topolet:$version"
+echo "pushed ${registry%/}/topolet:$tag"
 echo "digest $pushed"
 echo "pull   ${registry%/}/topolet@$pushed"
+# What the chart installs with: the digest pins exactly this build on every node.
+echo "helm   --set image.repository=${registry%/}/topolet --set image.tag=$tag --set image.digest=$pushed"

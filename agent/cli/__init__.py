@@ -3,7 +3,8 @@
 The package: `parser.py` (every option, `build_parser`), `values.py` (the options' checks),
 `commands.py` (what each subcommand runs), `mode.py` (the agent's mode and why), `logging_setup.py`
 (`--log-level`).  This module reads the command line and turns every error into one line on stderr
-and a non-zero exit: a TopoletError (2), an OSError that no boundary named (1), never a traceback.
+and a non-zero exit: a TopoletError (2), an OSError that no boundary named (1), never a traceback;
+a path denied to `agent`, `exec` or `cleanup` run as another user than root says they need root.
 
 `topolet discover` is timed as a whole process against `lstopo`, so a plainly spelled `discover`
 command line is read without argparse (its import and the parser tree cost about as much as the
@@ -12,12 +13,13 @@ scan); anything else, help and every error included, goes through the full argpa
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
 from agent.cli import commands
 from agent.cli.parser import DISCOVER_FORMATS, build_parser
-from agent.errors import TopoletError
+from agent.errors import ConfigError, KubeAPIError, TopoletError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing and argparse cost start-up time, and `discover` is timed as a whole process
@@ -36,6 +38,9 @@ else:
             self.__dict__.update(values)
 
 __all__ = ["DISCOVER_FORMATS", "build_parser", "main", "plain_discover_args", "run"]
+
+# The commands that write this node's cgroups, state folder or features.d file.
+ROOT_COMMANDS = ("agent", "exec", "cleanup")
 
 
 def plain_discover_args(words: Sequence[str]) -> argparse.Namespace | None:
@@ -67,6 +72,24 @@ def plain_discover_args(words: Sequence[str]) -> argparse.Namespace | None:
     return _Args(command="discover", handler=commands.discover, **values)
 
 
+def _root_hint(command: str, exc: BaseException) -> str:
+    """The words "; topolet CMD needs root (or write access to PATH)" for a path denied to a non-root
+    run of a command that writes the node's cgroups and state, else ""."""
+    # A kubeconfig it may not read is the user's own file, not a reason to run as root.
+    if command not in ROOT_COMMANDS or os.geteuid() == 0 or isinstance(exc, ConfigError | KubeAPIError):
+        return ""
+    cause: BaseException | None = exc
+    while not (isinstance(cause, OSError) and cause.errno in (errno.EACCES, errno.EPERM)):
+        if cause is None:
+            return ""
+        cause = cause.__cause__
+    path = cause.filename or getattr(exc, "path", None)
+    if isinstance(path, str) and not os.path.lexists(path):
+        path = os.path.dirname(path)  # a file it was to create: the folder is what it may not write
+    access = f" (or write access to {path})" if isinstance(path, str) and path else ""
+    return f"; topolet {command} needs root{access}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     args = plain_discover_args(words[1:]) if words[:1] == ["discover"] else None
@@ -81,13 +104,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except TopoletError as exc:
-        print(f"topolet {args.command}: {exc}", file=sys.stderr)
+        print(f"topolet {args.command}: {exc}{_root_hint(args.command, exc)}", file=sys.stderr)
         return 2
     except OSError as exc:  # no boundary named it (a folder that is a file, a full disk): still one line
         if isinstance(exc, BrokenPipeError):
             return 1
         where = f": {exc.filename}" if exc.filename else ""
-        print(f"topolet {args.command}: {exc.strerror or exc}{where}", file=sys.stderr)
+        print(f"topolet {args.command}: {exc.strerror or exc}{where}{_root_hint(args.command, exc)}",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

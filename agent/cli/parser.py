@@ -11,7 +11,8 @@ import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from typing import NoReturn
+    from collections.abc import Iterable
+    from typing import Any, NoReturn
 
 DISCOVER_FORMATS = ("table", "json", "yaml", "labels", "conformance", "svg", "png")
 KUBECONFIG_HELP = ("kubeconfig file (default: $KUBECONFIG, whose files joined by ':' merge, else the pod's "
@@ -30,6 +31,7 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     import argparse
+    import sys
 
     import agent.cli.commands as commands  # `from agent.cli import` would also name this package
     import agent.cli.values as values
@@ -40,10 +42,56 @@ def build_parser() -> argparse.ArgumentParser:
                             help=f"log messages of this level and above (default {default or 'warning'})")
 
     class Parser(argparse.ArgumentParser):
-        """argparse's parser, saying a bad command line in one line (the usage is a --help away)."""
+        """argparse's parser, saying a bad command line in one line (the usage is a --help away).
+
+        Options are never abbreviated (`--cpu` is not taken for `--cpus`), and a subcommand names
+        the options it does not know, with the nearest it does.  Every subcommand's parser is one of
+        these too (`add_subparsers` makes its parent's class).
+        """
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("allow_abbrev", False)
+            super().__init__(*args, **kwargs)
+            self.words: list[str] = []
+
+        def parse_known_args(self, args: Iterable[str] | None = None,
+                             namespace: Any = None) -> tuple[Any, list[str]]:
+            self.words = list(sys.argv[1:] if args is None else args)
+            parsed, extras = super().parse_known_args(self.words, namespace)
+            misspelt = self.misspelt() if extras else ""
+            if misspelt:  # else the top parser says "unrecognized arguments", as argparse does
+                self.exit(2, self.line(misspelt))
+            return parsed, extras
+
+        def misspelt(self) -> str:
+            """The words that look like an option of this subcommand and are none, each with the
+            nearest that is, as argparse's "unrecognized arguments: ..."; "" when there are none."""
+            if self._subparsers is not None:
+                return ""  # the words are a subcommand's: its own parser judges them
+            import difflib
+
+            options = self._option_string_actions
+            found = []
+            words = iter(self.words)
+            for word in words:
+                if word == "--" or not word.startswith("-"):
+                    break  # the command `exec` runs starts here (no other subcommand takes a word)
+                name, eq, _ = word.partition("=")
+                action = options.get(name)
+                if action is None and name.startswith("--"):
+                    near = difflib.get_close_matches(name, list(options), n=1)
+                    found.append(name + (f" (did you mean {near[0]}?)" if near else ""))
+                elif action is not None and action.nargs != 0 and not eq:
+                    next(words, None)  # its value, whatever it looks like
+            return f"unrecognized arguments: {', '.join(found)}" if found else ""
+
+        def line(self, message: str) -> str:
+            return f"{self.prog}: error: {message} (see {self.prog} --help)\n"
 
         def error(self, message: str) -> NoReturn:
-            self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+            # A misspelt option also leaves a required one missing: name the word first.
+            misspelt = self.misspelt()
+            self.exit(2, self.line(f"{misspelt}; {message}" if misspelt else message))
 
     p = Parser(prog="topolet", description="Node topology agent.")
     p.add_argument("--version", action="version", version=f"topolet {_version()}",
@@ -99,8 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NFD features.d folder the label file is written to (the file label sink)")
     g.add_argument("--listen", default="127.0.0.1:9470", type=values.listen_address,
                    help="host:port for /metrics and /healthz, default 127.0.0.1:9470 (port 0: any free)")
-    g.add_argument("--reserved-cpus", default="",
-                   help="cpulist never handed out as exclusive CPUs (left to the system and shared work)")
+    g.add_argument("--reserved-cpus", default=None,
+                   help="cpulist never handed out as exclusive CPUs (left to the system and shared work); "
+                        "'' for none. Default: 0 in standalone mode, none in Kubernetes mode (give the "
+                        "kubelet's reservedSystemCPUs)")
     g.add_argument("--reconcile-seconds", type=values.seconds, default=5.0,
                    help="seconds between reconcile passes (release, drift repair), default 5")
     g.add_argument("--cgroup-root", default=None, help="cgroup mount to use (auto-detected)")
@@ -112,7 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
                    help="this node's name (default: $NODE_NAME)")
     g.add_argument("--label-sink", default="auto", choices=["auto", "nodefeature", "node", "file", "none"],
-                   help="auto: a NodeFeature when NFD's CRD exists, else the features.d file")
+                   help="auto (default): a NodeFeature where an nfd-master labels this node (its Node "
+                        "carries nfd.node.kubernetes.io/feature-labels and the API serves NodeFeature), "
+                        "else a patch of the Node's own labels; looked at again every minute. Without a "
+                        "cluster, the features.d file")
     g.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
                    help="the kubelet's pod-resources gRPC socket (Kubernetes mode: devices per container)")
     g.add_argument("--gfd-compat", action="store_true", help="also publish GFD's nvidia.com/* labels")
@@ -162,8 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whole NVIDIA GPUs to hold with the CPUs, near them (needs --cpus 1 or more)")
     e.add_argument("--state-dir", default="/var/lib/topolet",
                    help="folder of the allocation state shared with the agent, default /var/lib/topolet")
-    e.add_argument("--reserved-cpus", default="",
-                   help="cpulist never handed out as exclusive CPUs (as the agent's --reserved-cpus)")
+    e.add_argument("--reserved-cpus", default=None,
+                   help="cpulist never handed out as exclusive CPUs (as the agent's --reserved-cpus), "
+                        "recorded for the agent too; '' for none. Default: the reservation the state "
+                        "folder records (the agent's), else 0")
     e.add_argument("--cgroup-root", default=None,
                    help="cgroup (cpuset) folder to work under (default: auto-detected)")
     e.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]",
@@ -214,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "writes its objects again) and run cleanup --local on each of its nodes through a "
                         "DaemonSet NAME-cleanup made from its pod template; repeat per node pool")
     u.add_argument("--timeout-seconds", type=values.seconds, default=300.0,
-                   help="--daemonset: how long each wait for pods may take (default 300)")
+                   help="--daemonset: the budget of all the waits for pods together; nodes not cleaned by "
+                        "then are named, the objects deleted all the same, exit 3 (default 300)")
     log_level(u, "info")
     u.set_defaults(handler=commands.cleanup)
 

@@ -10,8 +10,8 @@ Memory policies a command set itself stay.  Nothing outside the tree is
 touched: pod cgroups are the kubelet's, and pods the agent pinned keep their cpusets until they end.
 
 `remove_state_files(folder)` removes the files topolet writes in its state folder (the state file,
-its lock, kept corrupt copies, temp files, the `topolet exec` journal, the MIG plan record), then
-the folder when nothing else is in it.
+its lock, kept corrupt copies, temp files, the `topolet exec` journal, the MIG plan record), never
+the folder itself: an operator may have made it, or mounted it.
 
 Both are idempotent: what is already gone counts as removed before.
 """
@@ -87,9 +87,10 @@ def remove_cgroup_tree(layout: CgroupLayout, proc: str = "/proc") -> CgroupClean
                 removed.append(rel)
         except (EnforcementError, OSError) as exc:
             # On cgroup v2 a non-root cgroup that hands cpuset to its children takes no tasks.
-            where = layout.abspath(target)
+            where, path = layout.abspath(target), layout.abspath(rel)
+            named = isinstance(exc, EnforcementError) and exc.path == path  # not twice in one line
             raise EnforcementError(f"cannot remove {rel} (its tasks to {where}): {exc}",
-                                   layout.abspath(rel)) from exc
+                                   None if named else path) from exc
     if moved:
         cpus = read_cpus(layout, target, effective=True)
         for pid in moved:
@@ -97,32 +98,36 @@ def remove_cgroup_tree(layout: CgroupLayout, proc: str = "/proc") -> CgroupClean
     return CgroupCleanup(tuple(removed), len(moved), target)
 
 
+def _is_state_file(name: str) -> bool:
+    """Whether `name` in the state folder is one topolet writes (a record, a kept copy, a temp file)."""
+    own = (STATE_NAME, *OTHER_STATE_FILES)
+    if name in own or name.startswith(CORRUPT_PREFIX):
+        return True
+    # Atomic writes go through `.<name>.<pid>[.<token>].tmp` beside the file they replace.
+    return name.endswith(".tmp") and any(name.startswith(f".{n}.") for n in own)
+
+
 def remove_state_files(folder: str) -> list[str]:
-    """Remove topolet's files in `folder`, then the folder if it is left empty; the paths removed."""
+    """Remove topolet's files in `folder` (never the folder, nor anything else in it); the paths removed."""
     if not os.path.isdir(folder):
         return []
     removed: list[str] = []
+    lock = os.path.join(folder, LOCK_NAME)
+    had_lock = os.path.lexists(lock)  # else taking the lock below makes it, and it is not counted
     # Hold the lock while the state goes: a `topolet exec` starting now waits, then starts afresh.
     with StateFile(folder).lock(timeout=LOCK_TIMEOUT_SECONDS):
         for name in sorted(os.listdir(folder)):
-            ours = (name in (STATE_NAME, *OTHER_STATE_FILES) or name.startswith(CORRUPT_PREFIX)
-                    or (name.startswith(f".{STATE_NAME}.") and name.endswith(".tmp")))
-            if ours:
+            if _is_state_file(name):
                 path = os.path.join(folder, name)
                 try:
                     os.unlink(path)
                     removed.append(path)
                 except FileNotFoundError:
                     pass
-        lock = os.path.join(folder, LOCK_NAME)
         try:
             os.unlink(lock)  # flock holds the open file, not the name
-            removed.append(lock)
+            if had_lock:
+                removed.append(lock)
         except FileNotFoundError:
             pass
-    try:
-        os.rmdir(folder)
-        removed.append(folder)
-    except OSError:
-        pass  # something else lives there: not ours to remove
     return removed

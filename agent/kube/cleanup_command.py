@@ -4,18 +4,26 @@
 state folder's files and the features.d label file.  `--objects` (anywhere with the API): with
 `--daemonset NAME`, first stop the agents and run `--local` on each of their nodes
 (`agent.kube.cleanup_nodes`), then delete this node's or every node's NRT, NodeFeature and Node
-labels that topolet wrote (`agent.kube.cleanup`).  The chart's pre-delete hook Job runs
-`topolet cleanup --objects --all-nodes --daemonset topolet-agent`.  Prints one line per part;
-every failure is one line and a non-zero exit (the CLI's rule).  Running it again finds nothing
-left and succeeds.
+labels that topolet wrote (`agent.kube.cleanup`), even where some node could not be cleaned.  The
+chart's pre-delete hook Job runs `topolet cleanup --objects --all-nodes --daemonset topolet-agent`.
+
+`--timeout-seconds` is the budget of the whole command: every wait of the node cleanup ends within it,
+however many DaemonSets (`split_budget`).  Prints one line per part.  Exit status: 0 when all is
+done; 2 with one line on an error (the CLI's rule); 3 (`PARTIAL`) when the objects are deleted but
+some node or DaemonSet was not done within the budget: one line naming each, on stderr.  Running it
+again finds nothing left and succeeds.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
 
 from agent.errors import ConfigError, EnforcementError
+
+PARTIAL = 3  # exit status: the API objects deleted, some node left (named on stderr)
 
 
 def _local(args: argparse.Namespace) -> str:
@@ -42,25 +50,27 @@ def _local(args: argparse.Namespace) -> str:
             f"features.d file {'removed' if label_file else 'absent'}")
 
 
-def _objects(args: argparse.Namespace) -> str:
+def _objects(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """Clean the nodes, then delete the objects: the summary line, and what was left undone."""
     from agent.kube.cleanup import delete_objects
-    from agent.kube.cleanup_nodes import clean_nodes
+    from agent.kube.cleanup_nodes import clean_nodes, split_budget
     from agent.kube.client import KubeClient, agent_namespace, load_api_client, node_name
 
+    steps = split_budget(time.monotonic(), args.timeout_seconds)
     node = None if args.all_nodes else node_name(args.node_name)
     namespace = agent_namespace(args.namespace)
     kube = KubeClient(load_api_client(args.kubeconfig))
     try:
-        stopped = "".join(clean_nodes(kube, namespace, name, args.timeout_seconds) + "; "
-                          for name in args.daemonset)
+        nodes = clean_nodes(kube, namespace, args.daemonset, steps)
         done = delete_objects(kube, namespace, node)
     finally:
         kube.close()
     scope = "every node" if node is None else f"node {node}"
+    stopped = "".join(part + "; " for part in nodes.done)
     left = f"; left to their managers: {', '.join(done.left)}" if done.left else ""
     return (f"objects ({scope}): {stopped}{len(done.nrts)} NodeResourceTopology(ies), "
             f"{len(done.nodefeatures)} NodeFeature(s) in {namespace} deleted, topolet labels removed "
-            f"from {len(done.node_labels)} Node(s){left}")
+            f"from {len(done.node_labels)} Node(s){left}"), nodes.left
 
 
 def run_cleanup(args: argparse.Namespace) -> int:
@@ -69,8 +79,15 @@ def run_cleanup(args: argparse.Namespace) -> int:
         raise ConfigError("say what to remove: --local (this machine), --objects (the API), or both")
     if args.daemonset and not args.objects:
         raise ConfigError("--daemonset goes with --objects")
+    left: list[str] = []
     if args.objects:
-        print(f"topolet cleanup: {_objects(args)}", flush=True)
+        summary, left = _objects(args)
+        print(f"topolet cleanup: {summary}", flush=True)
     if args.local:
         print(f"topolet cleanup: {_local(args)}", flush=True)
+    if left:
+        print(f"topolet cleanup: not done within {args.timeout_seconds:g} s, the objects deleted all the "
+              f"same: {'; '.join(left)} (what to do: \"Uninstall\" in charts/topolet/README.md)",
+              file=sys.stderr, flush=True)
+        return PARTIAL
     return 0

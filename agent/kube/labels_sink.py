@@ -3,20 +3,31 @@
 Public API (stable; the in-cluster daemon builds on it):
 
 - `LabelPublisher(api_client, node_name, namespace=None, sink="auto", features_dir=DEFAULT_FEATURES_DIR,
-  *, field_manager="topolet")`; `namespace` None means `agent.kube.client.agent_namespace()`
-  (POD_NAMESPACE, the service-account namespace file, or "topolet-system").
+  *, field_manager="topolet", check_seconds=AUTO_CHECK_SECONDS, clock=time.monotonic)`; `namespace`
+  None means `agent.kube.client.agent_namespace()` (POD_NAMESPACE, the service-account namespace
+  file, or "topolet-system").
 - `.publish(labels: Mapping[str, str]) -> bool`: True when it wrote.  Writes only when the labels
-  differ from the last ones published; on the first call (and after a failure) it reads what the
-  API holds and skips the write when that already matches, so a restarted DaemonSet does not
-  rewrite every node.  Raises `KubeAPIError` when the API call failed (the next call retries),
-  ConfigError for an invalid label (before any write) and `FeatureFileError` for a refused file.
+  differ from the last ones published, or `auto` moves them; on the first call (and after a
+  failure) it reads what the API holds and skips the write when that already matches, so a
+  restarted DaemonSet does not rewrite every node.  Raises `KubeAPIError` when the API call
+  failed (the next call retries), ConfigError for an invalid label (before any write) and
+  `FeatureFileError` for a refused file.
 - `.sink`: the sink asked for; `.resolved_sink`: the one in use ("nodefeature" | "node" | "file" |
   "none"), known after the first `publish` when `sink="auto"`.
+- `.next_check_in() -> float | None`: seconds until `auto` looks again where labels go (0: the next
+  `publish` does, even with the same labels); None for a fixed sink.
 - `.writes` / `.failures`: counters for metrics.
 
 Sinks:
-- "auto": "nodefeature" when the API serves `nodefeatures.nfd.k8s-sigs.io/v1alpha1` (discovery,
-  asked once and remembered), else "file".
+- "auto": without an API client, "file".  In a cluster, "nodefeature" where an nfd-master reads
+  NodeFeatures for this node (its Node carries the annotation nfd-master writes on the Nodes it
+  labels, and the API serves `nodefeatures.nfd.k8s-sigs.io/v1alpha1`), else "node": the rule is
+  `agent.labels.auto_sink.choose_auto_sink`.  Decided at the first `publish`, again every
+  `check_seconds` and after a failure (one GET of the Node; discovery only when annotated).  A
+  change is logged once with its reason, and moves the labels: to "nodefeature", the NodeFeature
+  is applied, then the Node labels `topolet.io/managed-labels` lists (bar those nfd-master already
+  lists as its own) and that annotation are removed, on the Node's resourceVersion; to "node", the
+  Node is patched, then the agent's NodeFeature deleted.
 - "nodefeature": a NodeFeature in the agent's namespace (`agent.labels.nodefeature.nodefeature_object`,
   label `nfd.node.kubernetes.io/node-name=<node>`), server-side applied as `field_manager`.
 - "node": a JSON merge patch on the Node (`agent.labels.nodefeature.node_label_patch`) that sets our
@@ -32,11 +43,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.errors import ConfigError, KubeAPIError, TopoletError
 from agent.kube.client import KubeClient, agent_namespace, resource_path
+from agent.labels.auto_sink import choose_auto_sink, handover_removals, nfd_master_labels
 from agent.labels.features_file import DEFAULT_FEATURES_DIR, write_features_file
 from agent.labels.nodefeature import (
     NODEFEATURE_API_VERSION,
@@ -52,6 +65,12 @@ SINKS = ("auto", "nodefeature", "node", "file", "none")
 NODEFEATURE_GROUP, NODEFEATURE_VERSION = NODEFEATURE_API_VERSION.split("/")
 NODEFEATURE_PLURAL = "nodefeatures"
 MANAGED_LABELS_ANNOTATION = "topolet.io/managed-labels"
+# How often `auto` looks again whether an nfd-master labels this node: nfd-worker's own default
+# sleep-interval, so NFD installed or removed later is followed within about a minute.
+AUTO_CHECK_SECONDS = 60.0
+# Tries of the hand-over patch when the Node changed under it (nfd-master labelling it meanwhile).
+HANDOVER_TRIES = 3
+MERGE_PATCH = "application/merge-patch+json"
 # Labels the user sets and the agent only reads: `publish` refuses them and the Node sink never
 # removes them.  (NVIDIA MIG manager's protocol: the user names the layout in
 # topolet.io/mig.config, `agent.gpu.reconcile.CONFIG_LABEL`; the agent answers in its .state.)
@@ -70,12 +89,13 @@ class LabelPublisher:
 
     def __init__(self, api_client: Any, node_name: str, namespace: str | None = None,
                  sink: str = "auto", features_dir: str = DEFAULT_FEATURES_DIR, *,
-                 field_manager: str = "topolet") -> None:
+                 field_manager: str = "topolet", check_seconds: float = AUTO_CHECK_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if sink not in SINKS:
             raise ConfigError(f"unknown label sink {sink!r} (one of {', '.join(SINKS)})")
         if not is_dns_subdomain(node_name):
             raise ConfigError(f"invalid node name {node_name!r}")
-        if api_client is None and sink in ("auto", "nodefeature", "node"):
+        if api_client is None and sink in ("nodefeature", "node"):
             raise ConfigError(f"label sink {sink!r} needs an API client")
         # An ApiClient or a KubeClient; none for the file and none sinks.
         self._kube = None if api_client is None else KubeClient.of(api_client)
@@ -89,11 +109,26 @@ class LabelPublisher:
         self.failures = 0
         self._last: dict[str, str] | None = None  # labels the sink is known to hold
         self._lock = threading.Lock()
+        self.check_seconds = check_seconds
+        self._clock = clock
+        self._next_check = 0.0  # when `auto` in a cluster looks again (0: at the next publish)
+        # A NodeFeature of ours may exist though the sink is "node": a run before this one, or the
+        # sink just left, wrote it.  Cleared once it is deleted.
+        self._nodefeature_left = True
+        if sink == "auto" and api_client is None:
+            choice = choose_auto_sink(has_api=False, nfd_master_labels_node=False, nodefeature_served=False)
+            self._switch(choice.sink, choice.reason)
 
     def invalidate(self) -> None:
         """Forget what the sink holds: the next `publish` checks and writes again."""
         with self._lock:
             self._last = None
+
+    def next_check_in(self) -> float | None:
+        """Seconds until `auto` looks again where labels go (0: due now); None for a fixed sink."""
+        if self.sink != "auto" or self._kube is None:
+            return None
+        return max(self._next_check - self._clock(), 0.0)
 
     def publish(self, labels: Mapping[str, str]) -> bool:
         """Write `labels` to the sink when they differ from what it holds; True when written."""
@@ -104,13 +139,17 @@ class LabelPublisher:
                 raise ConfigError(f"label {key} is the user's to set; the agent never writes it")
         wanted = dict(sorted(labels.items()))
         with self._lock:
-            if wanted == self._last:
+            due = self.next_check_in() == 0
+            if wanted == self._last and not due:
                 return False
             try:
-                sink = self._resolve()
-                wrote = self._write(sink, wanted)
+                node = self._check() if due else None
+                sink = self.resolved_sink or self.sink  # resolved: at construction or by _check
+                wrote = wanted != self._last and self._write(sink, wanted, node)
+                wrote = self._move(sink, node) or wrote
             except TopoletError:
                 self._last = None
+                self._next_check = 0.0  # look again on the next call: a hand-over may be half done
                 self.failures += 1
                 raise
             self._last = wanted
@@ -118,11 +157,26 @@ class LabelPublisher:
                 self.writes += 1
             return wrote
 
-    def _resolve(self) -> str:
-        if self.resolved_sink is None:
-            self.resolved_sink = "nodefeature" if self._nodefeature_served() else "file"
-            log.info("label sink: %s", self.resolved_sink)
-        return self.resolved_sink
+    def _switch(self, sink: str, reason: str) -> None:
+        """Use `sink` from now on; log the change once, with `reason`."""
+        if sink == self.resolved_sink:
+            return
+        log.info("label sink: %s (%s)", sink, reason)
+        if self.resolved_sink == "nodefeature":
+            self._nodefeature_left = True
+        self.resolved_sink = sink
+        self._last = None  # the new sink holds nothing we know of
+
+    def _check(self) -> dict[str, Any]:
+        """Decide `auto`'s sink from the Node (read here, returned) and, if needed, discovery."""
+        node = self._get_node()
+        labelled = nfd_master_labels(_annotations(node)) is not None
+        # Discovery only where an nfd-master annotated the Node: one GET per check elsewhere.
+        choice = choose_auto_sink(has_api=True, nfd_master_labels_node=labelled,
+                                  nodefeature_served=labelled and self._nodefeature_served())
+        self._switch(choice.sink, choice.reason)
+        self._next_check = self._clock() + self.check_seconds
+        return node
 
     @property
     def kube(self) -> KubeClient:
@@ -144,20 +198,39 @@ class LabelPublisher:
         return isinstance(resources, list) and any(
             isinstance(r, dict) and r.get("name") == NODEFEATURE_PLURAL for r in resources)
 
-    def _write(self, sink: str, labels: dict[str, str]) -> bool:
+    def _write(self, sink: str, labels: dict[str, str], node: Mapping[str, Any] | None) -> bool:
         if sink == "none":
             return False
         if sink == "file":
             return write_features_file(self.features_dir, labels)
         if sink == "nodefeature":
             return self._apply_nodefeature(labels)
-        return self._patch_node(labels)
+        return self._patch_node(labels, node)
+
+    def _move(self, sink: str, node: Mapping[str, Any] | None) -> bool:
+        """Take our labels out of the sink `auto` no longer uses; True when that wrote."""
+        if sink == "nodefeature" and node is not None:
+            return self._release_node_labels(node)
+        if sink == "node" and self.sink == "auto" and self._nodefeature_left:
+            deleted = self._delete_nodefeature()
+            self._nodefeature_left = False
+            return deleted
+        return False
+
+    def _get_node(self) -> dict[str, Any]:
+        return self.kube.get(self._node_path(), what=f"get Node {self.node_name}")
+
+    def _node_path(self) -> str:
+        return resource_path("", "v1", "nodes", self.node_name)
+
+    def _nodefeature_path(self) -> str:
+        return resource_path(NODEFEATURE_GROUP, NODEFEATURE_VERSION, NODEFEATURE_PLURAL,
+                             nodefeature_name(self.node_name), namespace=self.namespace)
 
     def _apply_nodefeature(self, labels: dict[str, str]) -> bool:
         body = nodefeature_object(self.node_name, self.namespace, labels)
         name = nodefeature_name(self.node_name)
-        path = resource_path(NODEFEATURE_GROUP, NODEFEATURE_VERSION, NODEFEATURE_PLURAL, name,
-                             namespace=self.namespace)
+        path = self._nodefeature_path()
         if self._last is None:
             live: Mapping[str, Any] | None
             try:
@@ -174,13 +247,59 @@ class LabelPublisher:
                         what=f"apply NodeFeature {self.namespace}/{name}")
         return True
 
-    def _patch_node(self, labels: dict[str, str]) -> bool:
-        path = resource_path("", "v1", "nodes", self.node_name)
-        node = self.kube.get(path, what=f"get Node {self.node_name}")
-        found_meta = node.get("metadata")
-        meta: dict[str, Any] = found_meta if isinstance(found_meta, dict) else {}
+    def _delete_nodefeature(self) -> bool:
+        """Delete our NodeFeature; False when there was none (or the API serves no NodeFeature)."""
+        name = nodefeature_name(self.node_name)
+        try:
+            self.kube.request("DELETE", self._nodefeature_path(),
+                              what=f"delete NodeFeature {self.namespace}/{name}")
+        except KubeAPIError as exc:
+            if exc.not_found:
+                return False
+            if exc.status == 403:  # RBAC from before this version: the object stays, unread
+                log.warning("NodeFeature %s/%s left in place: %s (grant delete on nodefeatures, "
+                            "daemonset/rbac.yaml)", self.namespace, name, exc)
+                return False
+            raise
+        log.info("NodeFeature %s/%s deleted: node %s's labels are on its Node now",
+                 self.namespace, name, self.node_name)
+        return True
+
+    def _release_node_labels(self, node: Mapping[str, Any]) -> bool:
+        """Remove our Node labels and annotation (nfd-master sets them now); False if none was there."""
+        for attempt in range(HANDOVER_TRIES):
+            meta = _metadata(node)
+            annotations = _annotations(node)
+            if MANAGED_LABELS_ANNOTATION not in annotations:
+                return False
+            removed = handover_removals(_managed_keys(annotations), dict(meta.get("labels") or {}),
+                                        nfd_master_labels(annotations) or ())
+            patch = node_label_patch({}, dict.fromkeys(removed, ""))
+            patch["metadata"]["annotations"] = {MANAGED_LABELS_ANNOTATION: None}
+            # On the version read: should nfd-master label the Node meanwhile (and list a key as
+            # its own), the patch is refused and decided again, so no label it took is removed.
+            if meta.get("resourceVersion"):
+                patch["metadata"]["resourceVersion"] = str(meta["resourceVersion"])
+            try:
+                self.kube.patch(self._node_path(), patch, MERGE_PATCH,
+                                what=f"patch Node {self.node_name}: labels moved to the NodeFeature")
+            except KubeAPIError as exc:
+                if exc.status != 409 or attempt + 1 == HANDOVER_TRIES:
+                    raise
+                node = self._get_node()
+                continue
+            log.info("node %s's labels moved to NodeFeature %s/%s: %d removed from the Node",
+                     self.node_name, self.namespace, nodefeature_name(self.node_name), len(removed))
+            return True
+        return False
+
+    def _patch_node(self, labels: dict[str, str], node: Mapping[str, Any] | None = None) -> bool:
+        path = self._node_path()
+        if node is None:
+            node = self._get_node()
+        meta = _metadata(node)
         current = dict(meta.get("labels") or {})
-        annotations = dict(meta.get("annotations") or {})
+        annotations = _annotations(node)
         previous = _managed_keys(annotations)
         record = ",".join(sorted(labels))
         stale = [k for k in previous if k not in labels and k in current]
@@ -189,6 +308,15 @@ class LabelPublisher:
             return False
         patch = node_label_patch(labels, previous)
         patch["metadata"]["annotations"] = {MANAGED_LABELS_ANNOTATION: record}
-        self.kube.patch(path, patch, "application/merge-patch+json",
-                        what=f"patch Node {self.node_name} labels")
+        self.kube.patch(path, patch, MERGE_PATCH, what=f"patch Node {self.node_name} labels")
         return True
+
+
+def _metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
+    found = obj.get("metadata")
+    return found if isinstance(found, dict) else {}
+
+
+def _annotations(obj: Mapping[str, Any]) -> dict[str, str]:
+    found = _metadata(obj).get("annotations")
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}

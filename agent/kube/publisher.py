@@ -6,7 +6,8 @@ once) and logs the outage once, then a reminder a minute, then its end.  Where a
 publishes this node's NRT (NFD's topology updater: `agent.kube.nrt`) it leaves the NRT alone, keeps
 publishing labels, and says so once: a log line, a Warning Event on the Node and
 `topolet_nrt_yielded`.  With MIG managed it also re-reads the Node for its layout label
-(`agent.kube.mig_status`).  Each write counts in
+(`agent.kube.mig_status`); with `--label-sink auto` it wakes when the label sink is due to look
+again where labels go (`agent.kube.labels_sink`).  Each write counts in
 `topolet_api_writes_total{kind}`, each failed attempt to publish (the write, or a read it needs
 first) in `topolet_api_write_errors_total{kind}`.
 """
@@ -120,6 +121,9 @@ class Publisher:
                 wait = None if self.mig is None else max(self._next_node_read - time.monotonic(), 0.0)
                 if self.nrt.yielded_to:  # look again whether the other publisher's NRT is still there
                     wait = self.nrt.verify_seconds if wait is None else min(wait, self.nrt.verify_seconds)
+                check = self.labels.next_check_in()  # --label-sink auto: look again where labels go
+                if check is not None:
+                    wait = check if wait is None else min(wait, check)
                 self._wake.wait(wait)
             else:
                 if self.failing_since is None:
@@ -144,7 +148,7 @@ class Publisher:
             labels = build_labels(snap.topology, gfd_compat=self.args.gfd_compat)
             if self.mig is not None:
                 labels.update(self.mig.labels())
-            if labels != self._published_labels:
+            if labels != self._published_labels or self.labels.next_check_in() == 0:
                 if self.labels.publish(labels):
                     self.metrics.api_writes.labels(kind="labels").inc()
                 self._published_labels = labels

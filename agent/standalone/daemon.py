@@ -22,7 +22,7 @@ from agent.labels import build_labels
 from agent.labels.features_file import write_features_file
 from agent.metrics.registry import ALLOCATION_RESULTS, INVALID, REFUSAL_REASONS, REFUSED, GPUZones, Metrics
 from agent.metrics.server import MetricsServer, staleness_health
-from agent.standalone.engine import PinningEngine, cpu_rows
+from agent.standalone.engine import DEFAULT_RESERVED, PinningEngine, cpu_rows
 from agent.standalone.journal import Event, drain_events
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
@@ -39,7 +39,8 @@ class StandaloneAgent:
         self.metrics = metrics
         self.state_file = StateFile(args.state_dir, on_write=metrics.state_writes.inc)
         self.state_file.check_folder()  # a --state-dir that cannot be one stops the agent at start
-        self.reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
+        given = args.reserved_cpus
+        self.reserved = DEFAULT_RESERVED if given is None else CPUSet.parse(given)
         self.topology: Topology = discover(args.fsroot)
         self.engine: PinningEngine | None = None
         try:

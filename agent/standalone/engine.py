@@ -57,6 +57,9 @@ VANISHED_ATTEMPTS = 3  # an ordered step taken again when a cgroup it names vani
 # Refusal reasons, as agent.metrics.registry.REFUSAL_REASONS names them (not imported from there: `topolet
 # exec` runs this module and starts without the Prometheus client).
 CAPACITY, ALIGNMENT, INVALID = "capacity", "alignment", "invalid"
+# The standalone agent's and `topolet exec`'s reservation without --reserved-cpus: CPU 0 stays with
+# the system (interrupts, housekeeping, shared work), as the DaemonSet's --reserved-cpus=0 keeps it.
+DEFAULT_RESERVED = CPUSet([0])
 
 
 class AllocationRefused(AllocationError):
@@ -94,6 +97,7 @@ class PinningEngine:
 
     # Class defaults too, for a subclass whose constructor does not run this one's.
     defer_rebuild = False
+    keep_recorded_reserved = False
     _unsaved = False
     on_release: Callable[[str], None] | None = None
     # The kubelet's cgroups above the containers (the pod-cgroup route's QoS folders and pod cgroups):
@@ -104,8 +108,12 @@ class PinningEngine:
 
     def __init__(self, topology: Topology, layout: CgroupLayout, state_file: StateFile,
                  reserved: CPUSet = EMPTY, proc: str = "/proc", gpus: tuple[GPU, ...] = (),
-                 *, defer_rebuild: bool = False, on_release: Callable[[str], None] | None = None) -> None:
+                 *, defer_rebuild: bool = False, on_release: Callable[[str], None] | None = None,
+                 keep_recorded_reserved: bool = False) -> None:
+        """`keep_recorded_reserved`: the reservation the state file records stands (the agent's, for
+        a `topolet exec` given no --reserved-cpus); `reserved` then applies only to a new state."""
         self.topology = topology
+        self.keep_recorded_reserved = keep_recorded_reserved
         self.on_release = on_release  # told the id of each allocation whose record this engine removed
         # A one-shot command (`topolet exec`) writes a rebuilt state only with its own commit, so
         # one that fails leaves a missing or corrupt file as it found it.
@@ -139,7 +147,8 @@ class PinningEngine:
             state = self.state_file.load_or_rebuild(rebuild, check=self.check_live,
                                                     commit=not self.defer_rebuild)
             self._unsaved = bool(rebuilt) and self.defer_rebuild
-            if state.reserved != self.reserved and self.reserved.isdisjoint(state.allocated()):
+            keep = not rebuilt and self.keep_recorded_reserved
+            if not keep and state.reserved != self.reserved and self.reserved.isdisjoint(state.allocated()):
                 state = self.state_file.commit(State(state.allocations, self.reserved, state.generation))
                 self._unsaved = False
             yield state
@@ -249,12 +258,15 @@ class PinningEngine:
                 cpus, chosen = allocate_with_gpus(self.topology, free, request, self.gpus,
                                                   state.held_gpus(), gpus)
             except AllocationError as exc:
-                raise AllocationRefused(str(exc), self._refusal_reason(free, request, state, gpus)) from exc
+                short = self._short_of(request, state) if len(free - request.reserved) < request.cpus else ""
+                raise AllocationRefused(f"{exc}; {short}" if short else str(exc),
+                                        self._refusal_reason(free, request, state, gpus)) from exc
             try:
                 shared_pool(self.allowed, state.reserved, [a.cpus for a in state.allocations] + [cpus])
             except EnforcementError as exc:
-                raise AllocationRefused(f"{exc}: {len(free)} CPUs free, {len(state.reserved)} reserved; "
-                                        "reserve a CPU for shared work", CAPACITY) from exc
+                short = self._short_of(request, state)
+                raise AllocationRefused(f"requested {request.cpus} exclusive CPUs, but {short or exc}",
+                                        CAPACITY) from exc
             mems = CPUSet(self.topology.numa_of(c) for c in cpus) & self.all_mems if memory_binding else EMPTY
             alloc = Allocation(alloc_id, cpus, mems, cgroup or self.layout.workload_path(alloc_id), owner,
                                policy or f"{request.numa_policy}/{request.smt}", time.time(),
@@ -280,6 +292,25 @@ class PinningEngine:
         except AllocationError as exc:
             raise AllocationRefused(f"pod scope: the pod's {whole.cpus} exclusive CPUs: {exc}",
                                     self._refusal_reason(free, whole, state, 0)) from exc
+
+    def _short_of(self, request: Request, state: State) -> str:
+        """Why too few CPUs are free for `request`, whichever is true: the node's size (one CPU always
+        stays in the shared pool), its reservation, or other allocations; "" when none of them."""
+        allowed = self.allowed
+        most = len(allowed) - 1
+        if request.cpus > most:
+            where = ("this machine has" if allowed == self.topology.cpus
+                     else f"the cpuset {self.layout.root} allows")
+            return (f"{where} only {len(allowed)} CPUs and one always stays in the shared pool, so at most "
+                    f"{most} can be exclusive")
+        reserved = state.reserved & allowed
+        held = state.allocated() & allowed
+        others = f"{len(held)} held by other allocations (topolet status lists them)" if held else ""
+        if reserved and request.cpus <= len(allowed - held) - 1:  # it would fit with nothing reserved
+            are = "CPUs are" if len(reserved) > 1 else "CPU is"
+            return (f"{len(reserved)} {are} reserved ({reserved.cpulist()}){' and ' if others else ''}"
+                    f"{others}; --reserved-cpus changes the reservation")
+        return others
 
     def _refusal_reason(self, free: CPUSet, request: Request, state: State, gpus: int) -> str:
         """Why the allocator refused: too few CPUs (or GPUs) free at all, else their placement."""

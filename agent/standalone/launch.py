@@ -23,6 +23,7 @@ from agent.gpu.model import GPU
 from agent.gpu.visible import visible_devices_env
 from agent.standalone.engine import (
     CAPACITY,
+    DEFAULT_RESERVED,
     INVALID,
     AllocationRefused,
     PinningEngine,
@@ -105,7 +106,9 @@ def run_exec(args: argparse.Namespace) -> int:
     topo = discover("/")
     layout = detect_layout(args.cgroup_root)
     state_file = StateFile(args.state_dir)
-    reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
+    # Without --reserved-cpus, the reservation the agent recorded stands (else the agent's default).
+    given = args.reserved_cpus is not None
+    reserved = CPUSet.parse(args.reserved_cpus) if given else DEFAULT_RESERVED
     try:
         inventory = _gpu_inventory(gpus, topo)
     except AllocationError:  # no GPUs here to hand out: the node cannot satisfy it
@@ -113,7 +116,7 @@ def run_exec(args: argparse.Namespace) -> int:
         raise
     # Every allocation this process releases (its own, or dead ones it reaps) is counted by the agent.
     engine = PinningEngine(topo, layout, state_file, reserved, gpus=inventory,
-                           defer_rebuild=True,
+                           defer_rebuild=True, keep_recorded_reserved=not given,
                            on_release=lambda _id: append_event(args.state_dir, Event("released")))
     me = os.getpid()
     # Where this process goes back to when it is done.  A --cgroup-root below the cgroup it runs in

@@ -24,7 +24,6 @@ MIRRORED = (
     "admission-policy.yaml",
     "networkpolicy.yaml",
     "crds/noderesourcetopologies.yaml",
-    "crds/nodefeatures.yaml",
     "controller/controller.yaml",
     "controller/rbac.yaml",
     "controller/admission-policy.yaml",

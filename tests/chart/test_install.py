@@ -5,18 +5,19 @@ The tests run in order, each on the state the one before left."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.chart.chart_files import COPIES
-from tests.chart.helm import CHART, NAMESPACE, RELEASE, Helm, set_args
+from tests.chart.helm import AS_BASE, CHART, IMAGE, NAMESPACE, RELEASE, Helm, set_args
 from tests.controlplane.harness import ControlPlane
 from tests.controlplane.kubectl import api_request
 
 NRT_CRD = "noderesourcetopologies.topology.node.k8s.io"
 NODEFEATURE_CRD = "nodefeatures.nfd.k8s-sigs.io"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+NFD_CRD_FILE = Path(__file__).resolve().parents[1] / "data" / "crds" / "nodefeatures.yaml"
 # What the release installs besides the CRDs, by API path (the namespaced ones in NAMESPACE).
 OBJECTS = {
     "DaemonSet topolet-agent": f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/topolet-agent",
@@ -39,17 +40,17 @@ def get(plane: ControlPlane, path: str) -> tuple[int, dict[str, Any]]:
 
 def install_args(*extra: str) -> list[str]:
     return ["upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
-            "--timeout", "2m", *extra]
+            "--timeout", "2m", *set_args({**IMAGE, **AS_BASE}), *extra]
 
 
 def test_install_leaves_nfds_crd_alone(cluster_helm: Helm, chart_plane: ControlPlane) -> None:
     """NFD's NodeFeature CRD already there (not Helm's): crds.install=auto installs only the NRT CRD."""
-    nfd = yaml.safe_load((COPIES / "crds" / "nodefeatures.yaml").read_text())
+    nfd = yaml.safe_load(NFD_CRD_FILE.read_text())
     nfd["metadata"]["labels"] = {"app.kubernetes.io/name": "node-feature-discovery"}
     status, body = api_request(chart_plane, "POST", CRD_PATH, body=nfd)
     assert status == 201, body
     done = cluster_helm.run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
-                            "--timeout", "2m")
+                            "--timeout", "2m", *set_args({**IMAGE, **AS_BASE}))
     # NOTES: how to check the install.
     for needle in ("kubectl get nodes -L", "get noderesourcetopologies", "/metrics", "scrape_configs"):
         assert needle in done.stdout, done.stdout
@@ -66,6 +67,20 @@ def test_install_leaves_nfds_crd_alone(cluster_helm: Helm, chart_plane: ControlP
     assert "meta.helm.sh/release-name" not in kept["metadata"].get("annotations", {})
     manifest = cluster_helm.run("get", "manifest", RELEASE, "--namespace", NAMESPACE).stdout
     assert NRT_CRD in manifest and NODEFEATURE_CRD not in manifest
+
+
+def test_a_second_release_is_refused_in_one_line(cluster_helm: Helm, chart_plane: ControlPlane) -> None:
+    """Two releases would pin the same nodes' cgroups and admit against the same NRTs: the second one,
+    in another namespace, fails naming the first and creates nothing."""
+    done = cluster_helm.run("install", "second", str(CHART), "--namespace", "elsewhere", "--create-namespace",
+                            "--timeout", "2m", *set_args(IMAGE), check=False)
+    assert done.returncode != 0
+    assert (f"topolet is already installed in this cluster: release {RELEASE} in namespace {NAMESPACE}"
+            in done.stderr), done.stderr
+    listed = cluster_helm.run("list", "--all-namespaces", "-o", "yaml").stdout
+    assert [r["name"] for r in yaml.safe_load(listed)] == [RELEASE]
+    status, _ = get(chart_plane, "/apis/apps/v1/namespaces/elsewhere/daemonsets/topolet-agent")
+    assert status == 404
 
 
 def test_upgrade_changes_a_value(cluster_helm: Helm, chart_plane: ControlPlane) -> None:

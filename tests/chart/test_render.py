@@ -10,7 +10,18 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart.helm import CHART, MAP_API, NAMESPACE, Helm, compare_with_base, find, render, set_args
+from tests.chart.helm import (
+    AS_BASE,
+    CHART,
+    IMAGE,
+    MAP_API,
+    NAMESPACE,
+    Helm,
+    compare_with_base,
+    find,
+    render,
+    set_args,
+)
 from tests.controlplane.kubectl import base_with_components, build_kubectl, kustomize_build
 
 MAP_KINDS = {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
@@ -51,7 +62,8 @@ def agent_args(ds: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_lint_is_clean(helm: Helm, name: str) -> None:
-    done = helm.run("lint", "--strict", str(CHART), "--namespace", NAMESPACE, *set_args(VALUE_SETS[name]))
+    done = helm.run("lint", "--strict", str(CHART), "--namespace", NAMESPACE,
+                    *set_args({**IMAGE, **VALUE_SETS[name]}))
     assert "0 chart(s) failed" in done.stdout
     assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout, done.stdout
 
@@ -60,13 +72,13 @@ def test_defaults_render_the_base(helm: Helm) -> None:
     """Default values on an API server serving MutatingAdmissionPolicy: the objects of `kubectl
     kustomize daemonset/`, field for field, less the chart's deliberate additions."""
     base = [d for d in yaml.safe_load_all(kustomize_build(build_kubectl())) if d]
-    assert compare_with_base(render(helm), base) == []
+    assert compare_with_base(render(helm, AS_BASE), base) == []
 
 
 def test_components_render_as_values(helm: Helm, tmp_path: Path) -> None:
     """The base with the kueue and prometheus-operator components, and the chart with their values."""
     base = base_with_components(tmp_path, "kueue", "prometheus-operator")
-    chart = render(helm, {"kueue.enabled": True, "monitoring.podMonitors.enabled": True,
+    chart = render(helm, {**AS_BASE, "kueue.enabled": True, "monitoring.podMonitors.enabled": True,
                           "monitoring.prometheusRule.enabled": True})
     assert compare_with_base(chart, base) == []
 
@@ -76,20 +88,21 @@ def test_agent_only_component_renders_as_controller_disabled(helm: Helm, tmp_pat
     base = base_with_components(tmp_path, "agent-only")
     assert not [d for d in base if "controller" in d["metadata"]["name"]
                 or d["metadata"]["name"] in ("topolet-placement", "topolet-admission-fields")]
-    assert compare_with_base(render(helm, VALUE_SETS["agent-only"]), base) == []
+    assert compare_with_base(render(helm, {**AS_BASE, **VALUE_SETS["agent-only"]}), base) == []
 
 
 def test_no_crds_component_renders_as_crds_not_installed(helm: Helm, tmp_path: Path) -> None:
     """components/no-crds (so that `kubectl delete -k` never deletes a CRD) and `crds.install: false`."""
     base = base_with_components(tmp_path, "no-crds")
     assert not [d for d in base if d["kind"] == "CustomResourceDefinition"]
-    assert compare_with_base(render(helm, {"crds.install": False}), base) == []
+    assert compare_with_base(render(helm, {**AS_BASE, "crds.install": False}), base) == []
 
 
 def test_node_pool_components_render_as_pool_values(helm: Helm, tmp_path: Path) -> None:
     """cgroup-v1-cpuset and nri-required, which patch the agent, as a pool's values."""
     base = base_with_components(tmp_path, "cgroup-v1-cpuset", "nri-required")
-    chart = render(helm, {"agent.pools": [{"name": "default", "tolerations": [{"operator": "Exists"}],
+    chart = render(helm, {**AS_BASE, "agent.pools": [{"name": "default",
+                                                      "tolerations": [{"operator": "Exists"}],
                                            "reservedCpus": "0", "cgroupV1Cpuset": True,
                                            "nriRequired": True}]})
     assert compare_with_base(chart, base) == []
@@ -108,7 +121,7 @@ def test_placement_policies_only_where_the_api_server_serves_them(helm: Helm) ->
 
 
 def test_agent_only_has_nothing_of_the_controller(helm: Helm) -> None:
-    docs = render(helm, VALUE_SETS["agent-only"])
+    docs = render(helm, {**AS_BASE, **VALUE_SETS["agent-only"]})
     assert not [k for k, n in kinds_names(docs) if "controller" in n or "admission-fields" in n
                 or "placement" in n], kinds_names(docs)
     assert ("DaemonSet", "topolet-agent") in kinds_names(docs)
@@ -145,7 +158,8 @@ def test_two_pools_are_two_daemonsets(helm: Helm) -> None:
 
 def test_pool_names_are_unique(helm: Helm) -> None:
     pools = [{"name": "a", "reservedCpus": "0"}, {"name": "a", "reservedCpus": "1"}]
-    done = helm.run("template", "topolet", str(CHART), *set_args({"agent.pools": pools}), check=False)
+    done = helm.run("template", "topolet", str(CHART), *set_args({**IMAGE, "agent.pools": pools}),
+                    check=False)
     assert done.returncode != 0
     assert 'the name "a" is used twice' in done.stderr
 
@@ -210,7 +224,8 @@ def test_switches_leave_objects_out(helm: Helm) -> None:
 
 def test_other_namespace_moves_the_policies_user_names(helm: Helm) -> None:
     """The admission policies match the agent and the controller by their service accounts' user names."""
-    done = helm.run("template", "t", str(CHART), "--namespace", "elsewhere", "--api-versions", MAP_API)
+    done = helm.run("template", "t", str(CHART), "--namespace", "elsewhere", "--api-versions", MAP_API,
+                    *set_args(IMAGE))
     assert "system:serviceaccount:topolet-system:" not in done.stdout
     assert "system:serviceaccount:elsewhere:topolet-agent" in done.stdout
     assert "system:serviceaccount:elsewhere:topolet-controller" in done.stdout
@@ -230,11 +245,13 @@ def test_other_namespace_moves_the_policies_user_names(helm: Helm) -> None:
     ({"controller.replicas": 0}, "/controller/replicas"),
     ({"agent.resoures": {}}, "resoures"),
     ({"cleanup.timeoutSeconds": 0}, "/cleanup/timeoutSeconds"),
+    ({"cleanup.timeoutSeconds": 241}, "/cleanup/timeoutSeconds"),  # the hook past Helm's default timeout
     ({"monitoring.runbookBaseURL": "daemonset/"}, "/monitoring/runbookBaseURL"),
 ])
 def test_schema_rejects_bad_values(helm: Helm, values: dict[str, Any], message: str) -> None:
     for command in ("lint", "template"):
-        args = [command, *(["topolet"] if command == "template" else []), str(CHART), *set_args(values)]
+        args = [command, *(["topolet"] if command == "template" else []), str(CHART),
+                *set_args({**IMAGE, **values})]
         done = helm.run(*args, check=False)
         assert done.returncode != 0, f"helm {command} accepted {values}"
         output = done.stderr + done.stdout
@@ -242,7 +259,7 @@ def test_schema_rejects_bad_values(helm: Helm, values: dict[str, Any], message: 
 
 
 def test_kueue_needs_the_controller(helm: Helm) -> None:
-    done = helm.run("template", "topolet", str(CHART), *set_args({"kueue.enabled": True,
+    done = helm.run("template", "topolet", str(CHART), *set_args({**IMAGE, "kueue.enabled": True,
                                                                  "controller.enabled": False}), check=False)
     assert done.returncode != 0 and "kueue.enabled needs controller.enabled" in done.stderr
 
@@ -258,8 +275,9 @@ def test_uninstall_hook_cleans_every_pools_nodes_and_never_a_crd(helm: Helm) -> 
         ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Job")}
     for d in hooks:
         assert d["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+        # Gone whatever the outcome: a failed hook leaves nothing to orphan (test_uninstall_hook.py).
         policy = d["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
-        assert policy == "before-hook-creation,hook-succeeded"
+        assert policy == "before-hook-creation,hook-succeeded,hook-failed"
     job = find(docs, "Job", "topolet-cleanup")
     # The RBAC first (weight -10), then the Job.
     assert int(job["metadata"]["annotations"]["helm.sh/hook-weight"]) > max(
@@ -268,7 +286,12 @@ def test_uninstall_hook_cleans_every_pools_nodes_and_never_a_crd(helm: Helm) -> 
     assert container["command"] == ["topolet", "cleanup"]
     assert container["args"] == ["--objects", "--all-nodes", "--namespace=topolet-system",
                                  "--daemonset=topolet-agent-cpu", "--daemonset=topolet-agent-gpu",
-                                 "--timeout-seconds=300"]
+                                 "--timeout-seconds=180"]
+    # The command's budget, then 30 s for its pod to start: inside Helm's default --timeout (300 s).
+    assert job["spec"]["activeDeadlineSeconds"] == 210
+    assert job["metadata"]["annotations"]["helm.sh/hook-output-log-policy"] == "hook-succeeded,hook-failed"
+    longest = find(render(helm, {"cleanup.timeoutSeconds": 240}), "Job", "topolet-cleanup")
+    assert longest["spec"]["activeDeadlineSeconds"] == 270 < 300
     assert job["spec"]["template"]["spec"]["serviceAccountName"] == "topolet-cleanup"
     for role in (d for d in hooks if d["kind"] in ("ClusterRole", "Role")):
         for rule in role["rules"]:
@@ -314,3 +337,49 @@ def test_kustomize_gives_only_namespaced_objects_a_namespace(tmp_path: Path) -> 
         assert namespace == (None if d["kind"] in CLUSTER_SCOPED else NAMESPACE), where
         for subject in d.get("subjects", []):
             assert subject.get("namespace") == NAMESPACE, where
+
+
+@pytest.mark.parametrize("values", [{}, {"image.tag": "0.2.0"}, {"agent.enabled": False}])
+def test_an_image_nobody_named_is_refused_in_one_line(helm: Helm, values: dict[str, Any]) -> None:
+    """No default image: the placeholder would install "successfully" and never pull. (`helm lint`
+    reports a template's `fail` as information only; install and template stop.)"""
+    done = helm.run("template", "topolet", str(CHART), *set_args(values), check=False)
+    assert done.returncode != 0, "helm template accepted no image"
+    assert "image.repository is not set" in done.stderr and "make image-push" in done.stderr, done.stderr
+
+
+def test_nfds_crd_is_never_rendered(helm: Helm) -> None:
+    """`helm template` sees no cluster (GitOps): the NRT CRD and the release's record of it, never NFD's
+    NodeFeature CRD, whatever crds.install says."""
+    for mode in ("auto", True, False):
+        docs = render(helm, {"crds.install": mode})
+        crds = [d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"]
+        assert crds == ([] if mode is False else ["noderesourcetopologies.topology.node.k8s.io"])
+        records = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "topolet-crds"]
+        assert [r["data"] for r in records] == ([{"crds": crds[0]}] if crds else [])
+
+
+def test_network_policies_are_off_by_default_and_never_open_to_all(helm: Helm) -> None:
+    """The chart cannot know where Prometheus runs: no NetworkPolicy unless asked, and one asked for
+    must name a peer (an empty `from`, or an empty peer, would admit everyone)."""
+    assert not [d for d in render(helm) if d["kind"] == "NetworkPolicy"]
+    for bad in ([], [{}]):
+        done = helm.run("template", "topolet", str(CHART), *set_args(
+            {**IMAGE, "networkPolicy.enabled": True, "networkPolicy.from": bad}), check=False)
+        assert done.returncode != 0 and "/networkPolicy" in done.stderr, done.stderr
+    docs = render(helm, AS_BASE)
+    for name in ("topolet-agent-metrics", "topolet-controller-metrics"):
+        ingress = find(docs, "NetworkPolicy", name)["spec"]["ingress"][0]
+        assert ingress["from"] == AS_BASE["networkPolicy.from"]
+
+
+@pytest.mark.parametrize(("values", "groups"), [
+    ({}, ["topolet-agent.records", "topolet-agent.alerts", "topolet-controller"]),
+    ({"controller.enabled": False}, ["topolet-agent.records", "topolet-agent.alerts"]),
+    ({"agent.enabled": False}, ["topolet-controller"]),
+])
+def test_rules_only_for_the_parts_installed(helm: Helm, values: dict[str, Any], groups: list[str]) -> None:
+    """An agent-only install has no TopoletControllerDown to fire for ever, and the reverse."""
+    docs = render(helm, {**values, "monitoring.prometheusRule.enabled": True})
+    rule = find(docs, "PrometheusRule", "topolet")
+    assert [g["name"] for g in rule["spec"]["groups"]] == groups

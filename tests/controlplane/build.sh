@@ -2,8 +2,8 @@
 # Builds the test control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), its client
 # (kubectl, kustomize built in), the real node's kubelet (tests/realnode/), Kueue's manager (kueue,
 # tests/controlplane/kueue.py) and containerd 2 with its runc shim (the real node's NRI runtime,
-# tests/realnode/containerd.py) and Helm (the chart's tests, tests/chart/) from the Go module proxy, once
-# per version.
+# tests/realnode/containerd.py) and Helm (the chart's tests, tests/chart/; helm3 is the last Helm 3, for
+# the NFD coexistence tests under both Helm majors) from the Go module proxy, once per version.
 #
 # Usage: tests/controlplane/build.sh [COMPONENT...]   (every component when none named)
 # Prints one `<component>=<absolute path of the binary>` line per component on stdout; progress and
@@ -23,7 +23,7 @@ go_version="$(go env GOVERSION)"
 declare -A module_dir=([etcd]=etcd [kube-apiserver]=apiserver [kubectl]=kubectl
                        [kube-controller-manager]=apiserver [kube-scheduler]=apiserver
                        [kubelet]=kubelet [kueue]=kueue
-                       [containerd]=containerd [containerd-shim-runc-v2]=containerd [helm]=helm)
+                       [containerd]=containerd [containerd-shim-runc-v2]=containerd [helm]=helm [helm3]=helm3)
 declare -A package=([etcd]=. [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
                     [kubectl]=k8s.io/kubernetes/cmd/kubectl
                     [kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
@@ -32,14 +32,14 @@ declare -A package=([etcd]=. [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserv
                     [kueue]=sigs.k8s.io/kueue/cmd/kueue
                     [containerd]=github.com/containerd/containerd/v2/cmd/containerd
                     [containerd-shim-runc-v2]=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
-                    [helm]=helm.sh/helm/v4/cmd/helm)
+                    [helm]=helm.sh/helm/v4/cmd/helm [helm3]=helm.sh/helm/v3/cmd/helm)
 declare -A version_of=([etcd]=go.etcd.io/etcd/server/v3 [kube-apiserver]=k8s.io/kubernetes
                        [kubectl]=k8s.io/kubernetes [kube-controller-manager]=k8s.io/kubernetes
                        [kube-scheduler]=k8s.io/kubernetes [kubelet]=k8s.io/kubernetes
                        [kueue]=sigs.k8s.io/kueue
                        [containerd]=github.com/containerd/containerd/v2
                        [containerd-shim-runc-v2]=github.com/containerd/containerd/v2
-                       [helm]=helm.sh/helm/v4)
+                       [helm]=helm.sh/helm/v4 [helm3]=helm.sh/helm/v3)
 
 # The version of module $2 as required by the go.mod in directory $1.
 required_version() {
@@ -85,6 +85,16 @@ build_one() {
                 # What `helm version` reports; upstream's Makefile stamps the same variables for a tag.
                 local pkg=helm.sh/helm/v4/internal/version
                 ldflags+=" -X $pkg.version=$version -X $pkg.metadata= -X $pkg.gitTreeState=clean"
+            elif [[ "$component" == helm3 ]]; then
+                # As Helm 4 above, and the Kubernetes version `helm template` and `helm lint` assume
+                # without a cluster: upstream's Makefile stamps the client-go minor it builds with.
+                local pkg=helm.sh/helm/v3/internal/version
+                ldflags+=" -X $pkg.version=$version -X $pkg.metadata= -X $pkg.gitTreeState=clean"
+                local k8s_minor
+                k8s_minor="$(required_version "$dir" k8s.io/client-go | sed -E 's/^v0\.([0-9]+)\..*/\1/')"
+                for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+                    ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8s_minor"
+                done
             fi
             echo "build.sh: building $component $version (cold builds take minutes)" >&2
             local start=$SECONDS
@@ -100,7 +110,7 @@ build_one() {
 
 components=("$@")
 [[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kueue
-                                              containerd containerd-shim-runc-v2 helm)
+                                              containerd containerd-shim-runc-v2 helm helm3)
 for c in "${components[@]}"; do
     [[ -n "${module_dir[$c]:-}" ]] || { echo "build.sh: unknown component '$c'" >&2; exit 2; }
     build_one "$c"

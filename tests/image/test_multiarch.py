@@ -153,8 +153,9 @@ def _image_env(out: Path) -> dict[str, str]:
 def test_push_gives_one_index_of_both_architectures(arm64_image: dict[str, str], registry: str,
                                                     tmp_path: Path) -> None:
     """`make image-push REGISTRY=...` (image/push.sh): the registry holds an OCI image index of the
-    amd64 and arm64 images under the version's tag, whose digest push.sh prints; each platform's
-    manifest is the one its build wrote, so a node pulls the image built for it."""
+    amd64 and arm64 images under the build's tag (<version>-<commit>), whose digest push.sh prints with
+    the chart's --set flags; each platform's manifest is the one its build wrote, so a node pulls the
+    image built for it."""
     require(shutil.which("skopeo") is not None, "skopeo is not installed (make image-deps)")
     env = {k: v for k, v in os.environ.items()
            if k not in ("IMAGE_BASE", "IMAGE_TREE", "IMAGE_ARCH", "IMAGE_OUT", "IMAGE_ARCHES")}
@@ -168,11 +169,18 @@ def test_push_gives_one_index_of_both_architectures(arm64_image: dict[str, str],
     with built.output_lock(), built.output_lock(ARM64_OUT):
         amd64_env, arm64_env = _image_env(built.DEFAULT_OUT), _image_env(ARM64_OUT)
     version = amd64_env["IMAGE_REF"].rsplit(":", 1)[1]
-    assert lines["pushed"] == f"{registry}/team/topolet:{version}"
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    tag = f"{version}-{commit}" + ("-dirty" if dirty else "")  # each build a tag of its own
+    assert lines["pushed"] == f"{registry}/team/topolet:{tag}"
     digest = lines["digest"]
     assert lines["pull"] == f"{registry}/team/topolet@{digest}"
+    assert lines["helm"] == (f"--set image.repository={registry}/team/topolet --set image.tag={tag} "
+                             f"--set image.digest={digest}")
 
-    raw = _skopeo_raw(f"docker://{registry}/team/topolet:{version}", "--raw")
+    raw = _skopeo_raw(f"docker://{registry}/team/topolet:{tag}", "--raw")
     assert "sha256:" + hashlib.sha256(raw).hexdigest() == digest
     index = json.loads(raw)
     assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
@@ -183,7 +191,7 @@ def test_push_gives_one_index_of_both_architectures(arm64_image: dict[str, str],
     assert platforms["arm64"]["digest"] == arm64_env["IMAGE_DIGEST"]
     # What an arm64 node's runtime resolves the tag to: the arm64 image's layer (skopeo reports the
     # index's digest as the tag's).
-    arm64 = json.loads(_skopeo_raw(f"docker://{registry}/team/topolet:{version}", "--override-arch", "arm64"))
+    arm64 = json.loads(_skopeo_raw(f"docker://{registry}/team/topolet:{tag}", "--override-arch", "arm64"))
     blobs = ARM64_OUT / "oci" / "blobs" / "sha256"
     manifest = json.loads((blobs / arm64_env["IMAGE_DIGEST"].removeprefix("sha256:")).read_text())
     assert arm64["Architecture"] == "arm64" and arm64["Digest"] == digest

@@ -17,7 +17,7 @@ import yaml
 
 from agent.enforce.state import State
 from agent.kube import nrt
-from agent.kube.cleanup_nodes import CLEANUP_LABELS, cleanup_daemonset
+from agent.kube.cleanup_nodes import CLEANUP_LABELS, CLEANUP_OF_LABEL, cleanup_daemonset
 from agent.kube.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
 from agent.kube.nrt import NRTPublisher, nrt_object
 from agent.labels.nodefeature import NODE_NAME_LABEL, nodefeature_name
@@ -213,7 +213,8 @@ def test_the_node_cleanup_daemonset_runs_cleanup_local_where_the_agents_ran() ->
     assert pod["automountServiceAccountToken"] is False
     # Its own labels: never counted as an agent (selectors, PodMonitor, NetworkPolicy).
     template_labels = ds["spec"]["template"]["metadata"]["labels"]
-    assert ds["spec"]["selector"]["matchLabels"] == CLEANUP_LABELS == template_labels
+    assert ds["spec"]["selector"]["matchLabels"] == {**CLEANUP_LABELS, CLEANUP_OF_LABEL: "topolet-agent"} \
+        == template_labels
     assert agents["spec"]["template"]["spec"]["containers"][0].get("livenessProbe")  # the input is untouched
 
 

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from agent.errors import ConfigError, KubeAPIError
-from agent.kube import labels_sink
 from agent.kube.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
 from agent.labels.nodefeature import NODE_NAME_LABEL, nodefeature_name
 from tests.controlplane.harness import ControlPlane
-from tests.kube.test_nrt import CRD_DIR, install_crd
+from tests.kube.test_nrt import install_crd
 
-NODEFEATURE_CRD = CRD_DIR / "nodefeatures.yaml"
+# NFD's CRD: neither the base nor the chart installs it.
+NODEFEATURE_CRD = Path(__file__).resolve().parents[1] / "data" / "crds" / "nodefeatures.yaml"
 LABELS = {"feature.node.kubernetes.io/cpu-hardware_multithreading": "true", "topolet.io/numa.nodes": "2"}
 
 
@@ -69,8 +69,9 @@ def node_meta(api: Any, node: str) -> tuple[dict[str, str], dict[str, str], str]
 
 # ---- NodeFeature ---------------------------------------------------------------------------------
 
-def test_auto_picks_nodefeature_and_applies_it(api: Any, namespace: str, node: str) -> None:
-    pub = LabelPublisher(api, node, namespace)
+def test_nodefeature_sink_applies_it(api: Any, namespace: str, node: str) -> None:
+    # `auto` picks it only where an nfd-master labels the node: tests/kube/test_labels_sink_auto.py.
+    pub = LabelPublisher(api, node, namespace, sink="nodefeature")
     assert pub.publish(LABELS) is True
     assert pub.resolved_sink == "nodefeature"
     live = get_nodefeature(api, namespace, node)
@@ -100,11 +101,9 @@ def test_nodefeature_writes_only_on_change(api: Any, namespace: str, node: str) 
     assert live["metadata"]["resourceVersion"] != version
 
 
-def test_auto_falls_back_to_the_file_without_nodefeature(
-        api: Any, node: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Discovery of a group the server does not serve answers 404: that is "no NFD here".
-    monkeypatch.setattr(labels_sink, "NODEFEATURE_GROUP", "nfd.not-installed.example.com")
-    pub = LabelPublisher(api, node, "topolet-system", features_dir=str(tmp_path))
+def test_auto_without_an_api_client_writes_the_file(tmp_path: Path) -> None:
+    pub = LabelPublisher(None, "n", "topolet-system", features_dir=str(tmp_path))
+    assert pub.resolved_sink == "file" and pub.next_check_in() is None
     assert pub.publish(LABELS) is True
     assert pub.resolved_sink == "file"
     text = (tmp_path / "topolet").read_text()
@@ -177,7 +176,7 @@ def test_file_and_none_sinks_need_no_api(tmp_path: Path) -> None:
     assert not (tmp_path / "absent").exists()
 
 
-@pytest.mark.parametrize(("sink", "client"), [("nfd", object()), ("auto", None), ("node", None)])
+@pytest.mark.parametrize(("sink", "client"), [("nfd", object()), ("node", None), ("nodefeature", None)])
 def test_invalid_configurations_are_refused(sink: str, client: object) -> None:
     with pytest.raises(ConfigError):
         LabelPublisher(client, "n", "topolet-system", sink=sink)

@@ -25,6 +25,8 @@ from tests.controlplane.harness import ControlPlane
 from tests.controlplane.kubectl import api_request
 from tests.controlplane.kubectl import applied_base as applied_base  # noqa: F401 - fixture
 from tests.controlplane.kubectl import kubectl as kubectl  # noqa: F401 - fixture
+from tests.kube.test_labels_sink import NODEFEATURE_CRD
+from tests.kube.test_nrt import install_crd
 
 try:
     import kubernetes  # noqa: F401
@@ -169,6 +171,9 @@ def wait_for_policy(plane: ControlPlane, token: str) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(control_plane: ControlPlane, applied_base: Any) -> Iterator[Cluster]:  # noqa: F811 - fixture
+    # NFD's NodeFeature CRD, as NFD installs it (the base has only the NRT CRD).
+    with control_plane.client() as api:
+        install_crd(api, NODEFEATURE_CRD)
     suffix = uuid.uuid4().hex[:6]
     a, b = f"node-a-{suffix}", f"node-b-{suffix}"
     for node in (a, b):
@@ -216,6 +221,7 @@ REFUSED: list[tuple[str, str, str, Any, str, str]] = [
      lambda c: nodefeature(c.b, {"topolet.io/numa.nodes": "9"}), APPLY, "policy"),
     ("take over node B's NodeFeature by relabelling it", "PATCH", NF_PATH + "/" + nodefeature_name("{b}"),
      lambda c: {"metadata": {"labels": {NODE_NAME_LABEL: c.a}}}, MERGE, "policy"),
+    ("delete node B's NodeFeature", "DELETE", NF_PATH + "/" + nodefeature_name("{b}"), None, MERGE, "policy"),
     ("create a NodeFeature for node B named after node A", "POST", NF_PATH,
      lambda c: nodefeature(c.b, name=nodefeature_name(c.a) + "-x"), "application/json", "policy"),
     # One NodeFeature per node, by name, with only our labels.
@@ -478,7 +484,8 @@ def test_sees_whether_nfd_is_installed_through_discovery(cluster: Cluster) -> No
 
 
 def test_agent_publishers_work_with_the_agents_credentials(cluster: Cluster) -> None:
-    """What agent/kube sends (label sinks, NRT apply, Events) passes RBAC and the policy on its node."""
+    """What agent/kube sends (label sinks and auto's moves between them, NRT apply, Events) passes RBAC
+    and the policy on its node."""
     from agent.kube.events import EventRecorder
     from agent.kube.labels_sink import LabelPublisher
     from agent.kube.nrt import NRTPublisher
@@ -491,12 +498,30 @@ def test_agent_publishers_work_with_the_agents_credentials(cluster: Cluster) -> 
         labels = node_labels(cluster, node)
         assert labels["topolet.io/numa.nodes"] == "1"
         assert "topolet.io/cpu.threads-per-core" not in labels
-        auto = LabelPublisher(api, node, NAMESPACE, sink="auto")
+        # auto: on the Node until nfd-master labels it (its annotation, written here as nfd-master
+        # writes it), then a NodeFeature and the Node labels removed, and back: the NodeFeature deleted.
+        auto = LabelPublisher(api, node, NAMESPACE, sink="auto", check_seconds=0.0)
+        assert auto.publish({"feature.node.kubernetes.io/memory-numa": "false"})
+        assert auto.resolved_sink == "node"
+        assert node_labels(cluster, node)["feature.node.kubernetes.io/memory-numa"] == "false"
+        status, body = api_request(cluster.plane, "PATCH", f"/api/v1/nodes/{node}", body={"metadata": {
+            "annotations": {"nfd.node.kubernetes.io/feature-labels": "cpu-cpuid.AVX2"}}}, content_type=MERGE)
+        assert status == 200, body
         assert auto.publish({"feature.node.kubernetes.io/memory-numa": "false"})
         assert auto.resolved_sink == "nodefeature"
         status, body = api_request(cluster.plane, "GET", f"{NF_PATH}/{nodefeature_name(node)}")
         assert status == 200, body
         assert body["spec"]["labels"] == {"feature.node.kubernetes.io/memory-numa": "false"}
+        assert "feature.node.kubernetes.io/memory-numa" not in node_labels(cluster, node)
+        status, body = api_request(cluster.plane, "PATCH", f"/api/v1/nodes/{node}", body={"metadata": {
+            "annotations": {"nfd.node.kubernetes.io/feature-labels": None}}}, content_type=MERGE)
+        assert status == 200, body
+        assert auto.publish({"feature.node.kubernetes.io/memory-numa": "false"})
+        assert auto.resolved_sink == "node"
+        assert node_labels(cluster, node)["feature.node.kubernetes.io/memory-numa"] == "false"
+        status, body = api_request(cluster.plane, "GET", f"{NF_PATH}/{nodefeature_name(node)}")
+        assert status == 404, body
+        assert auto.failures == 0
         obj = nrt(node)
         obj["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}]
         assert NRTPublisher(api, node).publish(obj)

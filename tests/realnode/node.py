@@ -616,6 +616,11 @@ class RealNode:
         finally:
             client.close()
 
+    def node_labels(self) -> dict[str, str]:
+        """The Node's labels (none when the Node is gone)."""
+        node = self.node_object() or {}
+        return dict((node.get("metadata") or {}).get("labels") or {})
+
     def node_object(self) -> dict[str, Any] | None:
         from agent.errors import KubeAPIError
 

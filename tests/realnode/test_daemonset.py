@@ -75,11 +75,9 @@ def test_daemonset_pod_publishes_and_pins_on_the_real_node(real_node: RealNode, 
         return {a["name"]: a["value"] for a in (nrt(real_node) or {}).get("attributes") or []}.get(
             "topolet.io/pinning-route")
     wait(lambda: route() == "pod-cgroup", "the NRT to report the pod-cgroup route")
-    with real_node.api() as api:
-        path = f"/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{AGENT_NS}/nodefeatures"
-        features = wait(lambda: api.list(path)["items"], "the agent's NodeFeature")
-    labels = features[0]["spec"]["labels"]
-    assert labels.get("topolet.io/numa.nodes") == "1"
+    # No NFD master labels this node: --label-sink auto labels the Node itself.
+    labels = wait(lambda: real_node.node_labels().get("topolet.io/numa.nodes"), "the agent's Node labels")
+    assert labels == "1"
 
     _, shared_pid = run(real_node, pods, "pool-of-daemonset", cpu="100m", limits=False)
     pod, pid = run(real_node, pods, "pinned-by-daemonset")

@@ -24,6 +24,8 @@ def status_fields(pid: int | str = "self") -> dict[str, str]:
 
 
 def main(out: str, mode: str = "once") -> None:
+    if mode == "hold":  # before the report: a test may send SIGTERM as soon as it reads it
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     fields = status_fields()
     with open("/proc/self/cpuset") as f:
         cgroup = f.read().strip()
@@ -39,7 +41,6 @@ def main(out: str, mode: str = "once") -> None:
         json.dump(report, f)
     os.replace(tmp, out)
     if mode == "hold":
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         while True:
             signal.pause()
 

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.enforce.cgroup import read_cpus, write_cpuset
 from agent.metrics.registry import Metrics
 from agent.standalone.daemon import StandaloneAgent
+from agent.topology.cpuset import CPUSet
 from tests.standalone.conftest import Node, kill_and_reap, proc_cpus, wait_for
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -131,13 +132,15 @@ def test_agent_serves_metrics_health_and_labels_and_stops_on_sigterm(node: Node)
     info = s["topolet_info"][0][0]
     assert info["nodename"] == os.uname().nodename and "node" not in info
     assert info["enforcement"] == "on"
+    reserved = CPUSet([0]) & node.allowed  # the standalone agent's default, as exec's
     for n in node.topology.numa_nodes:
         if n.memory_only:
             continue
         cpus = n.cpus & node.allowed
         got = {st: _value(s, "topolet_cpus", numa=str(n.id), state=st)
                for st in ("exclusive", "shared", "reserved")}
-        assert got == {"exclusive": len(cpus & held.cpus), "shared": len(cpus - held.cpus), "reserved": 0}
+        assert got == {"exclusive": len(cpus & held.cpus), "shared": len(cpus - held.cpus - reserved),
+                       "reserved": len(cpus & reserved)}
     assert _value(s, "topolet_cgroup_drift_total") == 0
 
     # Drift behind the agent's back is repaired by its loop and counted.

@@ -11,8 +11,10 @@ import http.server
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,8 @@ from agent.cli import build_parser
 from agent.cli.logging_setup import LOG_LEVELS
 from agent.cli.mode import agent_mode
 from agent.errors import ConfigError
-from tests.conftest import topolet_bin
+from tests.conftest import require, topolet_bin
+from tests.standalone.conftest import Node
 from tests.standalone.test_cli_help import COMMANDS
 
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR) ")
@@ -214,6 +217,37 @@ def test_bad_values_are_refused_in_one_line(tmp_path: Path, words: list[str], sa
     assert says in p.stderr and "see topolet" in p.stderr
 
 
+@pytest.mark.parametrize(("words", "says"), [
+    (["exec", "--cpu", "1"], "unrecognized arguments: --cpu (did you mean --cpus?); the following "
+                             "arguments are required: --cpus"),
+    (["exec", "--cpus", "1", "--cpu", "1"], "unrecognized arguments: --cpu (did you mean --cpus?)"),
+    (["exec", "--cpus", "1", "--memory"],
+     "unrecognized arguments: --memory (did you mean --memory-binding?)"),
+    (["cleanup", "--loc"], "unrecognized arguments: --loc (did you mean --local?)"),
+    (["status", "--form", "json"], "unrecognized arguments: --form (did you mean --format?)"),
+    (["mig", "plan", "--gpu-mod", "H100-80GB", "--demand", "all-balanced"],
+     "unrecognized arguments: --gpu-mod (did you mean --gpu-model?); the following arguments are "
+     "required: --gpu-model"),
+])
+def test_an_abbreviated_option_is_refused_not_guessed(tmp_path: Path, words: list[str], says: str) -> None:
+    # Where today's argparse would guess, the run touches only this test's folders.
+    where = ["--state-dir", str(tmp_path / "state"), "--cgroup-root", str(tmp_path / "no-cgroups")]
+    if words[0] == "cleanup":
+        where += ["--features-dir", str(tmp_path / "features.d")]
+    tail = ["--", "touch", str(tmp_path / "ran")] if words[0] == "exec" else []
+    p = topolet(tmp_path, *words, *(where if words[0] in ("exec", "cleanup") else []), *tail)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1, p.stderr
+    command = " ".join(words[:2] if words[0] == "mig" else words[:1])
+    assert p.stderr.startswith(f"topolet {command}: error: {says} (see topolet {command} --help)"), p.stderr
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize(("path", "parser"), COMMANDS, ids=[" ".join(p) or "topolet" for p, _ in COMMANDS])
+def test_no_parser_takes_abbreviations(path: tuple[str, ...], parser: argparse.ArgumentParser) -> None:
+    assert parser.allow_abbrev is False
+
+
 def test_good_values_still_parse() -> None:
     queue = "team-a.gpu_1=StrictFIFO"
     args = build_parser().parse_args(["controller", "--resync-seconds", "0.5", "--queue", queue,
@@ -292,3 +326,44 @@ def test_a_state_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     line = the_error(topolet(tmp_path, "status", "--state-dir", str(tmp_path / "file")), "status")
     assert "Not a directory" in line
+
+
+# -- not root ---------------------------------------------------------------------------------------
+
+NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+
+
+@pytest.fixture
+def root_only() -> Iterator[Path]:
+    """A state folder only root may write, where another user may look (pytest's tmp_path is root's),
+    beside a features.d folder everyone may write."""
+    require(os.geteuid() == 0, "needs root to run topolet as another user")
+    require(shutil.which("setpriv") is not None, "needs setpriv (util-linux)")
+    top = Path(tempfile.mkdtemp(prefix="topolet-not-root-"))
+    try:
+        top.chmod(0o755)
+        (top / "state").mkdir(mode=0o755)
+        (top / "features.d").mkdir()
+        (top / "features.d").chmod(0o777)
+        yield top / "state"
+    finally:
+        shutil.rmtree(top)
+
+
+@pytest.mark.parametrize("command", [
+    ["exec", "--cpus", "1", "--", "true"],
+    ["agent", "--once", "--listen", "127.0.0.1:0", "--features-dir", "{top}/features.d"],
+    ["cleanup", "--local", "--features-dir", "{top}/features.d"],
+])
+def test_a_run_as_another_user_than_root_says_it_needs_root(node: Node, root_only: Path,
+                                                             command: list[str]) -> None:
+    words = [w.format(top=root_only.parent) for w in command]
+    split = words.index("--") if "--" in words else len(words)
+    argv = [*NOBODY, topolet_bin(), *words[:split], "--state-dir", str(root_only), "--cgroup-root", node.root,
+            *words[split:]]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=node.env(), cwd=root_only.parent,
+                       check=False)
+    line = the_error(p, command[0])
+    assert "Permission denied" in line
+    assert line.endswith(f"; topolet {command[0]} needs root (or write access to {root_only})"), line
+    assert os.listdir(root_only) == []

@@ -160,3 +160,70 @@ def test_exec_without_a_command_is_a_usage_error(node: Node) -> None:
                                    "--cgroup-root", node.root))
     assert result.returncode == 2
     assert "no command given" in result.stderr
+
+
+# -- the reservation ------------------------------------------------------------------------------
+
+
+def test_exec_leaves_cpu_0_to_the_system_by_default(node: Node) -> None:
+    assert 0 in node.allowed
+    held = node.hold(node.capacity)
+    assert len(held.cpus) == node.capacity and 0 not in held.cpus
+    assert node.state().reserved == CPUSet([0])  # recorded, for the agent and the next exec
+    assert held.stop() == 0
+
+
+def test_the_standalone_agent_reserves_the_same_by_default(node: Node) -> None:
+    node.agent_once()
+    assert node.state().reserved == CPUSet([0])
+
+
+def test_exec_keeps_the_reservation_the_agent_recorded(node: Node) -> None:
+    last = CPUSet([max(node.allowed)])
+    node.agent_once("--reserved-cpus", last.cpulist())
+    held = node.hold(node.capacity)
+    assert held.cpus == node.allowed - last
+    assert node.state().reserved == last  # never overwritten by an exec that named none
+    assert held.stop() == 0
+    assert node.state().reserved == last
+
+
+def test_an_explicit_reservation_is_recorded_and_then_stands(node: Node) -> None:
+    node.run_reporter(1, "--reserved-cpus", "")
+    assert node.state().reserved == CPUSet()
+    _, report = node.run_reporter(node.capacity)
+    env = report["env"]
+    assert isinstance(env, dict) and len(CPUSet.parse(env["TOPOLET_CPUS"])) == node.capacity
+    assert node.state().reserved == CPUSet()
+
+
+def _refusal(node: Node, cpus: int, *extra: str) -> str:
+    result = node.run(node.exec_argv(cpus, ["true"], *extra))
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("topolet exec: ")
+    return line
+
+
+@pytest.mark.parametrize("extra", [(), ("--reserved-cpus", "")], ids=["cpu-0-reserved", "none-reserved"])
+def test_more_than_the_machine_can_give_says_its_size(node: Node, extra: tuple[str, ...]) -> None:
+    n = len(node.allowed)
+    line = _refusal(node, n, *extra)
+    assert f"only {n} CPUs and one always stays in the shared pool, so at most {n - 1} can be exclusive" \
+        in line, line
+    assert "reserve a CPU" not in line and "changes the reservation" not in line, line
+
+
+def test_a_request_the_reservation_blocks_says_how_to_change_it(node: Node) -> None:
+    everything = node.allowed.cpulist()
+    line = _refusal(node, 1, "--reserved-cpus", everything)
+    assert f"{len(node.allowed)} CPUs are reserved ({everything}); --reserved-cpus changes the reservation" \
+        in line, line
+
+
+def test_a_request_other_allocations_block_says_they_hold_the_cpus(node: Node) -> None:
+    held = node.hold(node.capacity)
+    line = _refusal(node, 1)
+    assert f"{node.capacity} held by other allocations (topolet status lists them)" in line, line
+    assert "reserve" not in line, line
+    assert held.stop() == 0

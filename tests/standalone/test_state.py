@@ -42,7 +42,7 @@ def _status(node: Node, fmt: str) -> str:
 @pytest.mark.parametrize("reserve", [False, True], ids=["nothing-reserved", "last-cpu-reserved"])
 def test_status_json_shows_the_allocation_and_free_cpus_per_numa(node: Node, reserve: bool) -> None:
     reserved = CPUSet([max(node.allowed)]) if reserve else CPUSet()
-    extra = ("--reserved-cpus", reserved.cpulist()) if reserve else ()
+    extra = ("--reserved-cpus", reserved.cpulist())  # '' for none (exec reserves CPU 0 by default)
     held = node.hold(1, *extra)
     assert held.cpus.isdisjoint(reserved)
     data = json.loads(_status(node, "json"))

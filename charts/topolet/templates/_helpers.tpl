@@ -14,8 +14,12 @@ app.kubernetes.io/part-of: topolet
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 
-{{/* The image reference: repository@digest when a digest is set, else repository:tag. */}}
+{{/* The image reference: repository@digest when a digest is set, else repository:tag. The image
+has no default: one nobody pushed would install "successfully" and never pull. */}}
 {{- define "topolet.image" -}}
+{{- if not .Values.image.repository -}}
+{{- fail "image.repository is not set: push topolet's image (make image-push REGISTRY=registry.example.com/team prints the --set flags) and install with --set image.repository=<registry>/topolet --set image.digest=<digest>" -}}
+{{- end -}}
 {{- if .Values.image.digest -}}
 {{ .Values.image.repository }}@{{ .Values.image.digest }}
 {{- else -}}
@@ -73,6 +77,22 @@ Argument: (list $ "path under files/").
 {{- end -}}
 {{- if ne (len $found) 1 }}{{ fail (printf "files/%s: %d objects of kind %s, want 1" (index . 1) (len $found) (index . 2)) }}{{ end -}}
 {{- toYaml (first $found) -}}
+{{- end }}
+
+{{/* The pods' imagePullSecrets, as YAML `{secrets: [{name: ...}]}` (fromYaml it): image.pullSecrets,
+then a parent chart's global.imagePullSecrets (names, or {name: ...} as some parents write them),
+each name once. */}}
+{{- define "topolet.imagePullSecrets" -}}
+{{- $names := list -}}
+{{- $global := (.Values.global | default dict).imagePullSecrets | default list -}}
+{{- range $secret := concat (.Values.image.pullSecrets | default list) $global -}}
+{{- $name := $secret -}}
+{{- if kindIs "map" $secret }}{{ $name = $secret.name }}{{ end -}}
+{{- $names = append $names $name -}}
+{{- end -}}
+{{- $secrets := list -}}
+{{- range $name := uniq $names }}{{ $secrets = append $secrets (dict "name" $name) }}{{ end -}}
+{{- toYaml (dict "secrets" $secrets) -}}
 {{- end }}
 
 {{/* Node affinity to the architectures the image is built for, joined with EXTRA's node affinity (may be empty). Argument: (list $ extra). */}}

@@ -30,7 +30,8 @@ from tests.controlplane.harness import BUILD_SCRIPT, BUILD_TIMEOUT_S, ControlPla
 REPO = Path(__file__).resolve().parents[3]
 BASE = REPO / "daemonset"
 POLICY_BINDING = "topolet-agent-own-node"
-CRDS = ("noderesourcetopologies.topology.node.k8s.io", "nodefeatures.nfd.k8s-sigs.io")
+# The base's one CRD; NFD's NodeFeature CRD is NFD's to install (tests/data/crds has a copy for tests).
+CRDS = ("noderesourcetopologies.topology.node.k8s.io",)
 COMMAND_TIMEOUT_S = 120
 
 _built: Path | None = None
