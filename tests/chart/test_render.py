@@ -23,6 +23,7 @@ from tests.chart.helm import (
     set_args,
 )
 from tests.controlplane.kubectl import base_with_components, build_kubectl, kustomize_build
+from tests.monitoring.prometheus_rule import RUNBOOK_PLACEHOLDER
 
 MAP_KINDS = {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
 
@@ -78,8 +79,10 @@ def test_defaults_render_the_base(helm: Helm) -> None:
 def test_components_render_as_values(helm: Helm, tmp_path: Path) -> None:
     """The base with the kueue and prometheus-operator components, and the chart with their values."""
     base = base_with_components(tmp_path, "kueue", "prometheus-operator")
+    # The base's runbook placeholder (the chart's default, empty, drops runbook_url instead).
     chart = render(helm, {**AS_BASE, "kueue.enabled": True, "monitoring.podMonitors.enabled": True,
-                          "monitoring.prometheusRule.enabled": True})
+                          "monitoring.prometheusRule.enabled": True,
+                          "monitoring.runbookBaseURL": RUNBOOK_PLACEHOLDER})
     assert compare_with_base(chart, base) == []
 
 
@@ -247,6 +250,7 @@ def test_other_namespace_moves_the_policies_user_names(helm: Helm) -> None:
     ({"cleanup.timeoutSeconds": 0}, "/cleanup/timeoutSeconds"),
     ({"cleanup.timeoutSeconds": 241}, "/cleanup/timeoutSeconds"),  # the hook past Helm's default timeout
     ({"monitoring.runbookBaseURL": "daemonset/"}, "/monitoring/runbookBaseURL"),
+    ({"monitoring.runbookBaseURL": "https://wiki.example.com/t"}, "/monitoring/runbookBaseURL"),
 ])
 def test_schema_rejects_bad_values(helm: Helm, values: dict[str, Any], message: str) -> None:
     for command in ("lint", "template"):
@@ -301,20 +305,38 @@ def test_uninstall_hook_cleans_every_pools_nodes_and_never_a_crd(helm: Helm) -> 
     assert not [d for d in render(helm, VALUE_SETS["controller-only"]) if d["kind"] == "Job"]
 
 
-def test_runbook_urls_follow_the_one_value(helm: Helm) -> None:
-    """monitoring.runbookBaseURL moves every alert's runbook_url, its section anchor kept (the
+def test_runbook_urls_only_under_a_base_that_is_set(helm: Helm) -> None:
+    """By default (monitoring.runbookBaseURL empty) no alert has a runbook_url, and nothing else of it
+    changes; set, every alert's runbook_url is the base, then its section of daemonset/README.md (the
     kustomize overlay's generator entry does the same: tests/monitoring/test_component.py)."""
     values = {"monitoring.prometheusRule.enabled": True}
-    default = find(render(helm, values), "PrometheusRule", "topolet")
+    unset = find(render(helm, values), "PrometheusRule", "topolet")
     moved = find(render(helm, {**values, "monitoring.runbookBaseURL": "https://wiki.example.com/t/"}),
                  "PrometheusRule", "topolet")
-    pairs = [(a["annotations"]["runbook_url"], b["annotations"]["runbook_url"])
-             for ga, gb in zip(default["spec"]["groups"], moved["spec"]["groups"], strict=True)
+    pairs = [(a, b) for ga, gb in zip(unset["spec"]["groups"], moved["spec"]["groups"], strict=True)
              for a, b in zip(ga["rules"], gb["rules"], strict=True) if "alert" in a]
     assert pairs
-    for before, after in pairs:
-        assert before.startswith("https://github.com/topolet/topolet/blob/main/daemonset/README.md#")
-        assert after == before.replace("https://github.com/topolet/topolet/blob/main/", "https://wiki.example.com/t/")
+    for without, with_base in pairs:
+        assert "runbook_url" not in without["annotations"], without["alert"]
+        url = with_base["annotations"].pop("runbook_url")
+        assert url == f"https://wiki.example.com/t/daemonset/README.md#{with_base['alert'].lower()}"
+        assert with_base == without
+
+
+@pytest.mark.parametrize(("values", "says"), [
+    ({"monitoring.prometheusRule.enabled": True}, True),
+    ({"monitoring.prometheusRule.enabled": True, "monitoring.runbookBaseURL": "https://wiki.example.com/t/"},
+     False),
+    ({}, False),  # no PrometheusRule, no alerts to link
+])
+def test_notes_say_the_alerts_have_no_runbook_links(helm: Helm, values: dict[str, Any], says: bool) -> None:
+    done = helm.run("install", "topolet", str(CHART), "--namespace", NAMESPACE, "--dry-run=client",
+                    *set_args({**IMAGE, **values}))
+    notes = done.stdout.partition("NOTES:")[2]
+    assert "Monitoring:" in notes
+    line = ("The alerts have no runbook links until monitoring.runbookBaseURL points at where you serve "
+            "topolet's runbooks")
+    assert (line in notes) == says, notes
 
 
 # The kinds the base and its components render that the API server keeps without a namespace.

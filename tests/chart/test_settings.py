@@ -15,6 +15,7 @@ from tests.chart.helm import CHART, IMAGE, NAMESPACE, Helm, find, render, set_ar
 
 AGENT = ("DaemonSet", "topolet-agent")
 CONTROLLER = ("Deployment", "topolet-controller")
+CLEANUP = ("Job", "topolet-cleanup")
 
 
 def container(obj: dict[str, Any]) -> dict[str, Any]:
@@ -207,6 +208,10 @@ def test_controller_placement_is_its_own(helm: Helm) -> None:
         "podAntiAffinity": spread}
     agent_spec = find(docs, *AGENT)["spec"]["template"]["spec"]
     assert agent_spec["nodeSelector"] == {"nvidia.com/gpu.present": "true", "kubernetes.io/os": "linux"}
+    # The uninstall's hook Job runs where the controller does (its node affinity, not its spread).
+    hook = find(docs, *CLEANUP)["spec"]["template"]["spec"]
+    assert hook["nodeSelector"] == spec["nodeSelector"]
+    assert hook["affinity"] == {"nodeAffinity": spec["affinity"]["nodeAffinity"]}
     # Without controller.affinity, the base's preferred spread over hostnames stays.
     default = find(render(helm), *CONTROLLER)["spec"]["template"]["spec"]["affinity"]
     assert set(default) == {"nodeAffinity", "podAntiAffinity"}
@@ -221,7 +226,7 @@ def test_controller_placement_is_its_own(helm: Helm) -> None:
 ])
 def test_global_image_pull_secrets(helm: Helm, values: dict[str, Any], secrets: list[str]) -> None:
     docs = render(helm, values)
-    for kind, name in (AGENT, CONTROLLER):
+    for kind, name in (AGENT, CONTROLLER, CLEANUP):
         spec = find(docs, kind, name)["spec"]["template"]["spec"]
         assert spec["imagePullSecrets"] == [{"name": s} for s in secrets]
 

@@ -16,6 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "daemonset" / "monitoring" / "topolet.rules.yaml"
 COMPONENT = REPO / "daemonset" / "components" / "prometheus-operator"
 PROMETHEUS_RULE = COMPONENT / "prometheusrule.yaml"
+# The base of every runbook_url in the rules file, and the kustomize base's default for it (ConfigMap
+# topolet-runbooks): a placeholder under .invalid, which never resolves (RFC 2606), until an overlay or a
+# sed sets where topolet's source is served. The chart's monitoring.runbookBaseURL defaults to empty.
+RUNBOOK_PLACEHOLDER = "https://topolet-runbooks.invalid/"
 
 HEADER = """\
 # GENERATED from daemonset/monitoring/topolet.rules.yaml by `python -m tests.monitoring.prometheus_rule`:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
 from tests.controlplane.kubectl import BASE, build_kubectl, kustomize_build
-from tests.monitoring.prometheus_rule import COMPONENT, PROMETHEUS_RULE, RULES, render
+from tests.monitoring.prometheus_rule import COMPONENT, PROMETHEUS_RULE, RULES, RUNBOOK_PLACEHOLDER, render
 
 NAMESPACE = "topolet-system"
 # (workload kind, name, PodMonitor, job, port): the contract of issue 11.
@@ -115,6 +116,18 @@ def test_render_follows_an_edit_of_the_rules_file() -> None:
     text = render(edited)
     assert text != render()
     assert yaml.safe_load(text)["spec"] == yaml.safe_load(edited)
+
+
+def test_without_an_overlay_entry_every_runbook_url_is_the_placeholder(
+        with_component: list[dict[str, Any]]) -> None:
+    """The base's ConfigMap topolet-runbooks defaults to the rules file's placeholder: a host that never
+    resolves (.invalid), so no alert links to a guess at where topolet's source is served."""
+    groups = one(with_component, "PrometheusRule", "topolet")["spec"]["groups"]
+    urls = [r["annotations"]["runbook_url"] for g in groups for r in g["rules"] if "alert" in r]
+    assert urls
+    for url in urls:
+        assert url == f"{RUNBOOK_PLACEHOLDER}daemonset/README.md#{url.partition('#')[2]}", url
+    assert str(urlsplit(RUNBOOK_PLACEHOLDER).hostname).endswith(".invalid")
 
 
 def test_an_overlay_moves_every_runbook_url_with_one_generator_entry(tmp_path: Path) -> None:

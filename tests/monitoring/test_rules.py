@@ -11,20 +11,19 @@ import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
 from tests.conftest import REPO, require
+from tests.monitoring.prometheus_rule import COMPONENT, RUNBOOK_PLACEHOLDER
 
 RULES = REPO / "daemonset" / "monitoring" / "topolet.rules.yaml"
 RULES_TEST = Path(__file__).resolve().parent / "rules_test.yaml"
 README = REPO / "daemonset" / "README.md"
 # The scrape jobs of the metric contract (issue 11): every rule reads one of them.
 JOBS = ('job="topolet-agent"', 'job="topolet-controller"')
-# Every runbook_url's base: the rules file's default, and the one setting's default where it is set
-# (the base's ConfigMap topolet-runbooks, the chart's monitoring.runbookBaseURL).
-RUNBOOK_BASE = "https://github.com/topolet/topolet/blob/main/"
 
 
 def promtool() -> str:
@@ -99,7 +98,7 @@ def test_every_alert_has_a_severity_summary_description_and_runbook(name: str) -
     assert all(alert["annotations"][k].strip() for k in ("summary", "description"))
     url, _, anchor = alert["annotations"]["runbook_url"].partition("#")
     # Absolute, as Alertmanager's users follow it: the one base, then the README's path in the repository.
-    assert url == RUNBOOK_BASE + str(README.relative_to(REPO)), url
+    assert url == RUNBOOK_PLACEHOLDER + str(README.relative_to(REPO)), url
     assert anchor == name.lower()
     headings = [line.lstrip("#") for line in README.read_text().splitlines() if line.startswith("### ")]
     assert anchor in {github_anchor(h) for h in headings}, f"no runbook section {name} in {README}"
@@ -112,13 +111,21 @@ def test_every_rule_reads_a_contract_job() -> None:
             f"{rule.get('alert') or rule.get('record')} reads no topolet job: {expr}"
 
 
-def test_the_runbook_base_is_one_setting_with_one_default() -> None:
-    """The kustomize base's ConfigMap topolet-runbooks and the chart's value default to the rules'
-    base; tests/monitoring/test_component.py and tests/chart/test_render.py change it each way."""
+def test_the_runbook_base_is_unset_until_the_operator_sets_it() -> None:
+    """No default links anywhere real: the rules file and the kustomize base's ConfigMap
+    topolet-runbooks share one placeholder that never resolves, and the chart's value is empty (its
+    alerts then carry no runbook_url). tests/monitoring/test_component.py and
+    tests/chart/test_render.py set it each way."""
+    assert str(urlsplit(RUNBOOK_PLACEHOLDER).hostname).endswith(".invalid")
     kustomization = yaml.safe_load((REPO / "daemonset" / "kustomization.yaml").read_text())
     (generator,) = [g for g in kustomization["configMapGenerator"] if g["name"] == "topolet-runbooks"]
-    assert generator["literals"] == [f"baseURL={RUNBOOK_BASE}"]
+    assert generator["literals"] == [f"baseURL={RUNBOOK_PLACEHOLDER}"]
     assert generator["options"]["annotations"] == {"config.kubernetes.io/local-config": "true"}
     values = yaml.safe_load((REPO / "charts" / "topolet" / "values.yaml").read_text())
-    assert values["monitoring"]["runbookBaseURL"] == RUNBOOK_BASE
-    assert all(r["annotations"]["runbook_url"].startswith(RUNBOOK_BASE) for r in alerts())
+    assert values["monitoring"]["runbookBaseURL"] == ""
+    assert all(r["annotations"]["runbook_url"].startswith(RUNBOOK_PLACEHOLDER) for r in alerts())
+    # Every URL these files name is under the placeholder (or the comment's elided https://.../), never
+    # a guess at where topolet's source is hosted.
+    for path in (RULES, RULES_TEST, REPO / "daemonset" / "kustomization.yaml", *COMPONENT.iterdir()):
+        for url in re.findall(r"https?://[^\s\]'\"]+", path.read_text()):
+            assert url.startswith((RUNBOOK_PLACEHOLDER, "https://.../")), f"{path}: {url}"

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ import pytest
 
 from agent.errors import KubeAPIError
 from tests.chart.helm import CHART, Helm, build_helm
-from tests.conftest import require
+from tests.conftest import REPO, require, topolet_bin
 from tests.controlplane.cluster import Cluster
 from tests.controlplane.harness import _Process, free_port
 from tests.controlplane.kubectl import Kubectl, build_kubectl
@@ -229,3 +231,59 @@ def test_chart_brings_up_agent_and_controller_and_its_uninstall_cleans_the_node(
                        "noderesourcetopologies.topology.node.k8s.io")  # kept
         assert not [j for j in api.list(f"/apis/batch/v1/namespaces/{AGENT_NS}/jobs")["items"]
                     if j["metadata"]["name"] == "topolet-cleanup"]  # deleted once it succeeded
+
+
+# The hook's objects (templates/cleanup-hook.yaml), by API path.
+HOOK_OBJECTS = (f"/apis/batch/v1/namespaces/{AGENT_NS}/jobs/topolet-cleanup",
+                f"/api/v1/namespaces/{AGENT_NS}/serviceaccounts/topolet-cleanup",
+                "/apis/rbac.authorization.k8s.io/v1/clusterroles/topolet-cleanup",
+                "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/topolet-cleanup",
+                f"/apis/rbac.authorization.k8s.io/v1/namespaces/{AGENT_NS}/roles/topolet-cleanup",
+                f"/apis/rbac.authorization.k8s.io/v1/namespaces/{AGENT_NS}/rolebindings/topolet-cleanup")
+
+
+def present(real_node: RealNode, path: str) -> bool:
+    with real_node.api() as api:
+        try:
+            api.get(path)
+        except KubeAPIError as exc:
+            if exc.not_found:
+                return False
+            raise
+    return True
+
+
+def test_an_uninstall_whose_image_cannot_pull_fails_in_time_and_leaves_a_way_out(
+        real_node: RealNode, chart: Helm) -> None:
+    """An image the node can never pull (the agents, the controller and the hook's Job alike): `helm
+    uninstall` with Helm's default --timeout fails well within it, leaves no hook object behind, and
+    the way out in charts/topolet/README.md ("Uninstall": the hook's command by hand, then
+    `helm uninstall --no-hooks`) ends with no release and none of the release's objects."""
+    chart.run("install", RELEASE, str(CHART), "-n", AGENT_NS, "--create-namespace",
+              "--post-renderer", "realnode", "--timeout", "2m",
+              "--set", "image.repository=localhost/topolet-never-built", "--set", "image.tag=0.0.0",
+              "--set", "image.pullPolicy=Never", "--set", "controller.replicas=1",
+              "--set", "cleanup.timeoutSeconds=20")
+    started = time.monotonic()
+    done = chart.run("uninstall", RELEASE, "-n", AGENT_NS, check=False)  # Helm's default --timeout, 5m
+    took = time.monotonic() - started
+    milestone(f"stuck uninstall failed in {took:.0f} s")
+    assert done.returncode != 0, done.stdout
+    assert took < 240, f"the failed hook took {took:.0f} s"
+    assert "topolet-cleanup" in done.stderr, done.stderr
+    for path in HOOK_OBJECTS:
+        assert not present(real_node, path), f"hook object {path} left behind"
+
+    way_out = subprocess.run([topolet_bin(), "cleanup", "--objects", "--all-nodes", "--namespace", AGENT_NS,
+                              "--daemonset", "topolet-agent", "--timeout-seconds", "20",
+                              "--kubeconfig", str(real_node.cluster.plane.kubeconfig)],
+                             capture_output=True, text=True, cwd=REPO, timeout=300, check=False)
+    # Its node cleanup cannot run either (the same image): the objects go, the node is named.
+    assert way_out.returncode == 3, way_out.stderr
+    assert real_node.name in way_out.stderr, way_out.stderr
+    chart.run("uninstall", RELEASE, "-n", AGENT_NS, "--no-hooks", "--timeout", "2m")
+    assert RELEASE not in chart.run("list", "-n", AGENT_NS, "-a", "-q").stdout.split()
+    for path in (*HOOK_OBJECTS, f"/apis/apps/v1/namespaces/{AGENT_NS}/daemonsets/topolet-agent",
+                 f"/apis/apps/v1/namespaces/{AGENT_NS}/deployments/topolet-controller",
+                 "/apis/rbac.authorization.k8s.io/v1/clusterroles/topolet-agent"):
+        assert not present(real_node, path), f"{path} left after the way out"
