@@ -9,6 +9,7 @@ helm that cannot be built or started fails the test; otherwise it skips.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,21 +25,30 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
     return Helm(build_helm(), tmp_path_factory.mktemp("helm-home"))
 
 
-@pytest.fixture(scope="module")
-def chart_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A control plane of the module's own."""
+@contextmanager
+def started_plane(folder: Path) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver in `folder`, stopped afterwards (a failure under CI=true, else a skip)."""
     try:
         import kubernetes  # noqa: F401
 
-        plane = ControlPlane(build_binaries(), tmp_path_factory.mktemp("chart-plane"))
+        plane = ControlPlane(build_binaries(), folder)
         plane.start()
     except (ImportError, ControlPlaneError) as exc:
         reason = f"no control plane: {exc}"
         if IN_CI:
             pytest.fail(f"control plane required under CI: {reason}")
         pytest.skip(reason)
-    yield plane
-    plane.stop()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="module")
+def chart_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of the module's own."""
+    with started_plane(tmp_path_factory.mktemp("chart-plane")) as plane:
+        yield plane
 
 
 @pytest.fixture(scope="module")

@@ -31,38 +31,31 @@ COMMAND_TIMEOUT_S = 180
 # .Capabilities.APIVersions): `helm template` alone knows group versions only, never kinds.
 MAP_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
 
-_built: Path | None = None
-_failure: str | None = None
+# build.sh's component -> its binary, or why it could not be built (each tried once per session).
+_built: dict[str, Path | str] = {}
+
+
+def _build_once(component: str) -> Path:
+    """`component`'s binary from build.sh (built once, then cached); a failure under CI=true, else a skip."""
+    if component not in _built:
+        try:
+            _built[component] = build_components(component, timeout_s=BUILD_TIMEOUT_S)[component]
+        except ControlPlaneError as exc:
+            _built[component] = str(exc)
+    found = _built[component]
+    require(isinstance(found, Path), f"no {component}: {found}")
+    assert isinstance(found, Path)
+    return found
 
 
 def build_helm() -> Path:
-    """The helm binary from build.sh (built once, then cached)."""
-    global _built, _failure
-    if _built is None and _failure is None:
-        try:
-            _built = build_components("helm", timeout_s=BUILD_TIMEOUT_S)["helm"]
-        except ControlPlaneError as exc:
-            _failure = str(exc)
-    require(_built is not None, f"no helm: {_failure}")
-    assert _built is not None
-    return _built
-
-
-_built3: Path | None = None
-_failure3: str | None = None
+    """Helm 4, the version every chart test runs."""
+    return _build_once("helm")
 
 
 def build_helm3() -> Path:
-    """The last Helm 3 (build.sh's helm3, built once, then cached), for the coexistence tests."""
-    global _built3, _failure3
-    if _built3 is None and _failure3 is None:
-        try:
-            _built3 = build_components("helm3", timeout_s=BUILD_TIMEOUT_S)["helm3"]
-        except ControlPlaneError as exc:
-            _failure3 = str(exc)
-    require(_built3 is not None, f"no helm3: {_failure3}")
-    assert _built3 is not None
-    return _built3
+    """The last Helm 3, for the coexistence tests under both Helm majors."""
+    return _build_once("helm3")
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.chart.conftest import started_plane
 from tests.chart.helm import CHART, IMAGE, Helm, build_helm, build_helm3, set_args
-from tests.controlplane.fixtures import IN_CI
-from tests.controlplane.harness import ControlPlane, ControlPlaneError, build_binaries
+from tests.controlplane.harness import ControlPlane
 from tests.controlplane.kubectl import Kubectl, api_request, build_kubectl
 
 NFD_CHART = Path(__file__).resolve().parent / "nfd" / "node-feature-discovery"
@@ -46,18 +46,8 @@ GITOPS_MANAGER = "argocd-controller"
 @pytest.fixture
 def plane(tmp_path: Path) -> Iterator[ControlPlane]:
     """A control plane of this scenario's own."""
-    try:
-        import kubernetes  # noqa: F401
-
-        plane = ControlPlane(build_binaries(), tmp_path / "plane")
-        plane.start()
-    except (ImportError, ControlPlaneError) as exc:
-        reason = f"no control plane: {exc}"
-        if IN_CI:
-            pytest.fail(f"control plane required under CI: {reason}")
-        pytest.skip(reason)
-    yield plane
-    plane.stop()
+    with started_plane(tmp_path / "plane") as started:
+        yield started
 
 
 class Installer:

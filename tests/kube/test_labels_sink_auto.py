@@ -9,8 +9,6 @@ the annotation `nfd.node.kubernetes.io/feature-labels` listing the label keys it
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,44 +18,14 @@ from agent.kube import labels_sink
 from agent.kube.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
 from agent.labels.auto_sink import NFD_FEATURE_LABELS_ANNOTATION
 from agent.labels.nodefeature import nodefeature_name
-from tests.controlplane.harness import ControlPlane
-from tests.kube.test_labels_sink import NODEFEATURE_CRD, get_nodefeature, node_meta
-from tests.kube.test_nrt import install_crd
+from tests.kube.test_labels_sink import api as api  # noqa: F401 - fixture (NFD's CRD installed)
+from tests.kube.test_labels_sink import get_nodefeature, node_meta
+from tests.kube.test_labels_sink import namespace as namespace  # noqa: F401 - fixture
+from tests.kube.test_labels_sink import node as node  # noqa: F401 - fixture
 
 LABELS = {"feature.node.kubernetes.io/cpu-hardware_multithreading": "true", "topolet.io/numa.nodes": "2"}
-USERS = {"example.com/team": "blue"}  # a label someone else set: never touched
+USERS = {"example.com/team": "blue"}  # the label test_labels_sink's Node carries: never touched
 NFD_WORKER = {"feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}  # what nfd-master set from nfd-worker
-
-
-@pytest.fixture(scope="module")
-def api(control_plane: ControlPlane) -> Iterator[Any]:
-    """An admin ApiClient with NFD's NodeFeature CRD installed."""
-    with control_plane.client() as client:
-        install_crd(client, NODEFEATURE_CRD)
-        yield client
-
-
-@pytest.fixture
-def namespace(api: Any) -> str:
-    """A fresh namespace (never deleted: without a controller-manager it would not finish deleting)."""
-    from kubernetes import client as k8s
-
-    name = f"auto-{uuid.uuid4().hex[:8]}"
-    k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
-    return name
-
-
-@pytest.fixture
-def node(api: Any) -> Iterator[str]:
-    """A fresh Node carrying the kubelet's hostname label and a user's label; deleted afterwards."""
-    from kubernetes import client as k8s
-
-    core = k8s.CoreV1Api(api)
-    name = f"auto-{uuid.uuid4().hex[:8]}"
-    core.create_node(k8s.V1Node(metadata=k8s.V1ObjectMeta(
-        name=name, labels={"kubernetes.io/hostname": name, **USERS})))
-    yield name
-    core.delete_node(name)
 
 
 def publisher(api: Any, node: str, namespace: str) -> LabelPublisher:
@@ -231,7 +199,7 @@ def test_the_agents_publisher_looks_again_with_unchanged_labels(
     from agent.kube.publisher import Publisher
     from agent.labels import build_labels
     from agent.metrics.registry import Metrics
-    from tests.kube.test_nrt import NRT_CRD, TWO_SOCKETS_AND_CXL
+    from tests.kube.test_nrt import NRT_CRD, TWO_SOCKETS_AND_CXL, install_crd
 
     install_crd(api, NRT_CRD)
     monkeypatch.setenv("POD_NAMESPACE", namespace)

@@ -3,8 +3,9 @@ chart's pre-delete hook Job runs, against the DaemonSet's pod from the image `ma
 
 It stops the agents (their DaemonSet deleted, its pod gone), runs `topolet cleanup --local` on the node
 through a DaemonSet made from the agents' pod template (the real kubelet and containerd run it), and
-deletes the NRT and NodeFeature the agent wrote: the node's `topolet/` cgroup tree and state file are
-gone, a pod the agent pinned keeps running on its CPUs, and both CRDs stay.
+deletes the NRT and the Node labels the agent wrote (no NFD here: the agent labels its Node): the
+node's `topolet/` cgroup tree and state file are gone, a pod the agent pinned keeps running on its
+CPUs, and the NRT CRD stays.
 """
 
 from __future__ import annotations
@@ -20,15 +21,13 @@ from tests.realnode.test_realnode import exclusive_cpus, nrt, run
 
 __all__ = ["daemonset", "namespace_free"]
 
-CRDS = ("noderesourcetopologies.topology.node.k8s.io", "nodefeatures.nfd.k8s-sigs.io")
+CRDS = ("noderesourcetopologies.topology.node.k8s.io",)
 
 
 def test_cleanup_stops_the_agents_and_cleans_the_real_node(
         real_node: RealNode, namespace_free: None, daemonset: DaemonSetAgent, pods: list[str]) -> None:
-    features = f"/apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{AGENT_NS}/nodefeatures"
-    with real_node.api() as api:
-        wait(lambda: nrt(real_node), "the agent's NRT")
-        wait(lambda: api.list(features)["items"], "the agent's NodeFeature")
+    wait(lambda: nrt(real_node), "the agent's NRT")
+    wait(lambda: real_node.node_labels().get("topolet.io/numa.nodes"), "the agent's Node labels")
     _, pid = run(real_node, pods, "pinned-before-uninstall")
     pinned = wait(lambda: exclusive_cpus(pid), "the agent to pin the pod")
     tree = real_node.cpuset_root / "topolet"
@@ -43,13 +42,14 @@ def test_cleanup_stops_the_agents_and_cleans_the_real_node(
     assert done.returncode == 0, done.stderr
     assert "DaemonSet topolet-system/topolet-agent deleted, 1 node(s) cleaned by topolet-agent-cleanup" \
         in done.stdout, done.stdout
-    assert "1 NodeResourceTopology(ies), 1 NodeFeature(s)" in done.stdout, done.stdout
+    assert "1 NodeResourceTopology(ies), 0 NodeFeature(s)" in done.stdout, done.stdout
+    assert "topolet labels removed from 1 Node(s)" in done.stdout, done.stdout
 
     assert not tree.exists()  # the node's cgroups topolet made
     assert not state.exists()
     assert nrt(real_node) is None
+    assert "topolet.io/numa.nodes" not in real_node.node_labels()
     with real_node.api() as api:
-        assert api.list(features)["items"] == []
         for name in ("topolet-agent", "topolet-agent-cleanup"):
             listed = api.list(f"/apis/apps/v1/namespaces/{AGENT_NS}/daemonsets")["items"]
             assert name not in [d["metadata"]["name"] for d in listed]
