@@ -142,6 +142,12 @@ def assert_intact(plane: ControlPlane, nodefeatures: set[str], nrts: set[str], w
         assert names(plane, NRTS) == nrts, f"{when}: NRTs lost"
 
 
+def keep(plane: ControlPlane, crd: str) -> None:
+    """The line the chart's refusals print: Helm then keeps `crd` whatever its release does."""
+    subprocess.run([str(build_kubectl()), "--kubeconfig", str(plane.kubeconfig), "annotate", "crd", crd,
+                    "helm.sh/resource-policy=keep", "--overwrite"], check=True, capture_output=True)
+
+
 def topolet_values(**more: Any) -> dict[str, Any]:
     return {**IMAGE, **more}
 
@@ -277,9 +283,32 @@ def test_an_upgrade_never_drops_a_crd_another_apply_stripped(plane: ControlPlane
     done = tool.helm.run("upgrade", TOPOLET, str(CHART), "--namespace", TOPOLET_NS,
                          *set_args(topolet_values(**{"crds.install": False})), check=False)
     assert done.returncode != 0 and "kubectl annotate crd" in done.stderr, done.stderr
-    subprocess.run([str(build_kubectl()), "--kubeconfig", str(plane.kubeconfig), "annotate", "crd", NRT_CRD,
-                    "helm.sh/resource-policy=keep", "--overwrite"], check=True, capture_output=True)
+    keep(plane, NRT_CRD)
     tool.upgrade(TOPOLET, CHART, TOPOLET_NS, topolet_values(**{"crds.install": False}))
     manifest = tool.helm.run("get", "manifest", TOPOLET, "--namespace", TOPOLET_NS).stdout
     assert NRT_CRD not in manifest
     assert_intact(plane, set(), {"node-1"}, "after handing the CRD over")
+
+
+def test_an_upgrade_from_a_chart_before_the_record_never_drops_nfds_crd(plane: ControlPlane,
+                                                                       tmp_path: Path) -> None:
+    """A release of a chart older than the record may hold NFD's NodeFeature CRD in its manifest (that
+    chart rendered it where it was missing, and NFD's install strips its keep annotation): its first
+    upgrade to this chart is refused while the live CRD lacks the keep annotation, with the line that
+    adds it; after that line the upgrade goes through, and NFD's CRD and NodeFeatures are still there."""
+    tool = Installer("helm4", plane, tmp_path / "helm")
+    tool.install(NFD, NFD_CHART, NFD_NS, NFD_VALUES)
+    make_nodefeature(plane, "node-1")
+    tool.install(TOPOLET, CHART, TOPOLET_NS, topolet_values())
+    # As such a release stands: no record (the older chart had none).
+    status, body = api_request(plane, "DELETE", f"/api/v1/namespaces/{TOPOLET_NS}/configmaps/{TOPOLET}-crds")
+    assert status == 200, body
+    done = tool.helm.run("upgrade", TOPOLET, str(CHART), "--namespace", TOPOLET_NS,
+                         *set_args(topolet_values()), check=False)
+    assert done.returncode != 0, done.stdout
+    assert f"kubectl annotate crd {NFD_CRDS[0]} helm.sh/resource-policy=keep --overwrite" in done.stderr
+    assert_intact(plane, {"node-1"}, set(), "after the refused upgrade")
+    keep(plane, NFD_CRDS[0])
+    tool.upgrade(TOPOLET, CHART, TOPOLET_NS, topolet_values(**{"controller.replicas": 3}))
+    tool.upgrade(TOPOLET, CHART, TOPOLET_NS, topolet_values())  # the record is back: no check
+    assert_intact(plane, {"node-1"}, set(), "after the upgrades")
