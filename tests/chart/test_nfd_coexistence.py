@@ -97,7 +97,7 @@ def wait_established(plane: ControlPlane, name: str, timeout_s: float = 60.0) ->
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         status, crd = api_request(plane, "GET", CRD_PATH + name)
-        conditions = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions", [])}
+        conditions = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions") or []}
         if status == 200 and conditions.get("Established") == "True":
             return
         time.sleep(0.2)
