@@ -51,8 +51,9 @@ def test_install_leaves_nfds_crd_alone(cluster_helm: Helm, chart_plane: ControlP
     assert status == 201, body
     done = cluster_helm.run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
                             "--timeout", "2m", *set_args({**IMAGE, **AS_BASE}))
-    # NOTES: how to check the install.
-    for needle in ("kubectl get nodes -L", "get noderesourcetopologies", "/metrics", "scrape_configs"):
+    # NOTES: how to check the install, and where the labels go (NFD's CRD is here, without nfd-master).
+    for needle in ("kubectl get nodes -L", "get noderesourcetopologies", "/metrics", "scrape_configs",
+                   "NFD's NodeFeature API is served here"):
         assert needle in done.stdout, done.stdout
     for name, path in OBJECTS.items():
         status, body = get(chart_plane, path)

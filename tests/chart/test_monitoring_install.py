@@ -28,6 +28,7 @@ def upgrade(helm: Helm, values: dict[str, Any]) -> str:
 def test_without_the_operator_its_kinds_are_left_out_and_the_notes_say_so(
         cluster_helm: Helm, chart_plane: ControlPlane) -> None:
     notes = upgrade(cluster_helm, MONITORING)
+    assert "NFD is not installed in this cluster: every agent labels its Node" in notes, notes
     assert "NO PodMonitors: this API server does not serve the Prometheus Operator's" in notes, notes
     assert "NO PrometheusRule" in notes, notes
     manifest = cluster_helm.run("get", "manifest", RELEASE, "--namespace", NAMESPACE).stdout
