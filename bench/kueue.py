@@ -20,9 +20,10 @@ the Workload's Admitted condition true), p50 and p99 over the Workloads admitted
 the two figures cover the same gangs; the count is printed), and the p50 and p99 seconds of each step
 (STEPS: create -> QuotaReserved -> our check Pending -> Ready -> Admitted, as the same watch sees
 them) to show where the check's time goes; the pods bound; and the share of bound pods their node
-can pin in one zone, replayed per node through `agent.alloc.allocate` after the node's fillers
-(bench/admission_api.py's replay: inside the zone the check named, when it named one).  NRTs
-are static (no agents), so the controller runs with a ledger timeout longer than the run.
+pinned in one zone.  The nodes' kubelets and agents are bench/admission_agents.py's stand-ins, as in
+bench/admission_api.py: each bound pod is pinned by the agent's allocator (inside the zone the check
+named, when it named one), reported Running, and its node's NRT republished, so the controller runs
+with its default ledger timeout.
 
 A third run puts a no-op check in topolet's place (`NoopCheck`, in this process: Ready, with no
 podSetUpdates, the moment its watch sees the check Pending), so the figure beside Kueue alone is what
@@ -67,7 +68,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import admission_workload as workload  # noqa: E402
 from admission import percentile  # noqa: E402
-from admission_api import LEDGER_TIMEOUT_S, NAMESPACE, BindWatch, _job, _parallel, _populate, _replay  # noqa: E402
+from admission_agents import NodeAgents  # noqa: E402
+from admission_api import FILLER_NAMESPACE, NAMESPACE, BindWatch, _job, _parallel, _populate  # noqa: E402
 
 from agent.admission.cluster.ledger import Ledger  # noqa: E402
 from agent.admission.cluster.view import build_view  # noqa: E402
@@ -270,15 +272,21 @@ def run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
     kueue = start_kueue(workdir, concurrency={kind: workers for kind in WORKER_KINDS})
     cluster = kueue.cluster
     api = KubeClient(cluster.plane.client())
+    agents: NodeAgents | None = None
     try:
         _populate(cluster, objects)
+        # The nodes' kubelets and agents, as in bench/admission_api.py: each bound pod pinned, reported
+        # Running and its node's NRT republished, so the controller's ledger settles (default timeout).
+        agents = NodeAgents(cluster, objects, lambda node: topos[int(node.split("-")[1]) % len(topos)][1],
+                            "pod", NAMESPACE, FILLER_NAMESPACE)
+        agents.prime()
         kueue_objects = KueueObjects(api)
         kueue_objects.resource_flavor("default")
         noop: NoopCheck | None = None
         if check == "topolet":
             install_policy(api)
             kueue_objects.admission_check(CHECK)
-            cluster.start_controller("--ledger-timeout-seconds", str(LEDGER_TIMEOUT_S), "--kueue", "on")
+            cluster.start_controller("--kueue", "on")
         elif check == "noop":
             kueue_objects.admission_check(CHECK, NOOP_CONTROLLER)
             kueue_objects.set_check_active(CHECK, field_manager=NOOP_CONTROLLER)
@@ -299,6 +307,7 @@ def run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
                 raise SystemExit(f"{name}: the ClusterQueue never became Active\n{kueue.log_tail()}")
             time.sleep(0.2)
 
+        agents.start()
         admits = AdmitWatch(KubeClient(cluster.plane.client()))
         binds = BindWatch(cluster)
         created: dict[str, float] = {}
@@ -343,13 +352,16 @@ def run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
                 j: {"created": created[j] + wall, **{step: seen[j] + wall for step, seen in (
                     ("reserved", admits.reserved), ("pending", admits.pending), ("ready", admits.ready),
                     ("admitted", admits.admitted)) if j in seen}} for j in latencies}, indent=1))
-        aligned = _replay(cluster, objects, topos)
+        agents.settle(set(binds.bound))
+        aligned = agents.aligned()
         return Run(name, len(stream), len(latencies), latencies, steps, want, len(binds.bound), aligned)
     except BaseException:
         print(f"--- kueue ---\n{kueue.log_tail(2000)}\n{cluster.logs(2000)}")
         raise
     finally:
         api.close()
+        if agents is not None:
+            agents.stop()
         kueue.stop_all()
         if KEEP_LOGS is not None:  # Kueue's and the controller's logs, for profiling
             dest = KEEP_LOGS / workdir.name
