@@ -242,7 +242,9 @@ def clean_nodes(kube: KubeClient, namespace: str, agents: Sequence[str], steps: 
     for name in agents:
         live = _read_ds(kube, namespace, name)
         if live is not None:
-            cleanup_daemonset(live, cleanups[name])  # its template must do before the agents go
+            # Built once here only to refuse (ConfigError) a template it cannot run before the agents
+            # go; step 2 builds it again with the nodes to skip, known only then.
+            cleanup_daemonset(live, cleanups[name])
             templates[name] = live
             _start_delete(kube, namespace, name)
     # 1. The agents stop.

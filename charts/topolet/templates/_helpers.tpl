@@ -112,3 +112,42 @@ each name once. */}}
 {{- $_ = set $affinity "nodeAffinity" $node -}}
 {{- toYaml $affinity -}}
 {{- end }}
+
+{{/*
+A component's own pod values, applied in place to its pod `template` and `container` (renders
+nothing): `extraEnv` appended (a name given twice would leave the env ambiguous, and server-side
+apply refuses it), `podAnnotations` over the base's, and `podLabels`, never one of the chart's own
+pod labels (they include the selector's: one changed would orphan the pods).
+Argument: (list "agent"|"controller" values template container).
+*/}}
+{{- define "topolet.podValues" -}}
+{{- $prefix := index . 0 -}}
+{{- $values := index . 1 -}}
+{{- $template := index . 2 -}}
+{{- $container := index . 3 -}}
+{{- $env := $container.env | default list -}}
+{{- $chartSets := list -}}
+{{- range $env }}{{ $chartSets = append $chartSets .name }}{{ end -}}
+{{- range $var := $values.extraEnv -}}
+{{- range $env }}{{ if eq .name $var.name }}{{ fail (printf "%s.extraEnv: %s is set twice (the chart sets %s)" $prefix $var.name (join " and " $chartSets)) }}{{ end }}{{ end -}}
+{{- $env = append $env $var -}}
+{{- end -}}
+{{- $_ := set $container "env" $env -}}
+{{- $_ = set $template.metadata "annotations" (merge (deepCopy ($values.podAnnotations | default dict)) ($template.metadata.annotations | default dict)) -}}
+{{- range $key, $value := $values.podLabels -}}
+{{- if hasKey $template.metadata.labels $key }}{{ fail (printf "%s.podLabels: %s is one of the chart's own pod labels (the selectors rely on them): remove it" $prefix $key) }}{{ end -}}
+{{- $_ = set $template.metadata.labels $key $value -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+"true" when the Prometheus Operator's KIND (PodMonitor, PrometheusRule) may be rendered: the API
+server serves monitoring.coreos.com/v1 KIND, or no cluster is seen (`helm template`: rendered as
+asked); "" otherwise. Argument: (list $ KIND).
+*/}}
+{{- define "topolet.operatorServes" -}}
+{{- $root := index . 0 -}}
+{{- if or (not (lookup "v1" "Namespace" "" "kube-system")) ($root.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" (index . 1))) -}}
+true
+{{- end -}}
+{{- end }}
