@@ -335,7 +335,7 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
                             arm.scope or "pod", NAMESPACE, FILLER_NAMESPACE)
         agents.prime()
         if arm.controller:
-            cluster.start_controller()
+            cluster.start_controller("--queue", f"{QUEUE}=BestEffortFIFO:{NAMESPACE}")
         if arm.scope:
             assert peer_binary is not None
             peer = PeerScheduler(cluster, peer_binary, verbosity=PEER_V)

@@ -291,9 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between leader election attempts (default 2)")
     c.add_argument("--identity", default=None,
                    help="this replica's name in the Lease (default: $POD_NAME, else host-pid)")
-    c.add_argument("--queue", action="append", default=[], metavar="NAME=MODE", type=values.queue_mode,
-                   help="a queue's mode, StrictFIFO (the head blocks the rest) or BestEffortFIFO (the "
-                        "default: later gangs may pass a head that does not fit); repeat per queue")
+    c.add_argument("--queue", action="append", default=[], metavar="NAME=MODE[:NS,...]", type=values.queue,
+                   help="a queue Jobs may name in topolet.io/queue: its mode, StrictFIFO (the head blocks "
+                        "the rest) or BestEffortFIFO (later gangs may pass a head that does not fit), and "
+                        "the namespaces whose Jobs it takes (none listed: every namespace); repeat per "
+                        "queue. Jobs naming any other queue are refused. Without --queue: one queue, "
+                        "default=BestEffortFIFO, open to every namespace")
     c.add_argument("--resync-seconds", type=values.seconds, default=30.0,
                    help="a decision pass at least this often, changes or not (default 30)")
     c.add_argument("--ledger-timeout-seconds", type=values.seconds, default=120.0,

@@ -44,12 +44,13 @@ def namespace(text: str) -> str:
     return text
 
 
-def queue_mode(text: str) -> str:
-    """One `--queue NAME=MODE` (the name a `topolet.io/queue` label value, the mode a known one)."""
-    from agent.admission.jobs.queues import parse_queue_modes
+def queue(text: str) -> str:
+    """One `--queue NAME=MODE[:NAMESPACE,...]` (the name a `topolet.io/queue` label value, the mode a
+    known one, the namespaces DNS labels)."""
+    from agent.admission.jobs.queues import parse_queues
 
     try:
-        parse_queue_modes([text])
+        parse_queues([text])
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--queue ")) from None
     return text

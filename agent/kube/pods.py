@@ -37,6 +37,11 @@ The rules (DESIGN.md "Pods"; the node's kubelet runs `cpuManagerPolicy: none`, s
   Where both are present, `topolet.io/numa-zone` (the pod's own) wins.
 - Any bad annotation (unknown value, wrong type, a zone that is not a decimal id) puts the whole
   pod on the shared pool and yields an `InvalidAnnotation` warning: never a wrong pin.
+- A pod that sets pod-level resources (`spec.resources` with cpu, memory or hugepages) runs wholly on
+  the shared pool, whatever its QoS and annotations (`pod_level_resources`): the kubelet's static
+  CPU and Memory Managers give such a pod neither exclusive CPUs nor alignment while its
+  `PodLevelResourceManagers` gate is off (beta, off by default in Kubernetes 1.37).  Asking for
+  exclusive CPUs or memory binding there gets a `NotEligible` warning.
 - Only regular containers are pinned.  Init containers (sidecars included) and ephemeral containers
   run on the shared pool while they run: kubelet hands init containers CPUs only for their short
   life and gives them back, which buys nothing here but churn.
@@ -180,6 +185,19 @@ def _parse_quantity(text: str | int) -> Fraction | None:
     return value * _SUFFIX[suffix]
 
 
+def pod_level_resource(name: object) -> bool:
+    """Whether Kubernetes' pod-level resources (`spec.resources`) cover `name`: cpu, memory and
+    `hugepages-<size>` (k8s.io/component-helpers `IsSupportedPodLevelResource`)."""
+    return name == "cpu" or name == "memory" or (isinstance(name, str) and name.startswith("hugepages-"))
+
+
+def pod_level_resources(spec: dict[str, Any]) -> bool:
+    """Whether a pod spec sets pod-level resources: a request or limit of a resource they cover in
+    `spec.resources` (k8s.io/component-helpers `IsPodLevelResourcesSet`)."""
+    res = as_dict(spec.get("resources"))
+    return any(pod_level_resource(name) for key in ("requests", "limits") for name in as_dict(res.get(key)))
+
+
 def _resources(container: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     res = as_dict(container.get("resources"))
     limits = as_dict(res.get("limits"))
@@ -212,7 +230,8 @@ def _granted(container: dict[str, Any], status: dict[str, Any]) -> tuple[dict[st
 
 def qos_of(pod: dict[str, Any]) -> QOSClass:
     """The pod's QoS class: `status.qosClass` when set (what kubelet used for its cgroup), else
-    derived from the containers' requests and limits as the API server does."""
+    derived from the containers' requests and limits as the API server does (from the pod-level
+    ones alone when the pod sets pod-level resources)."""
     given = as_dict(pod.get("status")).get("qosClass")
     if isinstance(given, str):
         try:
@@ -220,7 +239,10 @@ def qos_of(pod: dict[str, Any]) -> QOSClass:
         except ValueError:
             pass
     spec = as_dict(pod.get("spec"))
-    containers = [as_dict(c) for c in as_list(spec.get("containers")) + as_list(spec.get("initContainers"))]
+    if pod_level_resources(spec):  # then the pod-level figures alone decide (the API server's rule)
+        containers = [{"resources": spec.get("resources")}]
+    else:
+        containers = [as_dict(c) for key in ("containers", "initContainers") for c in as_list(spec.get(key))]
     any_set = False
     guaranteed = bool(containers)
     for c in containers:
@@ -424,6 +446,16 @@ def plan_pod(pod: object) -> PodPlan:
     smt = notes.get(SMT, DEFAULT_SMT)
     binding = notes.get(MEMORY_BINDING) == "true"
     pinning_allowed = not warnings  # a bad annotation: the whole pod stays on the shared pool
+    if pod_level_resources(as_dict(pod.get("spec"))):
+        # The kubelet's static CPU and Memory Managers leave such a pod on the shared pool unless its
+        # PodLevelResourceManagers gate is on (beta, off by default in 1.37): so does topolet.
+        pinning_allowed = False
+        if running and (policy == "exclusive" or binding):
+            warnings.append(PodWarning(REASON_NOT_ELIGIBLE, "the pod sets pod-level resources "
+                                       "(spec.resources), which get no exclusive CPUs or bound memory "
+                                       "(as the kubelet's CPU and Memory Managers do); left on the "
+                                       "shared pool"))
+        binding = False
     if binding and qos is not QOSClass.GUARANTEED:
         # A pod without a memory limit bound to one node can fill it and starve every pod there.
         warnings.append(PodWarning(REASON_NOT_ELIGIBLE,

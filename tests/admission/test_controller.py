@@ -47,7 +47,7 @@ def nodes(cluster: Cluster, dump_root: Callable[[str], Path]) -> tuple[str, list
 
 
 def gang_job(name: str, count: int, label: str, cpu: int = 12, *, indexed: bool = True,
-             policy: str = "single-numa-node", queue: str = "q") -> dict[str, Any]:
+             policy: str = "single-numa-node", queue: str = "default") -> dict[str, Any]:
     res = {"cpu": str(cpu), "memory": "64Mi"}
     spec: dict[str, Any] = {
         "suspend": True, "parallelism": count,
@@ -292,7 +292,7 @@ def test_admits_whole_gangs_rejects_never_waits_and_flags_bad_jobs(
     assert metric(text, 'topolet_admission_decisions_total{result="rejected"}') >= 1
     assert metric(text, 'topolet_admission_decisions_total{result="error"}') >= 1
     assert metric(text, 'topolet_admission_decisions_total{result="waiting"}') >= 1
-    assert metric(text, 'topolet_admission_queue_depth{queue="q"}') == 1  # wide
+    assert metric(text, 'topolet_admission_queue_depth{queue="default"}') == 1  # wide (the built-in queue)
     assert metric(text, 'topolet_admission_nodes{state="usable"}') >= 2
     assert metric(text, "topolet_admission_leader") == 1
     assert scrape(port, "/healthz")[0] == 200

@@ -253,7 +253,7 @@ GRID_RESOURCES: list[tuple[str, str, bool]] = [
     ("", "pods/exec", True), ("", "pods/log", True), ("", "pods/ephemeralcontainers", True),
     ("", "nodes", False), ("", "nodes/status", False), ("", "nodes/proxy", False),
     ("topology.node.k8s.io", "noderesourcetopologies", False),
-    ("scheduling.k8s.io", "priorityclasses", False),
+    ("scheduling.k8s.io", "priorityclasses", False), ("", "limitranges", True), ("", "resourcequotas", True),
     ("", "events", True), ("events.k8s.io", "events", True),
     ("coordination.k8s.io", "leases", True),
     ("", "secrets", True), ("", "configmaps", True), ("", "serviceaccounts", True),
@@ -329,7 +329,8 @@ def test_lists_and_watches_what_it_decides_on(setup: Setup) -> None:
     assert status == 200, jobs
     assert (setup.team, setup.job) in {(j["metadata"]["namespace"], j["metadata"]["name"])
                                        for j in jobs["items"]}
-    for path in ("/api/v1/pods", "/api/v1/nodes", NRT_PATH, "/apis/scheduling.k8s.io/v1/priorityclasses"):
+    for path in ("/api/v1/pods", "/api/v1/nodes", NRT_PATH, "/apis/scheduling.k8s.io/v1/priorityclasses",
+                 "/api/v1/limitranges"):
         status, body = as_controller(setup, "GET", path)
         assert status == 200, (path, body)
         # A watch that ends after one second: the answer is the stream's status, 200.
@@ -523,6 +524,12 @@ def test_posts_events_on_jobs(setup: Setup) -> None:
     status, body = as_controller(setup, "POST", core, event(setup, name), "application/json")
     assert status == 201, body
     assert body["involvedObject"]["name"] == setup.job
+    # A bound pod whose requests it cannot read is told so (agent/admission/controller/intake.py).
+    about_pod = {**event(setup, f"{setup.held}.{uuid.uuid4().hex[:8]}"), "reason": "InvalidRequests",
+                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": setup.team,
+                                    "name": setup.held}}
+    status, body = as_controller(setup, "POST", core, about_pod, "application/json")
+    assert status == 201, body
 
 
 def event(setup: Setup, name: str) -> dict[str, Any]:
@@ -728,7 +735,7 @@ POLICY_REFUSED: list[PolicyRow] = [
     ("create another Lease in its namespace", "POST", LEASES,
      lambda s: {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "other"}},
      "application/json"),
-    ("post an Event about a pod", "POST", "/api/v1/namespaces/{team}/events",
+    ("post an Event about a pod, but for its unreadable requests", "POST", "/api/v1/namespaces/{team}/events",
      lambda s: {**event(s, f"x.{uuid.uuid4().hex[:8]}"),
                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": s.team, "name": s.held}},
      "application/json"),
@@ -845,7 +852,7 @@ def test_the_controller_admits_a_gang_with_only_its_own_grants(
     replica = f"{CONTROLLER}-{tag}"
     proc = _Process(replica, [topolet_bin(), "controller", "--kubeconfig", str(kubeconfig),
                               "--namespace", NAMESPACE, "--leader-elect", "--listen", "127.0.0.1:0",
-                              "--resync-seconds", "2"],
+                              "--resync-seconds", "2", "--queue", f"research=BestEffortFIFO:{team}"],
                     tmp_path / "controller.log",
                     env={"POD_NAME": replica, "POD_NAMESPACE": NAMESPACE, "PYTHONPATH": str(REPO)})
     try:
@@ -858,9 +865,9 @@ def test_the_controller_admits_a_gang_with_only_its_own_grants(
 
             wait_for(lambda: holder() == replica, "the controller to take its Lease")
             jobs = f"/apis/batch/v1/namespaces/{team}/jobs"
-            api.create(jobs, gang_job("fits", 2, label))
-            api.create(jobs, gang_job("zones", 2, label, indexed=False))
-            api.create(jobs, gang_job("never", 1, label, cpu=1000))
+            api.create(jobs, gang_job("fits", 2, label, queue="research"))
+            api.create(jobs, gang_job("zones", 2, label, indexed=False, queue="research"))
+            api.create(jobs, gang_job("never", 1, label, cpu=1000, queue="research"))
             wait_for(lambda: all_bound_as_recorded(api, team, "fits", 2), "gang fits admitted and bound")
             wait_for(lambda: all_bound_as_recorded(api, team, "zones", 2), "gang zones placed and bound")
             zones = record(api, team, "zones")

@@ -189,7 +189,7 @@ def test_the_controller_admits_the_gang_only_when_every_pod_fits(
     a, b, b_fillers = fragmented_nodes(cluster, api, namespace, dump_root(DUMP), label)
     nodes = {a.name: a, b.name: b}
     cluster.start_controller()
-    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("gang", label, queue="q"))
+    api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", gang_job("gang", label, queue="default"))
     job_path = f"/apis/batch/v1/namespaces/{namespace}/jobs/gang"
 
     def job_events(reason: str) -> list[dict[str, Any]]:

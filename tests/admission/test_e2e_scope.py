@@ -43,7 +43,8 @@ def scope_of(cluster: Cluster, node: SimNode) -> str | None:
 def split_job(name: str, label: str) -> dict[str, Any]:
     container = {"image": "registry.k8s.io/pause:3.10", "resources": guaranteed(CONTAINER_CPUS)}
     return {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": {QUEUE_LABEL: "q"}},
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "labels": {QUEUE_LABEL: "default"}},
         "spec": {"parallelism": 1, "completions": 1, "suspend": True, "template": {
             "metadata": {"annotations": {NUMA_POLICY: "single-numa-node"}},
             "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,

@@ -172,7 +172,7 @@ def job_obj(template: Mapping[str, Any] | None = None, parallelism: Any = 1,
             **annotations: Any) -> dict[str, Any]:
     return {"metadata": {"name": "j", "namespace": "t", "uid": "job", "resourceVersion": "1",
                          "creationTimestamp": "2026-01-01T00:00:00Z",
-                         "labels": {"topolet.io/queue": "q"}, "annotations": annotations},
+                         "labels": {"topolet.io/queue": "default"}, "annotations": annotations},
             "spec": {"suspend": True, "parallelism": parallelism,
                      "template": template or {"spec": {"containers": [{"name": "c"}]}}}}
 

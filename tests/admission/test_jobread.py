@@ -24,15 +24,24 @@ def _job(rv: str = "5", *, record: str | None = RECORD.encode(), queue: str | No
                             "labels": {QUEUE_LABEL: queue} if queue else {},
                             "annotations": {ADMISSION_ANNOTATION: record} if record is not None else {}}
     status = {"conditions": [{"type": "Complete", "status": "True"}]} if done else {}
-    spec = {"suspend": suspended, "completionMode": "Indexed" if indexed else "NonIndexed"}
+    spec = {"suspend": suspended, "completionMode": "Indexed" if indexed else "NonIndexed",
+            "template": {"spec": {"containers": [CONTAINER]}}}
     return {"metadata": meta, "spec": spec, "status": status}
 
 
+CONTAINER = {"name": "c", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}}
+JOB_LABELS = {"batch.kubernetes.io/controller-uid": "u1", "batch.kubernetes.io/job-name": "j"}
+
+
 def _pod(name: str, index: int, rv: str = "1") -> dict[str, Any]:
+    """A gated pod the Job controller made for `_job()`."""
     return {"metadata": {"name": name, "namespace": "ns", "uid": name, "resourceVersion": rv,
-                         "creationTimestamp": f"2026-12-02T10:00:0{index}Z",
+                         "creationTimestamp": f"2026-12-02T10:00:0{index}Z", "labels": dict(JOB_LABELS),
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "j",
+                                              "uid": "u1", "controller": True}],
                          "annotations": {"batch.kubernetes.io/job-completion-index": str(index)}},
-            "spec": {"schedulingGates": [{"name": GATE}]}, "status": {"phase": "Pending"}}
+            "spec": {"schedulingGates": [{"name": GATE}], "containers": [CONTAINER]},
+            "status": {"phase": "Pending"}}
 
 
 READS = [
@@ -81,7 +90,7 @@ def test_slots_match_assign_slots_and_follow_pod_versions() -> None:
     assert reader.slots(read, list(reversed(pods))) is got  # same pod versions, any order
     # Pod a pinned (a new version): its slot is now held, nothing left to place for it.
     pinned = _pod("a", 0, rv="2")
-    pinned["spec"] = {"nodeSelector": {"kubernetes.io/hostname": "n1"}}
+    pinned["spec"] = {"nodeSelector": {"kubernetes.io/hostname": "n1"}, "containers": [CONTAINER]}
     pinned["metadata"]["annotations"]["topolet.io/numa-zone"] = "0"
     again = reader.slots(read, [pods[0], pinned])
     assert again is not got

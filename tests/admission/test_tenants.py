@@ -86,6 +86,18 @@ def refused_by_policy(status: int, body: dict[str, Any]) -> bool:
             and reason.startswith(("only topolet-controller", "a Job queued", "an admitted Job")))
 
 
+def until_enforced(t: Tenant) -> None:
+    """Until the API server enforces the policy: a dry-run of a pod in a zone of the tenant's choosing."""
+    deadline = time.monotonic() + POLICY_TIMEOUT_S
+    while True:
+        status, body = t.request("POST", "api/v1/namespaces/{ns}/pods?dryRun=All", bare_pod({"zone": "0"}))
+        if refused_by_policy(status, body):
+            break
+        assert status in (201, 429), body
+        assert time.monotonic() < deadline, f"{POLICY} not enforced after {POLICY_TIMEOUT_S:.0f} s: {body}"
+        time.sleep(0.5)
+
+
 @pytest.fixture
 def tenant(cluster: Cluster, api: KubeClient, namespace: str,
            dump_root: Callable[[str], Path]) -> Iterator[Tenant]:
@@ -114,15 +126,7 @@ def tenant(cluster: Cluster, api: KubeClient, namespace: str,
     for name in names:
         wait_for(lambda n=name: cluster.nrt(n), f"the NRT of {name}")
     mine = Tenant(cluster, api, namespace, token, label, names)
-    # Until the API server enforces the policy: a dry-run of a pod in a zone of the tenant's choosing.
-    deadline = time.monotonic() + POLICY_TIMEOUT_S
-    while True:
-        status, body = mine.request("POST", "api/v1/namespaces/{ns}/pods?dryRun=All", bare_pod({"zone": "0"}))
-        if refused_by_policy(status, body):
-            break
-        assert status in (201, 429), body
-        assert time.monotonic() < deadline, f"{POLICY} not enforced after {POLICY_TIMEOUT_S:.0f} s: {body}"
-        time.sleep(0.5)
+    until_enforced(mine)
     yield mine
 
 

@@ -33,6 +33,7 @@ MIRRORED = (
     "components/kueue/admissioncheck.yaml",
     "components/kueue/rbac.yaml",
     "components/kueue/placement-policy.yaml",
+    "components/kueue/failsafe-policy.yaml",
     "components/prometheus-operator/podmonitors.yaml",
     "components/prometheus-operator/prometheusrule.yaml",
     "dashboards/topolet.json",

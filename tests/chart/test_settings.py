@@ -67,6 +67,9 @@ def test_defaults_are_the_commands_own() -> None:
     ({"controller.queues": {"gpu-team": "StrictFIFO"}}, ["--queue=gpu-team=StrictFIFO"]),
     ({"controller.queues": {"b.team": "BestEffortFIFO", "a_team": "StrictFIFO"}},
      ["--queue=a_team=StrictFIFO", "--queue=b.team=BestEffortFIFO"]),
+    ({"controller.queues": {"gpu": {"mode": "StrictFIFO", "namespaces": ["ml-a", "ml-b"]},
+                            "shared": {"mode": "BestEffortFIFO"}, "any": "StrictFIFO"}},
+     ["--queue=any=StrictFIFO", "--queue=gpu=StrictFIFO:ml-a,ml-b", "--queue=shared=BestEffortFIFO"]),
     ({"controller.kueue": "off"}, ["--kueue=off"]),
     ({"controller.kueue": False}, ["--kueue=off"]),
     ({"controller.kueue": "on", "kueue.enabled": True}, ["--kueue=on"]),
@@ -110,6 +113,27 @@ def test_agent_flags_per_pool(helm: Helm) -> None:
     assert [a for a in gpu if a.startswith(("--reconcile", "--mig", "--gfd"))] == [
         "--reconcile-seconds=10", "--mig-config=all-1g.10gb", "--gfd-compat"]
 
+
+
+@pytest.mark.parametrize(("values", "gfd"), [
+    ({}, "false"),
+    ({"agent.gfdCompat": True}, "true"),
+    ({"agent.gfdCompat": True, "agent.pools": [{"name": "default", "reservedCpus": "0", "gfdCompat": False}]},
+     "false"),
+    ({"agent.pools": [{"name": "cpu", "reservedCpus": "0"},
+                      {"name": "gpu", "reservedCpus": "0", "gfdCompat": True}]}, "true"),
+])
+def test_the_agent_policy_lets_gfd_labels_through_where_an_agent_publishes_them(
+        helm: Helm, values: dict[str, Any], gfd: str) -> None:
+    """An agent with --gfd-compat publishes nvidia.com/ labels, which topolet-agent-own-node refuses
+    unless its gfdCompat variable is true: the chart sets it where any pool runs so, and only there."""
+    policy = find(render(helm, values), "ValidatingAdmissionPolicy", "topolet-agent-own-node")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["gfdCompat"] == gfd
+    base = yaml.safe_load_all((CHART.parent.parent / "daemonset" / "admission-policy.yaml").read_text())
+    ours = next(d for d in base if d["kind"] == "ValidatingAdmissionPolicy")
+    assert {k: v for k, v in variables.items() if k != "gfdCompat"} == {
+        v["name"]: v["expression"] for v in ours["spec"]["variables"] if v["name"] != "gfdCompat"}
 
 @pytest.mark.parametrize(("values", "message"), [
     ({"kueue.enabled": True, "controller.kueue": "off"}, "controller.kueue=off with kueue.enabled"),
@@ -254,6 +278,10 @@ def test_as_a_subchart_with_a_parents_globals(helm: Helm, tmp_path: Path) -> Non
     ({"controller.queues": {"gpu-team": "FIFO"}}, "/controller/queues"),
     ({"controller.queues": {"-bad": "StrictFIFO"}}, "/controller/queues"),
     ({"controller.queues": {"a" * 64: "StrictFIFO"}}, "/controller/queues"),
+    ({"controller.queues": {"gpu": {"namespaces": ["ml"]}}}, "/controller/queues/gpu"),
+    ({"controller.queues": {"gpu": {"mode": "StrictFIFO", "namespaces": []}}}, "/controller/queues/gpu"),
+    ({"controller.queues": {"gpu": {"mode": "StrictFIFO", "namespaces": ["ML"]}}}, "/controller/queues/gpu"),
+    ({"controller.queues": {"gpu": {"mode": "StrictFIFO", "namespace": ["ml"]}}}, "/controller/queues/gpu"),
     ({"controller.kueue": "maybe"}, "/controller/kueue"),
     ({"controller.logLevel": "trace"}, "/controller/logLevel"),
     ({"agent.logLevel": "WARNING"}, "/agent/logLevel"),
@@ -285,7 +313,8 @@ def test_lint_is_clean_with_every_setting(helm: Helm) -> None:
         "agent.gfdCompat": True, "agent.extraArgs": ["--allow-mig-mode-change"],
         "agent.extraEnv": [{"name": "A", "value": "b"}], "agent.podAnnotations": {"a": "b"},
         "agent.podLabels": {"team": "a"}, "agent.updateStrategy": {"type": "OnDelete"},
-        "controller.logLevel": "warning", "controller.queues": {"gpu-team": "StrictFIFO"},
+        "controller.logLevel": "warning",
+        "controller.queues": {"gpu-team": "StrictFIFO", "ml": {"mode": "StrictFIFO", "namespaces": ["ml-a"]}},
         "controller.kueue": "on", "kueue.enabled": True, "controller.extraArgs": ["--resync-seconds=10"],
         "controller.extraEnv": [{"name": "A", "value": "b"}], "controller.podAnnotations": {"a": "b"},
         "controller.podLabels": {"team": "a"}, "controller.strategy": {"type": "Recreate"},

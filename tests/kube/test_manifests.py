@@ -63,6 +63,8 @@ CONTROLLER_GRANTS: frozenset[tuple[str, str, str, str, str]] = frozenset({
     *(("*", "", "nodes", v, "") for v in _READ),
     *(("*", "topology.node.k8s.io", "noderesourcetopologies", v, "") for v in _READ),
     *(("*", "scheduling.k8s.io", "priorityclasses", v, "") for v in _READ),
+    # Gangs sized with their namespace's LimitRange container defaults: list and watch only.
+    *(("*", "", "limitranges", v, "") for v in ("list", "watch")),
     # Events on Jobs: core/v1, each posted new (agent/admission/report/events.py never patches one).
     ("*", "", "events", "create", ""),
     # Leader election: create a Lease (RBAC cannot name a create's object), then only its own Lease.

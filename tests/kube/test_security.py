@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from agent.admission.kueue.workloads import FAILSAFE_LABEL, LEGACY_FAILSAFE_KEY
 from agent.kube.events import REPORTING_CONTROLLER
 from agent.labels.nodefeature import NODE_NAME_LABEL, nodefeature_name, nodefeature_object
 from tests.controlplane.fixtures import IN_CI
@@ -273,6 +274,21 @@ REFUSED: list[tuple[str, str, str, Any, str, str]] = [
     ("delete an Event", "DELETE", EVENTS_PATH + "/topolet-{b}", None, MERGE, "rbac"),
     ("own node: a label outside our prefixes", "PATCH", "/api/v1/nodes/{a}",
      lambda c: labels_patch({"example.com/role": "gpu"}), MERGE, "policy"),
+    # Only the labels it publishes (issue 34, finding 4): not a selector other pods wait on.
+    ("own node: the Kueue route's fail-safe selector", "PATCH", "/api/v1/nodes/{a}",
+     lambda c: labels_patch({FAILSAFE_LABEL[0]: "true"}), MERGE, "policy"),
+    ("own node: the fail-safe selector's former key", "PATCH", "/api/v1/nodes/{a}",
+     lambda c: labels_patch({LEGACY_FAILSAFE_KEY: "true"}), MERGE, "policy"),
+    ("own node: a topolet.io/ label it does not publish", "PATCH", "/api/v1/nodes/{a}",
+     lambda c: labels_patch({"topolet.io/pool": "gpu"}), MERGE, "policy"),
+    ("own node: the user's MIG layout label", "PATCH", "/api/v1/nodes/{a}",
+     lambda c: labels_patch({"topolet.io/mig.config": "all-1g.10gb"}), MERGE, "policy"),
+    ("own node: a published label's look-alike", "PATCH", "/api/v1/nodes/{a}",
+     lambda c: labels_patch({"topolet.io/numa.nodes.x": "1"}), MERGE, "policy"),
+    ("own NodeFeature: the fail-safe selector's former key", "PATCH",
+     NF_PATH + "/" + nodefeature_name("{a}") + "?fieldManager=topolet&force=true",
+     lambda c: unchecked_nodefeature(c.a, {"topolet.io/numa.nodes": "1", LEGACY_FAILSAFE_KEY: "true"}),
+     APPLY, "policy"),
     ("own node: remove kubernetes.io/hostname", "PATCH", "/api/v1/nodes/{a}",
      lambda c: labels_patch({"kubernetes.io/hostname": None}), MERGE, "policy"),
     ("own node: change kubernetes.io/hostname", "PATCH", "/api/v1/nodes/{a}",
@@ -384,6 +400,22 @@ def test_labels_its_own_node_and_removes_them_again(cluster: Cluster) -> None:
     assert "topolet.io/numa.nodes" not in node_labels(cluster, a)
     status, body = as_agent(cluster, "GET", f"/api/v1/nodes/{a}")
     assert status == 200, body
+
+
+def test_sets_what_it_publishes_and_removes_what_it_once_published(cluster: Cluster) -> None:
+    """Its MIG state and GPU labels; a topolet.io/ label an earlier version published (the admin's
+    here), removed; the user's MIG layout left as the user set it."""
+    a = cluster.a
+    status, body = api_request(cluster.plane, "PATCH", f"/api/v1/nodes/{a}", body=labels_patch(
+        {"topolet.io/retired.label": "1", "topolet.io/mig.config": "all-disabled"}), content_type=MERGE)
+    assert status == 200, body
+    status, body = as_agent(cluster, "PATCH", f"/api/v1/nodes/{a}", labels_patch({
+        "topolet.io/mig.config.state": "success", "topolet.io/gpu.count": "8",
+        "feature.node.kubernetes.io/pci-0302_10de.present": "true", "topolet.io/retired.label": None}))
+    assert status == 200, body
+    labels = node_labels(cluster, a)
+    assert labels["topolet.io/mig.config.state"] == "success" and labels["topolet.io/gpu.count"] == "8"
+    assert "topolet.io/retired.label" not in labels and labels["topolet.io/mig.config"] == "all-disabled"
 
 
 def test_publishes_its_own_nrt_by_server_side_apply(cluster: Cluster) -> None:

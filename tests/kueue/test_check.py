@@ -26,6 +26,7 @@ from tests.controlplane.fixtures import IN_CI, api, cluster, cluster_session, na
 from tests.kube.kubelet_standin import wait_for
 
 try:
+    from agent.admission.kueue.workloads import FAILSAFE_LABEL
     from agent.errors import KubeAPIError
     from agent.kube.client import KubeClient
 except ImportError:
@@ -39,7 +40,7 @@ DUMP = "64fake-4n2s2ca2c2t"
 KUEUE_VERSION = "v0.17.0"
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 CONTROLLER_NAME = "topolet.io/topology-fit"
-FAILSAFE = "topolet.io/awaiting-placement"
+FAILSAFE = FAILSAFE_LABEL[0]
 POLICY = REPO / "daemonset" / "components" / "kueue" / "placement-policy.yaml"
 STAMP = "2026-01-01T00:00:00Z"
 
@@ -296,7 +297,7 @@ def test_one_ledger_with_the_job_route(
     submit(api, namespace, "w", 6, label, check)
     wait_for(lambda: in_state(api, namespace, "w", check, "Ready"), "w Ready")
     job = {"apiVersion": "batch/v1", "kind": "Job",
-           "metadata": {"name": "queued", "labels": {"topolet.io/queue": "q"}},
+           "metadata": {"name": "queued", "labels": {"topolet.io/queue": "default"}},
            "spec": {"suspend": True, "parallelism": 4, "completionMode": "Indexed", "completions": 4,
                     "template": template(label)}}
     api.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", job)

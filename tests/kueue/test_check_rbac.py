@@ -64,7 +64,9 @@ def test_the_component_adds_the_check_its_rbac_and_its_policy(tmp_path: Path) ->
     assert added == {("AdmissionCheck", "topology-fit"), ("ClusterRole", "topolet-controller-kueue"),
                      ("ClusterRoleBinding", "topolet-controller-kueue"),
                      ("MutatingAdmissionPolicy", "topolet-kueue-placement"),
-                     ("MutatingAdmissionPolicyBinding", "topolet-kueue-placement")}
+                     ("MutatingAdmissionPolicyBinding", "topolet-kueue-placement"),
+                     ("ValidatingAdmissionPolicy", "topolet-kueue-failsafe"),
+                     ("ValidatingAdmissionPolicyBinding", "topolet-kueue-failsafe")}
     by_key = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     assert by_key[("AdmissionCheck", "topology-fit")]["spec"] == {"controllerName": CONTROLLER_NAME}
     assert by_key[("ClusterRole", "topolet-controller-kueue")]["rules"] == KUEUE_RULES

@@ -516,7 +516,7 @@ def test_prometheus_on_the_cluster(cluster: Cluster, cluster_nodes: tuple[str, d
         api.create(jobs, gang_job("wide", 8, label))  # needs every zone while a holds 4: waiting
         for result in ("admitted", "rejected", "waiting"):
             scraped(prom, f'sum(topolet_admission_decisions_total{{result="{result}"}}) >= 1', result)
-        scraped(prom, 'max(topolet_admission_queue_depth{queue="q"}) == 1', "wide queued")
+        scraped(prom, 'max(topolet_admission_queue_depth{queue="default"}) == 1', "wide queued")
         check_alerts(prom, {}, "with both replicas and both agents up")
 
         # The leader dies: the standby takes the Lease; one replica down is no alert.

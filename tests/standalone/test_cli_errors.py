@@ -141,6 +141,14 @@ def test_an_unreachable_api_server_stops_the_controller_with_a_line_that_says_so
     assert "urllib3" not in p.stderr  # no connection-retry chatter
 
 
+def test_a_queue_given_twice_stops_the_controller_before_the_api(tmp_path: Path, closed_port: int) -> None:
+    config = kubeconfig(tmp_path, f"http://127.0.0.1:{closed_port}")
+    p = topolet(tmp_path, "controller", "--kubeconfig", str(config),
+                "--queue", "q=StrictFIFO:team-a", "--queue", "q=BestEffortFIFO")
+    assert p.returncode == 2
+    assert "--queue q given twice" in the_error(p, "controller")
+
+
 def test_no_configuration_at_all_says_where_it_looked(tmp_path: Path) -> None:
     line = the_error(topolet(tmp_path, "controller"), "controller")
     assert "no --kubeconfig, $KUBECONFIG unset" in line and "~/.kube/config" in line
@@ -205,6 +213,10 @@ def test_a_port_in_use_stops_the_standalone_agent(tmp_path: Path, port_in_use: i
     (["controller", "--queue", "=StrictFIFO"], "wants NAME=MODE"),
     (["controller", "--queue", "q=Fastest"], "mode must be one of StrictFIFO, BestEffortFIFO"),
     (["controller", "--queue", f"{'q' * 64}=StrictFIFO"], "a queue name is a label value"),
+    (["controller", "--queue", "q=StrictFIFO:Team-A"], "'Team-A' is not a namespace name"),
+    (["controller", "--queue", "q=StrictFIFO:"], "an empty namespace"),
+    (["controller", "--queue", "q=StrictFIFO:a,a"], "namespace a listed twice"),
+    (["controller", "--queue", "q=StrictFIFO:a.b"], "'a.b' is not a namespace name"),
     (["controller", "--namespace", "Topolet.System"], "not a namespace name"),
     (["agent", "--reconcile-seconds=-1"], "argument --reconcile-seconds"),
     (["agent", "--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
@@ -249,10 +261,10 @@ def test_no_parser_takes_abbreviations(path: tuple[str, ...], parser: argparse.A
 
 
 def test_good_values_still_parse() -> None:
-    queue = "team-a.gpu_1=StrictFIFO"
-    args = build_parser().parse_args(["controller", "--resync-seconds", "0.5", "--queue", queue,
-                                      "--namespace", "topolet-system", "--listen", "[::1]:0"])
-    assert (args.resync_seconds, args.queue, args.namespace) == (0.5, [queue], "topolet-system")
+    queue, only = "team-a.gpu_1=StrictFIFO", "research=BestEffortFIFO:team-a,team-b"
+    args = build_parser().parse_args(["controller", "--resync-seconds", "0.5", "--queue", queue, "--queue",
+                                      only, "--namespace", "topolet-system", "--listen", "[::1]:0"])
+    assert (args.resync_seconds, args.queue, args.namespace) == (0.5, [queue, only], "topolet-system")
 
 
 # -- help and log level -----------------------------------------------------------------------------

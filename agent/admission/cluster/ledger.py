@@ -16,6 +16,9 @@ Public API:
 - `job_slot(pod) -> (gang, slot) | None`: the default way a pod names its entry: gang
   `<namespace>/<job name>` (label `batch.kubernetes.io/job-name`, else `job-name`), slot its
   completion index (annotation `batch.kubernetes.io/job-completion-index`), else the pod's name.
+  It reads what a pod's creator writes, so it is only the default for callers whose pods are trusted
+  (tests, tools): the controller passes the slots `agent.admission.gangs.slots.job_slots` gave each
+  admitted Job's own pods.
 - `agent_pins(pod) -> bool`: whether the node's agent pins the pod (running, not terminal, with a
   container owed exclusive CPUs); the pods bound to a node that it pins are
   `agent.admission.cluster.podindex.PodIndex.eligible(node)`.

@@ -27,6 +27,7 @@ from agent.admission.engine.model import Resources
 from agent.kube.objects import as_mapping
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+_REQUESTS_FROM = ("containers", "initContainers", "resources", "overhead")  # the pod spec's parts
 Ident = tuple[str, str]
 SlotOf = Callable[[Mapping[str, Any]], tuple[str, str] | None]
 
@@ -202,9 +203,10 @@ class PodIndex:
 
 
 def _same_requests(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """The parts of the pod spec its requests come from are equal (a resize changes them)."""
+    """The parts of the pod spec its requests come from are equal (a resize changes them), pod-level
+    `resources` included."""
     a, b = as_mapping(old.get("spec")), as_mapping(new.get("spec"))
-    return all(a.get(k) == b.get(k) for k in ("containers", "initContainers", "overhead"))
+    return all(a.get(k) == b.get(k) for k in _REQUESTS_FROM)
 
 
 def _read(pod: Mapping[str, Any], version: str | None) -> PodFacts:

@@ -8,7 +8,9 @@ Public API:
   cannot be read is left out with a reason.  `now` is accepted for the ledger's sake and symmetry
   with `Ledger.settle`; the view itself does not depend on the clock.
 - `pod_requests(pod) -> Resources | None`: what a pod asks of its node, counted as the scheduler
-  does (None when its requests are malformed).
+  does (`agent.kube.podrequests`, pod-level `spec.resources` included; the same reading as a gang's
+  pod template, `agent.admission.gangs.job.pod_requests`), None when its requests are malformed;
+  `read_pod_requests(pod) -> Resources` raises BadObject saying why instead.
 - `node_policy(nrt) -> str`: a node's kubelet Topology Manager policy as its NRT reports it.
 - `nrt_zones(nrt)`, `node_allocatable(node)`: an NRT's zones and a Node's allocatable, as the view
   reads them (BadObject when they cannot be read); `build_view` takes caches of them.
@@ -17,7 +19,8 @@ What each node's figures are:
 
 - `free` = `status.allocatable` less the requests of the non-terminal pods bound there (per
   resource, the larger of the biggest init container and the sum of the app containers plus the
-  restartable init ones, plus `spec.overhead`) less the ledger entries whose pod is not bound yet;
+  restartable init ones, the pod-level request instead where the pod sets one, plus
+  `spec.overhead`) less the ledger entries whose pod is not bound yet;
   `free_pods` likewise from allocatable `pods`.
 - `zones` = the NRT zones of `type: Node` named `node-<N>`: `available` cpu (as millicores),
   memory, `hugepages-*`, `nvidia.com/gpu`, `nvidia.com/mig-*` and every other extended resource
@@ -33,7 +36,8 @@ What each node's figures are:
   `topology_scope` from its `topologyManagerScope` attribute (`node_scope`, read strictly).
 
 A bound pod whose requests cannot be read counts as a pod that requests nothing
-(`agent.admission.cluster.podindex.NodeUse`): it costs only itself, never its node.
+(`agent.admission.cluster.podindex.NodeUse`): it costs only itself, never its node (the controller
+tells it in an Event on the pod, once).
 
 Left out: a node whose Ready condition is present and not True (a node without conditions, as a
 test creates it, counts as ready: the not-ready taint the node lifecycle controller adds is handled
@@ -61,8 +65,11 @@ from agent.admission.engine.model import (
     Taint,
     Zone,
 )
+from agent.admission.gangs.job import JobSpecError, resources_of
 from agent.kube.nrt import ZONE_TYPE, policy_of_legacy, scope_of_legacy
 from agent.kube.objects import as_list, as_mapping, is_extended_resource
+from agent.kube.podrequests import RequestsError
+from agent.kube.podrequests import pod_requests as spec_requests
 from agent.kube.pods import MAX_NUMA_ZONE, parse_quantity
 
 GPU = "nvidia.com/gpu"
@@ -160,45 +167,19 @@ def _resources(amounts: Mapping[str, Any], what: str) -> tuple[Resources, int]:
     return a.resources(), a.pods
 
 
-def _container_requests(container: object, what: str) -> Resources:
-    res = as_mapping(as_mapping(container).get("resources"))
-    requests = dict(as_mapping(res.get("limits")))
-    requests.update(as_mapping(res.get("requests")))  # requests default to limits (API defaulting)
-    return _resources(requests, what)[0]
-
-
-def _max(a: Resources, b: Resources) -> Resources:
-    def keys(x: Mapping[str, int], y: Mapping[str, int]) -> dict[str, int]:
-        return {k: max(x.get(k, 0), y.get(k, 0)) for k in set(x) | set(y)}
-    return Resources(cpu_milli=max(a.cpu_milli, b.cpu_milli), memory=max(a.memory, b.memory),
-                     gpus=max(a.gpus, b.gpus), hugepages=keys(a.hugepages, b.hugepages),
-                     mig=keys(a.mig, b.mig), devices=keys(a.devices, b.devices))
+def read_pod_requests(pod: Mapping[str, Any]) -> Resources:
+    """A pod's requests as the scheduler counts them (`agent.kube.podrequests`, pod-level resources
+    included); BadObject, saying why, when they cannot be read."""
+    try:
+        return resources_of(spec_requests(as_mapping(pod.get("spec"))))
+    except (RequestsError, JobSpecError) as exc:
+        raise BadObject(str(exc)) from None
 
 
 def pod_requests(pod: Mapping[str, Any]) -> Resources | None:
     """A pod's requests as the scheduler counts them; None when they are malformed."""
-    spec = as_mapping(pod.get("spec"))
-    what = f"pod {as_mapping(pod.get('metadata')).get('name')}"
     try:
-        run = _Amounts()
-        for c in as_list(spec.get("containers")):
-            run.add(_container_requests(c, what))
-        init_peak = Resources()
-        sidecars = _Amounts()
-        for c in as_list(spec.get("initContainers")):
-            r = _container_requests(c, what)
-            if as_mapping(c).get("restartPolicy") == "Always":  # a sidecar runs beside the app containers
-                sidecars.add(r)
-                run.add(r)
-            else:
-                started = _Amounts()
-                started.add(sidecars.resources())
-                started.add(r)
-                init_peak = _max(init_peak, started.resources())
-        total = _Amounts()
-        total.add(_max(run.resources(), init_peak))
-        total.add(_resources(as_mapping(spec.get("overhead")), what)[0])
-        return total.resources()
+        return read_pod_requests(pod)
     except BadObject:
         return None
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from agent.admission.controller.loop import LEASE_NAME, Controller, ControllerConfig
 from agent.admission.controller.writes import CRASH_ENV, WRITERS
-from agent.admission.jobs.queues import parse_queue_modes
+from agent.admission.jobs.queues import parse_queues
 from agent.admission.kueue.check import kueue_served
 from agent.admission.report.metrics import AdmissionMetrics
 from agent.kube.access import check_access
@@ -45,7 +45,7 @@ def run_controller(args: argparse.Namespace) -> int:
     if args.crash_at:
         os.environ[CRASH_ENV] = args.crash_at
     config = ControllerConfig(namespace=agent_namespace(args.namespace),
-                              queue_modes=parse_queue_modes(args.queue or []),
+                              queues=parse_queues(args.queue or []),
                               resync_seconds=args.resync_seconds,
                               ledger_timeout_seconds=args.ledger_timeout_seconds,
                               identity=args.identity or os.environ.get("POD_NAME", ""))
@@ -62,7 +62,7 @@ def run_controller(args: argparse.Namespace) -> int:
     # Bound first: a port in use is said before the API is asked anything (started once it decides).
     server = MetricsServer(metrics, args.listen, health)  # type: ignore[arg-type]
     api = load_api_client(args.kubeconfig)
-    # Five watches, the Lease and the two write pools each hold a connection at once: a pool smaller than
+    # Six watches, the Lease and the two write pools each hold a connection at once: a pool smaller than
     # that discards connections and pays a TLS handshake on most writes.
     api.configuration.connection_pool_maxsize = 2 * WRITERS + 16
     api.rest_client = type(api.rest_client)(api.configuration)
@@ -98,9 +98,11 @@ def run_controller(args: argparse.Namespace) -> int:
     else:
         metrics.leader.set(1)
     controller.start()
-    log.info("topolet controller %s: namespace %s, queues %s, metrics on %s, Kueue check %s", identity,
-             config.namespace, dict(config.queue_modes) or "all BestEffortFIFO", args.listen,
-             "on" if config.kueue else "off")
+    log.info("topolet controller %s: namespace %s, metrics on %s, Kueue check %s", identity,
+             config.namespace, args.listen, "on" if config.kueue else "off")
+    # The queues said once, in full: a Job naming any other, or one not open to its namespace, is refused.
+    log.info("queues%s: %s", "" if args.queue else " (no --queue given: the built-in one)",
+             "; ".join(q.describe() for q in config.queues.values()))
     try:
         controller.run(stop)
     finally:

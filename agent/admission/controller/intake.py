@@ -3,18 +3,31 @@ costs only itself.
 
 Public API:
 
-- `JobIntake(reader, writes, metrics)`:
-  - `.sort(jobs, priorities, nodes) -> Sorted`: each queued Job into the admitted ones that hold
+- `JobIntake(reader, writes, metrics, queues)`:
+  - `.sort(jobs, priorities, nodes, limit_defaults={}) -> Sorted`: each queued Job (sized as its pods
+    will be created: its namespace's LimitRange container defaults, `limit_defaults` by namespace,
+    filled in its template, `agent.admission.gangs.limitrange`) into the admitted ones that hold
     their slots, or a pending gang (one queued again after its node was gone, `nodes` being the
     Nodes there are, first has its start time and our template fields cleared: `JobWrites.unpin`),
     or a Warning Event saying why it is neither (`writes.invalid`, which counts
-    `topolet_admission_invalid_objects_total{kind="Job"}` once per Job version).
+    `topolet_admission_invalid_objects_total{kind="Job"}` once per Job version).  A Job not yet
+    admitted whose queue is not among `queues` or not open to its namespace
+    (`agent.admission.jobs.queues.queue_refusal`) is only told so (Event `UnknownQueue` or
+    `QueueNotAllowed`): it enters no queue and gets no write.
     Whatever a Job holds, an error reading it (one no reader names too) skips that Job alone.
   - `.unreadable(job, exc)`: the same for a Job a later step of the pass failed on.
-  - `.requests_of(job)`: one pod's requests of an admitted Job, for the ledger (none, and an
+  - `.requests_of(job, limit_defaults)`: one pod's requests of an admitted Job, for the ledger (none, and an
     Event, when its template cannot be read).
   - `.report_pods(pods)`: the bound pods whose requests cannot be read (each costs only itself in the
-    view): counted once per version (`{kind="Pod"}`) and told in an Event on their Job.
+    view): counted once per version (`{kind="Pod"}`) and told why in a Warning Event on the pod
+    (`InvalidRequests`), once while they stay so.
+  - `.report_refused(refused, pods)`: the pods that name an admitted Job (either route) but hold and
+    take none of its slots, not being the pods the Job controller made for it from its admitted
+    template (`agent.admission.gangs.slots.claim_pods`): counted (`{kind="Pod"}`) and told in a
+    Warning Event `ForeignPod` on that Job, once per pod and reason while the pod is there.
+  A pending Job with `spec.manualSelector: true` whose template lacks the Job controller's labels
+  (`agent.admission.gangs.slots.unlabelled_job`) is told so (`InvalidJob`) and enters no queue: none
+  of its pods could hold a slot.
 - `Sorted(admitted, pending, by_key)`.
 """
 
@@ -25,16 +38,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.admission.cluster.view import BadObject, read_pod_requests
 from agent.admission.controller.writes import JobWrites
 from agent.admission.engine.model import Resources
 from agent.admission.gangs.job import JobSpecError, gang_from_job, gang_requests
+from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults
 from agent.admission.gangs.record import AdmissionRecord
+from agent.admission.gangs.slots import JobOwner, unlabelled_job
 from agent.admission.jobs.jobread import JobRead, JobReader
 from agent.admission.jobs.patches import job_started, unpin_patch
-from agent.admission.jobs.queues import Pending
+from agent.admission.jobs.queues import Pending, QueueConfig, queue_refusal
+from agent.admission.report.events import POD
 from agent.admission.report.metrics import AdmissionMetrics
 from agent.kube.leader import NotLeader
-from agent.kube.objects import as_dict, as_list, metadata_of, object_key
+from agent.kube.objects import as_dict, metadata_of, object_key
 
 log = logging.getLogger(__name__)
 
@@ -53,25 +70,31 @@ class Sorted:
 class JobIntake:
     """Reads each Job of a pass in isolation (see the module docstring)."""
 
-    def __init__(self, reader: JobReader, writes: JobWrites, metrics: AdmissionMetrics) -> None:
+    def __init__(self, reader: JobReader, writes: JobWrites, metrics: AdmissionMetrics,
+                 queues: Mapping[str, QueueConfig]) -> None:
         self.reader = reader
         self.writes = writes
         self.metrics = metrics
+        self.queues = queues
         self._told_pods: set[tuple[str, str]] = set()  # unreadable pod versions already counted
+        self._warned_pods: set[str] = set()  # uids of the unreadable pods already told in an Event
+        self._told_refused: set[tuple[str, str]] = set()  # (pod uid, why) told, while the pod is there
 
     def sort(self, jobs: Iterable[dict[str, Any]], priorities: tuple[Mapping[str, int], int],
-             nodes: frozenset[str]) -> Sorted:
+             nodes: frozenset[str], limit_defaults: Mapping[str, ContainerDefaults] | None = None) -> Sorted:
         out = Sorted()
+        defaults = limit_defaults or {}
         for job in jobs:
             try:
-                self._sort_one(job, priorities, nodes, out)
+                self._sort_one(job, priorities, nodes, out,
+                               defaults.get(str(metadata_of(job).get("namespace")), NO_DEFAULTS))
             except Exception as exc:  # noqa: BLE001 - whatever a tenant wrote, the pass goes on
                 self.unreadable(job, exc)
         return out
 
     def _sort_one(self, job: dict[str, Any], priorities: tuple[Mapping[str, int], int],
-                  nodes: frozenset[str], out: Sorted) -> None:
-        read = self.reader.read(job)
+                  nodes: frozenset[str], out: Sorted, limit_defaults: ContainerDefaults) -> None:
+        read = self.reader.read(job, limit_defaults)
         if read.queue is None:
             return
         if read.bad_record is not None:
@@ -80,6 +103,10 @@ class JobIntake:
         if read.record is not None:
             if read.record.result == "admitted" and not read.finished and self.writes.holds(job, read):
                 out.admitted.append((job, read, read.record))
+            return
+        refused = queue_refusal(self.queues, read.queue, str(metadata_of(job).get("namespace")))
+        if refused is not None:  # another namespace's Job never blocks or counts in a queue
+            self.writes.invalid(job, refused.reason, refused.message)
             return
         if read.suspended and (job_started(job) or unpin_patch(job, nodes) is not None):
             # Queued again after its node was gone: made decidable first, one write a pass, once the
@@ -93,9 +120,14 @@ class JobIntake:
                                 "a queued Job must be created with spec.suspend: true; left alone")
             return
         try:
-            gang = gang_from_job(job, priorities[0], default_priority=priorities[1])
+            gang = gang_from_job(job, priorities[0], default_priority=priorities[1],
+                                 limit_defaults=limit_defaults)
         except JobSpecError as exc:
             self.writes.invalid(job, "InvalidJob", str(exc))
+            return
+        unlabelled = unlabelled_job(job)
+        if unlabelled is not None:
+            self.writes.invalid(job, "InvalidJob", unlabelled)
             return
         out.by_key[gang.key] = job
         meta = metadata_of(job)
@@ -110,34 +142,60 @@ class JobIntake:
         log.error("Job %s skipped: %s", object_key(job), exc, exc_info=not isinstance(exc, JobSpecError))
         self.writes.invalid(job, "InvalidJob", f"cannot be read: {str(exc)[:200] or type(exc).__name__}")
 
-    def requests_of(self, job: Mapping[str, Any]) -> Callable[[], Resources]:
-        """One pod's requests of an admitted Job, read when the ledger first takes its decision."""
+    def requests_of(self, job: Mapping[str, Any],
+                    limit_defaults: ContainerDefaults = NO_DEFAULTS) -> Callable[[], Resources]:
+        """One pod's requests of an admitted Job (its namespace's LimitRanges filling in
+        `limit_defaults`), read when the ledger first takes its decision."""
         def requests() -> Resources:
             try:
-                return gang_requests(job)
+                return gang_requests(job, limit_defaults)
             except JobSpecError as exc:
                 self.unreadable(job, exc)
                 return Resources()
         return requests
 
     def report_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
-        """Count each version of a bound pod whose requests cannot be read once, and tell its Job in an
-        Event when it has one (the controller's policy lets it post Events about Jobs only)."""
-        told = set()
+        """Count each version of a bound pod whose requests cannot be read once, and tell the pod why
+        in a Warning Event, once while its requests stay unreadable."""
+        told, warned = set(), set()
         for pod in pods:
             meta = metadata_of(pod)
             key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
             told.add(key)
+            warned.add(key[0])
             if key in self._told_pods:
                 continue
             self.metrics.invalid_objects.labels(kind="Pod").inc()
-            log.warning("pod %s: its requests cannot be read; counted as requesting nothing",
-                        object_key(pod))
-            owner = next((as_dict(r) for r in as_list(meta.get("ownerReferences"))
-                          if as_dict(r).get("kind") == "Job"), None)
-            if owner is not None:
-                job = {"metadata": {"namespace": meta.get("namespace"), "name": owner.get("name"),
-                                    "uid": owner.get("uid")}}
-                self.writes.events.record(job, "Warning", "InvalidPod",
-                                          f"pod {meta.get('name')}: its resource requests cannot be read")
-        self._told_pods = told
+            if key[0] in self._warned_pods:
+                continue
+            try:
+                read_pod_requests(pod)
+                why = "unreadable"
+            except BadObject as exc:
+                why = str(exc)
+            log.warning("pod %s: its requests cannot be read (%s); counted as requesting nothing",
+                        object_key(pod), why)
+            self.writes.events.record(pod, "Warning", "InvalidRequests",
+                                      f"its resource requests cannot be read: {why}; admission counts "
+                                      "the pod as requesting nothing", involved=POD)
+        self._told_pods, self._warned_pods = told, warned
+
+    def report_refused(self, refused: Iterable[tuple[JobOwner, Mapping[str, Any], str]],
+                       pods: Iterable[Mapping[str, Any]]) -> None:
+        """Tell each pod that names an admitted Job but is not one of its pods (see the module
+        docstring); what was told is forgotten once the pod is not among `pods`."""
+        for owner, pod, why in refused:
+            meta = metadata_of(pod)
+            key = (str(meta.get("uid")), why)
+            if key in self._told_refused:
+                continue
+            self._told_refused.add(key)
+            self.metrics.invalid_objects.labels(kind="Pod").inc()
+            log.warning("pod %s gets no slot of Job %s/%s: %s", object_key(pod), owner.namespace,
+                        owner.name, why)
+            job = {"metadata": {"namespace": owner.namespace, "name": owner.name, "uid": owner.uid}}
+            self.writes.events.record(job, "Warning", "ForeignPod",
+                                      f"pod {str(meta.get('name'))[:253]} gets no slot: {why}")
+        if self._told_refused:
+            there = {str(metadata_of(p).get("uid")) for p in pods}
+            self._told_refused = {key for key in self._told_refused if key[0] in there}

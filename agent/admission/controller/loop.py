@@ -2,9 +2,9 @@
 
 Public API:
 
-- `ControllerConfig` (namespace, queue modes, resync and ledger timeout, identity).
+- `ControllerConfig` (namespace, the configured queues, resync and ledger timeout, identity).
 - `Controller(kube, config, metrics, leader=None)`: `.start()` starts the list+watch reflectors
-  (queued Jobs, pods, Nodes, NRTs, PriorityClasses) into an in-memory store; `.run(stop)` runs a
+  (queued Jobs, pods, Nodes, NRTs, PriorityClasses, LimitRanges) into an in-memory store; `.run(stop)` runs a
   decision pass after every change (debounced) and every `resync_seconds`, while leading;
   `.decide_once()` runs one pass now (its pod patches may still be in flight when it returns).
 
@@ -27,9 +27,16 @@ killed at any point finishes the work on restart and never decides a Job twice):
    put in the pod template (`agent.admission.jobs.patches`), so they are never gated here.  A slot
    is held by a live pod already pinned to its (node, zone); a new pod takes its completion index's
    slot when that is free (Indexed Jobs), else the lowest free one, in pod creation order
-   (`agent.admission.gangs.slots.assign_slots`).
+   (`agent.admission.gangs.slots.assign_slots`).  Only the pods the Job controller made for the Job
+   from its admitted template hold or take a slot (`agent.admission.gangs.slots.claim_pods`: the
+   owner reference, the Job's labels and the requests, never the owner reference alone); any other
+   pod naming the Job holds none and is told in an Event on the Job (`JobIntake.report_refused`).
 2. The view: Nodes, NRTs and pods, with the ledger of admitted Jobs' slots the NRTs do not show yet.
-3. Pending Jobs (suspended, queue label, no record) in queue order through the engine: admitted ones
+3. Pending Jobs (suspended, no record, labelled with a configured queue open to their namespace: any
+   other gets a Warning Event and enters no queue) in queue order through the engine, each sized as its
+   pods will be created: its namespace's LimitRange container defaults filled in its template
+   (`agent.admission.gangs.limitrange`; a LimitRange that cannot be read is logged and left out, and
+   a change to a namespace's LimitRanges reads its Jobs again): admitted ones
    get the record, `suspend: false` and, in the pod template, either their node (a Job placed on one
    node: its pods are created pinned, `patches.one_node_template`) or the gate (and, for Indexed Jobs,
    the slots in `topolet.io/placements`), in one patch; "never" refusals get a rejected record
@@ -58,7 +65,8 @@ after a Workload's Ready write.
 
 With `ControllerConfig.kueue`, the pass also decides the `topolet.io/topology-fit` Kueue AdmissionCheck
 (`agent.admission.kueue.check`): its Ready Workloads join the ledger of admitted Jobs and its pending
-ones are decided after the Job queues, on the same view.
+ones are decided after the Job queues, on the same view, each read with its namespace's LimitRange
+defaults as a Job is.
 """
 
 from __future__ import annotations
@@ -75,7 +83,7 @@ from typing import Any
 
 from agent.admission.cluster.capacity import Capacity
 from agent.admission.cluster.heap import Heap
-from agent.admission.cluster.store import Reflector
+from agent.admission.cluster.store import Reflector, VersionCache
 from agent.admission.controller.intake import JobIntake
 from agent.admission.controller.writes import JobWrites, crash_point
 from agent.admission.engine.model import ClusterView, Gang, Placement, Refusal
@@ -88,11 +96,18 @@ from agent.admission.gangs.job import (
     job_suspended,
     priority_classes,
 )
+from agent.admission.gangs.limitrange import (
+    ContainerDefaults,
+    LimitRangeError,
+    namespace_defaults,
+    read_limit_range,
+)
 from agent.admission.gangs.record import AdmissionRecord, record_too_long
 from agent.admission.gangs.slots import pod_gated, pods_by_owner
 from agent.admission.jobs.jobread import JobRead, JobReader, gone_nodes
-from agent.admission.jobs.queues import Blocked, admission_pass
+from agent.admission.jobs.queues import DEFAULT_QUEUE, Blocked, QueueConfig, admission_pass
 from agent.admission.kueue.check import KueueCheck
+from agent.admission.kueue.holds import Refused
 from agent.admission.report.metrics import AdmissionMetrics
 from agent.kube.client import KubeClient, resource_path
 from agent.kube.leader import LeaderElector, NotLeader
@@ -111,7 +126,7 @@ NRT_GROUP, NRT_VERSION, NRT_PLURAL = "topology.node.k8s.io", "v1alpha2", "nodere
 @dataclass(frozen=True)
 class ControllerConfig:
     namespace: str = "topolet-system"
-    queue_modes: Mapping[str, str] = field(default_factory=dict)
+    queues: Mapping[str, QueueConfig] = field(default_factory=lambda: {DEFAULT_QUEUE.name: DEFAULT_QUEUE})
     resync_seconds: float = 30.0
     ledger_timeout_seconds: float = 120.0
     identity: str = ""
@@ -136,8 +151,13 @@ class Controller:
         self.nrts = Reflector(kube, resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL), "NRTs", self.changed)
         self.priorities = Reflector(kube, resource_path("scheduling.k8s.io", "v1", "priorityclasses"),
                                     "PriorityClasses", self.changed)
+        # Both routes size a gang as its pods will be created: with their namespace's LimitRange
+        # defaults (the API server's LimitRanger fills them in each pod it creates).
+        self.limit_ranges = Reflector(kube, resource_path("", "v1", "limitranges"), "LimitRanges",
+                                      self.changed)
+        self._limit_range_reads: VersionCache[ContainerDefaults | None] = VersionCache(_read_limit_range)
         self.reflectors: tuple[Reflector, ...] = (self.jobs, self.pods, self.nodes, self.nrts,
-                                                  self.priorities)
+                                                  self.priorities, self.limit_ranges)
         # The pass's writes and the Events about each Job (agent.admission.controller.writes).
         self.writes = JobWrites(kube, self.jobs, self.pods, metrics, self.identity, leader, self.changed,
                                 clock)
@@ -152,7 +172,8 @@ class Controller:
         self.heap = Heap()
         self._pass_cpu = 0.0  # the process's CPU seconds over the last pass, for the pace
         self.reader = JobReader()  # each Job version and its slots read once across passes
-        self.intake = JobIntake(self.reader, self.writes, metrics)  # each Job sorted, one at a time
+        self.intake = JobIntake(self.reader, self.writes, metrics, config.queues)  # each Job, one at a time
+        metrics.set_queue_depths(dict.fromkeys(config.queues, 0))  # every configured queue from the start
         self._timings = (0.0, 0.0)  # this pass's seconds building the view, deciding (logged)
         self._view_at: float | None = None  # monotonic time the view (and its metrics) was last built
 
@@ -234,32 +255,37 @@ class Controller:
         pods = self.pods.snapshot()
         by_owner = pods_by_owner(pods)
         nodes = frozenset(str(metadata_of(n).get("name")) for n in self.nodes.snapshot())
-        jobs = self.intake.sort(all_jobs, priority_classes(self.priorities.snapshot()), nodes)
+        limit_defaults = self._limit_defaults()  # both routes size gangs as their pods are created
+        jobs = self.intake.sort(all_jobs, priority_classes(self.priorities.snapshot()), nodes,
+                                limit_defaults)
         admitted, pending, jobs_by_key = jobs.admitted, jobs.pending, jobs.by_key
 
         # With no gang to decide, a pass only hands gated pods their slots: rebuilding the whole view
         # (seconds on a big cluster) would delay those patches, so it is refreshed for the capacity
         # metrics at most every VIEW_REFRESH_SECONDS then.
-        kueue = self.kueue.collect(pods) if self.kueue is not None else None
+        kueue = self.kueue.collect(pods, limit_defaults) if self.kueue is not None else None
         t_view = time.perf_counter()
         build = (bool(pending) or bool(kueue and kueue.pending) or self._view_at is None
                  or t_view - self._view_at >= VIEW_REFRESH_SECONDS)
         self._pod_slots = dict(kueue.pod_slots) if kueue is not None else {}
+        refused = list(kueue.refused) if kueue is not None else []  # pods naming a Job, not its own
         for job, read, record in admitted:
             try:
                 held = self._finish_admitted(job, read, record, by_owner.get(_owner(job), []), nodes,
-                                             slots_needed=build)
+                                             slots_needed=build, refused=refused)
             except Exception as exc:  # noqa: BLE001 - one Job's pods cost only that Job
                 self.intake.unreadable(job, exc)
                 continue
             self._pod_slots.update({uid: (read.key, str(slot)) for uid, slot in held.items()})
+        self.intake.report_refused(refused, pods)
 
-        depths: dict[str, int] = {}
+        depths = dict.fromkeys(self.config.queues, 0)  # a series per configured queue, never per label
         for p in pending:
-            depths[p.queue] = depths.get(p.queue, 0) + 1
+            depths[p.queue] += 1
         t_view = time.perf_counter()
         if build:
-            holding = [(read.key, record, self.intake.requests_of(job)) for job, read, record in admitted]
+            holding = [(read.key, record, self.intake.requests_of(job, read.limit_defaults))
+                       for job, read, record in admitted]
             holding += kueue.admitted if kueue is not None else []
             view = self.capacity.view(holding, pods, self._slot_of)
             self.intake.report_pods(self.capacity.unreadable_pods())
@@ -290,7 +316,7 @@ class Controller:
             return decide(gang, record_too_long)  # the Job route's record is one Job annotation
 
         decided: list[tuple[str, Future[Any]]] = []  # (queue, write that returns whether it landed)
-        for outcome in admission_pass(pending, self.config.queue_modes, timed):
+        for outcome in admission_pass(pending, self.config.queues, timed):
             job = jobs_by_key[outcome.pending.gang.key]
             result = outcome.result
             if isinstance(result, Placement):
@@ -329,11 +355,13 @@ class Controller:
 
     def _finish_admitted(self, job: dict[str, Any], read: JobRead, record: AdmissionRecord,
                          pods: Sequence[Mapping[str, Any]], nodes: frozenset[str],
-                         slots_needed: bool = True) -> Mapping[str, int]:
+                         slots_needed: bool = True,
+                         refused: list[Refused] | None = None) -> Mapping[str, int]:
         """Give an admitted Job's gated pods their slots.  Returns the slot each of its live pods holds
         (pod uid -> slot); with `slots_needed` False (no view is built this pass) an empty map when no
         pod of the Job is gated, as it need not be worked out.  A Job whose record names a node that is
-        gone (not among `nodes`) before any of its pods is bound is queued again instead."""
+        gone (not among `nodes`) before any of its pods is bound is queued again instead.  The pods that
+        name the Job but are not its own go to `refused`."""
         if not slots_needed and not any(pod_gated(p) for p in pods):
             return {}
         gone = gone_nodes(job, record, nodes, pods)
@@ -344,9 +372,23 @@ class Controller:
         assignment = self.reader.slots(read, pods)
         for pod, slot in assignment.place:
             self.writes.place(pod, slot, record.slots[slot])
+        if refused is not None and read.owner is not None:
+            refused += [(read.owner, pod, why) for pod, why in assignment.refused]
         # A pod whose patch fails still names its slot this pass: it is gated, so unbound, and the
         # slot's ledger entry stays either way; the next pass assigns it again.
         return assignment.held
+
+    def _limit_defaults(self) -> dict[str, ContainerDefaults]:
+        """Each namespace's LimitRange container defaults, its LimitRanges applied by name; one that
+        cannot be read is left out (logged once per version) and costs only itself."""
+        ranges = sorted(self.limit_ranges.snapshot(), key=object_key)
+        by_namespace: dict[str, list[ContainerDefaults]] = {}
+        for lr in ranges:
+            read = self._limit_range_reads.of(lr)
+            if read:
+                by_namespace.setdefault(str(metadata_of(lr).get("namespace")), []).append(read)
+        self._limit_range_reads.retain(ranges)
+        return {ns: namespace_defaults(reads) for ns, reads in by_namespace.items()}
 
     # -- the view -----------------------------------------------------------------------------------
 
@@ -371,6 +413,16 @@ def _pod_change_matters(kind: str, pod: Mapping[str, Any]) -> bool:
     if kind == "DELETED" or pod_gated(pod):
         return True
     return as_dict(pod.get("status")).get("phase") in ("Succeeded", "Failed")
+
+
+def _read_limit_range(limit_range: Mapping[str, Any]) -> ContainerDefaults | None:
+    """One LimitRange's container defaults; None (and a log line) when it cannot be read."""
+    try:
+        return read_limit_range(limit_range)
+    except LimitRangeError as exc:
+        log.warning("LimitRange %s left out: %s; Jobs in its namespace are sized without its defaults",
+                    object_key(limit_range), exc)
+        return None
 
 
 def _fits(placement: Placement) -> str | None:

@@ -10,12 +10,15 @@ Public API:
   (`topolet.io/admission`), `NUMA_POLICY_ANNOTATION`, `COLOCATE_ANNOTATION`, `NUMA_ZONE_ANNOTATION`,
   `COMPLETION_INDEX_ANNOTATION`, `HOSTNAME_LABEL`.
 - `job_queue(job) -> str | None`.
-- `gang_from_job(job, priorities, guaranteed_policy=NODE_POLICY, default_priority=0) -> Gang`: one pod set
-  per Job (see `gang_from_job`); raises `JobSpecError` naming what is wrong.
+- `gang_from_job(job, priorities, guaranteed_policy=NODE_POLICY, default_priority=0,
+  limit_defaults=NO_DEFAULTS) -> Gang`: one pod set per Job (see `gang_from_job`); raises `JobSpecError`
+  naming what is wrong.
+- `job_pod_spec(job, limit_defaults=NO_DEFAULTS)`: the Job's pod template's spec as its pods are
+  created, with the namespace's LimitRange container defaults (`agent.admission.gangs.limitrange`).
 - `priority_classes(classes) -> (values, default)`: the cluster's PriorityClasses as
   `gang_from_job` takes them.
-- `gang_requests(job)`: one pod's requests (Resources) from the template; `pod_requests(pod_spec)`,
-  `resources_of(requests)`.
+- `gang_requests(job, limit_defaults=NO_DEFAULTS)`: one pod's requests (Resources) from the template;
+  `pod_requests(pod_spec)`, `resources_of(requests)`.
 - `job_finished(job)`, `job_indexed(job)`, `job_suspended(job)`.
 
 The admission record is in `agent.admission.gangs.record`, the slot assignment in
@@ -41,9 +44,12 @@ from agent.admission.engine.model import (
     Resources,
     Toleration,
 )
+from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults, with_limit_range_defaults
 from agent.errors import TopoletError
 from agent.kube.objects import as_dict, as_list, is_extended_resource, metadata_of, namespaced_name
-from agent.kube.pods import COMPLETION_INDEX, NUMA_ZONE, parse_quantity
+from agent.kube.podrequests import RequestsError, container_requests
+from agent.kube.podrequests import pod_requests as scheduler_requests
+from agent.kube.pods import COMPLETION_INDEX, NUMA_ZONE, parse_quantity, pod_level_resources
 from agent.labels.validate import is_dns_subdomain
 
 QUEUE_LABEL = "topolet.io/queue"
@@ -111,50 +117,22 @@ def _count(spec: Mapping[str, Any], indexed: bool) -> int:
 
 def _requests(container: Mapping[str, Any], where: str) -> dict[str, Fraction]:
     """A container's requests (limits stand in for missing requests, as the API server defaults them)."""
-    res = as_dict(container.get("resources"))
-    merged = {**as_dict(res.get("limits")), **as_dict(res.get("requests"))}
-    out: dict[str, Fraction] = {}
-    for name, text in merged.items():
-        value = parse_quantity(text)
-        if value is None or value < 0:
-            raise JobSpecError(f"{where}: resource {name} has an invalid quantity {text!r}")
-        out[str(name)] = value
-    return out
-
-
-def _add(a: Mapping[str, Fraction], b: Mapping[str, Fraction]) -> dict[str, Fraction]:
-    return {k: a.get(k, Fraction(0)) + b.get(k, Fraction(0)) for k in set(a) | set(b)}
-
-
-def _max(a: Mapping[str, Fraction], b: Mapping[str, Fraction]) -> dict[str, Fraction]:
-    return {k: max(a.get(k, Fraction(0)), b.get(k, Fraction(0))) for k in set(a) | set(b)}
+    try:
+        return container_requests(container, where)
+    except RequestsError as exc:
+        raise JobSpecError(str(exc)) from None
 
 
 def pod_requests(pod_spec: Mapping[str, Any]) -> dict[str, Fraction]:
-    """What the scheduler counts for one pod: the larger of (containers + sidecars) and each init
-    container's peak (it plus the sidecars started before it), plus the pod overhead."""
-    containers = as_list(pod_spec.get("containers"))
-    if not containers:
+    """What the scheduler counts for one pod (`agent.kube.podrequests.pod_requests`): the larger of
+    (containers + sidecars) and each init container's peak, pod-level `spec.resources` in place of the
+    containers' sum for the resources it sets (or the API server will default), plus the overhead."""
+    if not as_list(pod_spec.get("containers")):
         raise JobSpecError("the pod template has no containers")
-    total: dict[str, Fraction] = {}
-    for i, c in enumerate(containers):
-        total = _add(total, _requests(as_dict(c), f"containers[{i}]"))
-    sidecars: dict[str, Fraction] = {}
-    init_peak: dict[str, Fraction] = {}
-    for i, c in enumerate(as_list(pod_spec.get("initContainers"))):
-        req = _requests(as_dict(c), f"initContainers[{i}]")
-        if as_dict(c).get("restartPolicy") == "Always":  # a sidecar runs beside everything after it
-            sidecars = _add(sidecars, req)
-            init_peak = _max(init_peak, sidecars)
-        else:
-            init_peak = _max(init_peak, _add(req, sidecars))
-    effective = _max(_add(total, sidecars), init_peak)
-    for name, text in as_dict(pod_spec.get("overhead")).items():
-        value = parse_quantity(text)
-        if value is None or value < 0:
-            raise JobSpecError(f"overhead {name} has an invalid quantity {text!r}")
-        effective[str(name)] = effective.get(str(name), Fraction(0)) + value
-    return effective
+    try:
+        return scheduler_requests(pod_spec)
+    except RequestsError as exc:
+        raise JobSpecError(str(exc)) from None
 
 
 def _whole(name: str, value: Fraction) -> int:
@@ -189,7 +167,11 @@ def resources_of(requests: Mapping[str, Fraction]) -> Resources:
 
 
 def _guaranteed_integer_cpus(pod_spec: Mapping[str, Any]) -> bool:
-    """Every container Guaranteed (requests = limits for cpu and memory) with whole CPUs."""
+    """Every container Guaranteed (requests = limits for cpu and memory) with whole CPUs, and no
+    pod-level resources: the kubelet's CPU and Memory Managers leave a pod that sets them unaligned
+    on the shared pool (`agent.kube.pods.pod_level_resources`), and so does the node's agent."""
+    if pod_level_resources(as_dict(pod_spec)):
+        return False
     for c in as_list(pod_spec.get("containers")) + as_list(pod_spec.get("initContainers")):
         res = as_dict(as_dict(c).get("resources"))
         limits, requests = as_dict(res.get("limits")), as_dict(res.get("requests"))
@@ -265,14 +247,26 @@ def _tolerations(pod_spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
     return tuple(out)
 
 
+def job_pod_spec(job: Mapping[str, Any],
+                 limit_defaults: ContainerDefaults = NO_DEFAULTS) -> Mapping[str, Any]:
+    """The spec of the Job's pod template as the API server creates its pods in a namespace whose
+    LimitRanges fill in `limit_defaults` (`with_limit_range_defaults`)."""
+    pod_spec = as_dict(as_dict(as_dict(job.get("spec")).get("template")).get("spec"))
+    return with_limit_range_defaults(pod_spec, limit_defaults)
+
+
 def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
-                  guaranteed_policy: str = NODE_POLICY, default_priority: int = 0) -> Gang:
+                  guaranteed_policy: str = NODE_POLICY, default_priority: int = 0,
+                  limit_defaults: ContainerDefaults = NO_DEFAULTS) -> Gang:
     """The Job as a gang of one pod set (named "main").
 
-    count: `parallelism` (Indexed: min(parallelism, completions)); requests: the pod template's, as
+    The pod template is read as its pods will be created (`job_pod_spec`: the namespace's LimitRange
+    container defaults, `limit_defaults`, filled in, as Kueue sizes a Workload); count: `parallelism`
+    (Indexed: min(parallelism, completions)); requests: the pod template's, as
     the scheduler counts them; NUMA policy: the template annotation `topolet.io/numa-policy`, else
     `guaranteed_policy` (by default NODE_POLICY: on each node, that node's kubelet Topology Manager
-    policy) when every container is Guaranteed with whole CPUs; else, for a pod that asks for devices
+    policy) when every container is Guaranteed with whole CPUs and the pod sets no pod-level
+    resources; else, for a pod that asks for devices
     (GPUs, MIG, any device plugin resource), `guaranteed_policy` for its devices alone
     (`cpu_aligned` False: the kubelet aligns devices whatever the QoS, CPU and memory only for
     Guaranteed pods); else "none"; priority: the template's
@@ -286,7 +280,7 @@ def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
         raise JobSpecError("the Job has no namespace or name")
     spec = as_dict(job.get("spec"))
     template = as_dict(spec.get("template"))
-    pod_spec = as_dict(template.get("spec"))
+    pod_spec = job_pod_spec(job, limit_defaults)
     count = _count(spec, job_indexed(job))
     requests = resources_of(pod_requests(pod_spec))
     if requests.gpus and requests.mig:
@@ -325,9 +319,10 @@ def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
 
 def container_cpus(pod_spec: Mapping[str, Any]) -> tuple[int, ...]:
     """CPU millicores of each regular container (spec order) of a pod with several, as `PodSet.containers`
-    holds them; () for a pod of one container (both Topology Manager scopes align it alike)."""
+    holds them; () for a pod of one container (both Topology Manager scopes align it alike) and for
+    one with pod-level resources (the kubelet aligns none of its containers' CPUs)."""
     containers = as_list(pod_spec.get("containers"))
-    if len(containers) < 2:
+    if len(containers) < 2 or pod_level_resources(as_dict(pod_spec)):
         return ()
     return tuple(math.ceil(_requests(as_dict(c), f"containers[{i}]").get("cpu", Fraction(0)) * 1000)
                  for i, c in enumerate(containers))
@@ -348,7 +343,6 @@ def priority_classes(classes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, in
     return values, default[1] if default is not None else 0
 
 
-def gang_requests(job: Mapping[str, Any]) -> Resources:
+def gang_requests(job: Mapping[str, Any], limit_defaults: ContainerDefaults = NO_DEFAULTS) -> Resources:
     """One pod's requests from the Job's template, as `gang_from_job` counts them."""
-    pod_spec = as_dict(as_dict(as_dict(job.get("spec")).get("template")).get("spec"))
-    return resources_of(pod_requests(pod_spec))
+    return resources_of(pod_requests(job_pod_spec(job, limit_defaults)))

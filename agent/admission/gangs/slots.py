@@ -5,11 +5,34 @@ its completion index); a gated pod is one waiting for a slot.  Both routes and t
 read pods so: the Job route's pass (`agent.admission.jobs.jobread`, `agent.admission.controller`), the
 Kueue route's Ready Workloads (`agent.admission.kueue.holds`).
 
+Only a pod the Job controller made for the admitted Job holds or takes one of its slots
+(`JobOwner.refusal`): its controller owner reference names the Job (`batch/v1`, kind `Job`, its
+name and uid), it carries the labels the Job controller copies from the Job's template
+(`CONTROLLER_UID_LABEL` with the Job's uid, `JOB_NAME_LABEL` with its name: the API server puts
+both in every Job's template whose selector it generates, the default), and it asks what the
+admitted template asks (`pod_asks`), read as the Job's pods are created: with the namespace's
+LimitRange container defaults filled in (`agent.admission.gangs.job.job_pod_spec`).  Anyone who may
+create pods in the namespace can write an owner reference and labels, so none of them is trusted
+alone; a pod that fails costs only itself: it holds no slot, takes none, and the Job's own pods get
+theirs (`ClaimedPods.refused` says why, for an Event).
+
 Public API:
 
+- `JobOwner(namespace, name, uid, asks)`: an admitted Job as its pods must name it and what each
+  must ask; `job_owner(job, limit_defaults=NO_DEFAULTS)` (from a Job, its namespace's LimitRange
+  defaults filled in), `owner_of(namespace, name, uid, pod_spec)` (from a pod
+  template, the Kueue route's); `.refusal(pod) -> str | None`: why `pod` is not one of its pods.
+- `claim_pods(owner, pods) -> ClaimedPods(pods, refused)`: the Job's pods, and each other live pod
+  that would have held or taken a slot (gated, or pinned) with why it does not.
+- `job_slots(owner, slots, pods, indexed) -> SlotAssignment`: `claim_pods`, then `assign_slots` over
+  the Job's pods (`.refused` carries the rest).
 - `assign_slots(slots, pods, indexed) -> SlotAssignment`: which live pod holds which slot, and which
-  gated pod gets which free slot (see `assign_slots`).
-- `pods_by_owner(pods)`: pods by (namespace, controller uid).
+  gated pod gets which free slot, among pods already claimed (see `assign_slots`).
+- `pods_by_owner(pods)`: pods by (namespace, controller uid): the candidates `claim_pods` checks.
+- `pod_asks(pod_spec) -> PodAsks`: what one pod asks, as compared (requests as the scheduler counts
+  them, less the overhead, which its RuntimeClass sets; each container's CPUs; its RuntimeClass).
+- `unlabelled_job(job) -> str | None`: why a Job's pods could not be told from others' (a manual
+  selector without the Job controller's labels), for the intake to refuse it before admission.
 - `pod_gated(pod)`, `pod_live(pod)`, `pod_target(pod)`, `completion_index(pod)`;
   `scheduling_gates(spec)`: a pod spec's scheduling gates.
 """
@@ -17,14 +40,34 @@ Public API:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
-from agent.admission.gangs.job import GATE, HOSTNAME_LABEL, NUMA_ZONE_ANNOTATION
+from agent.admission.gangs.job import (
+    GATE,
+    HOSTNAME_LABEL,
+    NUMA_ZONE_ANNOTATION,
+    JobSpecError,
+    container_cpus,
+    job_pod_spec,
+    pod_requests,
+)
+from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults
 from agent.admission.gangs.record import PLACEMENTS_ANNOTATION, SlotPlacement
 from agent.kube.objects import as_dict, as_list, metadata_of
 from agent.kube.pods import completion_index as pod_completion_index
 from agent.kube.pods import parse_numa_zone, placement_entry
+
+JOB_API_VERSION, JOB_KIND = "batch/v1", "Job"  # the Job controller's owner reference names these
+# The labels the API server puts in a Job's pod template when it generates the Job's selector (the
+# default: `spec.manualSelector` unset), which the Job controller copies onto every pod it creates
+# (kubernetes pkg/registry/batch/job/strategy.go `generateSelector`).
+CONTROLLER_UID_LABEL = "batch.kubernetes.io/controller-uid"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+_SAID_MAX = 3  # differences named in a refusal
+_NAME_MAX = 63
+
 
 
 def scheduling_gates(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -59,11 +102,177 @@ def pod_target(pod: Mapping[str, Any]) -> SlotPlacement | None:
 
 
 @dataclass(frozen=True, slots=True)
+class PodAsks:
+    """What one pod asks, as `JobOwner.refusal` compares it: `requests` (name -> amount, none zero) as
+    the scheduler counts them less the overhead, `cpus` each container's CPU millicores (several
+    containers: what the container scope splits), `runtime_class` (which sets the overhead)."""
+
+    requests: tuple[tuple[str, Fraction], ...]
+    cpus: tuple[int, ...]
+    runtime_class: str | None
+
+
+def pod_asks(pod_spec: Mapping[str, Any]) -> PodAsks:
+    """What a pod (or a pod template's pod) asks; JobSpecError when its requests cannot be read.
+
+    The overhead is left out: the API server writes it into each pod from its RuntimeClass, never into
+    a Job's template, so the RuntimeClass is compared instead."""
+    spec = {k: v for k, v in pod_spec.items() if k != "overhead"}
+    requests = tuple(sorted((k, v) for k, v in pod_requests(spec).items() if v))
+    runtime = pod_spec.get("runtimeClassName")
+    return PodAsks(requests, container_cpus(spec), runtime if isinstance(runtime, str) else None)
+
+
+def _resource_fields(pod_spec: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The spec's fields `pod_asks` reads, as written (overhead aside: those `pod_requests` and
+    `container_cpus` read, and the RuntimeClass): two specs whose fields are equal ask the same."""
+    return (tuple(as_dict(c).get("resources") for c in as_list(pod_spec.get("containers"))),
+            tuple((as_dict(c).get("resources"), as_dict(c).get("restartPolicy"))
+                  for c in as_list(pod_spec.get("initContainers"))),
+            pod_spec.get("resources"), pod_spec.get("runtimeClassName"))
+
+
+def _short(value: object) -> str:
+    """A tenant-written value, short, for a message."""
+    if isinstance(value, str):
+        return repr(value[:_NAME_MAX])
+    return "none" if value is None else type(value).__name__
+
+
+def _amount(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{float(value):g}"
+
+
+def _asks_differ(pod: PodAsks, template: PodAsks) -> str:
+    """How `pod` differs from `template`, in a few words."""
+    if pod.runtime_class != template.runtime_class:
+        return f"runtimeClassName {pod.runtime_class!r} where its template has {template.runtime_class!r}"
+    mine, theirs = dict(pod.requests), dict(template.requests)
+    said = [f"{name[:_NAME_MAX]} {_amount(mine.get(name, Fraction(0)))} where its template asks "
+            f"{_amount(theirs.get(name, Fraction(0)))}"
+            for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)]
+    if not said:
+        return (f"containers' CPUs {', '.join(f'{m}m' for m in pod.cpus[:8]) or 'one container'} where its "
+                f"template's are {', '.join(f'{m}m' for m in template.cpus[:8]) or 'one container'}")
+    return "; ".join(said[:_SAID_MAX]) + ("; ..." if len(said) > _SAID_MAX else "")
+
+
+@dataclass(frozen=True, slots=True)
+class JobOwner:
+    """An admitted Job as the pods that may hold its slots name it (see the module docstring); `asks`
+    is what each of them must ask, or why the admitted template's requests cannot be read (then no
+    pod is the Job's)."""
+
+    namespace: str
+    name: str
+    uid: str
+    asks: PodAsks | str
+    # The template's fields `pod_asks` reads, as written: a pod that repeats them (most do) asks the
+    # same without being read again.
+    written: tuple[Any, ...] | None = field(default=None, compare=False, hash=False)
+
+    def refusal(self, pod: Mapping[str, Any]) -> str | None:
+        """Why `pod` is not one the Job controller made for this Job from its admitted template; None
+        when it is."""
+        meta = metadata_of(pod)
+        if meta.get("namespace") != self.namespace:
+            return "it is in another namespace than its Job"
+        ref = next((as_dict(r) for r in as_list(meta.get("ownerReferences"))
+                    if as_dict(r).get("controller") is True), None)
+        if ref is None:
+            return "it has no controller owner reference"
+        said = (ref.get("apiVersion"), ref.get("kind"), ref.get("name"), ref.get("uid"))
+        if said != (JOB_API_VERSION, JOB_KIND, self.name, self.uid):
+            return (f"its controller owner reference is not the Job controller's for Job {self.name}: "
+                    f"apiVersion {_short(said[0])}, kind {_short(said[1])}, name {_short(said[2])}")
+        labels = as_dict(meta.get("labels"))
+        for key, value in ((CONTROLLER_UID_LABEL, self.uid), (JOB_NAME_LABEL, self.name)):
+            if labels.get(key) != value:
+                return f"it lacks the Job controller's label {key}: {value}"
+        if isinstance(self.asks, str):
+            return self.asks
+        spec = as_dict(pod.get("spec"))
+        if self.written is not None and _resource_fields(spec) == self.written:
+            return None
+        try:
+            asks = pod_asks(spec)
+        except (JobSpecError, TypeError, ValueError) as exc:  # whatever its writer put there
+            return f"its requests cannot be read: {str(exc)[:200]}"
+        if asks != self.asks:
+            return f"it asks other than its Job's admitted template: {_asks_differ(asks, self.asks)}"
+        return None
+
+
+def owner_of(namespace: str, name: str, uid: str, pod_spec: Mapping[str, Any]) -> JobOwner:
+    """The Job `namespace/name` (`uid`) admitted with pods of `pod_spec`."""
+    try:
+        asks: PodAsks | str = pod_asks(pod_spec)
+    except (JobSpecError, TypeError, ValueError) as exc:
+        asks = f"its Job's admitted template cannot be read: {str(exc)[:200]}"
+    return JobOwner(namespace, name, uid, asks, _resource_fields(pod_spec))
+
+
+def job_owner(job: Mapping[str, Any], limit_defaults: ContainerDefaults = NO_DEFAULTS) -> JobOwner:
+    """The admitted `job` as its pods must name it (its template: the one admitted, which the record's
+    shape vouches for, with `limit_defaults` filled in as the API server fills them in its pods)."""
+    meta = metadata_of(job)
+    return owner_of(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")),
+                    job_pod_spec(job, limit_defaults))
+
+
+def unlabelled_job(job: Mapping[str, Any]) -> str | None:
+    """Why the Job's pods would not carry the Job controller's labels (`spec.manualSelector: true` and
+    a template without them), so none of them could hold a slot; None when they will (the API server
+    puts them in the template of every Job whose selector it generates)."""
+    if as_dict(job.get("spec")).get("manualSelector") is not True:
+        return None
+    meta = metadata_of(job)
+    labels = as_dict(metadata_of(as_dict(as_dict(job.get("spec")).get("template"))).get("labels"))
+    for key, value in ((CONTROLLER_UID_LABEL, meta.get("uid")), (JOB_NAME_LABEL, meta.get("name"))):
+        if labels.get(key) != value:
+            return (f"its pod template lacks the label {key}: {str(value)[:_NAME_MAX]} (a manual "
+                    f"selector?), so its pods could not be told from pods others create in the namespace")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedPods:
+    """pods: the Job's own; refused: (pod, why) for each other live pod that is gated or pinned."""
+
+    pods: tuple[Mapping[str, Any], ...]
+    refused: tuple[tuple[Mapping[str, Any], str], ...]
+
+
+def claim_pods(owner: JobOwner, pods: Iterable[Mapping[str, Any]]) -> ClaimedPods:
+    """The pods that are `owner`'s (`JobOwner.refusal`), and why each other would-be slot holder is not
+    (a pod neither gated nor pinned holds and takes nothing either way: not named)."""
+    mine: list[Mapping[str, Any]] = []
+    refused: list[tuple[Mapping[str, Any], str]] = []
+    for pod in pods:
+        why = owner.refusal(pod)
+        if why is None:
+            mine.append(pod)
+        elif pod_live(pod) and (pod_gated(pod) or pod_target(pod) is not None):
+            refused.append((pod, why))
+    return ClaimedPods(tuple(mine), tuple(refused))
+
+
+@dataclass(frozen=True, slots=True)
 class SlotAssignment:
-    """held: pod uid -> the slot it holds; place: (gated pod, slot) pairs to patch, in order."""
+    """held: pod uid -> the slot it holds; place: (gated pod, slot) pairs to patch, in order; refused:
+    (pod, why) for the pods that hold and take no slot as they are not the Job's (`job_slots`)."""
 
     held: Mapping[str, int]
     place: tuple[tuple[Mapping[str, Any], int], ...]
+    refused: tuple[tuple[Mapping[str, Any], str], ...] = ()
+
+
+def job_slots(owner: JobOwner, slots: Mapping[int, SlotPlacement], pods: Iterable[Mapping[str, Any]],
+              indexed: bool) -> SlotAssignment:
+    """`assign_slots` over the pods that are `owner`'s (`claim_pods`); the others are `refused`."""
+    claimed = claim_pods(owner, pods)
+    assignment = assign_slots(slots, claimed.pods, indexed)
+    return SlotAssignment(assignment.held, assignment.place, claimed.refused)
 
 
 def _creation(pod: Mapping[str, Any]) -> tuple[str, str]:
@@ -73,7 +282,8 @@ def _creation(pod: Mapping[str, Any]) -> tuple[str, str]:
 
 def assign_slots(slots: Mapping[int, SlotPlacement], pods: Sequence[Mapping[str, Any]],
                  indexed: bool) -> SlotAssignment:
-    """Which slot each live pod of an admitted Job holds, and which free slot each gated one gets.
+    """Which slot each live pod of an admitted Job holds, and which free slot each gated one gets;
+    `pods` are the Job's own (`claim_pods`: `job_slots` is both steps).
 
     A live pod we pinned holds a slot with its (node, zone): its completion index's slot when that
     matches, else the lowest free slot that does.  A gated pod gets its completion index's slot when
@@ -116,7 +326,8 @@ def assign_slots(slots: Mapping[int, SlotPlacement], pods: Sequence[Mapping[str,
 
 def pods_by_owner(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
     """Pods by (namespace, their controller's uid): a pod names its owner by uid alone, and an owner
-    lives in the pod's namespace, so a pod in another namespace never counts as a Job's."""
+    lives in the pod's namespace, so a pod in another namespace never counts as a Job's.  Candidates
+    only: whoever writes the pod writes its owner reference, so `claim_pods` decides."""
     out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for pod in pods:
         meta = metadata_of(pod)

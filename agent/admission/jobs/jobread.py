@@ -3,15 +3,19 @@
 Public API:
 
 - `JobRead`: one Job version as a pass sees it: its uid, `namespace/name`, queue, admission record
-  (or why that record is malformed, or why an admitted one is not trusted), and whether it is
-  suspended, finished and Indexed.
+  (or why that record is malformed, or why an admitted one is not trusted), whether it is
+  suspended, finished and Indexed, the namespace's LimitRange container defaults it was read with
+  (`limit_defaults`), and (a Job with a record) the pods that may hold its slots (`owner`,
+  `agent.admission.gangs.slots.JobOwner`: its template as its pods are created, those defaults in).
 - `distrust(job, record) -> str | None`: why an admitted record is not to be trusted for `job`.
 - `gone_nodes(job, record, nodes, pods) -> list[str]`: the record's nodes that are gone while none of
   the Job's pods is bound or ever ran (such a Job is queued again: `JobWrites.requeue_lost`).
-- `JobReader()`: `.read(job) -> JobRead`, memoised by the Job's uid and resourceVersion, the record
-  decoded once per annotation text; `.slots(read, pods) -> SlotAssignment`, `assign_slots`
-  for an admitted Job, memoised by its decision and the versions of its pods; `.retain(uids)` forgets
-  the Jobs not among `uids`.
+- `JobReader()`: `.read(job, limit_defaults=NO_DEFAULTS) -> JobRead`, memoised by the Job's uid and
+  resourceVersion and the defaults (a LimitRange change in its namespace reads it again), the record
+  decoded once per annotation text; `.slots(read, pods) -> SlotAssignment`, `job_slots` for an
+  admitted Job (only the pods the Job controller made for it from its admitted template hold or
+  take a slot; the others are `refused`), memoised by its decision and the versions of its pods;
+  `.retain(uids)` forgets the Jobs not among `uids`.
 
 The controller trusts only what it wrote: an admitted record carries the shape of the Job it was
 written for (`agent.admission.gangs.shape`).  A record with no shape or another shape (copied from
@@ -40,9 +44,10 @@ from agent.admission.gangs.job import (
     job_queue,
     job_suspended,
 )
+from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults
 from agent.admission.gangs.record import AdmissionRecord, decode_record, record_of
 from agent.admission.gangs.shape import job_shape
-from agent.admission.gangs.slots import SlotAssignment, assign_slots
+from agent.admission.gangs.slots import JobOwner, SlotAssignment, job_owner, job_slots
 from agent.kube.objects import as_dict, metadata_of, namespaced_name
 
 
@@ -61,6 +66,8 @@ class JobRead:
     finished: bool
     indexed: bool
     distrusted: str | None = None
+    owner: JobOwner | None = None  # with a record: the pods that may hold its slots
+    limit_defaults: ContainerDefaults = NO_DEFAULTS  # its namespace's LimitRanges', as read with
 
 
 def distrust(job: Mapping[str, Any], record: AdmissionRecord) -> str | None:
@@ -98,17 +105,19 @@ class JobReader:
     """`read` and `slots` with their memos (see the module docstring); one per controller."""
 
     def __init__(self) -> None:
-        self._jobs: dict[str, tuple[str, JobRead, object]] = {}  # uid -> (resourceVersion, read, record text)
+        # uid -> (resourceVersion, read, record text); the read holds the defaults it was read with.
+        self._jobs: dict[str, tuple[str, JobRead, object]] = {}
         self._records: dict[str, AdmissionRecord] = {}  # annotation text -> decoded record
         # Job uid -> (its decision, its pods' (uid, resourceVersion) sorted, the assignment).
         self._slots: dict[str, tuple[Any, SlotAssignment]] = {}
 
-    def read(self, job: Mapping[str, Any]) -> JobRead:
-        """What the pass reads of `job` (memoised by version)."""
+    def read(self, job: Mapping[str, Any], limit_defaults: ContainerDefaults = NO_DEFAULTS) -> JobRead:
+        """What the pass reads of `job` in a namespace whose LimitRanges fill in `limit_defaults`
+        (memoised by version and defaults)."""
         version = _version(job)
         if version is not None:
             hit = self._jobs.get(version[0])
-            if hit is not None and hit[0] == version[1]:
+            if hit is not None and hit[0] == version[1] and hit[1].limit_defaults == limit_defaults:
                 return hit[1]
         text = as_dict(metadata_of(job).get("annotations")).get(ADMISSION_ANNOTATION)
         try:
@@ -119,21 +128,24 @@ class JobReader:
                        queue=job_queue(job), record=record, bad_record=bad,
                        suspended=job_suspended(job), finished=job_finished(job),
                        indexed=job_indexed(job),
-                       distrusted=distrust(job, record) if record is not None else None)
+                       distrusted=distrust(job, record) if record is not None else None,
+                       owner=job_owner(job, limit_defaults) if record is not None else None,
+                       limit_defaults=limit_defaults)
         if version is not None:
             self._jobs[version[0]] = (version[1], read, text)
         return read
 
     def slots(self, read: JobRead, pods: Sequence[Mapping[str, Any]]) -> SlotAssignment:
-        """`assign_slots` of the admitted Job `read` over its live `pods` (memoised by the
-        decision and the pods' versions: the same pod versions get the same slots)."""
-        assert read.record is not None
+        """`job_slots` of the admitted Job `read` over the `pods` that name it (memoised by the
+        decision, the Job's owner and the pods' versions: the same pod versions get the same slots)."""
+        assert read.record is not None and read.owner is not None
         versions = [v for v in map(_version, pods) if v is not None]
-        key = (read.record.decision, tuple(sorted(versions))) if len(versions) == len(pods) else None
+        key = ((read.record.decision, read.owner, tuple(sorted(versions))) if len(versions) == len(pods)
+               else None)
         hit = self._slots.get(read.uid)
         if key is not None and hit is not None and hit[0] == key:
             return hit[1]
-        assignment = assign_slots(read.record.slots, pods, read.indexed)
+        assignment = job_slots(read.owner, read.record.slots, pods, read.indexed)
         if key is not None:
             self._slots[read.uid] = (key, assignment)
         return assignment

@@ -1,20 +1,29 @@
-"""Queue order and the admission pass over every queue's pending gangs.  Pure: the engine is passed in.
+"""The operator's queues, queue order and the admission pass over every queue's pending gangs.  Pure:
+the engine is passed in.
 
 Public API:
 
-- `QUEUE_MODES` ("StrictFIFO", "BestEffortFIFO"); `DEFAULT_MODE` = "BestEffortFIFO".
-- `parse_queue_modes(flags) -> dict[str, str]`: `NAME=MODE` strings (the `--queue` flags) into a
-  map; ConfigError on a malformed flag, a name no `topolet.io/queue` label value can hold, an unknown
-  mode or a queue named twice.
+- `QUEUE_MODES` ("StrictFIFO", "BestEffortFIFO"); `DEFAULT_QUEUE`: the one queue there is when the
+  operator configures none: `default`, BestEffortFIFO, open to every namespace.
+- `QueueConfig(name, mode, namespaces)`: one configured queue; `namespaces` None: every namespace.
+  `.admits(namespace)`; `.describe()` (for the start-up log).
+- `parse_queues(flags) -> dict[str, QueueConfig]`: the `--queue` flags, each `NAME=MODE` (open to
+  every namespace) or `NAME=MODE:NS1,NS2` (only those namespaces), into the queues by name; no flag at
+  all gives `{DEFAULT_QUEUE.name: DEFAULT_QUEUE}`.  ConfigError on a malformed flag, a name no
+  `topolet.io/queue` label value can hold, an unknown mode, a namespace that is not a DNS label, an
+  empty or repeated namespace, or a queue named twice.
+- `queue_refusal(queues, queue, namespace) -> QueueRefusal | None`: why a Job in `namespace` that
+  names `queue` may not enter it (the queue is not configured, or not open to that namespace), None
+  when it may.  A refused Job never enters any queue, so it cannot block or count in one.
 - `Pending(gang, queue, created, name)`: one gang waiting in `queue` (created: RFC 3339 creation time).
 - `queue_order(p)`: the sort key: higher priority first, then older, then name.
-- `admission_pass(pending, modes, decide) -> list[Outcome]`: walk every pending gang in queue order
+- `admission_pass(pending, queues, decide) -> list[Outcome]`: walk every pending gang in queue order
   (all queues merged, so a higher-priority gang goes first whichever queue it is in) and ask
   `decide(gang)` for a Placement or a Refusal.  The caller's `decide` counts an admitted gang's
   capacity before it returns, so later gangs see it.  In a StrictFIFO queue, a head that is refused
   "not-now" blocks the gangs behind it (they are not tried: `Blocked`); a "never" refusal does not
   block (that gang is rejected and leaves the queue).  In a BestEffortFIFO queue later gangs may pass
-  a head that does not fit.
+  a head that does not fit.  `pending` holds only gangs `queue_refusal` let in.
 """
 
 from __future__ import annotations
@@ -24,29 +33,93 @@ from dataclasses import dataclass
 
 from agent.admission.engine.model import Gang, Placement, Refusal
 from agent.errors import ConfigError
-from agent.labels.validate import is_label_value
+from agent.labels.validate import is_dns_label, is_label_value
 
 QUEUE_MODES = ("StrictFIFO", "BestEffortFIFO")
-DEFAULT_MODE = "BestEffortFIFO"
+MAX_NAMED = 10  # queues a refusal names as open to the Job's namespace (the Event stays short)
 
 
-def parse_queue_modes(flags: Iterable[str]) -> dict[str, str]:
-    """`NAME=MODE` flags into {queue: mode}; a queue not named gets DEFAULT_MODE."""
-    modes: dict[str, str] = {}
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """One queue the operator configured: its mode and the namespaces whose Jobs it takes."""
+
+    name: str
+    mode: str
+    namespaces: frozenset[str] | None = None  # None: every namespace (the operator's explicit choice)
+
+    def admits(self, namespace: str) -> bool:
+        return self.namespaces is None or namespace in self.namespaces
+
+    def describe(self) -> str:
+        where = "every namespace" if self.namespaces is None else ", ".join(sorted(self.namespaces))
+        return f"{self.name} ({self.mode}; {where})"
+
+
+DEFAULT_QUEUE = QueueConfig("default", "BestEffortFIFO")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRefusal:
+    """Why a Job may not enter the queue it names: an Event reason and its message."""
+
+    reason: str  # UnknownQueue | QueueNotAllowed
+    message: str
+
+
+def parse_queues(flags: Iterable[str]) -> dict[str, QueueConfig]:
+    """The `--queue` flags into the configured queues by name (see the module docstring)."""
+    queues: dict[str, QueueConfig] = {}
     for flag in flags:
-        name, sep, mode = flag.partition("=")
-        name, mode = name.strip(), mode.strip()
-        if not sep or not name:
-            raise ConfigError(f"--queue wants NAME=MODE, got {flag!r}")
-        if not is_label_value(name):  # a Job names its queue in a label: any other name matches none
-            raise ConfigError(f"--queue {name!r}: a queue name is a label value (letters, digits, '-', '_' "
-                              "and '.', starting and ending alphanumeric, at most 63 characters)")
-        if mode not in QUEUE_MODES:
-            raise ConfigError(f"--queue {name}: mode must be one of {', '.join(QUEUE_MODES)}, got {mode!r}")
-        if name in modes:
-            raise ConfigError(f"--queue {name} given twice")
-        modes[name] = mode
-    return modes
+        queue = _parse_queue(flag)
+        if queue.name in queues:
+            raise ConfigError(f"--queue {queue.name} given twice")
+        queues[queue.name] = queue
+    return queues or {DEFAULT_QUEUE.name: DEFAULT_QUEUE}
+
+
+def _parse_queue(flag: str) -> QueueConfig:
+    name, sep, rest = flag.partition("=")
+    mode, colon, listed = rest.partition(":")
+    name, mode = name.strip(), mode.strip()
+    if not sep or not name:
+        raise ConfigError(f"--queue wants NAME=MODE or NAME=MODE:NAMESPACE,..., got {flag!r}")
+    if not is_label_value(name):  # a Job names its queue in a label: any other name matches none
+        raise ConfigError(f"--queue {name!r}: a queue name is a label value (letters, digits, '-', '_' "
+                          "and '.', starting and ending alphanumeric, at most 63 characters)")
+    if mode not in QUEUE_MODES:
+        raise ConfigError(f"--queue {name}: mode must be one of {', '.join(QUEUE_MODES)}, got {mode!r}")
+    if not colon:
+        return QueueConfig(name, mode)
+    namespaces: set[str] = set()
+    for part in listed.split(","):
+        namespace = part.strip()
+        if not namespace:
+            raise ConfigError(f"--queue {name}: an empty namespace in {listed!r} (leave out ':' and "
+                              "the list to open the queue to every namespace)")
+        if not is_dns_label(namespace):
+            raise ConfigError(f"--queue {name}: {namespace!r} is not a namespace name (a DNS-1123 label: "
+                              "lower-case letters, digits and '-', at most 63 characters)")
+        if namespace in namespaces:
+            raise ConfigError(f"--queue {name}: namespace {namespace} listed twice")
+        namespaces.add(namespace)
+    return QueueConfig(name, mode, frozenset(namespaces))
+
+
+def queue_refusal(queues: Mapping[str, QueueConfig], queue: str, namespace: str) -> QueueRefusal | None:
+    """Why a Job in `namespace` may not enter `queue`; None when it may."""
+    config = queues.get(queue)
+    if config is not None and config.admits(namespace):
+        return None
+    open_to = sorted(name for name, q in queues.items() if q.admits(namespace))
+    named = ", ".join(open_to[:MAX_NAMED]) + (f" and {len(open_to) - MAX_NAMED} more"
+                                                if len(open_to) > MAX_NAMED else "")
+    may_use = (f"namespace {namespace} may use: {named}" if open_to
+               else f"no queue takes namespace {namespace}")
+    stays = "the Job stays suspended, in no queue, until its topolet.io/queue label names one it may use"
+    if config is None:
+        return QueueRefusal("UnknownQueue", f"queue {queue!r} is not configured ({may_use}); {stays}")
+    return QueueRefusal("QueueNotAllowed",
+                        f"queue {queue!r} does not take Jobs from namespace {namespace} ({may_use}); {stays}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +150,7 @@ def queue_order(p: Pending) -> tuple[int, str, str]:
     return (-p.gang.priority, p.created, p.name)
 
 
-def admission_pass(pending: Iterable[Pending], modes: Mapping[str, str],
+def admission_pass(pending: Iterable[Pending], queues: Mapping[str, QueueConfig],
                    decide: Callable[[Gang], Placement | Refusal]) -> list[Outcome]:
     """One decision per pending gang, in queue order (see the module docstring)."""
     blocked: dict[str, str] = {}  # StrictFIFO queue -> the head that blocks it
@@ -88,8 +161,9 @@ def admission_pass(pending: Iterable[Pending], modes: Mapping[str, str],
             out.append(Outcome(p, Blocked(head)))
             continue
         result = decide(p.gang)
+        queue = queues.get(p.queue)
         if (isinstance(result, Refusal) and result.kind == "not-now"
-                and modes.get(p.queue, DEFAULT_MODE) == "StrictFIFO"):
+                and queue is not None and queue.mode == "StrictFIFO"):
             blocked[p.queue] = p.gang.key
         out.append(Outcome(p, result))
     return out

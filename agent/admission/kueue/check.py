@@ -6,11 +6,13 @@ Public API:
   identity)`: `.reflectors` (AdmissionChecks, Workloads, ResourceFlavors; the controller starts, stops
   and waits for them with its own), `.due` (set when a watch event shows a Workload waiting for our
   decision: the controller's next pass skips its debounce),
-  `.collect(pods) -> Round`, `.decide(round, decide, left_out)` and `.stop()` (waits for the
-  decisions being written).
+  `.collect(pods, limit_defaults={}) -> Round` (`limit_defaults`: each namespace's LimitRange
+  container defaults, `agent.admission.gangs.limitrange`, as the Job route reads them),
+  `.decide(round, decide, left_out)` and `.stop()` (waits for the decisions being written).
 - `Round`: what one pass knows of Kueue: `admitted` (the ledger's `(gang key, record, requests)` of
-  every Ready Workload, one per pod set), `pod_slots` (pod uid -> (gang key, slot) for their pods) and
-  `pending` (Workloads to decide, in the order Kueue reserved their quota).
+  every Ready Workload, one per pod set), `pod_slots` (pod uid -> (gang key, slot) for their Jobs'
+  pods), `pending` (Workloads to decide, in the order Kueue reserved their quota) and `refused` (the
+  pods that name a Ready Workload's Job but are not its pods, `agent.admission.kueue.holds`).
 - `kueue_served(kube) -> bool | None`: whether the API serves Kueue's v1beta2 to us (None: served but
   forbidden).
 
@@ -40,6 +42,10 @@ webhook and may take a second on a busy API server), so a Workload whose check t
 meanwhile is decided by the very next pass.  Until its write has landed in the store, a Ready
 decision counts in the ledger from memory (the records the Ready state will carry) and the Workload
 is not decided again; a failed write is forgotten and decided again.
+A Workload's gang, the requests its Ready state holds in the ledger and those its Job's pods must ask
+to hold its slots are read from its pod sets' templates with its namespace's LimitRange container
+defaults filled in, as the API server creates the pods (Kueue stores the Job's template as written);
+a change to a namespace's LimitRanges reads its Ready Workloads again.
 Whether a Workload's Job is Indexed (which a pod set spread over several slots needs) is read once
 per Job, ahead, while the Workload waits for its quota, so the Ready write needs no GET first.
 
@@ -56,14 +62,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent.admission.cluster.store import Reflector
 from agent.admission.engine.model import Gang, Placement, Refusal
+from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults
 from agent.admission.gangs.slots import pods_by_owner
 from agent.admission.kueue import workloads
-from agent.admission.kueue.holds import Held, Holds, ready_entries
+from agent.admission.kueue.holds import Held, Holds, Refused, ready_entries
 from agent.admission.kueue.workloads import CONTROLLER_NAME, KUEUE_GROUP, KUEUE_VERSION, WorkloadSpecError
 from agent.admission.kueue.writes import CheckWrites
 from agent.admission.report.events import timestamp
@@ -79,12 +86,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Pending:
     """A Workload waiting for our decision: which of our checks (every one of ours that is Pending on
-    it: one decision sets them all), and the gang read from it."""
+    it: one decision sets them all), the gang read from it, and its namespace's LimitRange defaults
+    it was read with."""
 
     workload: dict[str, Any]
     checks: tuple[str, ...]
     gang: Gang | None
     error: str = ""
+    limit_defaults: ContainerDefaults = NO_DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,7 @@ class Round:
     admitted: list[Held]
     pod_slots: dict[str, tuple[str, str]]
     pending: list[Pending]
+    refused: list[Refused] = field(default_factory=list)
 
 
 def kueue_served(kube: KubeClient) -> bool | None:
@@ -151,8 +161,10 @@ class KueueCheck:
 
     # -- reading --------------------------------------------------------------------------------------
 
-    def collect(self, pods: Sequence[Mapping[str, Any]]) -> Round:
-        """Activate our AdmissionChecks; read the Ready Workloads' slots and the Workloads to decide."""
+    def collect(self, pods: Sequence[Mapping[str, Any]],
+                limit_defaults: Mapping[str, ContainerDefaults] | None = None) -> Round:
+        """Activate our AdmissionChecks; read the Ready Workloads' slots and the Workloads to decide,
+        each with its namespace's `limit_defaults` (namespace -> LimitRange container defaults)."""
         checks = self.checks.snapshot()
         for ac in checks:
             if (as_dict(ac.get("spec")).get("controllerName") == CONTROLLER_NAME
@@ -171,10 +183,12 @@ class KueueCheck:
         # (its store entry may be either version), never from neither.
         inflight = self.writes.in_flight()
         every = sorted(self.workloads.snapshot(), key=object_key)
+        defaults = limit_defaults or {}
         for wl in every:
             # One Workload that cannot be read costs only itself: logged, counted, skipped.
             try:
-                self._collect_one(wl, names, by_owner, flavors, inflight, round_)
+                self._collect_one(wl, names, by_owner, flavors, inflight, round_,
+                                  defaults.get(str(metadata_of(wl).get("namespace")), NO_DEFAULTS))
             except Exception as exc:  # noqa: BLE001 - whatever a tenant wrote, the pass goes on
                 self._unreadable(wl, exc)
         live = {(str(metadata_of(wl).get("uid")), str(metadata_of(wl).get("resourceVersion")))
@@ -188,8 +202,9 @@ class KueueCheck:
     def _collect_one(self, wl: dict[str, Any], names: tuple[str, ...],
                      by_owner: Mapping[tuple[str, str], list[Mapping[str, Any]]],
                      flavors: Mapping[str, Mapping[str, Any]], inflight: Mapping[str, list[Held]],
-                     round_: Round) -> None:
-        """One Workload into `round_`: the slots it holds, or a decision to make."""
+                     round_: Round, limit_defaults: ContainerDefaults) -> None:
+        """One Workload into `round_`: the slots it holds, or a decision to make (its pods created where
+        the LimitRanges fill in `limit_defaults`)."""
         if str(metadata_of(wl).get("uid")) in inflight:
             round_.admitted.extend(inflight[str(metadata_of(wl).get("uid"))])
             return
@@ -198,9 +213,11 @@ class KueueCheck:
         if held is not None:
             self.writes.due_at.pop(str(metadata_of(wl).get("uid")), None)  # (a late event of its Pending)
             owner = (str(metadata_of(wl).get("namespace")), workloads.owner_uid(wl) or "")
-            entries, slots = self.holds.of(wl, held, by_owner.get(owner, []), self.writes.known_indexed(wl))
+            entries, slots, refused = self.holds.of(wl, held, by_owner.get(owner, []),
+                                                    self.writes.known_indexed(wl), limit_defaults)
             round_.admitted.extend(entries)
             round_.pod_slots.update(slots)
+            round_.refused.extend(refused)
             if ours:
                 self._copy_ready(wl, held, ours, entries)
             return
@@ -209,10 +226,10 @@ class KueueCheck:
                 self.writes.read_ahead(wl)
             return
         try:
-            gang = workloads.gang_from_workload(wl, flavors)
-            round_.pending.append(Pending(wl, ours, gang))
+            gang = workloads.gang_from_workload(wl, flavors, limit_defaults=limit_defaults)
+            round_.pending.append(Pending(wl, ours, gang, limit_defaults=limit_defaults))
         except WorkloadSpecError as exc:
-            round_.pending.append(Pending(wl, ours, None, str(exc)))
+            round_.pending.append(Pending(wl, ours, None, str(exc), limit_defaults))
 
     def _unreadable(self, wl: Mapping[str, Any], exc: Exception) -> None:
         """A Workload the pass failed on: logged with its trace, counted, skipped; losing the lease
@@ -271,7 +288,8 @@ class KueueCheck:
         result = decide(p.gang)
         if isinstance(result, Placement):
             self.check_leader()
-            self.writes.write(p.workload, ready_entries(p.workload, p.checks[0], p.gang, result, now),
+            self.writes.write(p.workload, ready_entries(p.workload, p.checks[0], p.gang, result, now,
+                                                        p.limit_defaults),
                               self.writes.ready, p.workload, p.checks, p.gang, result, now)
         elif result.kind == "never" and not left_out:
             why = result.reason

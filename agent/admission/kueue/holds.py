@@ -3,14 +3,26 @@
 Public API:
 
 - `Held`: one pod set's ledger entry, `(gang key, AdmissionRecord, requests)`, where `requests()`
-  gives one pod's requests; `PODSET_LABEL` (Kueue's label of a pod's pod set).
-- `Holds()`: `.of(wl, check, pods, indexed) -> (entries, pod slots)`: a Ready Workload's ledger entries
-  and the slot each of its live pods holds (pod uid -> (gang key, slot)), worked out again only when
-  the Workload, one of its pods or what is known of its Job changed; none when its Ready state
-  cannot be read (said once per Workload version).  `.end_pass(live)` keeps what this pass read, and
-  the Workload versions `(uid, resourceVersion)` in `live`.
-- `entries(wl, records)`: the ledger entries of a Workload's decision; `ready_entries(wl, check,
-  gang, placement, now)`: the ones the Ready state for `placement` will carry once written.
+  gives one pod's requests; `Refused`: `(JobOwner, pod, why)`, a pod that names a Ready Workload's
+  Job but holds none of its slots; `PODSET_LABEL` (Kueue's label of a pod's pod set).
+- `Holds()`: `.of(wl, check, pods, indexed, limit_defaults=NO_DEFAULTS) -> (entries, pod slots,
+  refused)`: a Ready Workload's ledger entries, the slot each of its live pods holds (pod uid ->
+  (gang key, slot)) and the pods that name its Job but hold none, worked out again only when the
+  Workload, one of its pods, what is known of its Job or its namespace's LimitRange defaults changed;
+  none when its Ready state cannot be read (said once per Workload version).  Only the pods the Job
+  controller made for the Workload's `batch/v1` Job (its controlling owner, which Kueue wrote) from
+  the pod set's template hold its slots (`agent.admission.gangs.slots.JobOwner`); no pod holds a slot
+  of a Workload another kind owns.
+  `.end_pass(live)` keeps what this pass read, and the Workload versions `(uid, resourceVersion)` in
+  `live`.
+- `entries(wl, records, limit_defaults=NO_DEFAULTS)`: the ledger entries of a Workload's decision;
+  `ready_entries(wl, check, gang, placement, now, limit_defaults=NO_DEFAULTS)`: the ones the Ready
+  state for `placement` will carry once written.
+
+A pod set's template is read as the Job's pods are created: Kueue stores the Job's template as
+written, and the API server's LimitRanger fills the namespace's container defaults (`limit_defaults`,
+`agent.admission.gangs.limitrange`) into each pod, so both the requests the ledger counts and those a
+pod must ask to hold a slot are the template's with them filled in, as on the Job route.
 
 Pure: no I/O.  The ledger keys a Workload's pod set `workload:<namespace>/<name>/<pod set>`
 (`workloads.gang_key`): the ledger takes one request per gang.
@@ -25,18 +37,22 @@ from typing import Any
 
 from agent.admission.engine.model import Gang, Placement, Resources
 from agent.admission.gangs.job import gang_requests
+from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults, with_limit_range_defaults
 from agent.admission.gangs.record import AdmissionRecord
-from agent.admission.gangs.slots import assign_slots
+from agent.admission.gangs.slots import JOB_API_VERSION, JOB_KIND, JobOwner, job_slots, owner_of
 from agent.admission.kueue import workloads
 from agent.admission.kueue.workloads import WorkloadSpecError
-from agent.kube.objects import as_dict, metadata_of, object_key
+from agent.kube.objects import as_dict, as_list, metadata_of, object_key
 
 log = logging.getLogger(__name__)
 
 PODSET_LABEL = "kueue.x-k8s.io/podset"  # Kueue labels each pod with its pod set's name
 Held = tuple[str, AdmissionRecord, Callable[[], Resources]]  # one pod set's entry in the ledger
-# A Ready Workload's (uid, resourceVersion, check, Job indexed, its pods' (uid, resourceVersion)).
-HoldKey = tuple[str, str, str, bool, tuple[tuple[str, str], ...]]
+# A Ready Workload's (uid, resourceVersion, check, Job indexed, its pods' (uid, resourceVersion), its
+# namespace's LimitRange defaults).
+HoldKey = tuple[str, str, str, bool, tuple[tuple[str, str], ...], ContainerDefaults]
+Refused = tuple[JobOwner, Mapping[str, Any], str]  # a pod that names the Job but holds no slot, and why
+Hold = tuple[list[Held], dict[str, tuple[str, str]], list[Refused]]
 
 
 class Holds:
@@ -45,20 +61,21 @@ class Holds:
 
     def __init__(self) -> None:
         # `_read` collects those read this pass, which replace `_held` at its end.
-        self._held: dict[HoldKey, tuple[list[Held], dict[str, tuple[str, str]]]] = {}
-        self._read: dict[HoldKey, tuple[list[Held], dict[str, tuple[str, str]]]] = {}
+        self._held: dict[HoldKey, Hold] = {}
+        self._read: dict[HoldKey, Hold] = {}
         self._unreadable: set[tuple[str, str]] = set()  # (uid, resourceVersion) logged once
 
-    def of(self, wl: dict[str, Any], check: str, pods: list[Mapping[str, Any]], indexed: bool
-           ) -> tuple[list[Held], dict[str, tuple[str, str]]]:
-        """The Workload's ledger entries and its pods' slots, held under our Ready `check`."""
+    def of(self, wl: dict[str, Any], check: str, pods: list[Mapping[str, Any]], indexed: bool,
+           limit_defaults: ContainerDefaults = NO_DEFAULTS) -> Hold:
+        """The Workload's ledger entries, its pods' slots and the pods refused one, held under our
+        Ready `check`, its pods created where the LimitRanges fill in `limit_defaults`."""
         meta = metadata_of(wl)
         version = (str(meta.get("uid")), str(meta.get("resourceVersion")), check, indexed,
                    tuple(sorted((str(metadata_of(p).get("uid")), str(metadata_of(p).get("resourceVersion")))
-                                for p in pods)))
+                                for p in pods)), limit_defaults)
         held = self._held.get(version)
         if held is None:
-            held = self._now(wl, check, pods, indexed)
+            held = self._now(wl, check, pods, indexed, limit_defaults)
         self._read[version] = held
         return held
 
@@ -67,10 +84,11 @@ class Holds:
         self._unreadable &= live  # bounded by the Workloads there are
         self._held, self._read = self._read, {}
 
-    def _now(self, wl: dict[str, Any], check: str, pods: list[Mapping[str, Any]], indexed: bool
-             ) -> tuple[list[Held], dict[str, tuple[str, str]]]:
-        """A Ready Workload's ledger entries, and the slot each of its live pods holds (pod uid -> (gang
-        key, slot)); none when its state cannot be read (said once per Workload version)."""
+    def _now(self, wl: dict[str, Any], check: str, pods: list[Mapping[str, Any]], indexed: bool,
+             limit_defaults: ContainerDefaults) -> Hold:
+        """A Ready Workload's ledger entries, the slot each of its Job's live pods holds (pod uid ->
+        (gang key, slot)) and the pods refused one; none when its state cannot be read (said once per
+        Workload version)."""
         state = workloads.check_state(wl, check) or {}
         try:
             records = workloads.records_of_state(wl, state)
@@ -79,16 +97,47 @@ class Holds:
             if version not in self._unreadable:
                 self._unreadable.add(version)
                 log.warning("Workload %s: %s; its capacity is not counted", object_key(wl), exc)
-            return [], {}
-        held = entries(wl, records)
+            return [], {}, []
+        held = entries(wl, records, limit_defaults)
         slots: dict[str, tuple[str, str]] = {}
+        refused: list[Refused] = []
+        job = _job_of(wl)
+        if job is None:  # only a batch/v1 Job's pods are told apart from others' (see the docstring)
+            return held, slots, refused
+        templates = _templates(wl)
         for key, record, _ in held:
             pod_set = key.rsplit("/", 1)[1]
             mine = pods if len(records) == 1 else [
                 p for p in pods if as_dict(metadata_of(p).get("labels")).get(PODSET_LABEL) == pod_set]
-            assignment = assign_slots(record.slots, mine, indexed)
+            pod_spec = with_limit_range_defaults(as_dict(templates.get(pod_set, {}).get("spec")),
+                                                 limit_defaults)
+            owner = owner_of(str(metadata_of(wl).get("namespace")), job[0], job[1], pod_spec)
+            assignment = job_slots(owner, record.slots, mine, indexed)
             slots.update({uid: (key, str(slot)) for uid, slot in assignment.held.items()})
-        return held, slots
+            refused += [(owner, pod, why) for pod, why in assignment.refused]
+        return held, slots, refused
+
+
+def _job_of(wl: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, uid) of the batch/v1 Job that controls the Workload (Kueue's reference, which a tenant
+    cannot write: Workloads are Kueue's), None for any other owner."""
+    for ref in as_list(metadata_of(wl).get("ownerReferences")):
+        ref = as_dict(ref)
+        if ref.get("controller") is True:
+            name, uid = ref.get("name"), ref.get("uid")
+            if (ref.get("apiVersion"), ref.get("kind")) != (JOB_API_VERSION, JOB_KIND) or not (
+                    isinstance(name, str) and isinstance(uid, str)):
+                return None
+            return name, uid
+    return None
+
+
+def _templates(wl: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The Workload's pod set templates by pod set name: what Kueue admitted (its copy of the Job's
+    template as written: without the LimitRange defaults the API server gives the pods, which the
+    callers fill in)."""
+    return {str(as_dict(ps).get("name")): as_dict(as_dict(ps).get("template"))
+            for ps in as_list(as_dict(wl.get("spec")).get("podSets"))}
 
 
 def _ledger_key(wl: Mapping[str, Any], pod_set: str) -> str:
@@ -96,22 +145,23 @@ def _ledger_key(wl: Mapping[str, Any], pod_set: str) -> str:
     return f"{workloads.gang_key(wl)}/{pod_set}"
 
 
-def entries(wl: Mapping[str, Any], records: Mapping[str, AdmissionRecord]) -> list[Held]:
-    """The ledger entries of a Workload's decision, one per pod set."""
-    templates = {str(as_dict(ps).get("name")): as_dict(as_dict(ps).get("template"))
-                 for ps in as_dict(wl.get("spec")).get("podSets") or []}
+def entries(wl: Mapping[str, Any], records: Mapping[str, AdmissionRecord],
+            limit_defaults: ContainerDefaults = NO_DEFAULTS) -> list[Held]:
+    """The ledger entries of a Workload's decision, one per pod set, each pod's requests those of its
+    template with `limit_defaults` filled in."""
+    templates = _templates(wl)
     return [(_ledger_key(wl, pod_set), record,
-             partial(gang_requests, {"spec": {"template": templates.get(pod_set, {})}}))
+             partial(gang_requests, {"spec": {"template": templates.get(pod_set, {})}}, limit_defaults))
             for pod_set, record in records.items()]
 
 
-def ready_entries(wl: Mapping[str, Any], check: str, gang: Gang, placement: Placement, now: str
-                  ) -> list[Held]:
+def ready_entries(wl: Mapping[str, Any], check: str, gang: Gang, placement: Placement, now: str,
+                  limit_defaults: ContainerDefaults = NO_DEFAULTS) -> list[Held]:
     """The ledger entries the Ready state for `placement` will carry once written (the same records
     `records_of_state` reads back from it); none when it cannot be written (Rejected instead)."""
     try:
         updates = workloads.pod_set_updates(gang, placement, lambda _: True)
         state = workloads.ready_state(check, gang, placement, updates, now)
-        return entries(wl, workloads.records_of_state(wl, state))
+        return entries(wl, workloads.records_of_state(wl, state), limit_defaults)
     except WorkloadSpecError:
         return []

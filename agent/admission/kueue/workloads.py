@@ -7,7 +7,7 @@ Public API:
 
 - Names: `CONTROLLER_NAME` (`topolet.io/topology-fit`, the AdmissionCheck's spec.controllerName and the
   field manager of every write), `KUEUE_GROUP`/`KUEUE_VERSION` (`kueue.x-k8s.io/v1beta2`),
-  `FAILSAFE_LABEL` (a node selector no node has, see below).
+  `FAILSAFE_LABEL` (a node selector no node has, see below), `LEGACY_FAILSAFE_KEY` (its former key).
 - `gang_key(wl)`, `owner_uid(wl)`, `condition_true(obj, type)`,
   `check_state(wl, name)`.
 - `our_checks(admission_checks) -> tuple[str, ...]`: the names of the AdmissionChecks we serve;
@@ -15,8 +15,9 @@ Public API:
 - `to_decide(wl, names) -> str | None`: our check to decide (QuotaReserved, our check Pending);
   `checks_to_decide(wl, names) -> tuple[str, ...]`: every one of ours waiting so (one decision sets all);
   `holding(wl, names) -> str | None`: our Ready check while the Workload holds its quota.
-- `gang_from_workload(wl, flavor_labels, guaranteed_policy=NODE_POLICY) -> Gang`: one engine pod set
-  per Workload PodSet, read by `agent.admission.gangs.job`' own pod-template readers; raises
+- `gang_from_workload(wl, flavor_labels, guaranteed_policy=NODE_POLICY, limit_defaults=NO_DEFAULTS)
+  -> Gang`: one engine pod set per Workload PodSet, read by `agent.admission.gangs.job`' own
+  pod-template readers, with the namespace's LimitRange container defaults filled in; raises
   `WorkloadSpecError`.
 - `pod_set_updates(gang, placement, indexed) -> list[dict]`: the podSetUpdates of a Ready state;
   raises `WorkloadSpecError` when a pod set needs completion indexes it does not have.
@@ -30,12 +31,13 @@ fresh decision).  A pod set whose pods all go to one (node, zone) gets the node 
 `kubernetes.io/hostname=<node>` and the `topolet.io/numa-zone` annotation directly.  A pod set spread
 over several slots gets the slots in the template annotation `topolet.io/placements` (the Job route's
 format, `agent.admission.gangs.record.placements_value`: "node:zone" per completion index) and the node
-selector `FAILSAFE_LABEL`, which no node carries: the MutatingAdmissionPolicy
+selector `FAILSAFE_LABEL`, which no node carries (nor can be given): the MutatingAdmissionPolicy
 `topolet-kueue-placement` (daemonset/components/kueue/) turns each pod's completion index into its
 node selector and zone annotation and drops the failsafe selector and the placements annotation as
 the Job controller creates the pod.  Where that policy is missing or cannot read the value, the pod
 stays Pending instead of running anywhere else.  Such a pod set therefore needs completion indexes
-(an Indexed Job).
+(an Indexed Job).  A Ready state written with `LEGACY_FAILSAFE_KEY` reads back the same: the decision
+is in the placements annotation, and `records_of_state` never reads the selector.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from typing import Any
 
 from agent.admission.engine.model import NODE_POLICY, Gang, Placement
 from agent.admission.gangs.job import HOSTNAME_LABEL, NUMA_ZONE_ANNOTATION, JobSpecError, gang_from_job
+from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults
 from agent.admission.gangs.record import (
     PLACEMENTS_ANNOTATION,
     AdmissionRecord,
@@ -60,7 +63,13 @@ from agent.kube.pods import parse_numa_zone, parse_placement
 CONTROLLER_NAME = "topolet.io/topology-fit"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
-FAILSAFE_LABEL = ("topolet.io/awaiting-placement", "true")
+# Under node-restriction.kubernetes.io/: the NodeRestriction admission plugin refuses it to kubelets,
+# the agent's policy (daemonset/admission-policy.yaml) to agents, and the kueue component's
+# failsafe-policy.yaml to every writer of Nodes.
+FAILSAFE_LABEL = ("node-restriction.kubernetes.io/topolet.awaiting-placement", "true")
+# The key before it, no longer written: a Job Kueue started from an older Ready state still carries it
+# in its template, so the placement policy pins pods by either key (and refuses it on Nodes) for now.
+LEGACY_FAILSAFE_KEY = "topolet.io/awaiting-placement"
 RETRY_BASE_SECONDS = 5
 RETRY_MAX_SECONDS = 300
 MESSAGE_MAX = 1024  # ours are one line; the API allows 32768
@@ -184,14 +193,17 @@ def _flavor_selector(assignment: Mapping[str, Any], flavor_labels: Mapping[str, 
 
 
 def gang_from_workload(wl: Mapping[str, Any], flavor_labels: Mapping[str, Mapping[str, str]],
-                       guaranteed_policy: str = NODE_POLICY) -> Gang:
+                       guaranteed_policy: str = NODE_POLICY,
+                       limit_defaults: ContainerDefaults = NO_DEFAULTS) -> Gang:
     """The Workload as a gang: one pod set per Workload PodSet, named as it.
 
     count: the admitted count (partial admission), else the PodSet's; requests, NUMA policy (template
     annotation `topolet.io/numa-policy`, else `guaranteed_policy`, by default each node's own, for
     Guaranteed whole-CPU pods), node
     selector, required node affinity and tolerations: the pod template's, read as a Job's
-    (`gang_from_job`); the node labels of the assigned ResourceFlavors join the node selector;
+    (`gang_from_job`), with `limit_defaults` (the namespace's LimitRange container defaults) filled
+    in as the API server fills them in each pod: Kueue stores the Job's template as written, without
+    them; the node labels of the assigned ResourceFlavors join the node selector;
     priority: spec.priority (Kueue orders the queue; kept for the record)."""
     meta = metadata_of(wl)
     if not meta.get("name") or not meta.get("namespace"):
@@ -223,7 +235,7 @@ def gang_from_workload(wl: Mapping[str, Any], flavor_labels: Mapping[str, Mappin
         job = {"metadata": {"name": meta["name"], "namespace": meta["namespace"]},
                "spec": {"parallelism": count, "template": template}}
         try:
-            (pod_set,) = gang_from_job(job, {}, guaranteed_policy).pod_sets
+            (pod_set,) = gang_from_job(job, {}, guaranteed_policy, limit_defaults=limit_defaults).pod_sets
         except JobSpecError as exc:
             raise WorkloadSpecError(f"podSets[{i}] ({name}): {exc}") from exc
         # One podSetUpdate carries a pod set's zone: a set of several pods, which may take several

@@ -1,7 +1,8 @@
 """Events from `topolet.io/controller` on the objects it decides (Jobs; Kueue Workloads), sent off the pass.
 
 Public API: `ObjectEvents(kube, instance, involved=("batch/v1", "Job"), on_drop=..., capacity=...)`
-with `.record(obj, type, reason, message)`, `.start()`, `.stop(timeout)`.
+with `.record(obj, type, reason, message, involved=None)` (`involved=POD`: an Event on a pod, such as
+one whose requests cannot be read), `.start()`, `.stop(timeout)`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from agent.kube.objects import as_dict, metadata_of
 log = logging.getLogger(__name__)
 
 COMPONENT = "topolet.io/controller"
+POD = ("v1", "Pod")  # `involved` of an Event on a pod
 EVENT_QUEUE = 10_000  # Events waiting to be sent before new ones are dropped
 
 
@@ -68,15 +70,18 @@ class ObjectEvents:
         self._thread.join(timeout)
         self._thread = None
 
-    def record(self, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
-        """Queue an Event of type `kind` (Normal, Warning) on `obj`; never blocks."""
+    def record(self, obj: Mapping[str, Any], kind: str, reason: str, message: str,
+               involved: tuple[str, str] | None = None) -> None:
+        """Queue an Event of type `kind` (Normal, Warning) on `obj`, an object of this instance's kind
+        unless `involved` (apiVersion, kind) names another (`POD`); never blocks."""
         m = metadata_of(obj)
         ns, name = str(m.get("namespace")), str(m.get("name"))
         stamp = timestamp(time.time())
+        api_version, what = involved or self.involved
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"name": f"{name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": ns},
-            "involvedObject": {"apiVersion": self.involved[0], "kind": self.involved[1], "namespace": ns,
+            "involvedObject": {"apiVersion": api_version, "kind": what, "namespace": ns,
                                "name": name, "uid": m.get("uid"),
                                "resourceVersion": m.get("resourceVersion")},
             "reason": reason, "message": message[:1024], "type": kind,
@@ -88,7 +93,7 @@ class ObjectEvents:
         except queue.Full:
             self.dropped += 1
             self.on_drop()
-            log.warning("event queue full: %s on %s %s/%s dropped", reason, self.involved[1], ns, name)
+            log.warning("event queue full: %s on %s %s/%s dropped", reason, what, ns, name)
 
     def _run(self) -> None:
         while (body := self._queue.get()) is not None:
@@ -96,15 +101,14 @@ class ObjectEvents:
 
     def _send(self, body: Mapping[str, Any]) -> None:
         involved = as_dict(body.get("involvedObject"))
-        ns, name = str(involved.get("namespace")), str(involved.get("name"))
+        ns, name, what = str(involved.get("namespace")), str(involved.get("name")), involved.get("kind")
         try:
             self.kube.create(resource_path("", "v1", "events", namespace=ns), body,
-                             what=f"create Event on {self.involved[1]} {ns}/{name}")
+                             what=f"create Event on {what} {ns}/{name}")
             self.writes += 1
         except KubeAPIError as exc:
             self.failures += 1
-            log.warning("event %s on %s %s/%s not recorded: %s", body.get("reason"), self.involved[1],
-                        ns, name, exc)
+            log.warning("event %s on %s %s/%s not recorded: %s", body.get("reason"), what, ns, name, exc)
 
 
 # -- the controller ---------------------------------------------------------------------------------

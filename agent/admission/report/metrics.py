@@ -4,8 +4,8 @@ Names (the Grafana panels use exactly these):
 
 - `topolet_admission_decisions_total{result="admitted|waiting|rejected|error"}` (all four initialised)
 - `topolet_admission_decision_duration_seconds` (histogram: one gang's decision, engine and writes)
-- `topolet_admission_queue_depth{queue}`: gangs waiting per queue (a queue with none left shows 0
-  until the controller restarts, so a panel sees it drain)
+- `topolet_admission_queue_depth{queue}`: gangs waiting per configured queue (`--queue`), each
+  shown from the start (0 while none waits); a Job's `topolet.io/queue` label never makes a series
 - `topolet_admission_cluster_free{resource="cpu|memory|nvidia.com/gpu"}`: the sum of the usable
   nodes' free capacity, base units (CPUs, bytes, devices)
 - `topolet_admission_largest_free_zone{resource="cpu"}`: CPUs free in the freest NUMA zone
@@ -13,8 +13,9 @@ Names (the Grafana panels use exactly these):
   zones (0: every free CPU is in an empty zone; 1: no zone is empty)
 - `topolet_admission_nodes{state="usable|stale|not_ready"}`
 - `topolet_admission_ledger_entries`, `topolet_admission_leader` (1 while this replica leads)
-- `topolet_admission_invalid_objects_total{kind="Job|Pod|Workload"}`: objects a pass could not read,
-  each version counted once; each also gets a Warning Event and is skipped, the pass goes on
+- `topolet_admission_invalid_objects_total{kind="Job|Pod|Workload"}`: objects a pass could not read
+  (Jobs naming a queue they may not use among them), each version counted once; each also gets a
+  Warning Event and is skipped, the pass goes on
 
 The registry (`agent.metrics.registry.new_registry`) also carries the process metrics (`process_*`)
 and no `*_created` series.  The server is `agent.metrics.server.MetricsServer` (/metrics and
@@ -128,12 +129,6 @@ class AdmissionMetrics:
             self.nodes.labels(state=state).set(counts.get(state, 0))
 
     def set_queue_depths(self, depths: Mapping[str, int]) -> None:
-        """Set every queue seen so far (0 for those with nothing waiting now)."""
-        seen = {labels[0] for labels in _label_sets(self.queue_depth)}
-        for queue in seen | set(depths):
-            self.queue_depth.labels(queue=queue).set(depths.get(queue, 0))
-
-
-def _label_sets(gauge: Gauge) -> list[tuple[str, ...]]:
-    """The label values of every series of `gauge`."""
-    return [tuple(s.labels.values()) for metric in gauge.collect() for s in metric.samples]
+        """Set each queue's depth; `depths` names every configured queue, so no other gets a series."""
+        for queue, depth in depths.items():
+            self.queue_depth.labels(queue=queue).set(depth)

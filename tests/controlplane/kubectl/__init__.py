@@ -117,11 +117,17 @@ def applied_base(kubectl: Kubectl) -> Iterator[subprocess.CompletedProcess[str]]
 
 
 def api_request(plane: ControlPlane, method: str, path: str, token: str | None = None,
-                body: Any = None, content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
-    """One REST call to the API server (admin when no token); (HTTP status, decoded JSON body)."""
+                body: Any = None, content_type: str = "application/json",
+                impersonate: tuple[str, tuple[str, ...]] | None = None) -> tuple[int, dict[str, Any]]:
+    """One REST call to the API server (admin when no token); (HTTP status, decoded JSON body).
+    `impersonate`: (user, groups) to act as, with the token's (the admin's) right to impersonate."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(plane.url + path, data=data, method=method)
     req.add_header("Authorization", f"Bearer {token or plane.admin_token}")
+    if impersonate is not None:
+        req.add_header("Impersonate-User", impersonate[0])
+        for group in impersonate[1]:
+            req.add_header("Impersonate-Group", group)
     req.add_header("Accept", "application/json")
     if data is not None:
         req.add_header("Content-Type", content_type)

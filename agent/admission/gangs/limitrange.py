@@ -1,0 +1,161 @@
+"""A namespace's LimitRange container defaults, applied to a pod template as the API server applies
+them to each pod it creates from it, so a gang is sized (and its pods compared) as they will be.
+
+Pure: no I/O.  The controller reads the cluster's LimitRanges (`agent.admission.controller.loop`); the
+Job route sizes each Job's template and compares its pods against the same defaulted template
+(`agent.admission.gangs.job`, `agent.admission.gangs.slots`, `agent.admission.jobs.jobread`), and
+the Kueue route each Workload's pod set templates the same way (`agent.admission.kueue.workloads`,
+`agent.admission.kueue.holds`).
+
+Public API:
+
+- `ContainerDefaults(limits, requests)`: what the LimitRanges of one namespace fill in a container
+  (resource name -> quantity as written), hashable; `NO_DEFAULTS`.
+- `read_limit_range(limit_range) -> ContainerDefaults`: one LimitRange's `type: Container` items, read
+  strictly: `LimitRangeError` (naming the field) when a quantity or the shape cannot be read.
+- `namespace_defaults(defaults) -> ContainerDefaults`: a namespace's LimitRanges' defaults, in the
+  order given (the caller's: by name), combined as the API server applies them one after the other.
+- `with_limit_range_defaults(pod_spec, defaults) -> Mapping`: the pod spec as the API server creates it
+  there; `pod_spec` itself when nothing is filled in.
+- `LimitRangeError`.
+
+The rules (kubernetes plugin/pkg/admission/limitranger `PodMutateLimitFunc`, v1.37):
+
+1. A LimitRange is read as the API server stores it (`SetDefaults_LimitRangeItem`): a `Container`
+   item's `max` stands in for a missing `default`, then `default`, then `min`, for a missing
+   `defaultRequest`.  Later `Container` items of one LimitRange override earlier ones.
+2. Before the LimitRanger runs, the pod's own defaulting has copied each container's limits to its
+   missing requests (`SetDefaults_Pod`).
+3. Each LimitRange in turn fills, in every container and init container (sidecars included), the
+   limits it has not got from `default` and the requests it has not got from `defaultRequest`: the
+   first LimitRange naming a resource wins.  The API server applies them in its informer's order,
+   which is not defined; this reads them by name.
+4. Pod-level `spec.resources` is left as it is: the LimitRanger fills containers only, and the
+   pod-level requests the API server defaults from the containers (v1.37 `PodLevelResourcesFixDefaulting`,
+   at create, after admission) are worked out from the defaulted containers by
+   `agent.kube.podrequests`.
+
+The defaults are the namespace's as they are now: a LimitRange changed while an admitted Job runs
+leaves the pods created before it asking other than its template now reads (they hold no slot, as any
+pod that is not the Job's: `agent.admission.gangs.slots`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent.errors import TopoletError
+from agent.kube.objects import as_dict, as_list
+from agent.kube.pods import parse_quantity
+
+_CONTAINER = "Container"
+_NAME_MAX = 300
+
+
+class LimitRangeError(TopoletError):
+    """A LimitRange cannot be read; the message names the field and its value."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDefaults:
+    """limits / requests: (resource name, quantity as written) a container gets when it has none."""
+
+    limits: tuple[tuple[str, str], ...] = ()
+    requests: tuple[tuple[str, str], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.limits or self.requests)
+
+
+NO_DEFAULTS = ContainerDefaults()
+
+
+def _amounts(raw: object, where: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise LimitRangeError(f"{where} is not a map")
+    out: dict[str, str] = {}
+    for name, text in raw.items():
+        value = parse_quantity(text) if isinstance(text, str) else None
+        if not isinstance(name, str) or not name or value is None or value < 0:
+            raise LimitRangeError(f"{where}: resource {str(name)[:_NAME_MAX]} has an invalid quantity "
+                                  f"{str(text)[:64]!r}")
+        out[name] = text
+    return out
+
+
+def read_limit_range(limit_range: Mapping[str, Any]) -> ContainerDefaults:
+    """One LimitRange's container defaults (rule 1); LimitRangeError when it cannot be read."""
+    items = as_dict(limit_range.get("spec")).get("limits")
+    if items is not None and not isinstance(items, list):
+        raise LimitRangeError("spec.limits is not a list")
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
+    for i, item in enumerate(as_list(items)):
+        if not isinstance(item, dict):
+            raise LimitRangeError(f"spec.limits[{i}] is not a map")
+        if item.get("type") != _CONTAINER:
+            continue
+        where = f"spec.limits[{i}]"
+        default = _amounts(item.get("default"), f"{where}.default")
+        request = _amounts(item.get("defaultRequest"), f"{where}.defaultRequest")
+        for name, text in _amounts(item.get("max"), f"{where}.max").items():
+            default.setdefault(name, text)
+        for source in (default, _amounts(item.get("min"), f"{where}.min")):
+            for name, text in source.items():
+                request.setdefault(name, text)
+        limits.update(default)
+        requests.update(request)
+    return ContainerDefaults(tuple(sorted(limits.items())), tuple(sorted(requests.items())))
+
+
+def namespace_defaults(defaults: Iterable[ContainerDefaults]) -> ContainerDefaults:
+    """The defaults of a namespace's LimitRanges applied in the order given (rule 3: the first to
+    name a resource wins)."""
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
+    for d in defaults:
+        for name, text in d.limits:
+            limits.setdefault(name, text)
+        for name, text in d.requests:
+            requests.setdefault(name, text)
+    return ContainerDefaults(tuple(sorted(limits.items())), tuple(sorted(requests.items())))
+
+
+def _defaulted(container: object, defaults: ContainerDefaults) -> object:
+    """One container with the defaults filled in (rules 2 and 3); the container itself when none is
+    missing (or it is no container: the readers downstream say so)."""
+    if not isinstance(container, dict):
+        return container
+    res = as_dict(container.get("resources"))
+    limits, requests = as_dict(res.get("limits")), as_dict(res.get("requests"))
+    missing_limits = [(k, v) for k, v in defaults.limits if k not in limits]
+    missing_requests = [(k, v) for k, v in defaults.requests if k not in requests and k not in limits]
+    if not missing_limits and not missing_requests:
+        return container
+    new_limits = {**limits, **dict(missing_limits)}
+    new_requests = {**limits, **requests, **dict(missing_requests)}  # rule 2, then rule 3
+    resources = {**res, "limits": new_limits, "requests": new_requests}
+    if not new_limits:
+        del resources["limits"]
+    return {**container, "resources": resources}
+
+
+def with_limit_range_defaults(pod_spec: Mapping[str, Any], defaults: ContainerDefaults) -> Mapping[str, Any]:
+    """`pod_spec` as the API server creates a pod of it in a namespace with `defaults` (see the module
+    docstring); `pod_spec` itself when nothing is filled in."""
+    if not defaults:
+        return pod_spec
+    out = dict(pod_spec)
+    changed = False
+    for field in ("containers", "initContainers"):
+        containers = pod_spec.get(field)
+        if not isinstance(containers, list):
+            continue
+        filled = [_defaulted(c, defaults) for c in containers]
+        if any(a is not b for a, b in zip(filled, containers, strict=True)):
+            out[field], changed = filled, True
+    return out if changed else pod_spec
