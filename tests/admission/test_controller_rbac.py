@@ -530,6 +530,12 @@ def test_posts_events_on_jobs(setup: Setup) -> None:
                                     "name": setup.held}}
     status, body = as_controller(setup, "POST", core, about_pod, "application/json")
     assert status == 201, body
+    # The Kueue check tells a Workload why it waits or is rejected (agent/admission/kueue/writes.py).
+    about_workload = {**event(setup, f"job-w.{uuid.uuid4().hex[:8]}"),
+                      "involvedObject": {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                                         "namespace": setup.team, "name": "job-w"}}
+    status, body = as_controller(setup, "POST", core, about_workload, "application/json")
+    assert status == 201, body
 
 
 def event(setup: Setup, name: str) -> dict[str, Any]:
@@ -734,6 +740,11 @@ POLICY_REFUSED: list[PolicyRow] = [
      MERGE),
     ("create another Lease in its namespace", "POST", LEASES,
      lambda s: {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "other"}},
+     "application/json"),
+    ("post an Event about a Workload kind outside Kueue's group", "POST", "/api/v1/namespaces/{team}/events",
+     lambda s: {**event(s, f"x.{uuid.uuid4().hex[:8]}"),
+                "involvedObject": {"apiVersion": "example.com/v1", "kind": "Workload", "namespace": s.team,
+                                   "name": "w"}},
      "application/json"),
     ("post an Event about a pod, but for its unreadable requests", "POST", "/api/v1/namespaces/{team}/events",
      lambda s: {**event(s, f"x.{uuid.uuid4().hex[:8]}"),
