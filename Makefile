@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 RUN_DIR ?= $(CURDIR)/.run
 HWLOC_DATA := tests/data/hwloc
 FUZZ_SECONDS ?= 30
-NATIVE_SRC := $(wildcard csrc/*.c csrc/*.h) agent/_native_build.py setup.py pyproject.toml
+NATIVE_SRC := $(wildcard csrc/*.c csrc/*.h) csrc/Makefile agent/_native_build.py setup.py pyproject.toml
 
 .PHONY: run test deps install lint typecheck native-check fuzz conformance pytest bench clean controlplane peers vm
 
@@ -70,11 +70,11 @@ conformance: install
 controlplane:
 	tests/controlplane/build.sh
 
-# The benchmarks' peers (bench/peers/: kube-scheduler with scheduler-plugins' NodeResourceTopologyMatch
+# The benchmarks' peers (third_party/: kube-scheduler with scheduler-plugins' NodeResourceTopologyMatch
 # and Coscheduling), cached under ~/.cache/topolet/peers; about a minute once the control plane's Go
 # build cache is warm, so after it.
 peers: controlplane
-	bench/peers/build.sh
+	third_party/build.sh
 
 # The throwaway cgroup-v2 guest for tests/vm (Debian's kernel + a minbase root file system), cached under
 # ~/.cache/topolet/vm (a cold build takes about 3 minutes, most of it debootstrap).

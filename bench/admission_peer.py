@@ -1,10 +1,10 @@
 """The NUMA-aware peer arm of bench/admission_api.py: kube-scheduler with scheduler-plugins'
-NodeResourceTopologyMatch and Coscheduling (`bench/peers/scheduler-plugins-nrt/`), on the same cluster
+NodeResourceTopologyMatch and Coscheduling (`third_party/scheduler-plugins-nrt/`), on the same cluster
 objects as topolet's controller and the plain scheduler.
 
 What an operator deploys for it, set up here the same way on the test cluster:
 
-- the binary, built from source by `bench/peers/build.sh` (cached by its inputs; `build_peer()`);
+- the binary, built from source by `third_party/build.sh` (cached by its inputs; `build_peer()`);
 - the PodGroup CRD (`scheduling.x-k8s.io/v1alpha1`) it ships; the NodeResourceTopology CRD is the one
   the cluster already serves (the same `topology.node.k8s.io/v1alpha2` schema);
 - its own identity: the ServiceAccount `kube-system/topo-aware-scheduler` (upstream manifests' name)
@@ -48,8 +48,8 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-PEER_DIR = REPO / "bench" / "peers" / "scheduler-plugins-nrt"
-BUILD = REPO / "bench" / "peers" / "build.sh"
+PEER_DIR = REPO / "third_party" / "scheduler-plugins-nrt"
+BUILD = REPO / "third_party" / "build.sh"
 BUILD_TIMEOUT_S = 3600.0  # a cold Go build cache compiles all of Kubernetes' scheduler: long on 2 cores
 PROFILE = "topo-aware-scheduler"
 FILLER_SCHEDULER = PROFILE
@@ -63,7 +63,7 @@ TOKEN_SECONDS = 24 * 3600
 
 
 def build_peer(timeout_s: float = BUILD_TIMEOUT_S) -> Path:
-    """The peer scheduler's binary (its CRDs beside it), built by bench/peers/build.sh unless cached.
+    """The peer scheduler's binary (its CRDs beside it), built by third_party/build.sh unless cached.
     Raises RuntimeError with the build's output when it fails."""
     done = subprocess.run([str(BUILD), "scheduler-plugins-nrt"], capture_output=True, text=True,
                           timeout=timeout_s, check=False)

@@ -4,7 +4,7 @@
 Starts `topolet agent` (standalone, private state and features.d folders, a free port), lets it
 settle, then samples /proc/PID/stat CPU ticks and VmRSS over `--seconds`.  Beside it, in the same run,
 a reference: a bare Python interpreter idling on the same machine (its RSS and CPU), so the agent's
-own cost is visible.  Targets (DESIGN.md): under 60 MiB RSS, under 5 millicores idle.
+own cost is visible.  Targets (docs/design.md): under 60 MiB RSS, under 5 millicores idle.
 Needs root for the agent's cgroup work (without it the agent runs with pinning off).
 
 Then what an install weighs: the objects the chart renders with its default values (`helm template`,

@@ -10,10 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from agent.cli.commands import register_label_sources
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 HWLOC_DATA = TESTS / "data" / "hwloc"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# The CLI registers the label sources outside agent.labels (the GPU source) before it builds labels
+# (agent/cli/commands.py); tests build agents in process without the CLI, so register them here once,
+# and the labels a test sees never depend on which test module happened to import agent.gpu first.
+register_label_sources()
 
 
 def require(condition: bool, reason: str) -> None:

@@ -28,7 +28,8 @@ GPU = LABELS | {"agent.gpu"}
 ALLOC = GPU | {"agent.alloc"}
 ENFORCE = TOPOLOGY | {"agent.enforce"}
 METRICS = BASE | {"agent.metrics"}
-STANDALONE = ALLOC | ENFORCE | METRICS | {"agent.standalone"}
+CONFIG = BASE | {"agent.config"}  # the node agent's typed configuration, built in agent.cli
+STANDALONE = ALLOC | ENFORCE | METRICS | CONFIG | {"agent.standalone"}
 NRI = BASE | {"agent.nri"}  # the runtime's Node Resource Interface: protocol only
 KUBE = STANDALONE | NRI | {"agent.kube"}
 ENGINE: set[str] = {"agent.admission.engine"}
@@ -43,6 +44,7 @@ ROOMS: Mapping[str, set[str]] = {
     "agent": BASE,
     "agent.errors": set(),
     "agent._native_build": set(),
+    "agent.config": CONFIG,
     "agent.topology": TOPOLOGY,
     "agent.labels": LABELS,
     "agent.gpu": GPU,
@@ -84,11 +86,29 @@ def room_of(module: str) -> str | None:
     return best
 
 
+# Calls that import a module named by a string: `importlib.import_module(name)`, `__import__(name)`.
+_IMPORT_CALLS = {"import_module", "__import__"}
+
+
+def import_call(node: ast.AST) -> ast.Call | None:
+    """`node` when it is a call that imports a module by name, else None."""
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return node if name in _IMPORT_CALLS else None
+
+
 def imports_of(module: str, path: Path) -> Iterator[tuple[int, str]]:
-    """Every `agent…` module `path` imports, anywhere in the file, as (line, dotted name)."""
+    """Every `agent…` module `path` imports, anywhere in the file, as (line, dotted name): import
+    statements at any depth, and functional imports of a module named by a string literal."""
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
+        call = import_call(node)
+        if call is not None:
+            arg = call.args[0] if call.args else None
+            names = [arg.value] if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else []
+        elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -197,6 +217,31 @@ def test_no_import_circle() -> None:
 ])
 def test_cycle_finder(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
     assert cycles(graph) == expected
+
+
+def test_every_functional_import_names_its_module() -> None:
+    """An import by a computed name (`importlib.import_module(variable)`) hides an arrow from the table
+    above: every such call in agent/ names its module as a string literal, which the checks read."""
+    hidden = []
+    for module, path in agent_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            call = import_call(node)
+            if call is None:
+                continue
+            arg = call.args[0] if call.args else None
+            if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
+                hidden.append(f"{path.relative_to(REPO)}:{call.lineno}: {module} imports by a computed name")
+    assert not hidden, "\n".join(hidden)
+
+
+def test_checker_sees_a_functional_import(tmp_path: Path) -> None:
+    """An import through importlib or __import__, at any depth, counts like an import statement."""
+    source = tmp_path / "probe.py"
+    source.write_text("import importlib\n"
+                      "def f():\n    return importlib.import_module('agent.gpu.labels')\n"
+                      "def g():\n    return __import__('agent.kube.nrt')\n")
+    found = [name for _, name in imports_of("agent.labels.probe", source)]
+    assert found == ["agent.gpu.labels", "agent.kube.nrt"]
 
 
 def test_checker_sees_a_wrong_import(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """`choose_gpus`: whole GPUs for one request, on the NUMA nodes its CPUs can come from; a pure function.
 
-Preference, in this order (DESIGN.md: "GPUs come from the CPUs' NUMA node, or the CPUs from the
-GPUs' node"):
+Preference, in this order (docs/design.md, "Allocation quality": "GPUs come from the CPUs' NUMA
+node, or the CPUs from the GPUs' node"):
 
 1. one NUMA node that holds all the GPUs and has the free CPUs the request asks for;
 2. the fewest NUMA nodes that hold the GPUs (their CPUs fitting the request first);

@@ -1,6 +1,6 @@
 """`allocate`: exclusive, topology-aligned CPUs for one request; a pure function of its inputs.
 
-Quality, compared in this order (DESIGN.md): fewest NUMA nodes, fewest sockets, fewest L3 groups,
+Quality, compared in this order (docs/design.md): fewest NUMA nodes, fewest sockets, fewest L3 groups,
 fewest split cores (whole cores before single threads), then best fit (take from the smallest free
 group that holds the request, so large free groups stay whole for large requests).  After those:
 smaller NUMA distance, lower CPU ids.

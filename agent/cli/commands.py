@@ -11,6 +11,12 @@ if TYPE_CHECKING:  # typing and argparse cost start-up time, and `discover` is t
     import argparse
 
 
+def register_label_sources() -> None:
+    """Register the label sources that live outside `agent.labels` (each registers itself on import):
+    the GPU source.  The labels the agent publishes and `discover --format labels` prints are the same."""
+    import agent.gpu.labels  # noqa: F401
+
+
 def discover(args: argparse.Namespace) -> int:
     if args.format in ("svg", "png") or args.output:
         from agent.render.command import run_discover_picture
@@ -19,6 +25,7 @@ def discover(args: argparse.Namespace) -> int:
     if args.format == "labels":
         from agent.labels.command import run_discover_labels
 
+        register_label_sources()
         return run_discover_labels(args)
     from agent.topology.report import run_discover
 
@@ -44,16 +51,20 @@ def agent(args: argparse.Namespace) -> int:
 
     mode, why = agent_mode(args.mode, args.kubeconfig, os.environ)
     logging.getLogger("topolet.agent").info("%s mode: %s", mode, why)
+    register_label_sources()
     if mode == KUBERNETES:
+        from agent.cli.compose import agent_config, kube_agent
         from agent.kube.daemon import run_kube_agent
+        from agent.metrics.registry import Metrics
 
-        return run_kube_agent(args)
+        return run_kube_agent(kube_agent(agent_config(args), Metrics()))
     if args.enforcement == "off":
         # Standalone pinning is the agent's whole job there; a dry run of it is `topolet alloc`.
         raise ConfigError("--enforcement off is for the Kubernetes mode only")
+    from agent.cli.compose import standalone_config
     from agent.standalone.daemon import run_agent
 
-    return run_agent(args)
+    return run_agent(standalone_config(args))
 
 
 def exec_command(args: argparse.Namespace) -> int:

@@ -73,12 +73,6 @@ class Desired:
     def to_json(self) -> dict[str, Any]:
         return {"layout": self.layout} if self.layout else {"demand": dict(self.demand)}
 
-    @staticmethod
-    def from_json(doc: Mapping[str, Any]) -> Desired:
-        if doc.get("layout"):
-            return Desired(layout=str(doc["layout"]))
-        return Desired(demand=tuple((str(k), int(v)) for k, v in dict(doc.get("demand", {})).items()))
-
 
 @dataclass
 class ApplyCounters:

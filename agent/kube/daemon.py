@@ -48,8 +48,10 @@ with a container ID; its state entry names the cgroupfs path the kubelet would g
 `topolet_info{enforcement="off"}`.  This is for dry runs and for test clusters that run real agents
 on hardware dumps (`--fsroot`).
 
-This module holds the enforcer loop (`KubeAgent`: `.run(stop)`, `.run_once()`), the GPU inventory
-it starts from (`node_gpus`) and the entry point (`run_kube_agent`); the pieces it drives live beside
+This module holds the enforcer loop (`KubeAgent(config, topology, ...)`: `.run(stop)`, `.run_once()`;
+its constructor reads nothing), what it starts from (`node_gpus`, the GPU inventory;
+`choose_enforcement`, the engine) and the entry point (`run_kube_agent(agent)`).  The start-up reads
+and the wiring are the composition root's, `agent.cli.compose.kube_agent`.  The pieces it drives live beside
 it: `agent.kube.pinner` (pods to engine calls), `agent.kube.publisher` (the API writer),
 `agent.kube.nrt_build` (what the NRT says), `agent.kube.kubelet` (the kubelet's word),
 `agent.kube.mig_enforcer` (MIG on this thread) and `agent.kube.mig_status` (the Node's MIG layout).
@@ -57,7 +59,6 @@ it: `agent.kube.pinner` (pods to engine calls), `agent.kube.publisher` (the API 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import queue
@@ -65,10 +66,11 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from agent.alloc.scope import DEFAULT_SCOPE
+from agent.config import AgentConfig
 from agent.enforce import detect_layout
 from agent.enforce.cgroup import hierarchy_path
 from agent.enforce.state_file import StateFile
@@ -78,7 +80,7 @@ from agent.kube.mig_enforcer import MigEnforcer
 from agent.kube.mig_status import MigConfigChanged, MigStatus
 from agent.kube.nrt import KubeletCPUs
 from agent.kube.nrt_build import MemoryRequests, Snapshot
-from agent.kube.pinner import PodPinner, alloc_id
+from agent.kube.pinner import NodeCgroups, PodPinner, alloc_id
 from agent.kube.podcgroup_route import PodCgroupRoute
 from agent.kube.publisher import Publisher
 from agent.kube.recording import RecordingEngine
@@ -93,6 +95,7 @@ from agent.topology.model import Topology
 
 if TYPE_CHECKING:
     from agent.gpu.model import GPU
+    from agent.kube.client import KubeClient
     from agent.nri.plugin import Handler
 
 log = logging.getLogger("topolet.kube")
@@ -100,77 +103,86 @@ PENDING_RETRY_SECONDS = 0.2  # a running container whose cgroup is not there yet
 KUBELET_STATIC = "kubelet-static"  # topolet_info{enforcement}: standing down beside the static CPU manager
 
 
+@dataclass(frozen=True)
+class Enforcement:
+    """How this agent enforces, chosen once at start (`choose_enforcement`)."""
+
+    engine: PinningEngine  # a RecordingEngine unless it pins
+    mode: str  # topolet_info{enforcement}: "on", "off" or KUBELET_STATIC
+    cgroups: NodeCgroups  # the node's cgroups as the pinner needs them, read under the engine's root
+    cgroup_root: str = ""  # how the runtime spells the cpuset root (NRI); "" unless it pins
+
+
+def choose_enforcement(config: AgentConfig, topology: Topology, state_file: StateFile, kubelet: Kubelet,
+                       reserved: CPUSet) -> Enforcement:
+    """Pin, record only (`--enforcement off`), or stand down beside the kubelet's static CPU manager
+    (`kubelet.check_cpu_manager()` asked first); reads the cpuset hierarchy only when pinning."""
+    if config.enforce and kubelet.static_cpus is not None:
+        log.warning("%s", static_message(kubelet.static_cpus))
+        engine: PinningEngine = RecordingEngine(topology, state_file, reserved)
+        return Enforcement(engine, KUBELET_STATIC, NodeCgroups.read(engine.layout))
+    if not config.enforce:
+        engine = RecordingEngine(topology, state_file, reserved)
+        return Enforcement(engine, "off", NodeCgroups.read(engine.layout))
+    layout = detect_layout(config.cgroup_root)
+    if not os.access(layout.root, os.W_OK):
+        raise EnforcementError("cpuset hierarchy is not writable (run as root)", layout.root)
+    engine = PinningEngine(topology, layout, state_file, reserved)
+    return Enforcement(engine, "on", NodeCgroups.read(layout), hierarchy_path(layout))
+
+
 class KubeAgent:
     """The enforcer loop: pod changes and reconcile ticks in, engine calls out."""
 
-    def __init__(self, args: argparse.Namespace, metrics: Metrics, nvml: Any = None,
-                 gpus: Sequence[GPU] | None = None) -> None:
-        """`nvml`: pynvml or a stand-in, initialised (else NVML loads when a MIG layout is asked);
-        `gpus`: the node's GPU inventory (else discovered once here)."""
-        from agent.kube.client import KubeClient, load_api_client, node_name
-
-        self.args = args
+    def __init__(self, config: AgentConfig, topology: Topology, metrics: Metrics, *, api: KubeClient,
+                 node: str, namespace: str, gpus: Sequence[GPU], kubelet: Kubelet,
+                 enforcement: Enforcement, nvml: Any = None) -> None:
+        """Wires what the composition root (`agent.cli.compose.kube_agent`) found at start: reads
+        nothing, asks the API nothing.  `api`: every API request goes through this one raw-JSON client
+        (see agent.kube.client); `node`: this node's checked name; `namespace`: the agent's own;
+        `gpus`: the node's GPU inventory; `kubelet`: its CPU-manager policy already asked; `nvml`:
+        pynvml or a stand-in, initialised (else NVML loads when a MIG layout is asked)."""
+        self.config = config
         self.metrics = metrics
-        self.node = node_name(args.node_name)
-        # Every API request goes through this one raw-JSON client (see agent.kube.client).
-        self.api = KubeClient(load_api_client(args.kubeconfig))
-        self.topology: Topology = discover(args.fsroot)
-        self.gpus = tuple(gpus) if gpus is not None else node_gpus(self.topology, args.fsroot, nvml)
-        reserved = CPUSet.parse(args.reserved_cpus) if args.reserved_cpus else CPUSet()
-        self.enforce = getattr(args, "enforcement", "on") != "off"
-        self.state_file = StateFile(args.state_dir, on_write=metrics.state_writes.inc)
-        self.state_file.check_folder()  # a --state-dir that cannot be one stops the agent at start
-        self.kubelet = Kubelet(str(getattr(args, "pod_resources_socket", "") or ""), self.gpus)
-        # Before any cgroup is touched: never one cpuset written where the kubelet pins.
-        self.kubelet.check_cpu_manager()
-        self.enforcement = "on" if self.enforce else "off"  # topolet_info{enforcement}
-        standing_down = ""
-        if self.enforce and self.kubelet.static_cpus is not None:
-            self.enforce = False
-            self.enforcement = KUBELET_STATIC
-            standing_down = static_message(self.kubelet.static_cpus)
-            log.warning("%s", standing_down)
-        if self.enforce:
-            layout = detect_layout(args.cgroup_root)
-            if not os.access(layout.root, os.W_OK):
-                raise EnforcementError("cpuset hierarchy is not writable (run as root)", layout.root)
-            self.engine: PinningEngine = PinningEngine(self.topology, layout, self.state_file, reserved)
-            cgroup_root = hierarchy_path(layout)  # how the runtime spells the cpuset root (NRI)
-        else:
-            cgroup_root = ""
-            self.engine = RecordingEngine(self.topology, self.state_file, reserved)
+        self.node = node
+        self.api = api
+        self.topology = topology
+        self.gpus = tuple(gpus)
+        self.kubelet = kubelet
+        self.engine = enforcement.engine
+        self.state_file = self.engine.state_file
+        self.enforcement = enforcement.mode  # topolet_info{enforcement}
+        self.enforce = enforcement.mode == "on"
         self.engine.on_release = metrics.released
         engine = self.engine
         metrics.watch_cpus(lambda: cpu_rows(engine.usage()))
         self.changes: queue.Queue[PodChange | MigConfigChanged] = queue.Queue()
         # MIG is looked after where it can matter: an NVML given, a layout asked, a MIG-capable GPU.
-        mig_config = str(getattr(args, "mig_config", "") or "")
         mig_status: MigStatus | None = None
-        if nvml is not None or mig_config or any(g.mig_capable for g in self.gpus):
-            mig_status = MigStatus(mig_config)
-        self.publisher = Publisher(self.api, self.node, args, metrics, self.snapshot, self.gpus,
-                                   mig=mig_status,
-                                   on_mig_change=lambda: self.changes.put(MigConfigChanged()),
-                                   node_poll_seconds=args.reconcile_seconds)
-        if standing_down:
-            self.publisher.node_event("Normal", "KubeletCPUManagerStatic", standing_down)
+        if nvml is not None or config.mig_config or any(g.mig_capable for g in self.gpus):
+            mig_status = MigStatus(config.mig_config)
+        self.publisher = Publisher(self.api, self.node, config.publisher, metrics, self.snapshot, self.gpus,
+                                   namespace=namespace, mig=mig_status,
+                                   on_mig_change=lambda: self.changes.put(MigConfigChanged()))
+        static = kubelet.static_cpus
+        if self.enforcement == KUBELET_STATIC and static is not None:  # choose_enforcement logged it
+            self.publisher.node_event("Normal", "KubeletCPUManagerStatic", static_message(static))
         self.mig: MigEnforcer | None = None
         if mig_status is not None:
-            self.mig = MigEnforcer(mig_status, nvml=nvml, state_dir=args.state_dir,
-                                   allow_mig_mode_change=bool(getattr(args, "allow_mig_mode_change", False)),
+            self.mig = MigEnforcer(mig_status, nvml=nvml, state_dir=config.state_dir,
+                                   allow_mig_mode_change=config.allow_mig_mode_change,
                                    metrics=metrics, state_file=self.state_file, kubelet=self.kubelet,
                                    gpus=self.gpus, notify=self.publisher.notify)
         self.pinner = PodPinner(self.engine, metrics, self.publisher.warn,
                                 gpu_numa=self.kubelet.gpu_numa_source(lambda: self.topology),
-                                enforce=self.enforce,
-                                numa_scope=str(getattr(args, "numa_scope", DEFAULT_SCOPE)))
+                                enforce=self.enforce, numa_scope=config.numa_scope,
+                                cgroups=enforcement.cgroups)
         self.watcher = PodWatcher(self.api, self.node, self.changes.put,
                                   on_list=metrics.pod_lists.inc,
                                   on_invalid=metrics.invalid_objects.labels(kind="pod").inc)
         # Chosen and connected in run(): NRI pins as the runtime creates containers (agent.kube.route).
-        self.route = PinningRoute(str(getattr(args, "route", POD_CGROUP)),
-                                  str(getattr(args, "nri_socket", "") or DEFAULT_NRI_SOCKET),
-                                  lambda: nri_handler(self.pinner, self.node, cgroup_root),
+        self.route = PinningRoute(config.route, config.nri_socket or DEFAULT_NRI_SOCKET,
+                                  lambda: nri_handler(self.pinner, self.node, enforcement.cgroup_root),
                                   enforce=self.enforce)
         self.route_name: str | None = None
         self.pod_cgroups: PodCgroupRoute | None = None  # the pod-cgroup route with enforcement on
@@ -256,7 +268,7 @@ class KubeAgent:
         """Drift repair, retries, topology refresh; works without the API."""
         started = time.perf_counter()
         try:
-            topo = discover(self.args.fsroot)
+            topo = discover(self.config.fsroot)
             if topo != self.topology:
                 self.topology = self.engine.topology = topo
                 self.publisher.notify()
@@ -287,15 +299,14 @@ class KubeAgent:
         self.route_name = self.route.start()
         self.metrics.set_node(self.node, self.enforcement, mode="kubernetes", route=self.route_name)
         if self.route_name == POD_CGROUP and self.enforce:
-            bundles = str(getattr(self.args, "runtime_bundles", "") or "")
-            self.pod_cgroups = PodCgroupRoute(self.pinner, bundles=bundles)
+            self.pod_cgroups = PodCgroupRoute(self.pinner, bundles=self.config.runtime_bundles)
         elif self.route_name == NRI and self.enforce:
             # A bound pod's exclusive containers are allocated (and committed) as the watch lists it,
             # so CreateContainer answers from the state as it stands, with no write of its own.
             self.pinner.ahead = True
         self.watcher.start()
         self.reconcile()
-        next_reconcile = time.monotonic() + self.args.reconcile_seconds
+        next_reconcile = time.monotonic() + self.config.reconcile_seconds
         next_retry = 0.0
         try:
             while not stop.is_set():
@@ -326,7 +337,7 @@ class KubeAgent:
                     next_retry = time.monotonic() + PENDING_RETRY_SECONDS
                 if time.monotonic() >= next_reconcile:
                     self.reconcile()
-                    next_reconcile = time.monotonic() + self.args.reconcile_seconds
+                    next_reconcile = time.monotonic() + self.config.reconcile_seconds
                 self._after_changes()
         finally:
             self.route.stop()
@@ -390,11 +401,10 @@ def node_gpus(topology: Topology, fsroot: str, nvml: Any = None) -> tuple[GPU, .
     return inventory.gpus
 
 
-def run_kube_agent(args: argparse.Namespace) -> int:
-    """Entry point of `topolet agent` in Kubernetes mode."""
-    metrics = Metrics()
-    agent = KubeAgent(args, metrics)
-    if args.once:
+def run_kube_agent(agent: KubeAgent) -> int:
+    """Entry point of `topolet agent` in Kubernetes mode, given the agent `agent.cli.compose` built."""
+    config, metrics = agent.config, agent.metrics
+    if config.once:
         return 0 if agent.run_once() else 1
     stop = threading.Event()
 
@@ -409,11 +419,11 @@ def run_kube_agent(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, on_hangup)
-    server = MetricsServer(metrics, args.listen,
-                           staleness_health(metrics, max(3 * args.reconcile_seconds, 15.0)))
+    server = MetricsServer(metrics, config.listen,
+                           staleness_health(metrics, max(3 * config.reconcile_seconds, 15.0)))
     server.start()
     log.info("node %s: serving /metrics and /healthz on %s:%d", agent.node,
-             args.listen.rpartition(":")[0], server.port)
+             config.listen.rpartition(":")[0], server.port)
     try:
         agent.run(stop)
     finally:

@@ -86,6 +86,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from xxhash import xxh64_intdigest
+
 from agent.enforce.state import State
 from agent.errors import ConfigError, KubeAPIError
 from agent.kube.client import KubeClient, resource_path
@@ -162,78 +164,18 @@ FINGERPRINT_METHODS = ("all", "with-exclusive-resources", "exclude-terminal")
 # Format (k8stopologyawareschedwg/podfingerprint, "pfp0" + "v001"): each pod hashes to
 # XXH64(name, seed=XXH64(namespace, seed=0)); the hashes are sorted as unsigned integers, written
 # little-endian 8 bytes each, and that byte string hashed with XXH64 (seed 0); the digest is printed
-# big-endian as 16 hex digits after the prefix.  XXH64 below follows the published xxHash spec.
+# big-endian as 16 hex digits after the prefix.  XXH64 is the `xxhash` package's (the reference C
+# implementation).
 
 FINGERPRINT_PREFIX = "pfp0v001"
-_M64 = (1 << 64) - 1
-_P1 = 11400714785074694791
-_P2 = 14029467366897019727
-_P3 = 1609587929392839161
-_P4 = 9650029242287828579
-_P5 = 2870177450012600261
-
-
-def _rotl(x: int, r: int) -> int:
-    return ((x << r) | (x >> (64 - r))) & _M64
-
-
-def _round(acc: int, lane: int) -> int:
-    acc = (acc + lane * _P2) & _M64
-    return (_rotl(acc, 31) * _P1) & _M64
-
-
-def _merge(acc: int, v: int) -> int:
-    acc ^= _round(0, v)
-    return (acc * _P1 + _P4) & _M64
-
-
-def xxh64(data: bytes, seed: int = 0) -> int:
-    """The 64-bit xxHash (XXH64) of `data`."""
-    n = len(data)
-    i = 0
-    if n >= 32:
-        v1 = (seed + _P1 + _P2) & _M64
-        v2 = (seed + _P2) & _M64
-        v3 = seed & _M64
-        v4 = (seed - _P1) & _M64
-        while i + 32 <= n:
-            v1 = _round(v1, int.from_bytes(data[i:i + 8], "little"))
-            v2 = _round(v2, int.from_bytes(data[i + 8:i + 16], "little"))
-            v3 = _round(v3, int.from_bytes(data[i + 16:i + 24], "little"))
-            v4 = _round(v4, int.from_bytes(data[i + 24:i + 32], "little"))
-            i += 32
-        h = (_rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)) & _M64
-        for v in (v1, v2, v3, v4):
-            h = _merge(h, v)
-    else:
-        h = (seed + _P5) & _M64
-    h = (h + n) & _M64
-    while i + 8 <= n:
-        h ^= _round(0, int.from_bytes(data[i:i + 8], "little"))
-        h = (_rotl(h, 27) * _P1 + _P4) & _M64
-        i += 8
-    if i + 4 <= n:
-        h ^= (int.from_bytes(data[i:i + 4], "little") * _P1) & _M64
-        h = (_rotl(h, 23) * _P2 + _P3) & _M64
-        i += 4
-    while i < n:
-        h ^= (data[i] * _P5) & _M64
-        h = (_rotl(h, 11) * _P1) & _M64
-        i += 1
-    h ^= h >> 33
-    h = (h * _P2) & _M64
-    h ^= h >> 29
-    h = (h * _P3) & _M64
-    h ^= h >> 32
-    return h
 
 
 def pod_set_fingerprint(pods: Iterable[tuple[str, str]]) -> str:
     """The podfingerprint of a set of pods given as (namespace, name); order does not matter."""
     hashes = sorted(
-        xxh64(name.encode(), xxh64(namespace.encode())) for namespace, name in pods
+        xxh64_intdigest(name.encode(), xxh64_intdigest(namespace.encode())) for namespace, name in pods
     )
-    digest = xxh64(b"".join(h.to_bytes(8, "little") for h in hashes))
+    digest = xxh64_intdigest(b"".join(h.to_bytes(8, "little") for h in hashes))
     return FINGERPRINT_PREFIX + digest.to_bytes(8, "big").hex()
 
 

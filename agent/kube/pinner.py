@@ -4,7 +4,9 @@
 that ask for them, the shared pool for the rest, state first and cgroups after.  It never calls the
 API: warnings go out through a callback the publisher drains.  With `enforce=False` (`topolet agent
 --enforcement off`, over an `agent.kube.recording.RecordingEngine`) it looks for no cgroup: a
-container the pod status lists running with an ID is taken as started.
+container the pod status lists running with an ID is taken as started.  What it needs of the node's
+cgroups (`NodeCgroups`: the kubelet's cgroup driver, whether the agent sits at its cgroup namespace's
+root) the agent reads at start and hands in; a pinner given none reads it as it is made.
 
 What it counts (`agent.metrics.registry`): `allocated`; `refused` with its reason (no room, a NUMA policy or
 zone that cannot be met, invalid annotations) once per container and reason, however often it is
@@ -42,9 +44,10 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from agent.alloc.scope import DEFAULT_SCOPE
-from agent.enforce import CgroupDriver, container_cgroup_path, exists
+from agent.enforce import CgroupDriver, CgroupLayout, container_cgroup_path, exists
 from agent.enforce.cgroup import at_own_namespace_root, read_procs
 from agent.enforce.kubepods import pod_cgroup_path
 from agent.enforce.state import Allocation, Owner, State
@@ -76,6 +79,26 @@ def planned_cgroup(plan: PodPlan, container: str, driver: CgroupDriver | None) -
     return f"{pod}/{PLANNED_PREFIX}{container}"
 
 
+@dataclass(frozen=True)
+class NodeCgroups:
+    """What the pinner knows of the node's cgroups from the start: the kubelet's cgroup driver where
+    its kubepods folder exists already (else found per pod), and whether this agent sits at the root
+    of its cgroup v2 namespace."""
+
+    driver: CgroupDriver | None
+    at_namespace_root: bool
+
+    @classmethod
+    def read(cls, layout: CgroupLayout) -> NodeCgroups:
+        if exists(layout, "kubepods.slice"):
+            driver: CgroupDriver | None = CgroupDriver.SYSTEMD
+        elif exists(layout, "kubepods"):
+            driver = CgroupDriver.CGROUPFS
+        else:
+            driver = None
+        return cls(driver, at_own_namespace_root())
+
+
 class PodPinner:
     """The pod cache and what it means for the engine; every method runs on the enforcer thread."""
 
@@ -83,7 +106,8 @@ class PodPinner:
                  warn: Callable[[PodPlan, PodWarning], None],
                  gpu_numa: Callable[[PodPlan, ContainerPlan], frozenset[int] | None] | None = None,
                  *, enforce: bool = True, warnings: WarningLimiter | None = None,
-                 numa_scope: str = DEFAULT_SCOPE) -> None:
+                 numa_scope: str = DEFAULT_SCOPE, cgroups: NodeCgroups | None = None) -> None:
+        """`cgroups`: the node's cgroups as read at start (else read here, under the engine's root)."""
         self.engine = engine
         self.numa_scope = numa_scope  # the Topology Manager scope pods are aligned by (agent.kube.numa_scope)
         self.lock = threading.RLock()  # the pod cache and the engine, one thread at a time
@@ -105,20 +129,13 @@ class PodPinner:
         # counted again, so the refusal count follows requests, not the retry rate.
         self.refusals: dict[tuple[str, str], str] = {}
         self.warnings = warnings if warnings is not None else WarningLimiter()
-        self.driver: CgroupDriver | None = self._detect_driver()
-        self._at_namespace_root = at_own_namespace_root()
+        found = cgroups if cgroups is not None else NodeCgroups.read(engine.layout)
+        self.driver: CgroupDriver | None = found.driver
+        self._at_namespace_root = found.at_namespace_root
         self._own: str | None = None  # the agent's own container cgroup, once found (_own_cgroup)
         self._not_own: set[str] = set()  # cgroups looked at that do not hold the agent
 
     # -- cgroups ---------------------------------------------------------------------------------
-
-    def _detect_driver(self) -> CgroupDriver | None:
-        layout = self.engine.layout
-        if exists(layout, "kubepods.slice"):
-            return CgroupDriver.SYSTEMD
-        if exists(layout, "kubepods"):
-            return CgroupDriver.CGROUPFS
-        return None
 
     def cgroup_of(self, plan: PodPlan, c: ContainerPlan) -> str | None:
         """The container's cgroup (relative to the cpuset root) if it exists; None if not (yet).

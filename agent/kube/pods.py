@@ -2,7 +2,7 @@
 
 Pure: a decoded Pod object (the API's JSON, as a dict) in, a `PodPlan` out; no I/O, no clock.
 
-The rules (DESIGN.md "Pods"; the node's kubelet runs `cpuManagerPolicy: none`, so topolet pins):
+The rules (docs/design.md, "Pods"; the node's kubelet runs `cpuManagerPolicy: none`, so topolet pins):
 
 - kubelet's rule: a container of a Guaranteed pod whose CPU request is a whole number of CPUs gets
   that many exclusive CPUs.  Every other container runs on the shared pool.

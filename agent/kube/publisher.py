@@ -14,7 +14,6 @@ first) in `topolet_api_write_errors_total{kind}`.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -24,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agent.alloc.scope import DEFAULT_SCOPE
+from agent.config import PublisherConfig
 from agent.errors import TopoletError
 from agent.kube.backoff import Outage
 from agent.kube.mig_status import MigStatus
@@ -43,11 +42,11 @@ log = logging.getLogger("topolet.kube")
 class Publisher:
     """Writes to the API on its own thread: NRT on state change, labels on topology change, Events."""
 
-    def __init__(self, api: KubeClient, node: str, args: argparse.Namespace, metrics: Metrics,
-                 snapshot: Callable[[], Snapshot], gpus: Sequence[GPU] = (), *,
-                 mig: MigStatus | None = None, on_mig_change: Callable[[], None] | None = None,
-                 node_poll_seconds: float = 5.0) -> None:
-        from agent.kube.client import agent_namespace
+    def __init__(self, api: KubeClient, node: str, config: PublisherConfig, metrics: Metrics,
+                 snapshot: Callable[[], Snapshot], gpus: Sequence[GPU] = (), *, namespace: str,
+                 mig: MigStatus | None = None, on_mig_change: Callable[[], None] | None = None) -> None:
+        """`namespace`: the agent's own (its NodeFeature's).  Reads nothing and asks the API nothing
+        until `start()` or `publish_once()`."""
         from agent.kube.events import EventRecorder
         from agent.kube.labels_sink import LabelPublisher
         from agent.kube.nrt import NRTPublisher
@@ -56,18 +55,17 @@ class Publisher:
         self.api = api
         self._node_ref: tuple[str, str] | None = None
         self.gpus = tuple(gpus)  # discovered once at start: the NRT's GPU capacity
-        self.args = args
+        self.config = config
         self.metrics = metrics
         self.snapshot = snapshot
-        # With MIG managed the Node is read again every `node_poll_seconds` (its layout label may
-        # change); otherwise once, for the NRT's owner reference.
+        # With MIG managed the Node is read again every `config.node_poll_seconds` (its layout label
+        # may change); otherwise once, for the NRT's owner reference.
         self.mig = mig
         self.on_mig_change = on_mig_change
-        self.node_poll_seconds = node_poll_seconds
         self._next_node_read = 0.0
         self._mig_changed = False  # the Node asks for another MIG layout: the enforcer is told
-        self.labels = LabelPublisher(api, node, agent_namespace(), sink=args.label_sink,
-                                     features_dir=args.features_dir)
+        self.labels = LabelPublisher(api, node, namespace, sink=config.label_sink,
+                                     features_dir=config.features_dir)
         self.nrt = NRTPublisher(api, node)
         self.events = EventRecorder(api, node, component="topolet")
         self._wake = threading.Event()
@@ -139,13 +137,13 @@ class Publisher:
         if self.mig is not None and time.monotonic() >= self._next_node_read:
             try:
                 self._read_node()
-                self._next_node_read = time.monotonic() + self.node_poll_seconds
+                self._next_node_read = time.monotonic() + self.config.node_poll_seconds
             except Exception as exc:  # noqa: BLE001 - the API may fail in any way; retried
                 ok = False
                 self.problems.append(f"Node {self.node} not read: {exc}")
         snap = self.snapshot()
         try:
-            labels = build_labels(snap.topology, gfd_compat=self.args.gfd_compat)
+            labels = build_labels(snap.topology, gfd_compat=self.config.gfd_compat)
             if self.mig is not None:
                 labels.update(self.mig.labels())
             if labels != self._published_labels or self.labels.next_check_in() == 0:
@@ -241,7 +239,7 @@ class Publisher:
                          snap.assigned_gpus, memory=snap.memory, mig=snap.mig, route=snap.route,
                          kubelet_cpus=snap.kubelet_cpus, offered_devices=snap.offered_devices,
                          held_devices=snap.held_devices,
-                         scope=str(getattr(self.args, "numa_scope", DEFAULT_SCOPE)))
+                         scope=self.config.numa_scope)
 
 
 def _pod_ref(plan: PodPlan) -> dict[str, Any]:

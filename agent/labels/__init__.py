@@ -15,7 +15,8 @@ Adding a feature source is one decorated function (see `agent.labels.registry`):
     def gpu_features(topology: Topology) -> Iterator[RawFeature]:
         yield RawFeature("nvidia.com", "gpu.count", 8)   # published only with gfd_compat=True
 
-Its module must be listed in `registry.SOURCE_MODULES` (`agent.gpu.labels` already is).  Whatever
+A module outside `agent.labels` holding sources is imported by the program's composition root
+(`agent.cli.commands` imports `agent.gpu.labels`); the registry imports no source.  Whatever
 a source yields, the builder emits only valid label keys and values, only under
 `feature.node.kubernetes.io`, `topolet.io` and (with `gfd_compat`) `nvidia.com`.
 """

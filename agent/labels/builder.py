@@ -142,8 +142,18 @@ def make_labels(features: Iterable[RawFeature], *, gfd_compat: bool = False) -> 
     )
 
 
+def _import_own_sources() -> None:
+    """This package's sources, which register on import.  Imported on first use, not at the top:
+    they load the topology model (and the C helper), which readers of `validate` never need."""
+    import agent.labels.cpu  # noqa: F401
+    import agent.labels.memory  # noqa: F401
+    import agent.labels.pci  # noqa: F401
+    import agent.labels.topology  # noqa: F401
+
+
 def collect_features(topology: Topology) -> tuple[list[RawFeature], tuple[str, ...]]:
     """Run every registered source; a source that raises is skipped and named, the rest still run."""
+    _import_own_sources()
     features: list[RawFeature] = []
     failed: list[str] = []
     for source in registered_sources():

@@ -8,14 +8,14 @@ with one line, the decorator:
 
 Sources never build label strings themselves beyond naming the feature; the builder
 (`agent.labels.builder`) turns every raw feature into a label, validating and normalizing in one
-place.  Modules that hold sources are listed in `SOURCE_MODULES` and imported on first use, so a
-new source is a module with one decorated function plus, when it lives outside this package, one
-line in that tuple.
+place.  The registry imports no source: `agent.labels`' own (cpu, memory, pci, topology) are imported
+by the builder, and a source living elsewhere is imported by the program that wants its labels, its
+composition root (`agent.cli.commands` imports `agent.gpu.labels`), the way NFD's worker lists its
+sources.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,16 +26,6 @@ if TYPE_CHECKING:
 NFD_NAMESPACE = "feature.node.kubernetes.io"
 TOPOLET_NAMESPACE = "topolet.io"
 GFD_NAMESPACE = "nvidia.com"
-
-# Imported, in this order, before the registry is read.  A listed module that does not exist yet
-# is skipped (the GPU source arrives later with agent/gpu); any other import failure is raised.
-SOURCE_MODULES: tuple[str, ...] = (
-    "agent.labels.cpu",
-    "agent.labels.memory",
-    "agent.labels.pci",
-    "agent.labels.topology",
-    "agent.gpu.labels",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +51,6 @@ class FeatureSource:
 
 
 _sources: dict[str, FeatureSource] = {}
-_loaded = False
 
 
 def register_source(name: str, discover: SourceFn) -> None:
@@ -79,22 +68,6 @@ def feature_source(name: str) -> Callable[[SourceFn], SourceFn]:
     return register
 
 
-def _load_source_modules() -> None:
-    global _loaded
-    if _loaded:
-        return
-    for module in SOURCE_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            # Only the listed module itself (or its package) may be missing; a missing dependency
-            # inside an existing source module is a real error.
-            if exc.name is None or not (module == exc.name or module.startswith(exc.name + ".")):
-                raise
-    _loaded = True
-
-
 def registered_sources() -> tuple[FeatureSource, ...]:
-    """Every registered source, in registration order, after importing `SOURCE_MODULES`."""
-    _load_source_modules()
+    """Every source registered so far, in registration order."""
     return tuple(_sources.values())

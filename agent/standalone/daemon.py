@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -11,6 +10,7 @@ import time
 from types import FrameType
 from typing import Any
 
+from agent.config import StandaloneConfig
 from agent.enforce import detect_layout
 from agent.enforce.state_file import StateFile
 from agent.errors import EnforcementError, TopoletError
@@ -34,17 +34,17 @@ log = logging.getLogger("topolet.agent")
 class StandaloneAgent:
     """One node's agent without a cluster: labels, reconcile, metrics."""
 
-    def __init__(self, args: argparse.Namespace, metrics: Metrics, nvml: Any = None) -> None:
-        self.args = args
+    def __init__(self, config: StandaloneConfig, metrics: Metrics, nvml: Any = None) -> None:
+        self.config = config
         self.metrics = metrics
-        self.state_file = StateFile(args.state_dir, on_write=metrics.state_writes.inc)
+        self.state_file = StateFile(config.state_dir, on_write=metrics.state_writes.inc)
         self.state_file.check_folder()  # a --state-dir that cannot be one stops the agent at start
-        given = args.reserved_cpus
+        given = config.reserved_cpus
         self.reserved = DEFAULT_RESERVED if given is None else CPUSet.parse(given)
-        self.topology: Topology = discover(args.fsroot)
+        self.topology: Topology = discover(config.fsroot)
         self.engine: PinningEngine | None = None
         try:
-            layout = detect_layout(args.cgroup_root)
+            layout = detect_layout(config.cgroup_root)
             if not os.access(layout.root, os.W_OK):
                 raise EnforcementError("cpuset hierarchy is not writable (run as root)", layout.root)
             self.engine = PinningEngine(self.topology, layout, self.state_file, self.reserved,
@@ -55,12 +55,12 @@ class StandaloneAgent:
         metrics.watch_cpus(None if engine is None else lambda: cpu_rows(engine.usage()))
         # GPUs as `topolet exec --gpus` finds them (once, at start), for topolet_gpus and
         # topolet_mig_devices: their holds are read from the state file at each scrape.
-        self.gpus = _node_gpus(self.topology, args.fsroot, nvml)
+        self.gpus = _node_gpus(self.topology, config.fsroot, nvml)
         self.mig_inventory: MigInventory | None = None  # MIG instances, read after each MIG pass
         metrics.watch_gpus(self._gpu_zones if self.gpus else None)
         # MIG only when a config is asked; `nvml` (pynvml or a stand-in, initialised) else loads here.
         self.mig: MigReconciler | None = None
-        if getattr(args, "mig_config", ""):
+        if config.mig_config:
             self.mig = self._mig_reconciler(nvml)
         metrics.set_node(os.uname().nodename, self.engine is not None, mode="standalone")
 
@@ -69,11 +69,11 @@ class StandaloneAgent:
         if nvml is None:
             nvml, why = load_nvml()
             if nvml is None:  # normal on a node without NVIDIA's driver
-                log.info("MIG config %s not applied: %s", self.args.mig_config, why)
+                log.info("MIG config %s not applied: %s", self.config.mig_config, why)
                 return None
         ops = self.metrics.mig_operations
-        mig = MigReconciler(nvml, self.args.state_dir,
-                            allow_mig_mode_change=bool(self.args.allow_mig_mode_change),
+        mig = MigReconciler(nvml, self.config.state_dir,
+                            allow_mig_mode_change=self.config.allow_mig_mode_change,
                             on_state=self._on_mig_state,
                             on_operation=lambda op, result: ops.labels(op=op, result=result).inc())
         self.metrics.watch_mig(lambda: mig.counters)
@@ -99,7 +99,7 @@ class StandaloneAgent:
         if state != "pending":
             return
         try:
-            if write_features_file(self.args.features_dir, self._labels(self.topology)):
+            if write_features_file(self.config.features_dir, self._labels(self.topology)):
                 self.metrics.label_writes.inc()
         except TopoletError as exc:
             log.warning("pending MIG state not published: %s", exc)
@@ -111,7 +111,7 @@ class StandaloneAgent:
         except TopoletError as exc:  # holds unknown: no MIG change this pass, the last state stands
             log.warning("MIG reconcile skipped: %s", exc)
             return
-        self.metrics.set_mig_config_state(mig.reconcile(self.args.mig_config, held_gpus=held))
+        self.metrics.set_mig_config_state(mig.reconcile(self.config.mig_config, held_gpus=held))
         self._read_mig_inventory(mig)
 
     def _labels(self, topo: Topology) -> dict[str, str]:
@@ -133,13 +133,13 @@ class StandaloneAgent:
 
     def refresh_labels(self) -> None:
         """Rediscover (cheap) and rewrite the features.d file only if the labels changed."""
-        topo = discover(self.args.fsroot)
+        topo = discover(self.config.fsroot)
         if topo != self.topology and self.engine is not None:
             self.engine.topology = topo
         self.topology = topo
-        if write_features_file(self.args.features_dir, self._labels(topo)):
+        if write_features_file(self.config.features_dir, self._labels(topo)):
             self.metrics.label_writes.inc()
-            log.info("labels written to %s", self.args.features_dir)
+            log.info("labels written to %s", self.config.features_dir)
 
     def close(self) -> None:
         """Leave no empty `topolet/` cgroups this run created behind (a machine it found no work on)."""
@@ -170,7 +170,7 @@ class StandaloneAgent:
                     self.metrics.drift.inc(result.drift_repaired)
                 for alloc_id in result.released:
                     log.info("released %s: its processes are gone", alloc_id)
-                for ev in drain_events(self.args.state_dir):
+                for ev in drain_events(self.config.state_dir):
                     self._count(ev)
             self.metrics.last_reconcile.set(time.time())
         except TopoletError as exc:
@@ -191,11 +191,11 @@ def _node_gpus(topology: Topology, fsroot: str, nvml: Any) -> tuple[GPU, ...]:
         return ()
 
 
-def run_agent(args: argparse.Namespace) -> int:
+def run_agent(config: StandaloneConfig) -> int:
     """Entry point of `topolet agent` (standalone; the Kubernetes mode builds on the same loop)."""
-    os.makedirs(args.features_dir, exist_ok=True)
+    os.makedirs(config.features_dir, exist_ok=True)
     metrics = Metrics()
-    agent = StandaloneAgent(args, metrics)
+    agent = StandaloneAgent(config, metrics)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -205,16 +205,16 @@ def run_agent(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server = None
-    if not args.once:  # bound before any cgroup is touched: a port in use stops the agent first
-        server = MetricsServer(metrics, args.listen,
-                               staleness_health(metrics, max(3 * args.reconcile_seconds, 15.0)))
+    if not config.once:  # bound before any cgroup is touched: a port in use stops the agent first
+        server = MetricsServer(metrics, config.listen,
+                               staleness_health(metrics, max(3 * config.reconcile_seconds, 15.0)))
     try:
         agent.reconcile()
         if server is None:
             return 0
         server.start()
-        log.info("serving /metrics and /healthz on %s:%d", args.listen.rpartition(":")[0], server.port)
-        while not stop.wait(args.reconcile_seconds):
+        log.info("serving /metrics and /healthz on %s:%d", config.listen.rpartition(":")[0], server.port)
+        while not stop.wait(config.reconcile_seconds):
             agent.reconcile()
     finally:
         if server is not None:

@@ -100,7 +100,7 @@ def run_exec(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.cpus < 0:
         raise ConfigError("--cpus must be 0 (shared pool) or more")
-    gpus = int(getattr(args, "gpus", 0) or 0)
+    gpus: int = args.gpus
     if gpus and args.cpus == 0:
         raise ConfigError("--gpus needs exclusive CPUs: give --cpus N with N of 1 or more")
     topo = discover("/")

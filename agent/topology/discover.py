@@ -66,10 +66,6 @@ def _online_cpus(raw: RawScan) -> CPUSet:
     return known
 
 
-def _sorted_sets(sets: Iterable[CPUSet]) -> list[CPUSet]:
-    return sorted({s for s in sets if s}, key=lambda s: (s.min(), s.mask))
-
-
 def _packages(by_id: dict[int, RawCPU], online: CPUSet) -> tuple[Package, ...]:
     """Packages from the package CPU lists (as hwloc does), ids from physical_package_id.
 

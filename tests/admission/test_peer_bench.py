@@ -2,7 +2,7 @@
 the bench's gang counts and last line.
 
 The peer scheduler (kube-scheduler + scheduler-plugins' NodeResourceTopologyMatch and Coscheduling,
-built from bench/peers/) runs on the test cluster as the bench runs it: its own service account and
+built from third_party/) runs on the test cluster as the bench runs it: its own service account and
 RBAC, a PodGroup per gang, the bench's Jobs.  A gang whose pods fit the node's zones binds whole; a
 gang whose pods fit the node's totals but not its zones stays wholly pending (nothing partly bound)."""
 

@@ -172,7 +172,7 @@ def test_successive_allocations_never_share_a_cpu(shape: Shape,
 
 
 def quality(topo: Topology, cpus: CPUSet) -> tuple[int, int, int, int]:
-    """(NUMA nodes, sockets, L3 groups, split cores): DESIGN.md's order, compared lexicographically."""
+    """(NUMA nodes, sockets, L3 groups, split cores): docs/design.md's order, compared lexicographically."""
     return (len({topo.numa_of(c) for c in cpus}), len({topo.package_of(c) for c in cpus}),
             len({topo.l3_of(c) for c in cpus}),
             sum(1 for core in topo.cores if core.cpus & cpus and not core.cpus <= cpus))

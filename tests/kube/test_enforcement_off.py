@@ -56,16 +56,17 @@ class DumpNode:
         return str(self.tmp / "state")
 
     def in_process_args(self, pod_resources: str, reconcile_seconds: float) -> Any:
-        """`topolet agent` arguments for an in-process KubeAgent on this node (enforcement off, no
+        """`topolet agent`'s config for an in-process KubeAgent on this node (enforcement off, no
         labels, metrics on a free port) that asks `pod_resources` for the kubelet's assignments."""
         from agent.cli import build_parser
+        from agent.cli.compose import agent_config
 
-        return build_parser().parse_args([
+        return agent_config(build_parser().parse_args([
             "agent", "--mode", "kubernetes", "--kubeconfig", str(self.tmp / "agent.kubeconfig"),
             "--node-name", self.name, "--state-dir", self.state_dir, "--fsroot", str(self.fsroot),
             "--enforcement", "off", "--features-dir", str(self.tmp / "features.d"),
             "--listen", "127.0.0.1:0", "--label-sink", "none", "--reconcile-seconds", str(reconcile_seconds),
-            "--pod-resources-socket", pod_resources])
+            "--pod-resources-socket", pod_resources]))
 
     def start_agent(self, *extra: str) -> None:
         from tests.conftest import REPO, topolet_bin

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agent.kube.daemon import KubeAgent
+from agent.cli.compose import kube_agent
 from agent.kube.podresources.client import Device
 from agent.metrics.registry import Metrics
 from agent.metrics.server import MetricsServer
@@ -44,7 +44,7 @@ def test_a_pods_gpu_and_mig_device_are_allocated_in_the_next_scrape(
     with PodResourcesStandIn() as kubelet:
         args = node.in_process_args(kubelet.path, 3600)
         metrics = Metrics()
-        agent = KubeAgent(args, metrics, nvml=nvml, gpus=GPUS)
+        agent = kube_agent(args, metrics, nvml=nvml, gpus=GPUS)
         server = MetricsServer(metrics, "127.0.0.1:0", lambda: (True, "ok"))
         server.start()
         url = f"http://127.0.0.1:{server.port}/metrics"

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from agent.cli import build_parser
+from agent.cli.compose import agent_config, kube_agent
 from agent.enforce.state import State
 from agent.errors import ConfigError
-from agent.kube.daemon import KUBELET_STATIC, KubeAgent
+from agent.kube.daemon import KUBELET_STATIC
 from agent.kube.kubelet import Kubelet
 from agent.kube.nrt import KubeletCPUs
 from agent.kube.nrt_build import build_nrt
@@ -114,7 +115,7 @@ def test_agent_stands_down_under_a_static_kubelet_and_counts_its_cpus(
         # never looks at it.
         args[args.index("--cgroup-root") + 1] = str(tmp_path / "no-cgroup")
         with caplog.at_level(logging.WARNING, logger="topolet.kube"):
-            agent = KubeAgent(build_parser().parse_args(args), metrics, gpus=())
+            agent = kube_agent(agent_config(build_parser().parse_args(args)), metrics, gpus=())
         assert not agent.enforce and agent.enforcement == KUBELET_STATIC
         said = [r.getMessage() for r in caplog.records if "cpuManagerPolicy: static" in r.getMessage()]
         assert len(said) == 1 and f"offers CPUs {offered.cpulist()}" in said[0], said
@@ -152,7 +153,8 @@ def test_agent_stands_down_under_a_static_kubelet_and_counts_its_cpus(
 def test_a_kubelet_restarted_with_static_stops_a_pinning_agent(node: KubeNode) -> None:
     folder = short_tmpdir()
     with PodResourcesStandIn(folder=folder) as none:
-        agent = KubeAgent(build_parser().parse_args(agent_args(node, none.path)), Metrics(), gpus=())
+        agent = kube_agent(agent_config(build_parser().parse_args(agent_args(node, none.path))), Metrics(),
+                           gpus=())
     assert agent.enforce and agent.enforcement == "on"
     try:
         # The kubelet comes back with static: a new socket, a new answer; the agent stops before it

@@ -188,10 +188,10 @@ def test_auto_looks_again_only_when_due(api: Any, namespace: str, node: str) -> 
     assert LabelPublisher(api, node, namespace, sink="node").next_check_in() is None
 
 
-def test_the_agents_publisher_looks_again_with_unchanged_labels(
-        api: Any, namespace: str, node: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_agents_publisher_looks_again_with_unchanged_labels(api: Any, namespace: str, node: str) -> None:
     """The daemon's publisher passes unchanged labels to the sink once `auto` is due to look again, so
     an nfd-master installed after the agent takes its labels over without a topology change."""
+    from agent.cli.compose import agent_config
     from agent.cli.parser import build_parser
     from agent.enforce.state import State
     from agent.kube.client import KubeClient
@@ -202,12 +202,12 @@ def test_the_agents_publisher_looks_again_with_unchanged_labels(
     from tests.kube.test_nrt import NRT_CRD, TWO_SOCKETS_AND_CXL, install_crd
 
     install_crd(api, NRT_CRD)
-    monkeypatch.setenv("POD_NAMESPACE", namespace)
     now = [1000.0]
-    args = build_parser().parse_args(["agent"])
+    config = agent_config(build_parser().parse_args(["agent"])).publisher
     metrics = Metrics()
     kube = KubeClient(api)
-    pub = Publisher(kube, node, args, metrics, lambda: Snapshot(TWO_SOCKETS_AND_CXL, State()))
+    pub = Publisher(kube, node, config, metrics, lambda: Snapshot(TWO_SOCKETS_AND_CXL, State()),
+                    namespace=namespace)
     pub.labels = LabelPublisher(kube, node, namespace, check_seconds=60.0, clock=lambda: now[0])
     ours = build_labels(TWO_SOCKETS_AND_CXL, gfd_compat=False)
 

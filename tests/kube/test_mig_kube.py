@@ -9,16 +9,18 @@ instances, the state the publisher shows, and that the label sink never writes t
 
 from __future__ import annotations
 
-import argparse
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
 from agent.cli import build_parser
+from agent.cli.compose import agent_config, kube_agent
+from agent.config import AgentConfig
 from agent.errors import ConfigError
 from agent.gpu.applier import STATE_LABEL
 from agent.gpu.reconcile import CONFIG_LABEL, MigReconciler
@@ -189,13 +191,13 @@ def test_user_labels_are_refused_and_never_removed(control_plane: ControlPlane) 
 
 # ---- the agent on a real API server --------------------------------------------------------------
 
-def agent_args(node: KubeNode, *extra: str) -> argparse.Namespace:
-    return build_parser().parse_args([
+def agent_args(node: KubeNode, *extra: str) -> AgentConfig:
+    return agent_config(build_parser().parse_args([
         "agent", "--mode", "kubernetes", "--kubeconfig", str(node.tmp / "agent.kubeconfig"),
         "--node-name", node.name, "--state-dir", node.state_dir,
         "--features-dir", str(node.tmp / "features.d"), "--cgroup-root", node.root,
         "--listen", "127.0.0.1:0", "--label-sink", "node", "--reconcile-seconds", "0.5",
-        "--pod-resources-socket", "", *extra])
+        "--pod-resources-socket", "", *extra]))
 
 
 @contextmanager
@@ -244,7 +246,7 @@ def test_node_label_drives_the_layout_pending_then_success_and_failed(mig_node: 
 
     setattr(nvml, "nvmlDeviceCreateGpuInstanceWithPlacement", watching_create)  # noqa: B010
     metrics = Metrics()
-    agent = KubeAgent(agent_args(node), metrics, nvml=nvml)
+    agent = kube_agent(agent_args(node), metrics, nvml=nvml)
     with running(agent):
         wait_for(lambda: node.nrt() is not None, "the agent's first NRT")
         assert STATE_LABEL not in node_labels(node) and not nvml.layout(0)  # nothing asked yet
@@ -285,7 +287,7 @@ def test_mig_goes_on_with_the_api_down(mig_node: KubeNode, control_plane: Contro
     node = mig_node
     nvml = fake(1)
     set_config(node, "all-3g.40gb")
-    agent = KubeAgent(agent_args(node), Metrics(), nvml=nvml)
+    agent = kube_agent(agent_args(node), Metrics(), nvml=nvml)
     with running(agent):
         wait_for(lambda: node_labels(node).get(STATE_LABEL) == "success", "state success")
         assert [p for p, _, _ in nvml.layout(0)] == ["3g.40gb", "3g.40gb"]
@@ -316,7 +318,7 @@ def test_no_mig_change_before_the_node_is_read(mig_node: KubeNode, control_plane
     metrics = Metrics()
     control_plane.stop_apiserver()
     try:
-        agent = KubeAgent(agent_args(node, "--mig-config", "all-1g.10gb"), metrics, nvml=nvml)
+        agent = kube_agent(agent_args(node, "--mig-config", "all-1g.10gb"), metrics, nvml=nvml)
         with running(agent):
             wait_for(lambda: (sample(metrics, "topolet_reconcile_duration_seconds_count") or 0) >= 3,
                      "three reconciles with the API down")
@@ -344,9 +346,8 @@ def test_instances_pods_hold_are_kept(mig_node: KubeNode) -> None:
     set_config(node, "all-1g.10gb")
     device = Device("nvidia.com/mig-3g.40gb", (f"MIG-{nvml.gpus[0].uuid}/{gi}/0",), frozenset())
     with PodResourcesStandIn({(node.namespace, "train", "c0"): [device]}) as kubelet:
-        args = agent_args(node)
-        args.pod_resources_socket = kubelet.path
-        agent = KubeAgent(args, Metrics(), nvml=nvml)
+        args = replace(agent_args(node), pod_resources_socket=kubelet.path)
+        agent = kube_agent(args, Metrics(), nvml=nvml)
         with running(agent):
             wait_for(lambda: node_labels(node).get(STATE_LABEL) == "failed", "state failed")
             assert nvml.gpus[0].gis.get(gi) is held and "List" in kubelet.calls
@@ -364,9 +365,8 @@ def test_a_kubelet_that_does_not_answer_holds_mig_back(mig_node: KubeNode) -> No
     set_config(node, "all-1g.10gb")
     metrics = Metrics()
     with PodResourcesStandIn({}, mode="garbage") as kubelet:
-        args = agent_args(node)
-        args.pod_resources_socket = kubelet.path
-        agent = KubeAgent(args, metrics, nvml=nvml)
+        args = replace(agent_args(node), pod_resources_socket=kubelet.path)
+        agent = kube_agent(args, metrics, nvml=nvml)
         with running(agent):
             wait_for(lambda: node_labels(node).get(STATE_LABEL) == "pending", "state pending")
             passes = sample(metrics, "topolet_reconcile_duration_seconds_count") or 0

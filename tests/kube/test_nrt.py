@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,7 +27,6 @@ from agent.kube.nrt import (
     hugepages_resource_name,
     nrt_object,
     pod_set_fingerprint,
-    xxh64,
 )
 from agent.topology import record
 from agent.topology.cpuset import EMPTY, CPUSet
@@ -308,11 +308,31 @@ def test_daemon_nrt_reports_gpus_per_zone_less_those_held() -> None:
 
 # ---- the pod fingerprint -------------------------------------------------------------------------
 
-def test_xxh64_reference_values() -> None:
-    # From the xxHash reference implementation's documented results (seed 0).
-    assert xxh64(b"") == 0xEF46DB3751D8E999
-    assert xxh64(b"a") == 0xD24EC4F1A98C6E5B
-    assert xxh64(b"abc") == 0x44BC2CF5AD770999
+# XXH64 digests the hand-written hash the fingerprint used before the `xxhash` package computed, for
+# the seeds the fingerprint uses (0, and a namespace's own digest: XXH64(b"production") =
+# 0xA8E3005D8AC64337) and two more, over every length class of the algorithm: empty, under 4, under
+# 32, exactly 32, one past, several stripes with a tail, and long inputs.  The empty, b"a" and b"abc"
+# digests at seed 0 are the xxHash reference's documented results.
+_SEEDS = (0, 1, 0xA8E3005D8AC64337, (1 << 64) - 1)
+XXH64_DIGESTS = [
+    (b"", (0xEF46DB3751D8E999, 0xD5AFBA1336A3BE4B, 0x67EC611060B40E7C, 0x298F4C84B24F5380)),
+    (b"a", (0xD24EC4F1A98C6E5B, 0xDEC2BC81C3CD46C6, 0xFF39DE8F65328934, 0x60C43759873ECE62)),
+    (b"abc", (0x44BC2CF5AD770999, 0xBEA9CA8199328908, 0xC22C11B9FBBE6DA3, 0x28306E589CC02176)),
+    (b"kube-system", (0x819DF5659FD65BFF, 0x340007CAA2480AAC, 0x1F3720CF1AE84239, 0x8ED44A77D3A3E876)),
+    (bytes(range(32)), (0xCBF59C5116FF32B4, 0xD74E6766CE9DBA94, 0xE0C2161D5EACDCA5, 0x35220DFDB7D4D7C9)),
+    (bytes(range(33)), (0x0C535D1ACAFB8EAD, 0xA371825F4210FE99, 0xFD06031A32095165, 0x5677D5193D356C20)),
+    (bytes(range(64)), (0xF7C67301DB6713F0, 0x3CE5BDF7575926C0, 0x8256097EC5971D8F, 0x79E8B8230306E25C)),
+    (bytes(range(100)), (0x6AC1E58032166597, 0x3D19A3A2098A7023, 0x3CC76A37494A7111, 0x09A991A091C9F6D7)),
+    (bytes(range(256)) * 4,
+     (0x6F3914F18FE4DF57, 0x3BD9FD41C5EC08C9, 0xCA76E39028DDB531, 0x610C4DCE21EE28E3)),
+    (b"x" * 4097, (0xA4233FAC2072729D, 0x7777AD97D4212471, 0xABF00B54C85A597D, 0x2CF95E5967BE07C4)),
+]
+
+
+@pytest.mark.parametrize(("data", "digests"), XXH64_DIGESTS, ids=[f"{len(d)}B" for d, _ in XXH64_DIGESTS])
+def test_xxh64_digests_are_those_the_fingerprint_always_had(data: bytes, digests: tuple[int, ...]) -> None:
+    assert tuple(xxhash.xxh64_intdigest(data, seed) for seed in _SEEDS) == digests
+    assert xxhash.xxh64_intdigest(b"production") == _SEEDS[2]
 
 
 # Compatibility vectors from k8stopologyawareschedwg/podfingerprint testdata (compat-tiny-3pods-1ns,
@@ -567,14 +587,15 @@ def test_missing_kubeconfig_and_no_cluster_are_config_errors(
 def test_the_agents_numa_scope_flag_is_the_published_scope(argv: list[str], scope: str,
                                                            legacy: str) -> None:
     """`topolet agent --numa-scope` reaches the NRT the publisher writes (`topologyManagerScope`)."""
+    from agent.cli.compose import agent_config
     from agent.cli.parser import build_parser
     from agent.kube.nrt_build import Snapshot
     from agent.kube.publisher import Publisher
 
-    args = build_parser().parse_args(["agent", *argv])
+    config = agent_config(build_parser().parse_args(["agent", *argv])).publisher
     # Only what the NRT's body reads (no API client: nothing is sent).
     publisher = object.__new__(Publisher)
-    publisher.args, publisher.gpus, publisher._node_ref = args, (), ("worker-1", "u-1")
+    publisher.config, publisher.gpus, publisher._node_ref = config, (), ("worker-1", "u-1")
     obj = publisher._nrt_object(Snapshot(TWO_SOCKETS_AND_CXL, State(), ()))
     assert attributes(obj)["topologyManagerScope"] == scope
     assert obj["topologyPolicies"] == [legacy]

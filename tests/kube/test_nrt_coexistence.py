@@ -112,8 +112,8 @@ def test_nfd_taking_over_topolets_nrt_is_not_fought(objects: Any, nrt_api: Any, 
 def test_agent_leaves_nfds_nrt_alone_and_says_so_once(kube_node: KubeNode,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from agent.cli import build_parser
+    from agent.cli.compose import agent_config, kube_agent
     from agent.kube.client import KubeClient, resource_path
-    from agent.kube.daemon import KubeAgent
     from agent.metrics.registry import Metrics
 
     monkeypatch.setenv("POD_NAMESPACE", kube_node.namespace)
@@ -125,8 +125,8 @@ def test_agent_leaves_nfds_nrt_alone_and_says_so_once(kube_node: KubeNode,
     args = agent_args(kube_node, "")
     args[args.index("--label-sink") + 1] = "node"
     metrics = Metrics()
-    agent = KubeAgent(build_parser().parse_args([a for a in args if a != "--pod-resources-socket" and a]),
-                      metrics, gpus=())
+    agent = kube_agent(agent_config(build_parser().parse_args(
+        [a for a in args if a != "--pod-resources-socket" and a])), metrics, gpus=())
     try:
         assert agent.run_once()  # labels written: nothing failed
         assert agent.run_once()

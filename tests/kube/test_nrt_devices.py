@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from agent.cli import build_parser
+from agent.cli.compose import agent_config, kube_agent
 from agent.enforce.state import State
-from agent.kube.daemon import KubeAgent
 from agent.kube.kubelet import Kubelet
 from agent.kube.nrt_build import build_nrt, is_mig_device_id, kubelet_gpus
 from agent.kube.podresources.client import Device
@@ -129,7 +129,8 @@ def test_agent_counts_gpus_the_kubelet_assigned(node: KubeNode, kubelet: PodReso
     kubelet.assignments = {(node.namespace, "train", "c0"): [
         Device("nvidia.com/gpu", (UUID[1],), frozenset({0}))]}
     metrics = Metrics()
-    agent = KubeAgent(build_parser().parse_args(agent_args(node, kubelet.path)), metrics, gpus=inventory)
+    agent = kube_agent(agent_config(build_parser().parse_args(agent_args(node, kubelet.path))), metrics,
+                       gpus=inventory)
     stop = threading.Event()
     thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
     thread.start()
@@ -170,9 +171,9 @@ def test_agent_counts_gpus_the_kubelet_assigned(node: KubeNode, kubelet: PodReso
 SCRIPT = """
 import json, sys
 from agent.cli import build_parser
-from agent.kube.daemon import KubeAgent
+from agent.cli.compose import agent_config, kube_agent
 from agent.metrics.registry import Metrics
-agent = KubeAgent(build_parser().parse_args(json.loads(sys.argv[1])), Metrics(), gpus=())
+agent = kube_agent(agent_config(build_parser().parse_args(json.loads(sys.argv[1]))), Metrics(), gpus=())
 ok = agent.run_once()
 print(json.dumps({"ok": ok, "grpc": "grpc" in sys.modules}))
 """

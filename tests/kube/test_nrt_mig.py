@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from agent.cli.compose import kube_agent
 from agent.enforce.state import State
 from agent.gpu.capacity import MigInventory, read_mig_inventory
 from agent.gpu.planner import ExistingInstance
-from agent.kube.daemon import KubeAgent
 from agent.kube.nrt_build import build_nrt
 from agent.kube.podresources.client import Device
 from agent.metrics.registry import Metrics
@@ -129,7 +129,7 @@ def test_agent_publishes_mig_instances_less_those_the_kubelet_assigned(
     first = three_instances(nvml)
     with PodResourcesStandIn() as kubelet:
         args = node.in_process_args(kubelet.path, 0.3)
-        agent = KubeAgent(args, Metrics(), nvml=nvml, gpus=GPUS[:2])
+        agent = kube_agent(args, Metrics(), nvml=nvml, gpus=GPUS[:2])
         stop = threading.Event()
         thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
         thread.start()

@@ -40,6 +40,7 @@ import pytest
 import yaml
 
 from agent.cli import build_parser
+from agent.cli.compose import standalone_config
 from agent.enforce.cgroup import read_cpus, write_cpuset
 from agent.metrics.registry import Metrics
 from agent.metrics.server import MetricsServer, staleness_health
@@ -153,7 +154,7 @@ class MigAgent:
             "--features-dir", str(tmp / "features.d"), "--cgroup-root", str(tmp / "not-a-cgroup"),
             "--mig-config", "all-balanced", "--reconcile-seconds", "1"])
         self.metrics = Metrics()
-        self.agent = StandaloneAgent(args, self.metrics, nvml=nvml)
+        self.agent = StandaloneAgent(standalone_config(args), self.metrics, nvml=nvml)
         # It stands for another node: the agents of a fleet have names of their own (the agent calls
         # itself after this host), and the dashboards tell nodes apart by name.
         self.metrics.set_node(NODENAME, False, mode="standalone")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import signal
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.config import StandaloneConfig
 from agent.enforce.cgroup import read_cpus, write_cpuset
 from agent.metrics.registry import Metrics
 from agent.standalone.daemon import StandaloneAgent
@@ -61,11 +61,13 @@ def test_agent_counts_drift_in_process_even_when_labels_fail(node: Node, labels:
     assert held.stop() == 0
 
 
-def _agent_args(node: Node, *extra: str) -> argparse.Namespace:
+def _agent_args(node: Node, *extra: str) -> StandaloneConfig:
     from agent.cli import build_parser
+    from agent.cli.compose import standalone_config
 
-    return build_parser().parse_args(["agent", "--state-dir", node.state_dir, "--features-dir",
-                                      node.features_dir, "--cgroup-root", node.root, *extra])
+    return standalone_config(build_parser().parse_args(["agent", "--state-dir", node.state_dir,
+                                                        "--features-dir", node.features_dir,
+                                                        "--cgroup-root", node.root, *extra]))
 
 
 def _scrape(port: int, path: str) -> tuple[int, str]:

@@ -7,7 +7,6 @@ The node's topology is the HGX sysfs fixture; its NVML is a 2 × H100 stand-in.
 
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,9 @@ import pytest
 
 import agent.standalone.daemon as daemon_module
 from agent.cli import build_parser
+from agent.cli.commands import register_label_sources
+from agent.cli.compose import standalone_config
+from agent.config import StandaloneConfig
 from agent.metrics.registry import Metrics
 from agent.standalone.daemon import StandaloneAgent
 from tests.gpu.fake_nvml import FakeNVML, h100_node
@@ -36,12 +38,12 @@ def hgx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_hgx(tmp_path_factory.mktemp("hgx"))
 
 
-def agent_args(tmp_path: Path, fsroot: Path, *extra: str) -> argparse.Namespace:
+def agent_args(tmp_path: Path, fsroot: Path, *extra: str) -> StandaloneConfig:
     features = tmp_path / "features.d"
     features.mkdir(exist_ok=True)
-    return build_parser().parse_args([
+    return standalone_config(build_parser().parse_args([
         "agent", "--fsroot", str(fsroot), "--state-dir", str(tmp_path / "state"),
-        "--features-dir", str(features), "--cgroup-root", str(tmp_path / "not-a-cgroup"), *extra])
+        "--features-dir", str(features), "--cgroup-root", str(tmp_path / "not-a-cgroup"), *extra]))
 
 
 def fake(gpus: int = 2, **kw: Any) -> FakeNVML:
@@ -74,6 +76,7 @@ def test_agent_applies_the_layout_labels_success_and_counts_creates(tmp_path: Pa
         return create(*args)
 
     setattr(nvml, "nvmlDeviceCreateGpuInstanceWithPlacement", watching_create)  # noqa: B010
+    register_label_sources()  # as the command line does before it starts an agent
     metrics = Metrics()
     agent = StandaloneAgent(agent_args(tmp_path, hgx, "--mig-config", "all-1g.10gb"), metrics, nvml=nvml)
     agent.reconcile()

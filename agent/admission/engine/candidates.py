@@ -29,20 +29,20 @@ a pod's devices too (GPUs, MIG, and each device plugin resource the node's zones
 that is not `cpu_aligned` (not Guaranteed) asks its zones for its devices alone (`zoned`), its CPU
 and memory counted on the node's totals.  Restricted takes the fewest zones its CPU needs on an
 empty node; those zones must hold its devices too.  GPU scoring
-uses `agent.admission.engine.fragmentation` when it is importable, else best fit.
+uses `agent.admission.engine.fragmentation` when the attempt has a pod mix, else best fit.
 """
 
 from __future__ import annotations
 
 import bisect
-import importlib
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agent.admission.engine.filters import filter_reason, untolerated
-from agent.admission.engine.model import NODE_POLICY, Node, PodSet, Resources
+from agent.admission.engine.fragmentation import cluster_cpu_per_milli, gpu_choice, gpu_supply
+from agent.admission.engine.model import NODE_POLICY, PodSet, Resources
 from agent.admission.engine.scope import split
 from agent.admission.engine.viewindex import (
     WHOLE_GPU,
@@ -63,29 +63,10 @@ WINDOW = 16
 _GPU_SCORE_DIGITS = 6
 
 
-def _optional(name: str) -> Callable[..., Any] | None:
-    """`agent.admission.engine.fragmentation.<name>` when that module defines it, else None."""
-    # The fragmentation module is developed beside this one; without it GPUs fall back to best fit.
-    try:
-        module = importlib.import_module("agent.admission.engine.fragmentation")
-    except ImportError:
-        return None
-    found = getattr(module, name, None)
-    return found if callable(found) else None
-
-
-# the rise in fragmentation of one node for one pod, and the GPU a shared pod takes there
-_gpu_choice: Callable[..., tuple[float, int | None] | None] | None = _optional("gpu_choice")
-# the cluster's GPUs per model, for pod mixes whose types name GPU models
-_gpu_supply: Callable[[Sequence[Node]], dict[str, int]] | None = _optional("gpu_supply")
-# the cluster's CPU per GPU thousandth, which tells the score a workload asks more CPU than it has
-_cluster_cpu: Callable[[Sequence[Node]], float] | None = _optional("cluster_cpu_per_milli")
-
-
 def _cpu_per_gpu(ix: Index) -> float:
     """The index's nodes' CPU millicores per GPU thousandth when empty, worked out once per index."""
     if ix.cpu_per_gpu is None:
-        ix.cpu_per_gpu = _cluster_cpu(ix.nodes) if _cluster_cpu is not None else 0.0
+        ix.cpu_per_gpu = cluster_cpu_per_milli(ix.nodes)
     return ix.cpu_per_gpu
 
 
@@ -112,7 +93,7 @@ class Work:
         self.mix = mix
         self.models = models
         # the cluster's GPUs per model price the GPUs model-constrained pod types need
-        self.supply = _gpu_supply(ix.nodes) if models and _gpu_supply is not None else None
+        self.supply = gpu_supply(ix.nodes) if models else None
         # and its CPU per GPU tells a workload that asks more CPU than the cluster has
         self.cluster_cpu = _cpu_per_gpu(ix) if mix else 0.0
         self.touched: dict[int, NodeState] = {}
@@ -265,11 +246,11 @@ class Work:
         return [Choice(key, i, (), (), gpu[1], gpu[0])]
 
     def _gpu_score(self, i: int, s: NodeState, r: Resources) -> tuple[float, int | None] | None:
-        if self.mix and _gpu_choice is not None:
+        if self.mix:
             node = self.ix.nodes[i]
             if i in self.touched:
                 node = s.to_node(node)
-            scored = _gpu_choice(node, r, self.mix, self.models, self.supply, self.cluster_cpu)
+            scored = gpu_choice(node, r, self.mix, self.models, self.supply, self.cluster_cpu)
             return None if scored is None else (round(scored[0], _GPU_SCORE_DIGITS), scored[1])
         if r.gpu_milli:  # best fit: the GPU with the least free that holds the share
             fits = [(f, g) for g, f in enumerate(s.gfree) if f >= r.gpu_milli]

@@ -1,5 +1,5 @@
-"""Where a container's devices sit: the NUMA nodes its CPUs should come from (DESIGN.md: "the CPUs
-from the GPUs' node"), for GPUs and every other device plugin resource (NICs, RDMA HCAs, ...).
+"""Where a container's devices sit: the NUMA nodes its CPUs should come from (docs/design.md:
+"the CPUs from the GPUs' node"), for GPUs and every other device plugin resource (NICs, RDMA HCAs, ...).
 
 The kubelet gives GPUs through NVIDIA's device plugin, which names each device by GPU UUID or by
 index (`--device-id-strategy`), and reports each device's NUMA node when it knows it.  The node comes

@@ -2,7 +2,7 @@
 # Builds the benchmarks' peers (the folders beside this script, each with its own build.sh) once per
 # input, as tests/controlplane/build.sh caches the control plane.
 #
-# Usage: bench/peers/build.sh [PEER...]   (every peer when none named; today: scheduler-plugins-nrt)
+# Usage: third_party/build.sh [PEER...]   (every peer when none named; today: scheduler-plugins-nrt)
 # Prints one `<peer>=<absolute path of its binary>` line per peer on stdout (its other outputs, such as
 # CRDs, lie beside the binary); progress and compiler output go to stderr. A peer is cached under
 #   ${TOPOLET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topolet}/peers/<peer>-<hash>/
