@@ -8,7 +8,8 @@ HWLOC_DATA := tests/data/hwloc
 FUZZ_SECONDS ?= 30
 NATIVE_SRC := $(wildcard csrc/*.c csrc/*.h) csrc/Makefile agent/_native_build.py setup.py pyproject.toml
 
-.PHONY: run test deps install lint typecheck native-check fuzz conformance pytest bench clean controlplane peers vm
+.PHONY: run test deps install lint typecheck native-check fuzz conformance pytest unit integration bench clean \
+        controlplane peers vm
 
 $(STAMP): $(NATIVE_SRC)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -83,6 +84,16 @@ vm: deps
 
 pytest: install controlplane peers vm image
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+# The test tiers (CONTRIBUTING.md, "Test tiers"; tests/conftest.py marks `integration`): `unit` needs only
+# the venv (no root, cgroups, control plane, guest, image, real node, network or tool of `make deps`) and
+# leaves out the `slow` sweeps over real machines; `integration` is the rest, on the real parts `pytest`
+# builds. Together they are `pytest`.
+unit: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not integration and not slow" tests
+
+integration: deps install controlplane peers vm image
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "integration or slow" tests
 
 test: deps install lint typecheck native-check fuzz conformance pytest
 

@@ -44,10 +44,11 @@ from typing import Any
 from agent.admission.gangs.slots import pod_target
 from agent.alloc.exclusive import allocate
 from agent.alloc.request import Request
+from agent.api.fingerprint import pod_set_fingerprint
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import AllocationError, KubeAPIError
-from agent.kube.client import KubeClient, resource_path
-from agent.kube.nrt import nrt_object, pod_set_fingerprint
+from agent.kube.nrt import nrt_object
+from agent.kubeapi.client import KubeClient, resource_path
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import Topology
 from tests.controlplane.cluster import NRT_GROUP, NRT_PLURAL, NRT_VERSION

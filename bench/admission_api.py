@@ -82,7 +82,7 @@ from admission_report import (  # noqa: E402
 
 from agent.admission.engine.model import Gang  # noqa: E402
 from agent.errors import KubeAPIError  # noqa: E402
-from agent.kube.client import KubeClient, resource_path  # noqa: E402
+from agent.kubeapi.client import KubeClient, resource_path  # noqa: E402
 from agent.topology.model import Topology  # noqa: E402
 from tests.controlplane.cluster import (  # noqa: E402
     NRT_GROUP,

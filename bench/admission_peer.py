@@ -171,7 +171,7 @@ class PeerScheduler:
 
     def start(self) -> None:
         from agent.errors import KubeAPIError
-        from agent.kube.client import KubeClient
+        from agent.kubeapi.client import KubeClient
 
         plane = self.cluster.plane
         api = KubeClient(plane.client())

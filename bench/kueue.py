@@ -76,7 +76,7 @@ from agent.admission.cluster.view import build_view  # noqa: E402
 from agent.admission.engine.model import Gang, Placement  # noqa: E402
 from agent.admission.engine.place import commit, place  # noqa: E402
 from agent.errors import KubeAPIError  # noqa: E402
-from agent.kube.client import KubeClient  # noqa: E402
+from agent.kubeapi.client import KubeClient  # noqa: E402
 from agent.topology.model import Topology  # noqa: E402
 from tests.controlplane.kueue import (  # noqa: E402
     DEFAULT_API_QPS,

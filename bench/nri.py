@@ -94,10 +94,10 @@ def agent_handler_run(binary: str, creates: int, shared: int, real: bool,
     cannot run here."""
     import os
 
+    from agent.api.podplan import plan_pod
+    from agent.api.qos import QOSClass
     from agent.enforce.cgroup import detect_layout
-    from agent.enforce.kubepods import QOSClass
     from agent.errors import EnforcementError
-    from agent.kube.pods import plan_pod
     from agent.kube.watch import Changed, Gone
     from tests.nri.agent_parts import AgentParts, bound_pod, private_node
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.kube.pods import MEMORY_BINDING
+from agent.api.names import MEMORY_BINDING
 from agent.topology.cpuset import CPUSet
 from tests.controlplane.cluster import Cluster
 from tests.realnode.containerd import CONTAINERD_1_6, CONTAINERD_2_4

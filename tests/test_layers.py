@@ -10,6 +10,8 @@ line in its row only when it points down.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -21,7 +23,9 @@ AGENT = REPO / "agent"
 
 # Every room of agent/ and the rooms it may import (its own modules always).  `agent` is the package's
 # own __init__ (the version string); `agent.errors` holds the typed errors every floor raises.
-BASE = {"agent", "agent.errors"}
+BASE = {"agent", "agent.errors", "agent.api"}
+API = {"agent.errors"}  # the contract both halves read: pure, below every floor
+KUBEAPI = BASE | {"agent.kubeapi"}  # the Kubernetes API plumbing both halves use
 TOPOLOGY = BASE | {"agent.topology", "agent._native"}
 LABELS = TOPOLOGY | {"agent.labels"}
 GPU = LABELS | {"agent.gpu"}
@@ -31,10 +35,10 @@ METRICS = BASE | {"agent.metrics"}
 CONFIG = BASE | {"agent.config"}  # the node agent's typed configuration, built in agent.cli
 STANDALONE = ALLOC | ENFORCE | METRICS | CONFIG | {"agent.standalone"}
 NRI = BASE | {"agent.nri"}  # the runtime's Node Resource Interface: protocol only
-KUBE = STANDALONE | NRI | {"agent.kube"}
+KUBE = STANDALONE | NRI | KUBEAPI | {"agent.kube"}
 ENGINE: set[str] = {"agent.admission.engine"}
-GANGS = ENGINE | {"agent.errors", "agent.kube", "agent.labels", "agent.admission.gangs"}
-REPORT = GANGS | METRICS | {"agent.admission.report"}
+GANGS = ENGINE | {"agent.errors", "agent.api", "agent.admission.gangs"}
+REPORT = GANGS | METRICS | KUBEAPI | {"agent.admission.report"}
 CLUSTER = REPORT | {"agent.admission.cluster"}
 JOB_ROUTE = CLUSTER | {"agent.admission.jobs"}
 KUEUE_ROUTE = CLUSTER | {"agent.admission.kueue"}
@@ -43,6 +47,8 @@ CONTROLLER = JOB_ROUTE | KUEUE_ROUTE | {"agent.admission.controller"}
 ROOMS: Mapping[str, set[str]] = {
     "agent": BASE,
     "agent.errors": set(),
+    "agent.api": API,
+    "agent.kubeapi": KUBEAPI,
     "agent._native_build": set(),
     "agent.config": CONFIG,
     "agent.topology": TOPOLOGY,
@@ -203,6 +209,62 @@ def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
                 if len(component) > 1:
                     found.append(sorted(component))
     return found
+
+
+# What the admission controller must never reach: the node's modules and its compiled helper.
+NODE_ONLY = ("agent.kube", "agent.enforce", "agent.topology", "agent._native")
+
+
+def reached_from(prefix: str) -> dict[str, str]:
+    """Every agent module that importing a module under `prefix` loads (packages above each target
+    included, functional imports counted), mapped to a module that imports it."""
+    modules = agent_modules()
+    graph = {m: {t for _, name in imports_of(m, p) if (t := resolve(name, modules) or name)}
+             for m, p in modules.items()}
+    by: dict[str, str] = {}
+    work = [m for m in modules if m == prefix or m.startswith(prefix + ".")]
+    while work:
+        module = work.pop()
+        for target in graph.get(module, ()):
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):
+                above = ".".join(parts[:i])
+                if above not in by and (above in modules or above == target):
+                    by[above] = module
+                    work.append(above)
+    return by
+
+
+def test_controller_reaches_no_node_module() -> None:
+    """The central Deployment runs without the node's code: nothing under agent.admission reaches
+    agent.kube, agent.enforce, agent.topology or the C helper, directly or through another module."""
+    by = reached_from("agent.admission")
+    node = sorted(m for m in by if any(m == r or m.startswith(r + ".") for r in NODE_ONLY))
+    assert not node, "\n".join(f"{m} <- {by[m]}" for m in node)
+
+
+# Run in a process where the C helper cannot load (`import agent._native` raises ImportError).
+_WITHOUT_NATIVE = "import sys; sys.modules['agent._native'] = None\n"
+
+
+def test_controller_starts_without_the_c_helper() -> None:
+    """The controller's command imports, and `topolet controller` parses and prints its help, in a
+    process where agent._native cannot load; none of the node's modules is loaded on the way."""
+    code = _WITHOUT_NATIVE + (
+        "import agent.admission.controller.command\n"
+        "from agent.cli.parser import build_parser\n"
+        "args = build_parser().parse_args(['controller'])\n"
+        "assert args.handler.__name__ == 'controller', args\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('agent.kube.', 'agent.enforce', "
+        "'agent.topology')) or m == 'agent.kube'))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+    code = _WITHOUT_NATIVE + ("from agent.cli.parser import build_parser\n"
+                              "build_parser().parse_args(['controller', '--help'])\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--leader-elect" in done.stdout, done.stdout
 
 
 def test_no_import_circle() -> None:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agent.api.policies import ALLOC_NUMA_POLICIES, SMT_POLICIES
 from agent.errors import AllocationError
 from agent.topology.cpuset import EMPTY, CPUSet
-
-NUMA_POLICIES = ("single-numa-node", "restricted", "best-effort", "spread")
-SMT_POLICIES = ("full-cores", "any")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +36,9 @@ class Request:
         # bool is an int subclass; `cpus=True` is a caller bug, not a request for one CPU.
         if not isinstance(self.cpus, int) or isinstance(self.cpus, bool) or self.cpus < 0:
             raise AllocationError(f"cpus must be a non-negative integer, got {self.cpus!r}")
-        if self.numa_policy not in NUMA_POLICIES:
+        if self.numa_policy not in ALLOC_NUMA_POLICIES:
             raise AllocationError(
-                f"unknown numa_policy {self.numa_policy!r}; expected one of {', '.join(NUMA_POLICIES)}")
+                f"unknown numa_policy {self.numa_policy!r}; expected one of {', '.join(ALLOC_NUMA_POLICIES)}")
         if self.smt not in SMT_POLICIES:
             raise AllocationError(f"unknown smt {self.smt!r}; expected one of {', '.join(SMT_POLICIES)}")
         if self.preferred_numa is not None and not self.preferred_numa:

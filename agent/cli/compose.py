@@ -52,14 +52,14 @@ def kube_agent(config: AgentConfig, metrics: Metrics, *, nvml: Any = None,
     stand-in, initialised (else NVML loads when a MIG layout is asked); `gpus`: the node's GPU
     inventory (else discovered here, through `nvml` when given)."""
     from agent.enforce.state_file import StateFile
-    from agent.kube.client import KubeClient, agent_namespace, load_api_client, node_name
     from agent.kube.daemon import KubeAgent, choose_enforcement, node_gpus
     from agent.kube.kubelet import Kubelet
+    from agent.kubeapi.client import KubeClient, agent_namespace, load_api_client, node_name
     from agent.topology.cpuset import CPUSet
     from agent.topology.discover import discover
 
     node = node_name(config.node_name)
-    # Every API request goes through this one raw-JSON client (see agent.kube.client).
+    # Every API request goes through this one raw-JSON client (see agent.kubeapi.client).
     api = KubeClient(load_api_client(config.kubeconfig))
     topology = discover(config.fsroot)
     inventory = tuple(gpus) if gpus is not None else node_gpus(topology, config.fsroot, nvml)

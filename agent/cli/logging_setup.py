@@ -12,7 +12,7 @@ def setup_logging(level: str) -> None:
     """Log to stderr at `level` (one of LOG_LEVELS).
 
     urllib3 says WARNING for each connection retry inside one API call (two lines per call while the
-    API server is down): the API loops log outages themselves (`agent.kube.backoff`), so urllib3 is
+    API server is down): the API loops log outages themselves (`agent.kubeapi.backoff`), so urllib3 is
     heard only at debug."""
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
     if level != "debug":

@@ -36,7 +36,7 @@ def listen_address(text: str) -> str:
 
 def namespace(text: str) -> str:
     """A namespace name: a DNS-1123 label (lower-case letters, digits and '-', at most 63)."""
-    from agent.labels.validate import is_dns_label
+    from agent.api.validate import is_dns_label
 
     if not is_dns_label(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a namespace name (a DNS-1123 label: lower-case "

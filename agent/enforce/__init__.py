@@ -40,6 +40,7 @@ State: commit the state BEFORE applying the cgroup change it describes
     the file's bytes: encode(state), decode(data)                 (`agent.enforce.state_codec`)
 """
 
+from agent.api.qos import QOSClass
 from agent.enforce.apply import (
     CgroupWrite,
     Drift,
@@ -64,13 +65,7 @@ from agent.enforce.cgroup import (
     remove_cgroup,
     write_cpuset,
 )
-from agent.enforce.kubepods import (
-    CgroupDriver,
-    QOSClass,
-    Runtime,
-    container_cgroup_path,
-    pod_cgroup_path,
-)
+from agent.enforce.kubepods import CgroupDriver, Runtime, container_cgroup_path, pod_cgroup_path
 from agent.enforce.state import Allocation, Owner, State
 from agent.enforce.state_file import StateFile
 from agent.enforce.state_live import rebuild_from_cgroups

@@ -27,24 +27,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
+from agent.api.qos import QOSClass
 from agent.errors import EnforcementError
 
 _E = TypeVar("_E", bound=StrEnum)
-
-
-class QOSClass(StrEnum):
-    """A pod's Kubernetes QoS class (`status.qosClass`, lower-cased)."""
-
-    GUARANTEED = "guaranteed"
-    BURSTABLE = "burstable"
-    BESTEFFORT = "besteffort"
-
-    @classmethod
-    def _missing_(cls, value: object) -> QOSClass | None:
-        # The API spells them "Guaranteed", "Burstable", "BestEffort".
-        if isinstance(value, str) and value.lower() != value:
-            return cls(value.lower())
-        return None
 
 
 class Runtime(StrEnum):

@@ -45,12 +45,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agent.api.qos import QOSClass
 from agent.enforce import inotify
 from agent.enforce.apply import CgroupWrite, apply_assignment
 from agent.enforce.bundles import bundle_container, container_id_of_cgroup
 from agent.enforce.cgroup import CgroupLayout, exists, list_children, read_cpus, read_mems
 from agent.enforce.inotify import Inotify, InotifyEvent
-from agent.enforce.kubepods import CgroupDriver, QOSClass, pod_uid_of_cgroup, qos_cgroup_path
+from agent.enforce.kubepods import CgroupDriver, pod_uid_of_cgroup, qos_cgroup_path
 from agent.enforce.subtrees import write_subtrees
 from agent.errors import EnforcementError
 from agent.topology.cpuset import EMPTY, CPUSet

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from agent.api.resources import GPU_RESOURCE, mig_resource_name
 from agent.gpu.mig_live import read_live
 from agent.gpu.model import GPU
 from agent.gpu.planner import ExistingInstance
 from agent.gpu.profiles import GPUModel, resolve_model
-
-WHOLE_GPU = "nvidia.com/gpu"
 
 # GPU index → (in MIG mode now, its GPU instances); what NVML says at one moment.
 MigInventory = Mapping[int, tuple[bool, tuple[ExistingInstance, ...]]]
@@ -19,7 +18,7 @@ MigInventory = Mapping[int, tuple[bool, tuple[ExistingInstance, ...]]]
 def _mig_resource(model: GPUModel | None, profile: str) -> str:
     if model is not None and model.has_profile(profile):
         return model.profile(profile).resource_name
-    return f"nvidia.com/mig-{profile.replace('+', '.')}"
+    return mig_resource_name(profile)
 
 
 def held(gpu: GPU, gpus_in_use: Collection[int | str]) -> bool:
@@ -49,8 +48,8 @@ def numa_gpu_capacity(gpus: Sequence[GPU],
                 cap, avail = zone.get(res, (0, 0))
                 zone[res] = (cap + 1, avail + (0 if inst.in_use else 1))
         else:
-            cap, avail = zone.get(WHOLE_GPU, (0, 0))
-            zone[WHOLE_GPU] = (cap + 1, avail + (0 if held(g, gpus_in_use) else 1))
+            cap, avail = zone.get(GPU_RESOURCE, (0, 0))
+            zone[GPU_RESOURCE] = (cap + 1, avail + (0 if held(g, gpus_in_use) else 1))
     return out
 
 

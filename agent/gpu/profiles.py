@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agent.api.resources import mig_resource_name
+
 # NVML GPU-instance profile ids (pynvml NVML_GPU_INSTANCE_PROFILE_*).
 GI_1_SLICE = 0
 GI_2_SLICE = 1
@@ -78,7 +80,7 @@ class Profile:
 
         '+' is not valid in a resource name, so "1g.10gb+me" becomes "mig-1g.10gb.me".
         """
-        return f"nvidia.com/mig-{self.name.replace('+', '.')}"
+        return mig_resource_name(self.name)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.api.nrt import GROUP as NRT_GROUP
+from agent.api.nrt import PLURAL as NRT_PLURAL
+from agent.api.nrt import VERSION as NRT_VERSION
 from agent.errors import KubeAPIError
-from agent.kube.client import KubeClient, resource_path
 from agent.kube.labels_sink import (
     MANAGED_LABELS_ANNOTATION,
     NODEFEATURE_GROUP,
@@ -33,10 +35,8 @@ from agent.kube.labels_sink import (
     NODEFEATURE_VERSION,
     _managed_keys,
 )
-from agent.kube.nrt import GROUP as NRT_GROUP
 from agent.kube.nrt import MANAGED_BY_LABEL, foreign_manager
-from agent.kube.nrt import PLURAL as NRT_PLURAL
-from agent.kube.nrt import VERSION as NRT_VERSION
+from agent.kubeapi.client import KubeClient, resource_path
 from agent.labels.nodefeature import NODE_NAME_LABEL, nodefeature_name
 
 MANAGER = "topolet"

@@ -54,7 +54,7 @@ def _objects(args: argparse.Namespace) -> tuple[str, list[str]]:
     """Clean the nodes, then delete the objects: the summary line, and what was left undone."""
     from agent.kube.cleanup import delete_objects
     from agent.kube.cleanup_nodes import clean_nodes, split_budget
-    from agent.kube.client import KubeClient, agent_namespace, load_api_client, node_name
+    from agent.kubeapi.client import KubeClient, agent_namespace, load_api_client, node_name
 
     steps = split_budget(time.monotonic(), args.timeout_seconds)
     node = None if args.all_nodes else node_name(args.node_name)

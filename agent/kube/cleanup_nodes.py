@@ -30,7 +30,7 @@ from typing import Any
 
 from agent.errors import ConfigError
 from agent.kube.cleanup import absent_ok
-from agent.kube.client import KubeClient, resource_path
+from agent.kubeapi.client import KubeClient, resource_path
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ Three threads (four with NRI), so that losing the API server stops publishing, n
 - the publisher writes what the enforcer changed — the NodeResourceTopology after every
   allocation change, labels when the topology changes, Events for bad annotations (which ones, and
   how often per pod, `agent.kube.warnings.WarningLimiter` decides) — retrying with the API loops'
-  back-off while the API is down (`agent.kube.backoff`), and at once when there is a change to write.
+  back-off while the API is down (`agent.kubeapi.backoff`), and at once when there is a change to write.
 
 MIG follows NVIDIA MIG manager's protocol on the Node: the user's label `topolet.io/mig.config`
 names the layout (else `--mig-config`), and the agent answers in `topolet.io/mig.config.state`
@@ -95,7 +95,7 @@ from agent.topology.model import Topology
 
 if TYPE_CHECKING:
     from agent.gpu.model import GPU
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
     from agent.nri.plugin import Handler
 
 log = logging.getLogger("topolet.kube")
@@ -139,7 +139,7 @@ class KubeAgent:
                  enforcement: Enforcement, nvml: Any = None) -> None:
         """Wires what the composition root (`agent.cli.compose.kube_agent`) found at start: reads
         nothing, asks the API nothing.  `api`: every API request goes through this one raw-JSON client
-        (see agent.kube.client); `node`: this node's checked name; `namespace`: the agent's own;
+        (see agent.kubeapi.client); `node`: this node's checked name; `namespace`: the agent's own;
         `gpus`: the node's GPU inventory; `kubelet`: its CPU-manager policy already asked; `nvml`:
         pynvml or a stand-in, initialised (else NVML loads when a MIG layout is asked)."""
         self.config = config

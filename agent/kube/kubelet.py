@@ -39,8 +39,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from agent.api.podplan import ContainerPlan, PodPlan
 from agent.kube.nrt_build import kubelet_gpus
-from agent.kube.pods import ContainerPlan, PodPlan
 from agent.topology.cpuset import CPUSet
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ class Kubelet:
     def _refresh_offered(self, client: Any, listed: dict[Any, list[Device]]) -> bool:
         """Read the devices the kubelet offers (GPUs aside where NVML counts them) and keep those of
         them containers hold (`listed`); True when either changed (no answer: the last one stands)."""
-        from agent.kube.objects import is_extended_resource
+        from agent.api.objects import is_extended_resource
         from agent.kube.podresources.locality import is_gpu_resource
 
         found = client.allocatable()

@@ -4,7 +4,7 @@ Public API (stable; the in-cluster daemon builds on it):
 
 - `LabelPublisher(api_client, node_name, namespace=None, sink="auto", features_dir=DEFAULT_FEATURES_DIR,
   *, field_manager="topolet", check_seconds=AUTO_CHECK_SECONDS, clock=time.monotonic)`; `namespace`
-  None means `agent.kube.client.agent_namespace()` (POD_NAMESPACE, the service-account namespace
+  None means `agent.kubeapi.client.agent_namespace()` (POD_NAMESPACE, the service-account namespace
   file, or "topolet-system").
 - `.publish(labels: Mapping[str, str]) -> bool`: True when it wrote.  Writes only when the labels
   differ from the last ones published, or `auto` moves them; on the first call (and after a
@@ -47,8 +47,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from agent.api.validate import is_dns_subdomain, is_label_key, is_label_value
 from agent.errors import ConfigError, KubeAPIError, TopoletError
-from agent.kube.client import KubeClient, agent_namespace, resource_path
+from agent.kubeapi.client import KubeClient, agent_namespace, resource_path
 from agent.labels.auto_sink import choose_auto_sink, handover_removals, nfd_master_labels
 from agent.labels.features_file import DEFAULT_FEATURES_DIR, write_features_file
 from agent.labels.nodefeature import (
@@ -57,7 +58,6 @@ from agent.labels.nodefeature import (
     nodefeature_name,
     nodefeature_object,
 )
-from agent.labels.validate import is_dns_subdomain, is_label_key, is_label_value
 
 log = logging.getLogger(__name__)
 

@@ -47,11 +47,11 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from agent.api.podplan import ContainerPlan, PodPlan
 from agent.enforce.state import State
 from agent.errors import TopoletError
 from agent.kube.nri_pods import KubeletContainer, cached_decision, kubelet_container, plan_from_nri
 from agent.kube.pinner import PodPinner
-from agent.kube.pods import ContainerPlan, PodPlan
 from agent.nri import api_pb2
 from agent.nri.plugin import Handler, cpuset_adjustment, cpuset_update, event_mask
 from agent.topology.cpuset import CPUSet

@@ -4,7 +4,7 @@ The NRI route meets a container before the pod watch may have seen its pod (the 
 before its containers exist, but the watch can lag).  `kubelet_container` names the container the
 way the agent does (pod uid, container name, its cgroup through `agent.enforce.kubepods`);
 `nri_pod_object` rebuilds, from what the kubelet gave the runtime, the parts of the API's Pod that
-`agent.kube.pods.plan_pod` reads, so the NRI route decides with the very rules of the watch path.
+`agent.api.podplan.plan_pod` reads, so the NRI route decides with the very rules of the watch path.
 
 What the runtime knows, and the rule read from it (kubelet `pkg/kubelet/cm/helpers_linux.go` and
 `pkg/kubelet/kuberuntime/kuberuntime_container_linux.go`, `cpuManagerPolicy: none`):
@@ -40,9 +40,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from agent.enforce.kubepods import QOSClass, Runtime, container_cgroup_path, read_runtime_cgroups_path
+from agent.api.podplan import ContainerPlan, PodError, PodPlan, plan_pod
+from agent.api.qos import QOSClass
+from agent.api.resources import format_quantity
+from agent.enforce.kubepods import Runtime, container_cgroup_path, read_runtime_cgroups_path
 from agent.errors import EnforcementError
-from agent.kube.pods import ContainerPlan, PodError, PodPlan, plan_pod
 from agent.nri import api_pb2
 
 SHARES_PER_CPU = 1024  # kubelet: MilliCPUToShares = milli × 1024 / 1000
@@ -104,16 +106,6 @@ def requested_cpus(cpu: api_pb2.LinuxCPU) -> tuple[Fraction | None, Fraction | N
     return request, limit
 
 
-def _quantity(value: Fraction) -> str:
-    """A Fraction as a Kubernetes quantity plan_pod reads back exactly (whole, else milli, else nano)."""
-    if value.denominator == 1:
-        return str(value.numerator)
-    milli = value * 1000
-    if milli.denominator == 1:
-        return f"{milli.numerator}m"
-    return f"{int(value * 10**9)}n"
-
-
 def nri_pod_object(pod: api_pb2.PodSandbox, container: api_pb2.Container, ref: KubeletContainer,
                    node: str) -> dict[str, Any]:
     """The API Pod, as far as `plan_pod` reads it, that the kubelet made `container` from: this one
@@ -123,9 +115,9 @@ def nri_pod_object(pod: api_pb2.PodSandbox, container: api_pb2.Container, ref: K
     limits: dict[str, str] = {}
     request, limit = requested_cpus(resources.cpu)
     if request is not None:
-        requests["cpu"] = _quantity(request)
+        requests["cpu"] = format_quantity(request)
     if limit is not None:
-        limits["cpu"] = _quantity(limit)
+        limits["cpu"] = format_quantity(limit)
     if resources.memory.HasField("limit") and resources.memory.limit.value > 0:
         requests["memory"] = limits["memory"] = str(resources.memory.limit.value)
     for page in resources.hugepage_limits:

@@ -10,14 +10,14 @@ Public API (stable; the in-cluster daemon builds on it):
   `node` is a Node (a dict as the API returns it, or a kubernetes V1Node) or a `(name, uid)` pair;
   `gpu_capacity` is `agent.gpu.capacity.numa_gpu_capacity(...)`'s `{numa: {resource: (capacity,
   available)}}`.  Pure: no I/O, no clock.  Raises ConfigError on invalid input.
-- `pod_set_fingerprint(pods: Iterable[tuple[namespace, name]]) -> str`: the podfingerprint
-  ("pfp0v001<16 hex>") of a set of pods, for `pods_fingerprint`.
+  The names it writes (group, version, kind, zone type, attributes, the legacy policy enum) and the
+  pod fingerprint (`pods_fingerprint`) are the contract's: `agent.api.nrt`, `agent.api.fingerprint`.
 - `NRTPublisher(api_client, node_name, field_manager="topolet")` (`api_client`: an ApiClient or an
-  `agent.kube.client.KubeClient`): `.publish(obj) -> bool` applies `obj` (server-side apply,
+  `agent.kubeapi.client.KubeClient`): `.publish(obj) -> bool` applies `obj` (server-side apply,
   forced, as `field_manager`) only when it differs from the last object applied, when a previous
   call failed, after `invalidate()`, or when the periodic existence check
   (`verify_seconds`, a read) finds the object deleted or our fields changed by someone else.
-  True when it sent an apply; raises `agent.kube.client.KubeAPIError` when the API call failed
+  True when it sent an apply; raises `agent.kubeapi.client.KubeAPIError` when the API call failed
   (the next call applies again).  `.writes` / `.failures` count applies sent and failed calls;
   `.invalidate()` forces the next apply; `.resource_version` is the server's last known one.
   Call `publish` on every pass with the freshly built object: it decides itself whether to write,
@@ -82,39 +82,42 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from xxhash import xxh64_intdigest
-
+from agent.api.fingerprint import FINGERPRINT_PREFIX
+from agent.api.nrt import (
+    API_VERSION,
+    ATTR_FINGERPRINT,
+    ATTR_FINGERPRINT_METHOD,
+    ATTR_PINNING_ROUTE,
+    ATTR_POLICY,
+    ATTR_SCOPE,
+    FINGERPRINT_METHODS,
+    GROUP,
+    KIND,
+    MAX_ZONE_ID,
+    PLURAL,
+    VERSION,
+    ZONE_TYPE,
+    legacy_policy,
+    zone_name,
+)
+from agent.api.policies import TOPOLOGY_MANAGER_POLICIES, TOPOLOGY_MANAGER_SCOPES
+from agent.api.resources import format_quantity, hugepages_resource_name
+from agent.api.validate import is_dns_subdomain
 from agent.enforce.state import State
 from agent.errors import ConfigError, KubeAPIError
-from agent.kube.client import KubeClient, resource_path
-from agent.kube.pods import MAX_NUMA_ZONE
-from agent.labels.validate import is_dns_subdomain
+from agent.kubeapi.client import KubeClient, resource_path
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import NumaNode, Topology
 
 log = logging.getLogger(__name__)
 
-GROUP = "topology.node.k8s.io"
-VERSION = "v1alpha2"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "NodeResourceTopology"
-PLURAL = "noderesourcetopologies"
-ZONE_TYPE = "Node"
-MAX_ZONE_ID = MAX_NUMA_ZONE  # one bound for writer and readers: Linux numbers at most 1024 NUMA nodes
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 # Field managers of other NRT publishers (the user agent client-go sends, up to its first "/").
 OTHER_PUBLISHERS = ("nfd-topology-updater", "nfd-master", "resource-topology-exporter")
-
-ATTR_POLICY = "topologyManagerPolicy"
-ATTR_SCOPE = "topologyManagerScope"
-ATTR_FINGERPRINT = "nodeTopologyPodsFingerprint"
-ATTR_FINGERPRINT_METHOD = "nodeTopologyPodsFingerprintMethod"
-ATTR_PINNING_ROUTE = "topolet.io/pinning-route"
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,90 +128,13 @@ class KubeletCPUs:
     pinned: CPUSet
 
 
-# kubelet's topologyManagerPolicy / topologyManagerScope values, and the deprecated v1alpha2
-# `topologyPolicies` enum they map to (noderesourcetopology-api v1alpha2 TopologyManagerPolicy).
-TOPOLOGY_MANAGER_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
-TOPOLOGY_MANAGER_SCOPES = ("container", "pod")
-_LEGACY_POLICY = {
-    ("none", "container"): "None",
-    ("none", "pod"): "None",
-    ("best-effort", "container"): "BestEffortContainerLevel",
-    ("best-effort", "pod"): "BestEffortPodLevel",
-    ("restricted", "container"): "RestrictedContainerLevel",
-    ("restricted", "pod"): "RestrictedPodLevel",
-    ("single-numa-node", "container"): "SingleNUMANodeContainerLevel",
-    ("single-numa-node", "pod"): "SingleNUMANodePodLevel",
-}
-# The deprecated enum read back as the kubelet's policy (NRTs of older publishers carry only it).
-_POLICY_OF_LEGACY = {legacy: policy for (policy, _), legacy in _LEGACY_POLICY.items()}
-
-
-def policy_of_legacy(value: object) -> str | None:
-    """The Topology Manager policy a deprecated `topologyPolicies` entry names ("SingleNUMANodePodLevel"
-    → "single-numa-node"), None for anything else."""
-    return _POLICY_OF_LEGACY.get(value) if isinstance(value, str) else None
-
-
-def scope_of_legacy(value: object) -> str | None:
-    """The Topology Manager scope a deprecated `topologyPolicies` entry names ("SingleNUMANodePodLevel"
-    → "pod", "RestrictedContainerLevel" → "container"), None for "None" and anything else."""
-    if isinstance(value, str) and value != "None" and value in _POLICY_OF_LEGACY:
-        return "pod" if value.endswith("PodLevel") else "container"
-    return None
-
-
-FINGERPRINT_METHODS = ("all", "with-exclusive-resources", "exclude-terminal")
-
-# ---- podfingerprint ------------------------------------------------------------------------------
-#
-# Format (k8stopologyawareschedwg/podfingerprint, "pfp0" + "v001"): each pod hashes to
-# XXH64(name, seed=XXH64(namespace, seed=0)); the hashes are sorted as unsigned integers, written
-# little-endian 8 bytes each, and that byte string hashed with XXH64 (seed 0); the digest is printed
-# big-endian as 16 hex digits after the prefix.  XXH64 is the `xxhash` package's (the reference C
-# implementation).
-
-FINGERPRINT_PREFIX = "pfp0v001"
-
-
-def pod_set_fingerprint(pods: Iterable[tuple[str, str]]) -> str:
-    """The podfingerprint of a set of pods given as (namespace, name); order does not matter."""
-    hashes = sorted(
-        xxh64_intdigest(name.encode(), xxh64_intdigest(namespace.encode())) for namespace, name in pods
-    )
-    digest = xxh64_intdigest(b"".join(h.to_bytes(8, "little") for h in hashes))
-    return FINGERPRINT_PREFIX + digest.to_bytes(8, "big").hex()
-
-
-# ---- quantities and names ------------------------------------------------------------------------
-
-_BINARY_SUFFIXES = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
-
-
-def zone_name(numa_id: int) -> str:
-    """The zone name consumers parse back to a NUMA id."""
-    return f"node-{numa_id}"
-
-
-def hugepages_resource_name(size_bytes: int) -> str:
-    """Kubernetes' resource name for a hugepage size: 2 MiB → "hugepages-2Mi", 1 GiB → "hugepages-1Gi"."""
-    if size_bytes <= 0:
-        raise ConfigError(f"invalid hugepage size {size_bytes}")
-    for suffix, shift in _BINARY_SUFFIXES:
-        if size_bytes >= 1 << shift and size_bytes % (1 << shift) == 0:
-            return f"hugepages-{size_bytes >> shift}{suffix}"
-    return f"hugepages-{size_bytes}"
-
-
-def _quantity(value: int) -> str:
-    # A plain non-negative integer is a canonical quantity in every unit (cores, bytes, devices).
-    return str(max(0, int(value)))
-
-
 def _resource(name: str, capacity: int, allocatable: int, available: int) -> dict[str, str]:
     allocatable = min(max(allocatable, 0), capacity)
     available = min(max(available, 0), allocatable)
-    return {"name": name, "capacity": _quantity(capacity), "allocatable": _quantity(allocatable),
-            "available": _quantity(available)}
+    # A plain non-negative integer is a canonical quantity in every unit (cores, bytes, devices).
+    return {"name": name, "capacity": format_quantity(max(0, int(capacity))),
+            "allocatable": format_quantity(max(0, int(allocatable))),
+            "available": format_quantity(max(0, int(available)))}
 
 
 def _node_ref(node: object) -> tuple[str, str]:
@@ -344,7 +270,7 @@ def nrt_object(
             "labels": {MANAGED_BY_LABEL: "topolet"},
             "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}],
         },
-        "topologyPolicies": [_LEGACY_POLICY[(topology_manager_policy, topology_manager_scope)]],
+        "topologyPolicies": [legacy_policy(topology_manager_policy, topology_manager_scope)],
         "zones": zones,
         "attributes": attributes,
     }

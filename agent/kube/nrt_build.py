@@ -100,7 +100,8 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
     attribute; `kubelet_cpus` (the kubelet's static CPU manager) replaces the state's CPUs;
     `offered_devices` less `held_devices` are the device plugin resources per zone (`zone_devices`);
     `scope` (`topolet agent --numa-scope`) becomes the `topologyManagerScope` attribute."""
-    from agent.kube.nrt import nrt_object, pod_set_fingerprint
+    from agent.api.fingerprint import pod_set_fingerprint
+    from agent.kube.nrt import nrt_object
 
     gpu_capacity: Mapping[int, Mapping[str, tuple[int, int]]] | None = None
     if gpus:

@@ -22,8 +22,8 @@ from collections.abc import Iterable
 
 from agent.alloc.request import Request
 from agent.alloc.scope import PodScope
+from agent.api.podplan import ContainerPlan, PodPlan
 from agent.enforce.state import Allocation
-from agent.kube.pods import ContainerPlan, PodPlan
 from agent.topology.model import Topology
 
 

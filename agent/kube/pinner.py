@@ -1,6 +1,6 @@
 """The pod cache of the enforcer thread and what it means for the pinning engine.
 
-`PodPinner` turns pod plans (`agent.kube.pods`) into engine calls: exclusive CPUs for containers
+`PodPinner` turns pod plans (`agent.api.podplan`) into engine calls: exclusive CPUs for containers
 that ask for them, the shared pool for the rest, state first and cgroups after.  It never calls the
 API: warnings go out through a callback the publisher drains.  With `enforce=False` (`topolet agent
 --enforcement off`, over an `agent.kube.recording.RecordingEngine`) it looks for no cgroup: a
@@ -34,7 +34,7 @@ container is aligned on its own, under `pod` within the NUMA nodes chosen for th
 recorded with its allocations.
 
 Which pod warnings become Events, and how often, is `agent.kube.warnings.WarningLimiter`'s call;
-how an Event is written, `agent.kube.events`'s.
+how an Event is written, `agent.kubeapi.events`'s.
 """
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.alloc.scope import DEFAULT_SCOPE
+from agent.api.podplan import REASON_INVALID, ContainerPlan, PodPlan, PodWarning
 from agent.enforce import CgroupDriver, CgroupLayout, container_cgroup_path, exists
 from agent.enforce.cgroup import at_own_namespace_root, read_procs
 from agent.enforce.kubepods import pod_cgroup_path
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import AllocationError, EnforcementError, TopoletError
 from agent.kube.numa_scope import scoped_request
-from agent.kube.pods import REASON_INVALID, ContainerPlan, PodPlan, PodWarning
 from agent.kube.warnings import WarningLimiter
 from agent.kube.watch import Changed, Gone, PodChange, Synced
 from agent.metrics.registry import ALLOCATED, ERROR, INVALID, Metrics

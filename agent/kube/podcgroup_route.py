@@ -34,13 +34,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from agent.enforce.kubepods import CgroupDriver, QOSClass
+from agent.api.podplan import PodPlan
+from agent.api.qos import QOSClass
+from agent.enforce.kubepods import CgroupDriver
 from agent.enforce.podcgroups import PodCgroupWatcher, PodCpuset
 from agent.enforce.state import State
 from agent.enforce.subtrees import subtrees_targets
 from agent.errors import EnforcementError
 from agent.kube.pinner import PodPinner
-from agent.kube.pods import PodPlan
 from agent.standalone.engine import OuterTargets
 from agent.topology.cpuset import EMPTY, CPUSet
 

@@ -1,7 +1,7 @@
 """The publisher thread of the Kubernetes agent: NRT on state change, labels on topology change, Events.
 
 It writes what the enforcer changed.  While the API is down it retries with the API loops'
-back-off (`agent.kube.backoff`: 1 s doubling to 30 s, jittered; a change to publish tries again at
+back-off (`agent.kubeapi.backoff`: 1 s doubling to 30 s, jittered; a change to publish tries again at
 once) and logs the outage once, then a reminder a minute, then its end.  Where another manager
 publishes this node's NRT (NFD's topology updater: `agent.kube.nrt`) it leaves the NRT alone, keeps
 publishing labels, and says so once: a log line, a Warning Event on the Node and
@@ -23,18 +23,18 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from agent.api.podplan import PodPlan, PodWarning
 from agent.config import PublisherConfig
 from agent.errors import TopoletError
-from agent.kube.backoff import Outage
 from agent.kube.mig_status import MigStatus
 from agent.kube.nrt_build import Snapshot, build_nrt
-from agent.kube.pods import PodPlan, PodWarning
+from agent.kubeapi.backoff import Outage
 from agent.labels import build_labels
 from agent.metrics.registry import Metrics
 
 if TYPE_CHECKING:
     from agent.gpu.model import GPU
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
 
 log = logging.getLogger("topolet.kube")
 
@@ -47,9 +47,9 @@ class Publisher:
                  mig: MigStatus | None = None, on_mig_change: Callable[[], None] | None = None) -> None:
         """`namespace`: the agent's own (its NodeFeature's).  Reads nothing and asks the API nothing
         until `start()` or `publish_once()`."""
-        from agent.kube.events import EventRecorder
         from agent.kube.labels_sink import LabelPublisher
         from agent.kube.nrt import NRTPublisher
+        from agent.kubeapi.events import EventRecorder
 
         self.node = node
         self.api = api
@@ -219,7 +219,7 @@ class Publisher:
 
     def _read_node(self) -> None:
         """Read this node's Node: its uid (the NRT's owner) and, with MIG managed, its layout label."""
-        from agent.kube.client import resource_path
+        from agent.kubeapi.client import resource_path
 
         node = self.api.get(resource_path("", "v1", "nodes", self.node), what=f"get node {self.node}")
         found = node.get("metadata")

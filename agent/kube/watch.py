@@ -7,13 +7,13 @@ The watcher turns API traffic into three kinds of change, handed to a sink on th
 - `Changed(plan)`: one pod added or modified.
 - `Gone(uid)`: one pod deleted.
 
-It reads raw JSON through `agent.kube.client.KubeClient` (never the client's model classes: they
+It reads raw JSON through `agent.kubeapi.client.KubeClient` (never the client's model classes: they
 cost memory) and keeps only the small `PodPlan` of each pod.  One object costs only itself: a pod that
 cannot be read, or whose change cannot be handled, is logged, counted (`on_invalid`) and skipped,
 and the watch's resourceVersion moves past it, so a resumed watch never replays it.  A watch that
 ends is resumed from the last resourceVersion seen; a 410 Gone (history compacted) or an expired
 watch brings a relist.  While the API server is down it retries with the API loops' back-off
-(`agent.kube.backoff`: 1 s doubling to 30 s, jittered), logs the outage once and then a reminder a
+(`agent.kubeapi.backoff`: 1 s doubling to 30 s, jittered), logs the outage once and then a reminder a
 minute, and changes nothing: a pod we cannot see is not a pod gone.
 """
 
@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.kube.backoff import API_BACKOFF, Backoff, Outage
-from agent.kube.client import KubeClient, WatchStream, resource_path
-from agent.kube.pods import PodError, PodPlan, plan_pod
+from agent.api.podplan import PodError, PodPlan, plan_pod
+from agent.kubeapi.backoff import API_BACKOFF, Backoff, Outage
+from agent.kubeapi.client import KubeClient, WatchStream, resource_path
 
 log = logging.getLogger(__name__)
 

@@ -13,19 +13,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agent.api.validate import (
+    is_dns_subdomain,
+    is_label_key,
+    is_label_name,
+    is_label_value,
+    normalize_label_text,
+)
 from agent.labels.registry import (
     GFD_NAMESPACE,
     NFD_NAMESPACE,
     TOPOLET_NAMESPACE,
     RawFeature,
     registered_sources,
-)
-from agent.labels.validate import (
-    is_dns_subdomain,
-    is_label_key,
-    is_label_name,
-    is_label_value,
-    normalize_label_text,
 )
 
 if TYPE_CHECKING:

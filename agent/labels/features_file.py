@@ -14,8 +14,8 @@ import tempfile
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
+from agent.api.validate import is_label_key, is_label_value
 from agent.errors import TopoletError
-from agent.labels.validate import is_label_key, is_label_value
 
 MAX_FILE_BYTES = 64 * 1024  # NFD's MaxFeatureFileSize: larger files are skipped whole
 DEFAULT_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"

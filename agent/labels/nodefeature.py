@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agent.api.validate import is_dns_label, is_dns_subdomain, is_label_key, is_label_value
 from agent.errors import ConfigError
-from agent.labels.validate import is_dns_label, is_dns_subdomain, is_label_key, is_label_value
 
 NODEFEATURE_API_VERSION = "nfd.k8s-sigs.io/v1alpha1"
 NODEFEATURE_KIND = "NodeFeature"

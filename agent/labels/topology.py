@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
+from agent.api.validate import normalize_label_text
 from agent.labels.registry import TOPOLET_NAMESPACE, RawFeature, feature_source
-from agent.labels.validate import normalize_label_text
 from agent.topology.model import Topology
 
 MAX_GROUPS = 8

@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agent import __version__
+from agent.api.resources import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,6 @@ CPURows = Iterable[tuple[int, str, int]]  # (numa, state, count)
 # {numa id (-1: unknown): {resource: (capacity, available)}}: agent.gpu.capacity.zone_gpus's answer.
 GPUZones = Mapping[int, Mapping[str, tuple[int, int]]]
 GPU_STATES = ("allocated", "free")
-WHOLE_GPU_RESOURCE, MIG_RESOURCE_PREFIX = "nvidia.com/gpu", "nvidia.com/mig-"  # the NRT's names
 
 
 class _CPUStates(Collector):
@@ -133,7 +133,7 @@ class _GPUZones(Collector):
         for numa, resources in sorted(zones.items()):
             for resource, (capacity, available) in sorted(resources.items()):
                 counts = zip(GPU_STATES, (capacity - available, available), strict=True)
-                if resource == WHOLE_GPU_RESOURCE:
+                if resource == GPU_RESOURCE:
                     for state, count in counts:
                         gpus.add_metric((str(numa), state), count)
                 elif resource.startswith(MIG_RESOURCE_PREFIX):

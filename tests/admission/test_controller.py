@@ -26,7 +26,7 @@ from tests.kube.kubelet_standin import wait_for
 
 try:
     from agent.errors import KubeAPIError
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
 except ImportError:
     if IN_CI:
         raise

@@ -61,7 +61,7 @@ from tests.controlplane.kubectl import kubectl as kubectl  # noqa: F401 - fixtur
 from tests.kube.test_manifests import CONTROLLER, CONTROLLER_GRANTS, NAMESPACE
 
 try:
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
 except ImportError:
     if IN_CI:
         raise

@@ -32,7 +32,7 @@ from tests.controlplane.fixtures import IN_CI
 from tests.kube.kubelet_standin import wait_for
 
 try:
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
 except ImportError:
     if IN_CI:
         raise

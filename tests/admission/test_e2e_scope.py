@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.kube.client import KubeClient
+from agent.kubeapi.client import KubeClient
 from tests.admission.test_e2e import (  # skips this module where test_e2e skips (no kubernetes client)
     DUMP,
     NUMA_POLICY,

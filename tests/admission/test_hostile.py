@@ -35,7 +35,7 @@ from agent.admission.gangs.record import (
 from agent.admission.gangs.slots import assign_slots, completion_index, pod_target, pods_by_owner
 from agent.admission.kueue.workloads import WorkloadSpecError, gang_from_workload, records_of_state
 from agent.admission.report.metrics import AdmissionMetrics
-from agent.kube.objects import decimal, json_int, json_object
+from agent.api.objects import decimal, json_int, json_object
 
 # -- the strict primitives ----------------------------------------------------------------------------
 
@@ -260,8 +260,8 @@ def zone_named(name: str) -> dict[str, Any]:
 
 def test_zone_ids_have_the_bound_the_agent_writes_with() -> None:
     """One bound for the agent's NRT writer and the controller's reader: Linux's 1024 NUMA nodes."""
-    from agent.kube.nrt import MAX_ZONE_ID
-    from agent.kube.pods import MAX_NUMA_ZONE
+    from agent.api.nrt import MAX_ZONE_ID
+    from agent.api.placements import MAX_NUMA_ZONE
 
     assert MAX_ZONE_ID == MAX_NUMA_ZONE == 1023
     now, _ = nrt_zones({"zones": [zone_named("node-1023")]})

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.enforce.state import State
-from agent.kube.client import KubeClient, resource_path
 from agent.kube.nrt import nrt_object
+from agent.kubeapi.client import KubeClient, resource_path
 from tests.admission.test_controller import (
     DUMP,
     all_bound_as_recorded,

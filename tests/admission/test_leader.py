@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent.kube.client import KubeClient, resource_path
-from agent.kube.leader import LeaderElector
+from agent.kubeapi.client import KubeClient, resource_path
+from agent.kubeapi.leader import LeaderElector
 from tests.controlplane.fixtures import _apiserver_up_between_tests, control_plane
 
 __all__ = ["_apiserver_up_between_tests", "control_plane"]

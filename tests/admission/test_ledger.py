@@ -10,7 +10,7 @@ import pytest
 from agent.admission.cluster.ledger import Entry, Ledger, agent_pins, job_slot
 from agent.admission.cluster.podindex import PodIndex
 from agent.admission.engine.model import Placement, PodPlacement, Resources
-from agent.kube.nrt import pod_set_fingerprint
+from agent.api.fingerprint import pod_set_fingerprint
 
 REQ = Resources(cpu_milli=2000, memory=1 << 30)
 

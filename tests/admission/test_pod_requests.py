@@ -1,5 +1,5 @@
 """A pod's requests as the scheduler reads them, pod-level `spec.resources` included (issue 34, finding 1):
-the one reading (`agent.kube.podrequests`) as the view counts bound pods and as a gang sizes its pods.
+the one reading (`agent.api.podrequests`) as the view counts bound pods and as a gang sizes its pods.
 
 Semantics from k8s.io/component-helpers v0.37.2 `resource.PodRequests` (containers and init
 containers aggregated, then each pod-level request of cpu, memory or hugepages-* in place of that
@@ -20,8 +20,8 @@ from agent.admission.cluster.view import BadObject, build_view, pod_requests, re
 from agent.admission.engine.model import NODE_POLICY, Resources
 from agent.admission.gangs.job import JobSpecError, gang_from_job, gang_requests, resources_of
 from agent.admission.gangs.job import pod_requests as template_requests
-from agent.kube.podrequests import RequestsError
-from agent.kube.podrequests import pod_requests as spec_requests
+from agent.api.podrequests import RequestsError
+from agent.api.podrequests import pod_requests as spec_requests
 
 GI = 1 << 30
 MI = 1 << 20

@@ -5,7 +5,7 @@ As tests/admission/test_replay.py: real machines (hwloc dumps) partly filled by 
 published with `nrt_object` (policy single-numa-node, scope container) and read back by `build_view`;
 random gangs of pods of two or three containers are placed one after another (each committed).
 Node by node, every container is then pinned as the agent pins it with `topolet.io/numa-zone` (the
-pod's zone, or its own for a split pod: `agent.kube.pods.parse_numa_zone`) — single-numa-node inside
+pod's zone, or its own for a split pod: `agent.api.placements.parse_numa_zone`) — single-numa-node inside
 that zone — in placement order, reversed and shuffled across pods, and must land there.
 """
 

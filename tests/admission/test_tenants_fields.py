@@ -30,7 +30,7 @@ from tests.controlplane.kubectl import BASE, Kubectl, api_request, build_kubectl
 from tests.kube.test_manifests import NAMESPACE
 
 try:
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
 except ImportError:
     if IN_CI:
         raise

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agent.admission.cluster.view import pod_requests
-from agent.kube.pods import pod_level_resource
+from agent.api.resources import pod_level_resource
 from tests.admission.test_controller import events, gang_job, get_job, job_pods, record, wait_for
 from tests.admission.test_pod_requests import ROWS
 from tests.admission.test_tenants import Tenant, created_job, tenant

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from agent.alloc.devices import allocate_with_gpus, choose_gpus
 from agent.alloc.exclusive import allocate
-from agent.alloc.request import NUMA_POLICIES, Request
+from agent.alloc.request import Request
 from agent.alloc.synthetic import synthetic_topology
+from agent.api.policies import ALLOC_NUMA_POLICIES
 from agent.errors import AllocationError
 from agent.gpu.model import GPU
 from agent.topology.cpuset import CPUSet
@@ -152,7 +153,7 @@ _layouts = st.lists(st.sampled_from([-1, 0, 1, 2, 3]), min_size=0, max_size=10).
 
 @settings(max_examples=150, deadline=None)
 @given(layout=_layouts, held_bits=st.integers(0, 1023), count=st.integers(0, 11),
-       policy=st.sampled_from(NUMA_POLICIES), smt=st.sampled_from(["any", "full-cores"]),
+       policy=st.sampled_from(ALLOC_NUMA_POLICIES), smt=st.sampled_from(["any", "full-cores"]),
        cpus=st.sampled_from([0, 1, 2, 4]), free_bits=st.integers(0, 0xFFFF),
        shape=st.sampled_from(["2x4", "4x2"]))
 def test_properties(layout: tuple[int, ...], held_bits: int, count: int, policy: str, smt: str, cpus: int,

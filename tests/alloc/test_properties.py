@@ -9,8 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.alloc.exclusive import allocate
-from agent.alloc.request import NUMA_POLICIES, SMT_POLICIES, Request
+from agent.alloc.request import Request
 from agent.alloc.synthetic import synthetic_topology
+from agent.api.policies import ALLOC_NUMA_POLICIES, SMT_POLICIES
 from agent.errors import AllocationError
 from agent.topology.cpuset import CPUSet
 from agent.topology.model import Topology
@@ -49,7 +50,8 @@ def cases(draw: st.DrawFn) -> tuple[Shape, CPUSet, Request]:
                                 & draw(st.integers(0, (1 << total) - 1)))
     nodes = shape.sockets * shape.numa_per_socket
     preferred = draw(st.one_of(st.none(), st.frozensets(st.integers(0, nodes - 1), min_size=1)))
-    request = Request(cpus=draw(st.integers(0, total + 2)), numa_policy=draw(st.sampled_from(NUMA_POLICIES)),
+    request = Request(cpus=draw(st.integers(0, total + 2)),
+                      numa_policy=draw(st.sampled_from(ALLOC_NUMA_POLICIES)),
                       smt=draw(st.sampled_from(SMT_POLICIES)), preferred_numa=preferred, reserved=reserved)
     return shape, free, request
 
@@ -153,7 +155,7 @@ def test_same_inputs_same_answer(case: tuple[Shape, CPUSet, Request]) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(shapes(), st.lists(st.tuples(st.integers(1, 12), st.sampled_from(NUMA_POLICIES),
+@given(shapes(), st.lists(st.tuples(st.integers(1, 12), st.sampled_from(ALLOC_NUMA_POLICIES),
                                     st.sampled_from(SMT_POLICIES)), min_size=1, max_size=20))
 def test_successive_allocations_never_share_a_cpu(shape: Shape,
                                                    requests: list[tuple[int, str, str]]) -> None:

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.alloc.exclusive import allocate
-from agent.alloc.request import NUMA_POLICIES, SMT_POLICIES, Request
+from agent.alloc.request import Request
+from agent.api.policies import ALLOC_NUMA_POLICIES, SMT_POLICIES
 from agent.errors import AllocationError
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
@@ -26,12 +27,13 @@ def machine(request: pytest.FixtureRequest, dump_root: Callable[[str], Path]) ->
     return discover(str(dump_root(request.param)))
 
 
+@pytest.mark.slow  # five real machines, 60 examples each (CONTRIBUTING.md, Test tiers)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_answers_on_real_machines_are_valid(machine: Topology, data: st.DataObject) -> None:
     free = CPUSet.from_mask(data.draw(st.integers(0, machine.cpus.mask)) & machine.cpus.mask)
     request = Request(cpus=data.draw(st.integers(0, len(machine.cpus))),
-                      numa_policy=data.draw(st.sampled_from(NUMA_POLICIES)),
+                      numa_policy=data.draw(st.sampled_from(ALLOC_NUMA_POLICIES)),
                       smt=data.draw(st.sampled_from(SMT_POLICIES)))
     try:
         got = allocate(machine, free, request)

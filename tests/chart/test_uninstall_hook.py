@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
+from agent.api.nrt import GROUP, PLURAL, VERSION
 from agent.enforce.state import State
 from agent.kube.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
-from agent.kube.nrt import GROUP, PLURAL, VERSION, NRTPublisher, nrt_object
+from agent.kube.nrt import NRTPublisher, nrt_object
 from tests.chart.helm import CHART, NAMESPACE, RELEASE, Helm, set_args
 from tests.chart.test_install import OBJECTS
 from tests.conftest import REPO, topolet_bin

@@ -111,7 +111,7 @@ def node_resources(topology: Any, reserved_cpus: int = 0, pods: int = DEFAULT_MA
 
 
 def _api(plane: ControlPlane) -> Any:
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
 
     return KubeClient(plane.client())
 
@@ -221,7 +221,7 @@ class SimulatedKubelets:
 
     def _handle(self, api: Any, pod: dict[str, Any]) -> None:
         from agent.errors import KubeAPIError
-        from agent.kube.client import resource_path
+        from agent.kubeapi.client import resource_path
         from tests.kube.kubelet_standin import running_status
 
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
@@ -565,7 +565,7 @@ class Cluster:
     def nrt(self, name: str) -> dict[str, Any] | None:
         """The NodeResourceTopology named `name`, or None."""
         from agent.errors import KubeAPIError
-        from agent.kube.client import resource_path
+        from agent.kubeapi.client import resource_path
 
         api = _api(self.plane)
         try:

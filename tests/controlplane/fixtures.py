@@ -128,7 +128,7 @@ def cluster(cluster_session: Cluster) -> Iterator[Cluster]:
 @pytest.fixture
 def api(cluster: Cluster) -> Iterator[object]:
     """A KubeClient on the test cluster (admin credentials), closed after the test."""
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
 
     client = KubeClient(cluster.plane.client())
     yield client
@@ -138,7 +138,7 @@ def api(cluster: Cluster) -> Iterator[object]:
 @pytest.fixture
 def namespace(api: object) -> Iterator[str]:
     """A fresh namespace on the test cluster, deleted after the test."""
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
 
     assert isinstance(api, KubeClient)
     name = f"t-{uuid.uuid4().hex[:10]}"

@@ -217,7 +217,7 @@ def manager_rbac(source: Path) -> list[dict[str, Any]]:
 
 def _rbac_path(doc: Mapping[str, Any]) -> str:
     """The collection a ServiceAccount or an rbac.authorization.k8s.io object is created in."""
-    from agent.kube.client import resource_path
+    from agent.kubeapi.client import resource_path
 
     kind, namespace = doc["kind"], doc["metadata"].get("namespace")
     if kind == "ServiceAccount":
@@ -264,7 +264,7 @@ class SecretVolume:
 
     def _run(self) -> None:
         from agent.errors import KubeAPIError
-        from agent.kube.client import KubeClient
+        from agent.kubeapi.client import KubeClient
 
         api = KubeClient(self.plane.client())
         seen = ""
@@ -379,7 +379,7 @@ class Kueue:
         return self.workdir / "serving-certs"
 
     def _api(self) -> Any:
-        from agent.kube.client import KubeClient
+        from agent.kubeapi.client import KubeClient
 
         return KubeClient(self.cluster.plane.client())
 
@@ -422,7 +422,7 @@ class Kueue:
 
     def install(self) -> None:
         """Install Kueue's CRDs, namespace, RBAC, Secret, webhook Service + EndpointSlice and webhooks."""
-        from agent.kube.client import resource_path
+        from agent.kubeapi.client import resource_path
 
         source = module_dir()
         api = self._api()
@@ -446,7 +446,7 @@ class Kueue:
     def _install_webhook_endpoint(self, api: Any) -> None:
         """The webhook Service (no selector) and its EndpointSlice at address:webhook_port (replaced)."""
         from agent.errors import KubeAPIError
-        from agent.kube.client import resource_path
+        from agent.kubeapi.client import resource_path
 
         _create_or_keep(api, resource_path("", "v1", "services", namespace=NAMESPACE), {
             "metadata": {"name": WEBHOOK_SERVICE},
@@ -468,7 +468,7 @@ class Kueue:
 
     @staticmethod
     def _wait_crds_established(api: Any, names: Sequence[str]) -> None:
-        from agent.kube.client import resource_path
+        from agent.kubeapi.client import resource_path
 
         deadline = time.monotonic() + READY_TIMEOUT_S
         for name in names:
@@ -620,7 +620,7 @@ def job(name: str, queue: str, *, parallelism: int = 1, completions: int | None 
 def kueue_path(plural: str, name: str | None = None, *, namespace: str | None = None,
                subresource: str | None = None) -> str:
     """The URL path of a kueue.x-k8s.io/v1beta2 collection or object."""
-    from agent.kube.client import resource_path
+    from agent.kubeapi.client import resource_path
 
     return resource_path(GROUP, VERSION, plural, name, namespace=namespace, subresource=subresource)
 
@@ -746,7 +746,7 @@ class KueueScope(KueueObjects):
     helpers, and the nodes it added; close() deletes what the test made through it."""
 
     def __init__(self, kueue: Kueue) -> None:
-        from agent.kube.client import KubeClient
+        from agent.kubeapi.client import KubeClient
 
         super().__init__(KubeClient(kueue.cluster.plane.client()))
         self.kueue = kueue

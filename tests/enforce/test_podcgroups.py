@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.api.qos import QOSClass
 from agent.enforce.bundles import CONTAINER_NAME, CONTAINER_TYPE, SANDBOX_UID
 from agent.enforce.cgroup import (
     CgroupLayout,
@@ -27,7 +28,7 @@ from agent.enforce.cgroup import (
     read_mems,
     write_set,
 )
-from agent.enforce.kubepods import CgroupDriver, QOSClass, pod_cgroup_path, qos_cgroup_path
+from agent.enforce.kubepods import CgroupDriver, pod_cgroup_path, qos_cgroup_path
 from agent.enforce.podcgroups import PodCgroupWatcher, PodCpuset
 from agent.enforce.subtrees import write_subtrees
 from agent.topology.cpuset import EMPTY, CPUSet

@@ -38,10 +38,11 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from agent.api.podplan import qos_of
+from agent.api.qos import QOSClass
 from agent.enforce.cgroup import CgroupLayout, create_cgroup, exists, read_cpuset, read_procs, write_set
-from agent.enforce.kubepods import CgroupDriver, QOSClass, container_cgroup_path, pod_cgroup_path
+from agent.enforce.kubepods import CgroupDriver, container_cgroup_path, pod_cgroup_path
 from agent.errors import EnforcementError
-from agent.kube.pods import qos_of
 from agent.topology.cpuset import CPUSet
 
 

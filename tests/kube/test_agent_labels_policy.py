@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from agent.admission.kueue.workloads import FAILSAFE_LABEL, LEGACY_FAILSAFE_KEY
+from agent.api.validate import is_label_key
 from agent.gpu.applier import STATE_LABEL
 from agent.gpu.discover import gpus_from_topology
 from agent.gpu.labels import gpu_labels
 from agent.gpu.reconcile import CONFIG_LABEL
 from agent.labels import build_label_set
-from agent.labels.validate import is_label_key
 from agent.topology.model import Topology
 from tests.conftest import HWLOC_DATA, REPO, require
 from tests.gpu.sysfs_fixture import build_hgx

@@ -19,11 +19,11 @@ import pytest
 from agent.cli import build_parser
 from agent.cli.compose import agent_config
 from agent.enforce.state_file import StateFile
-from agent.kube.client import KubeClient
 from agent.kube.daemon import KUBELET_STATIC, Enforcement, KubeAgent
 from agent.kube.kubelet import Kubelet
 from agent.kube.pinner import NodeCgroups
 from agent.kube.recording import RecordingEngine
+from agent.kubeapi.client import KubeClient
 from agent.metrics.registry import Metrics
 from agent.topology.cpuset import CPUSet
 from tests.kube.test_nrt import TWO_SOCKETS_AND_CXL

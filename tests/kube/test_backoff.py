@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from agent.kube.backoff import API_BACKOFF, Backoff, Outage, duration_text
+from agent.kubeapi.backoff import API_BACKOFF, Backoff, Outage, duration_text
 
 
 @pytest.mark.parametrize(("policy", "failures", "rand", "delay"), [

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.api import nrt
 from agent.enforce.state import State
-from agent.kube import nrt
 from agent.kube.cleanup_nodes import CLEANUP_LABELS, CLEANUP_OF_LABEL, cleanup_daemonset
 from agent.kube.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
 from agent.kube.nrt import NRTPublisher, nrt_object

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agent.kube import nrt
+from agent.api import nrt
 from agent.kube.cleanup_command import PARTIAL
 from agent.kube.cleanup_nodes import (
     CLEANUP_LABELS,

@@ -1,4 +1,4 @@
-"""agent.kube.client.KubeClient: raw JSON requests on a real API server — round trips, error mapping, token
+"""agent.kubeapi.client.KubeClient: raw JSON requests on a real API server — round trips, error mapping, token
 refresh, watch — and no generated API classes or models loaded on the way."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from agent.errors import ConfigError, KubeAPIError
-from agent.kube import client as client_module
-from agent.kube.client import KubeClient, load_api_client, resource_path
+from agent.kubeapi import client as client_module
+from agent.kubeapi.client import KubeClient, load_api_client, resource_path
 from tests.conftest import REPO
 from tests.controlplane.harness import ControlPlane
 
@@ -240,7 +240,7 @@ def test_watch_of_a_missing_resource_is_an_api_error(kube: KubeClient) -> None:
 
 _PROBE = """
 import json, sys
-from agent.kube.client import KubeClient, load_api_client, resource_path
+from agent.kubeapi.client import KubeClient, load_api_client, resource_path
 kube = KubeClient(load_api_client(sys.argv[1]))
 ns = sys.argv[2]
 kube.list(resource_path("", "v1", "pods"), {"fieldSelector": "spec.nodeName=none"})

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.enforce.kubepods import QOSClass
+from agent.api.qos import QOSClass
 from agent.enforce.state import State
 from agent.enforce.state_file import StateFile
 from tests.kube.kubelet_standin import (

@@ -9,13 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.kube.pods import (
-    completion_index,
-    parse_placement,
-    parse_quantity,
-    placement_entry,
-    plan_pod,
-)
+from agent.api.placements import completion_index, parse_placement, placement_entry
+from agent.api.podplan import plan_pod
+from agent.api.resources import parse_quantity
 from agent.kube.watch import Changed, PodChange, PodWatcher
 
 CID = "containerd://" + "ab" * 32

@@ -94,7 +94,7 @@ def cpu_zones(node: KubeNode) -> dict[str, tuple[str, str, str]] | None:
 
 
 def node_events(node: KubeNode) -> list[dict[str, Any]]:
-    from agent.kube.client import KubeClient, resource_path
+    from agent.kubeapi.client import KubeClient, resource_path
 
     found = KubeClient(node.api).get(resource_path("events.k8s.io", "v1", "events", namespace="default"),
                                      what="list events")

@@ -194,9 +194,9 @@ def test_the_agents_publisher_looks_again_with_unchanged_labels(api: Any, namesp
     from agent.cli.compose import agent_config
     from agent.cli.parser import build_parser
     from agent.enforce.state import State
-    from agent.kube.client import KubeClient
     from agent.kube.nrt_build import Snapshot
     from agent.kube.publisher import Publisher
+    from agent.kubeapi.client import KubeClient
     from agent.labels import build_labels
     from agent.metrics.registry import Metrics
     from tests.kube.test_nrt import NRT_CRD, TWO_SOCKETS_AND_CXL, install_crd

@@ -306,6 +306,7 @@ def only_mounted(root: Path, dest: Path, subtrees: set[str]) -> Path:
     return dest
 
 
+@pytest.mark.slow  # real machines unpacked and copied (CONTRIBUTING.md, Test tiers)
 @pytest.mark.parametrize("dump", ["32em64t-2n8c+dax+nvme+mic+dimms", "nvidiagpunumanodes",
                                   "40intel64-2g2n4c+pcilocality"])
 def test_discovery_through_the_mounted_subtrees_sees_the_whole_machine(

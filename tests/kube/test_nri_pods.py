@@ -9,15 +9,10 @@ from typing import Any
 
 import pytest
 
-from agent.enforce.kubepods import (
-    CgroupDriver,
-    QOSClass,
-    Runtime,
-    container_cgroup_path,
-    read_runtime_cgroups_path,
-)
+from agent.api.podplan import plan_pod
+from agent.api.qos import QOSClass
+from agent.enforce.kubepods import CgroupDriver, Runtime, container_cgroup_path, read_runtime_cgroups_path
 from agent.kube.nri_pods import cached_decision, kubelet_container, plan_from_nri, requested_cpus
-from agent.kube.pods import plan_pod
 from agent.nri import api_pb2
 
 UID = "0b7f3c1e-5d2a-4c8e-9f10-2a3b4c5d6e7f"

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
+from agent.api.fingerprint import pod_set_fingerprint
 from agent.enforce.cgroup import detect_layout, read_cpuset
 from agent.enforce.state_file import StateFile
-from agent.kube.nrt import pod_set_fingerprint
 from agent.nri import api_pb2
 from agent.topology.cpuset import CPUSet
 from tests.conftest import require

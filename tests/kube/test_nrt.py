@@ -17,17 +17,15 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.api import nrt
+from agent.api.fingerprint import pod_set_fingerprint
+from agent.api.resources import hugepages_resource_name
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import ConfigError, KubeAPIError
 from agent.gpu.model import GPU
-from agent.kube import nrt
-from agent.kube.client import agent_namespace, load_api_client, node_name
-from agent.kube.nrt import (
-    NRTPublisher,
-    hugepages_resource_name,
-    nrt_object,
-    pod_set_fingerprint,
-)
+from agent.kube import nrt as kube_nrt
+from agent.kube.nrt import NRTPublisher, nrt_object
+from agent.kubeapi.client import agent_namespace, load_api_client, node_name
 from agent.topology import record
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import CPUInfo, Hugepages, NumaNode, Topology
@@ -526,7 +524,7 @@ def test_api_outage_fails_cleanly_and_the_next_publish_catches_up(
 
 def test_missing_crd_is_an_api_error(nrt_api: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # A resource the server does not serve answers 404: an error for the caller, not a crash.
-    monkeypatch.setattr(nrt, "PLURAL", "noderesourcetopologiesnotserved")
+    monkeypatch.setattr(kube_nrt, "PLURAL", "noderesourcetopologiesnotserved")
     with pytest.raises(KubeAPIError) as err:
         NRTPublisher(nrt_api, "n").publish(nrt_object(("n", "u"), TWO_SOCKETS_AND_CXL, State()))
     assert err.value.status == 404

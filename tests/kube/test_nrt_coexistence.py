@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agent.api import nrt as api_nrt
 from agent.enforce.state import State
 from agent.kube import nrt
 from agent.kube.nrt import NRTPublisher, foreign_manager, nrt_object
@@ -49,7 +50,7 @@ def test_foreign_manager(meta: dict[str, Any], owner: str) -> None:
 
 def nfd_nrt(name: str, uid: str) -> dict[str, Any]:
     """An NRT as NFD's topology updater writes it: its own zones and attributes, no topolet label."""
-    return {"apiVersion": nrt.API_VERSION, "kind": nrt.KIND,
+    return {"apiVersion": api_nrt.API_VERSION, "kind": api_nrt.KIND,
             "metadata": {"name": name, "ownerReferences": [
                 {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}]},
             "topologyPolicies": ["None"],
@@ -68,7 +69,7 @@ def objects(nrt_api: Any) -> Iterator[Any]:
 def test_an_nrt_nfd_created_is_left_alone_until_it_is_gone(objects: Any, nrt_api: Any,
                                                            node: dict[str, Any]) -> None:
     name, uid = node["metadata"]["name"], node["metadata"]["uid"]
-    objects.create_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, nfd_nrt(name, uid),
+    objects.create_cluster_custom_object(api_nrt.GROUP, api_nrt.VERSION, api_nrt.PLURAL, nfd_nrt(name, uid),
                                          field_manager=NFD)
     theirs = get_nrt(nrt_api, name)
     now = [0.0]
@@ -82,7 +83,7 @@ def test_an_nrt_nfd_created_is_left_alone_until_it_is_gone(objects: Any, nrt_api
     assert pub.writes == 0
 
     # NFD uninstalled: its object goes (the garbage collector, or by hand); the next look applies ours.
-    objects.delete_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, name)
+    objects.delete_cluster_custom_object(api_nrt.GROUP, api_nrt.VERSION, api_nrt.PLURAL, name)
     now[0] = 31.0
     assert pub.publish(changed) is True and pub.yielded_to == ""
     assert get_nrt(nrt_api, name)["zones"] == changed["zones"]
@@ -97,7 +98,8 @@ def test_nfd_taking_over_topolets_nrt_is_not_fought(objects: Any, nrt_api: Any, 
     # NFD's updater finds the object and rewrites its zones (get, DeepCopy, Update), labels kept.
     live = get_nrt(nrt_api, name)
     live["zones"] = nfd_nrt(name, uid)["zones"]
-    objects.replace_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, name, live, field_manager=NFD)
+    objects.replace_cluster_custom_object(api_nrt.GROUP, api_nrt.VERSION, api_nrt.PLURAL, name, live,
+                                          field_manager=NFD)
     now[0] = 31.0
     # The next check sees NFD's zones: topolet stands aside, neither now nor with a change of its own.
     assert pub.publish(ours) is False and pub.yielded_to == NFD
@@ -113,13 +115,13 @@ def test_agent_leaves_nfds_nrt_alone_and_says_so_once(kube_node: KubeNode,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from agent.cli import build_parser
     from agent.cli.compose import agent_config, kube_agent
-    from agent.kube.client import KubeClient, resource_path
+    from agent.kubeapi.client import KubeClient, resource_path
     from agent.metrics.registry import Metrics
 
     monkeypatch.setenv("POD_NAMESPACE", kube_node.namespace)
     node = KubeClient(kube_node.api).get(resource_path("", "v1", "nodes", kube_node.name), what="get node")
     objects = k8s_objects(kube_node.api)
-    objects.create_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL,
+    objects.create_cluster_custom_object(api_nrt.GROUP, api_nrt.VERSION, api_nrt.PLURAL,
                                          nfd_nrt(kube_node.name, node["metadata"]["uid"]), field_manager=NFD)
     before = get_nrt(kube_node.api, kube_node.name)["metadata"]["resourceVersion"]
     args = agent_args(kube_node, "")

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 import pytest
 
+from agent.api.podplan import plan_pod
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import ConfigError
 from agent.kube.nrt import nrt_object
 from agent.kube.nrt_build import build_nrt, zone_memory_held
-from agent.kube.pods import plan_pod
 from agent.topology.cpuset import EMPTY, CPUSet
 from tests.kube.test_nrt import TWO_SOCKETS_AND_CXL, machine, resources, zones_by_name
 from tests.kube.test_pods import g, pod

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.api.objects import is_extended_resource
 from agent.enforce.state import State
 from agent.kube.kubelet import Kubelet
 from agent.kube.nrt_build import build_nrt, zone_devices
-from agent.kube.objects import is_extended_resource
 from agent.kube.podresources.client import Device
 from tests.kube.podresources_standin import PodResourcesStandIn, short_tmpdir
 from tests.kube.test_nrt import TWO_SOCKETS_AND_CXL, resources, zones_by_name

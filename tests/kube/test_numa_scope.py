@@ -16,11 +16,12 @@ import pytest
 
 from agent.alloc.request import Request
 from agent.alloc.synthetic import synthetic_topology
+from agent.api.placements import parse_numa_zone
+from agent.api.podplan import PodPlan, plan_pod
 from agent.enforce.state import Allocation, Owner
 from agent.enforce.state_file import StateFile
 from agent.kube.numa_scope import scoped_request
 from agent.kube.pinner import PodPinner
-from agent.kube.pods import PodPlan, parse_numa_zone, plan_pod
 from agent.kube.recording import RecordingEngine
 from agent.kube.watch import Changed
 from agent.metrics.registry import Metrics

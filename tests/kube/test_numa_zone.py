@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from agent.api.podplan import PodPlan, PodWarning, plan_pod
 from agent.enforce.state_file import StateFile
 from agent.kube.pinner import PodPinner
-from agent.kube.pods import PodPlan, PodWarning, plan_pod
 from agent.kube.recording import RecordingEngine
 from agent.kube.watch import Changed
 from agent.metrics.registry import Metrics

@@ -14,8 +14,9 @@ Needs root, writable cgroups and the control plane: skips on a laptop, fails und
 
 from __future__ import annotations
 
+from agent.api.qos import QOSClass
 from agent.enforce.cgroup import list_children, read_cpus, write_set
-from agent.enforce.kubepods import CgroupDriver, QOSClass, pod_cgroup_path, qos_cgroup_path
+from agent.enforce.kubepods import CgroupDriver, pod_cgroup_path, qos_cgroup_path
 from agent.enforce.state import Allocation
 from agent.enforce.state_file import StateFile
 from tests.conftest import require

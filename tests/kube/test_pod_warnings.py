@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agent.api.podplan import PodPlan, plan_pod
 from agent.enforce.state_file import StateFile
 from agent.kube.pinner import PodPinner
-from agent.kube.pods import PodPlan, plan_pod
 from agent.kube.recording import RecordingEngine
 from agent.kube.warnings import WarningLimiter
 from agent.kube.watch import Changed, Gone, Synced

@@ -22,8 +22,10 @@ from hypothesis import strategies as st
 from agent.alloc.exclusive import allocate
 from agent.alloc.request import Request
 from agent.alloc.synthetic import synthetic_topology
+from agent.api.podplan import ContainerPlan, PodPlan, PodWarning
+from agent.api.qos import QOSClass
 from agent.enforce.cgroup import CgroupLayout, create_cgroup, detect_layout, read_cpuset, read_procs
-from agent.enforce.kubepods import CgroupDriver, QOSClass, container_cgroup_path
+from agent.enforce.kubepods import CgroupDriver, container_cgroup_path
 from agent.enforce.state_file import StateFile
 from agent.errors import AllocationError, EnforcementError
 from agent.gpu.model import GPU
@@ -31,7 +33,6 @@ from agent.kube.pinner import PodPinner
 from agent.kube.podresources import api_pb2
 from agent.kube.podresources.client import Device, PodResourcesClient
 from agent.kube.podresources.locality import GPULocator, gpu_numa_nodes, gpu_of, is_gpu_resource
-from agent.kube.pods import ContainerPlan, PodPlan, PodWarning
 from agent.metrics.registry import Metrics
 from agent.standalone.engine import PinningEngine
 from agent.topology.cpuset import CPUSet

@@ -1,4 +1,4 @@
-"""Pod → decision table (agent.kube.pods): kubelet's rule, annotations, bad input, container states."""
+"""Pod → decision table (agent.api.podplan): kubelet's rule, annotations, bad input, container states."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.enforce.kubepods import QOSClass
-from agent.kube.pods import PodError, parse_quantity, plan_pod, qos_of
+from agent.api.podplan import PodError, plan_pod, qos_of
+from agent.api.qos import QOSClass
+from agent.api.resources import parse_quantity
 
 CID = "containerd://" + "ab" * 32
 

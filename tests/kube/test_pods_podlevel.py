@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from agent.admission.cluster.ledger import agent_pins
-from agent.enforce.kubepods import QOSClass
-from agent.kube.pods import plan_pod, pod_level_resources, qos_of
+from agent.api.podplan import plan_pod, qos_of
+from agent.api.qos import QOSClass
+from agent.api.resources import pod_level_resources
 from tests.kube.test_pods import EXCL, c, g, pod
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from agent.enforce.kubepods import QOSClass
+from agent.api.qos import QOSClass
 from agent.enforce.state_file import StateFile
 from agent.topology.cpuset import CPUSet
 from tests.kube.kubelet_standin import KubeNode, kube_node, proc_cpus, wait_for

@@ -28,7 +28,7 @@ from tests.kube.kubelet_standin import wait_for
 try:
     from agent.admission.kueue.workloads import FAILSAFE_LABEL
     from agent.errors import KubeAPIError
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
 except ImportError:
     if IN_CI:
         raise

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import KubeAPIError
-from agent.kube.client import KubeClient
+from agent.kubeapi.client import KubeClient
 from tests.admission.test_controller import metric, scrape
 from tests.controlplane.harness import free_port
 from tests.controlplane.kueue import KueueScope, job, kueue_path

@@ -31,7 +31,7 @@ from tests.kueue.test_check import (
 
 try:
     from agent.errors import KubeAPIError
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
 except ImportError:
     if IN_CI:
         raise

@@ -30,7 +30,7 @@ from tests.kueue.test_check import install_policy
 
 try:
     from agent.admission.kueue.workloads import FAILSAFE_LABEL, LEGACY_FAILSAFE_KEY
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
 except ImportError:
     if IN_CI:
         raise

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.api.validate import is_label_key, is_label_value
 from agent.labels import build_label_set
-from agent.labels.validate import is_label_key, is_label_value
 from agent.topology.cpuset import CPUSet
 from agent.topology.model import (
     Cache,

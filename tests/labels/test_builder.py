@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.api.validate import is_label_key, is_label_value
 from agent.labels import RawFeature, make_labels
 from agent.labels.registry import GFD_NAMESPACE, NFD_NAMESPACE, TOPOLET_NAMESPACE
-from agent.labels.validate import is_label_key, is_label_value
 
 NFD, TOPO = NFD_NAMESPACE, TOPOLET_NAMESPACE
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.api.validate import is_label_key, is_label_value
 from agent.labels import build_label_set
-from agent.labels.validate import is_label_key, is_label_value
 from agent.topology.model import Topology
 from tests.conftest import HWLOC_DATA, require
 

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
+from agent.api.validate import is_dns_subdomain
 from agent.errors import ConfigError
 from agent.labels.nodefeature import node_label_patch, nodefeature_name, nodefeature_object
-from agent.labels.validate import is_dns_subdomain
 
 LABELS = {"topolet.io/numa.nodes": "2", "feature.node.kubernetes.io/memory-numa": "true"}
 

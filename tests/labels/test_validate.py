@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.labels.validate import (
+from agent.api.validate import (
     is_dns_subdomain,
     is_label_key,
     is_label_name,

@@ -487,7 +487,7 @@ def test_prometheus_on_the_cluster(cluster: Cluster, cluster_nodes: tuple[str, d
                                    tmp_path: Path) -> None:
     """The admission controller's two replicas and the in-cluster agents under the real Prometheus: a
     gang admitted, one rejected, one waiting, then the leader killed and, last, the standby too."""
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
     from tests.admission.test_controller import gang_job
 
     binary = shutil.which("prometheus")

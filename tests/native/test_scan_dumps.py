@@ -88,6 +88,7 @@ def check_against_hwloc(name: str, s: RawScan) -> None:
             assert abs(node.mem_total_bytes - mem["bytes"]) <= 0.02 * mem["bytes"]
 
 
+@pytest.mark.slow  # a dozen real machines unpacked (CONTRIBUTING.md, Test tiers)
 def test_known_dump_facts(extracted: Path) -> None:
     """Spot facts read straight from a few dump files."""
     s = native.scan(str(dump_root("256ppc-8n8s4t", extracted)))

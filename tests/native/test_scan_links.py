@@ -87,6 +87,7 @@ LINKED_DUMPS = ["32em64t-2n8c+dax+nvme+mic+dimms", "fakememinitiators-1np2c+1npp
                 "256ppc-8n8s4t"]
 
 
+@pytest.mark.slow  # four real machines unpacked, each scanned both ways (CONTRIBUTING.md, Test tiers)
 def test_fallback_reads_dumps_as_openat2_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert set(LINKED_DUMPS) <= set(DUMPS)
     for name in LINKED_DUMPS:

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.api.podplan import PodPlan, PodWarning
+from agent.api.qos import QOSClass
 from agent.enforce.cgroup import CgroupLayout, create_cgroup, exists, read_cpuset
-from agent.enforce.kubepods import CgroupDriver, QOSClass, container_cgroup_path, pod_cgroup_path
+from agent.enforce.kubepods import CgroupDriver, container_cgroup_path, pod_cgroup_path
 from agent.enforce.state_file import StateFile
 from agent.kube.nri_pinning import NRIPinning
 from agent.kube.pinner import PodPinner
-from agent.kube.pods import PodPlan, PodWarning
 from agent.kube.route import NRI, PinningRoute
 from agent.metrics.registry import Metrics
 from agent.nri import api_pb2

@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from agent.enforce.kubepods import QOSClass
+from agent.api.podplan import plan_pod
+from agent.api.qos import QOSClass
 from agent.enforce.state import State
 from agent.kube.pinner import alloc_id
-from agent.kube.pods import plan_pod
 from agent.kube.watch import Changed, Synced
 from agent.topology.cpuset import CPUSet
 from tests.conftest import require, writable_cpuset_hierarchy

@@ -112,7 +112,7 @@ def wait(check: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
 def request_timeout() -> tuple[float, float]:
     """(connect, read) seconds for a test's API call: the agent's own, stretched under emulation (the
     guest reaches the API server through a forwarder, and a loaded host answers it in seconds)."""
-    from agent.kube.client import REQUEST_TIMEOUT
+    from agent.kubeapi.client import REQUEST_TIMEOUT
 
     if emulated():
         return REQUEST_TIMEOUT[0] * EMULATED_SLACK, REQUEST_TIMEOUT[1] * EMULATED_SLACK
@@ -608,7 +608,7 @@ class RealNode:
     @contextlib.contextmanager
     def api(self) -> Iterator[Any]:
         """A KubeClient on the cluster (admin), closed afterwards."""
-        from agent.kube.client import KubeClient
+        from agent.kubeapi.client import KubeClient
 
         client = KubeClient(self.cluster.plane.client())
         try:

@@ -136,7 +136,7 @@ def forget_remote_nodes(cluster: Cluster, before: set[str], namespaces: tuple[st
     (`rn-*`) that joined since `before` with the pods bound to them (grace 0: no kubelet is left to
     finish them); the Nodes deleted.  A node that stopped cleanly deleted its own Node already."""
     from agent.errors import KubeAPIError
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
 
     api = KubeClient(cluster.plane.client())
     gone: list[str] = []

@@ -29,8 +29,9 @@ from typing import Any
 
 import pytest
 
+from agent.api.qos import QOSClass
 from agent.enforce.cgroup import detect_layout, read_cpus
-from agent.enforce.kubepods import CgroupDriver, QOSClass, pod_cgroup_path, qos_cgroup_path
+from agent.enforce.kubepods import CgroupDriver, pod_cgroup_path, qos_cgroup_path
 from agent.enforce.podcgroups import PodCgroupWatcher, PodCpuset
 from agent.topology.cpuset import EMPTY, CPUSet
 from tests.conftest import require

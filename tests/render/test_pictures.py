@@ -19,6 +19,8 @@ from agent.topology.record import replace
 from tests.conftest import HWLOC_DATA
 
 DUMPS = sorted(p.name[: -len(".tar.bz2")] for p in (HWLOC_DATA / "dumps").glob("*.tar.bz2"))
+# Most tests here draw every real machine (`topologies`): slow, out of `make unit` (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
 SVG = "{http://www.w3.org/2000/svg}"
 # PCI classes a picture shows (class >> 16: network, display, accelerator; class >> 8: InfiniBand,
 # NVMe, co-processor), as the PCI specification numbers them.

@@ -8,7 +8,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import HWLOC_DATA, topolet_bin
+
+# hwloc's grader over 26 real machines, as `make conformance`: slow, out of `make unit` (CONTRIBUTING.md).
+pytestmark = pytest.mark.slow
 
 
 def test_all_graded_dumps_match_hwloc(tmp_path):

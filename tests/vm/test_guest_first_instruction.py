@@ -54,7 +54,7 @@ FIGURES = re.compile(r"^(pod-cgroup|nri): first instruction pinned .*(?:\n  .*)*
 def guest_run(cluster_session: Cluster, tmp_path_factory: pytest.TempPathFactory,
               pytestconfig: pytest.Config) -> GuestRun:
     """One guest boot running GUEST_TEST on both routes; the Nodes it left in the cluster removed after."""
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
     from tests.controlplane.kubectl import build_kubectl
 
     require(os.geteuid() == 0, "needs root (debootstrap builds the guest)")

@@ -69,7 +69,7 @@ def realnode_run(cluster_session: Cluster, tmp_path_factory: pytest.TempPathFact
                  pytestconfig: pytest.Config) -> Iterator[RealNodeRun]:
     """One guest boot running the node and GUEST_SELECTION against this host's cluster; whatever the
     node left in the cluster is removed after it, and the DaemonSet controller stopped."""
-    from agent.kube.client import KubeClient
+    from agent.kubeapi.client import KubeClient
     from tests.controlplane.kubectl import build_kubectl
 
     require(os.geteuid() == 0, "needs root (debootstrap builds the guest)")

@@ -28,7 +28,7 @@ from agent.admission.cluster.view import build_view, node_allocatable, nrt_zones
 from agent.admission.engine.model import ClusterView, Resources
 from agent.admission.gangs.record import AdmissionRecord
 from agent.admission.report.metrics import AdmissionMetrics
-from agent.kube.objects import as_dict, metadata_of
+from agent.api.objects import as_dict, metadata_of
 
 log = logging.getLogger(__name__)
 

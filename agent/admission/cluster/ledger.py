@@ -53,9 +53,10 @@ from typing import Any
 
 from agent.admission.cluster.podindex import PodIndex
 from agent.admission.engine.model import Placement, Resources
-from agent.kube.nrt import ATTR_FINGERPRINT, pod_set_fingerprint
-from agent.kube.objects import as_mapping
-from agent.kube.pods import PodError, plan_pod
+from agent.api.fingerprint import pod_set_fingerprint
+from agent.api.nrt import ATTR_FINGERPRINT
+from agent.api.objects import as_mapping
+from agent.api.podplan import PodError, plan_pod
 
 DEFAULT_TIMEOUT = 120.0
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")

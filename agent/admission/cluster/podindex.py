@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.admission.engine.model import Resources
-from agent.kube.objects import as_mapping
+from agent.api.objects import as_mapping
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 _REQUESTS_FROM = ("containers", "initContainers", "resources", "overhead")  # the pod spec's parts

@@ -7,7 +7,7 @@ Public API:
 - `VersionCache(compute)`: `compute(obj)` memoised by the object's uid and resourceVersion;
   `.retain(objs)` forgets the objects not among `objs`.
 
-Objects are keyed by `agent.kube.objects.object_key`.
+Objects are keyed by `agent.api.objects.object_key`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from agent.admission.cluster import heap
+from agent.api.objects import as_dict, metadata_of, object_key, resource_version
 from agent.errors import KubeAPIError
-from agent.kube.backoff import Outage
-from agent.kube.client import KubeClient, WatchStream
-from agent.kube.objects import as_dict, metadata_of, object_key, resource_version
+from agent.kubeapi.backoff import Outage
+from agent.kubeapi.client import KubeClient, WatchStream
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -36,7 +36,7 @@ class Reflector:
 
     A collection whose API is not served (404: e.g. the NRT CRD is not installed) counts as empty and
     synced, and is listed again on the next retry.  Failures are retried with the API loops' back-off
-    and logged once per outage (`agent.kube.backoff.Outage`).
+    and logged once per outage (`agent.kubeapi.backoff.Outage`).
     """
 
     def __init__(self, kube: KubeClient, path: str, what: str, changed: threading.Event,

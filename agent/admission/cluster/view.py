@@ -8,7 +8,7 @@ Public API:
   cannot be read is left out with a reason.  `now` is accepted for the ledger's sake and symmetry
   with `Ledger.settle`; the view itself does not depend on the clock.
 - `pod_requests(pod) -> Resources | None`: what a pod asks of its node, counted as the scheduler
-  does (`agent.kube.podrequests`, pod-level `spec.resources` included; the same reading as a gang's
+  does (`agent.api.podrequests`, pod-level `spec.resources` included; the same reading as a gang's
   pod template, `agent.admission.gangs.job.pod_requests`), None when its requests are malformed;
   `read_pod_requests(pod) -> Resources` raises BadObject saying why instead.
 - `node_policy(nrt) -> str`: a node's kubelet Topology Manager policy as its NRT reports it.
@@ -57,7 +57,6 @@ from typing import Any
 from agent.admission.cluster.ledger import Entry, Ledger, SlotOf, agent_pins, job_slot
 from agent.admission.cluster.podindex import NodeUse, PodIndex
 from agent.admission.engine.model import (
-    NUMA_POLICIES,
     TOPOLOGY_SCOPES,
     ClusterView,
     Node,
@@ -66,14 +65,14 @@ from agent.admission.engine.model import (
     Zone,
 )
 from agent.admission.gangs.job import JobSpecError, resources_of
-from agent.kube.nrt import ZONE_TYPE, policy_of_legacy, scope_of_legacy
-from agent.kube.objects import as_list, as_mapping, is_extended_resource
-from agent.kube.podrequests import RequestsError
-from agent.kube.podrequests import pod_requests as spec_requests
-from agent.kube.pods import MAX_NUMA_ZONE, parse_quantity
+from agent.api.nrt import ZONE_TYPE, policy_of_legacy, scope_of_legacy
+from agent.api.objects import as_list, as_mapping, is_extended_resource
+from agent.api.placements import MAX_NUMA_ZONE
+from agent.api.podrequests import RequestsError
+from agent.api.podrequests import pod_requests as spec_requests
+from agent.api.policies import POD_SET_NUMA_POLICIES
+from agent.api.resources import GPU_RESOURCE, MIG_RESOURCE_PREFIX, parse_quantity
 
-GPU = "nvidia.com/gpu"
-MIG_PREFIX = "nvidia.com/mig-"
 HUGEPAGES_PREFIX = "hugepages-"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 DEFAULT_MAX_PODS = 110  # kubelet's maxPods when a Node states no allocatable pods
@@ -153,11 +152,11 @@ def _resources(amounts: Mapping[str, Any], what: str) -> tuple[Resources, int]:
             a.memory = int(_quantity(name, value, what))
         elif name == "pods":
             a.pods = int(_quantity(name, value, what))
-        elif name == GPU:
+        elif name == GPU_RESOURCE:
             a.gpus = int(_quantity(name, value, what))
         elif name.startswith(HUGEPAGES_PREFIX):
             hp[name] = int(_quantity(name, value, what))
-        elif name.startswith(MIG_PREFIX):
+        elif name.startswith(MIG_RESOURCE_PREFIX):
             mig[name] = int(_quantity(name, value, what))
         elif "/" in name and not _kubernetes_own(name):
             if not is_extended_resource(name):
@@ -168,7 +167,7 @@ def _resources(amounts: Mapping[str, Any], what: str) -> tuple[Resources, int]:
 
 
 def read_pod_requests(pod: Mapping[str, Any]) -> Resources:
-    """A pod's requests as the scheduler counts them (`agent.kube.podrequests`, pod-level resources
+    """A pod's requests as the scheduler counts them (`agent.api.podrequests`, pod-level resources
     included); BadObject, saying why, when they cannot be read."""
     try:
         return resources_of(spec_requests(as_mapping(pod.get("spec"))))
@@ -431,7 +430,7 @@ def node_policy(nrt: Mapping[str, Any] | None) -> str:
         attr = as_mapping(attr)
         if attr.get("name") == TOPOLOGY_POLICY_ATTRIBUTE:
             value = attr.get("value")
-            return value if isinstance(value, str) and value in NUMA_POLICIES else "none"
+            return value if isinstance(value, str) and value in POD_SET_NUMA_POLICIES else "none"
     legacy = as_list(nrt.get("topologyPolicies"))
     policy = policy_of_legacy(legacy[0]) if legacy else None
-    return policy if policy in NUMA_POLICIES else "none"
+    return policy if policy in POD_SET_NUMA_POLICIES else "none"

@@ -19,9 +19,9 @@ from agent.admission.controller.writes import CRASH_ENV, WRITERS
 from agent.admission.jobs.queues import parse_queues
 from agent.admission.kueue.check import kueue_served
 from agent.admission.report.metrics import AdmissionMetrics
-from agent.kube.access import check_access
-from agent.kube.client import KubeClient, agent_namespace, load_api_client, resource_path
-from agent.kube.leader import LeaderElector
+from agent.kubeapi.access import check_access
+from agent.kubeapi.client import KubeClient, agent_namespace, load_api_client, resource_path
+from agent.kubeapi.leader import LeaderElector
 from agent.metrics.server import MetricsServer
 
 log = logging.getLogger(__name__)

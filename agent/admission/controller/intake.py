@@ -50,8 +50,8 @@ from agent.admission.jobs.patches import job_started, unpin_patch
 from agent.admission.jobs.queues import Pending, QueueConfig, queue_refusal
 from agent.admission.report.events import POD
 from agent.admission.report.metrics import AdmissionMetrics
-from agent.kube.leader import NotLeader
-from agent.kube.objects import as_dict, metadata_of, object_key
+from agent.api.objects import as_dict, metadata_of, object_key
+from agent.kubeapi.leader import NotLeader
 
 log = logging.getLogger(__name__)
 

@@ -109,9 +109,9 @@ from agent.admission.jobs.queues import DEFAULT_QUEUE, Blocked, QueueConfig, adm
 from agent.admission.kueue.check import KueueCheck
 from agent.admission.kueue.holds import Refused
 from agent.admission.report.metrics import AdmissionMetrics
-from agent.kube.client import KubeClient, resource_path
-from agent.kube.leader import LeaderElector, NotLeader
-from agent.kube.objects import as_dict, metadata_of, object_key
+from agent.api.objects import as_dict, metadata_of, object_key
+from agent.kubeapi.client import KubeClient, resource_path
+from agent.kubeapi.leader import LeaderElector, NotLeader
 
 log = logging.getLogger(__name__)
 

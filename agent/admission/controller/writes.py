@@ -4,7 +4,7 @@ Public API:
 
 - `JobWrites(kube, jobs, pods, metrics, identity, leader, changed, clock)`, over the controller's
   stores of queued Jobs and pods (each write's response goes into its store):
-  - `.leading()`; `.check_leader()` raises `NotLeader` (`agent.kube.leader`) unless this replica leads.
+  - `.leading()`; `.check_leader()` raises `NotLeader` (`agent.kubeapi.leader`) unless this replica leads.
   - `.submit(work, *args) -> Future`: run a write on the pass's pool of `WRITERS` threads; `.drain()`
     waits for every one of this pass and re-raises the first failure (NotLeader included).
   - The Job writes it runs: `.admit(job, placement) -> bool` (the record, with the Job's shape, the
@@ -63,10 +63,10 @@ from agent.admission.jobs.patches import (
 )
 from agent.admission.report.events import ObjectEvents, timestamp
 from agent.admission.report.metrics import AdmissionMetrics
+from agent.api.objects import metadata_of, namespaced_name, object_key
 from agent.errors import KubeAPIError
-from agent.kube.client import KubeClient, resource_path
-from agent.kube.leader import LeaderElector, NotLeader
-from agent.kube.objects import metadata_of, namespaced_name, object_key
+from agent.kubeapi.client import KubeClient, resource_path
+from agent.kubeapi.leader import LeaderElector, NotLeader
 
 log = logging.getLogger(__name__)
 

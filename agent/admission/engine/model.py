@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-NUMA_POLICIES = ("single-numa-node", "restricted", "best-effort", "none")
-"""A pod set's NUMA policy, the kubelet Topology Manager's names: single-numa-node must fit one zone;
-restricted must fit the fewest zones an empty node would use; best-effort and none fit node totals."""
+# A pod set's NUMA policy is one of `agent.api.policies.POD_SET_NUMA_POLICIES`, the kubelet Topology
+# Manager's names: single-numa-node must fit one zone; restricted must fit the fewest zones an empty
+# node would use; best-effort and none fit node totals.
 
 NODE_POLICY = "node"
 """A pod set's NUMA policy when it names none of its own: on each node, that node's kubelet Topology
@@ -118,7 +118,7 @@ class Node:
     policy is best-effort or none);
     gpu_free_milli: per physical GPU, the thousandths still free for sharing (1000 = whole GPU free);
     free_pods: how many more pods the node admits (allocatable pods less bound pods);
-    topology_policy: its kubelet's Topology Manager policy (one of NUMA_POLICIES), which pod sets
+    topology_policy: its kubelet's Topology Manager policy (one of POD_SET_NUMA_POLICIES), which pod sets
     of policy NODE_POLICY are placed for on this node;
     topology_scope: its Topology Manager scope (one of TOPOLOGY_SCOPES): under "container" (the
     kubelet's default) a pod whose containers each fit a zone may be split over zones
@@ -165,7 +165,7 @@ class PodSet:
 
     colocate_label: when set, every pod of the set (and of every other set of the gang that names the
     same label) lands on nodes that share one value of that label (a rack or a block);
-    numa_policy: one of NUMA_POLICIES, or NODE_POLICY (each node's own);
+    numa_policy: one of POD_SET_NUMA_POLICIES, or NODE_POLICY (each node's own);
     cpu_aligned: False for pods that are not Guaranteed with whole CPUs: the kubelet aligns their
     devices (its device manager gives NUMA hints whatever the QoS) but not their CPU and memory, so
     under single-numa-node and restricted only their devices (GPUs, MIG, `devices`) are placed in

@@ -8,14 +8,14 @@ though their sum fits none, is admissible there.  The engine places such a pod w
 where one holds it (its `PodPlacement.zone`, as under the pod scope); only where none does, it splits
 the pod's containers over zones (`split`) and the placement names a zone per container
 (`PodPlacement.zones`), which the node's agent pins each container in (`topolet.io/numa-zone:
-"<N>,<M>,..."`, `agent.kube.pods.parse_numa_zone`), so the engine counts exactly what the agent takes.
+"<N>,<M>,..."`, `agent.api.placements.parse_numa_zone`), so the engine counts exactly what the agent takes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-MAX_CONTAINERS = 64  # a pod with more containers is not split (agent.kube.pods.MAX_CONTAINER_ZONES)
+MAX_CONTAINERS = 64  # a pod with more containers is not split (agent.api.placements.MAX_CONTAINER_ZONES)
 
 
 def split(zone_free: Sequence[int], containers: Sequence[int]) -> tuple[int, ...] | None:

@@ -36,7 +36,6 @@ from typing import Any
 
 from agent.admission.engine.model import (
     NODE_POLICY,
-    NUMA_POLICIES,
     TAINT_EFFECTS,
     Gang,
     NodeSelectorRequirement,
@@ -45,19 +44,21 @@ from agent.admission.engine.model import (
     Toleration,
 )
 from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults, with_limit_range_defaults
+from agent.api.names import COMPLETION_INDEX, NUMA_ZONE
+from agent.api.objects import as_dict, as_list, is_extended_resource, metadata_of, namespaced_name
+from agent.api.podrequests import RequestsError, container_requests
+from agent.api.podrequests import pod_requests as scheduler_requests
+from agent.api.policies import POD_SET_NUMA_POLICIES
+from agent.api.resources import GPU_RESOURCE, parse_quantity, pod_level_resources
+from agent.api.validate import is_dns_subdomain
 from agent.errors import TopoletError
-from agent.kube.objects import as_dict, as_list, is_extended_resource, metadata_of, namespaced_name
-from agent.kube.podrequests import RequestsError, container_requests
-from agent.kube.podrequests import pod_requests as scheduler_requests
-from agent.kube.pods import COMPLETION_INDEX, NUMA_ZONE, parse_quantity, pod_level_resources
-from agent.labels.validate import is_dns_subdomain
 
 QUEUE_LABEL = "topolet.io/queue"
 GATE = "topolet.io/placement"
 ADMISSION_ANNOTATION = "topolet.io/admission"
 NUMA_POLICY_ANNOTATION = "topolet.io/numa-policy"
 COLOCATE_ANNOTATION = "topolet.io/colocate"
-NUMA_ZONE_ANNOTATION = NUMA_ZONE  # the zone the node's agent pins the pod in (agent.kube.pods)
+NUMA_ZONE_ANNOTATION = NUMA_ZONE  # the zone the node's agent pins the pod in (agent.api.placements)
 COMPLETION_INDEX_ANNOTATION = COMPLETION_INDEX
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
@@ -67,7 +68,6 @@ MAX_POD_SET = 100_000  # a Job this wide is a typo, not a gang
 MAX_GANG_PODS = 4096
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 _LABEL_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)")
-_GPU = "nvidia.com/gpu"
 _MIG_PREFIX = "nvidia.com/mig-"
 
 
@@ -124,7 +124,7 @@ def _requests(container: Mapping[str, Any], where: str) -> dict[str, Fraction]:
 
 
 def pod_requests(pod_spec: Mapping[str, Any]) -> dict[str, Fraction]:
-    """What the scheduler counts for one pod (`agent.kube.podrequests.pod_requests`): the larger of
+    """What the scheduler counts for one pod (`agent.api.podrequests.pod_requests`): the larger of
     (containers + sidecars) and each init container's peak, pod-level `spec.resources` in place of the
     containers' sum for the resources it sets (or the API server will default), plus the overhead."""
     if not as_list(pod_spec.get("containers")):
@@ -151,14 +151,14 @@ def resources_of(requests: Mapping[str, Fraction]) -> Resources:
             hugepages[name] = math.ceil(value)
         elif name.startswith(_MIG_PREFIX):
             mig[name] = _whole(name, value)
-        elif name != _GPU and "/" in name:
+        elif name != GPU_RESOURCE and "/" in name:
             prefix = name.partition("/")[0]
             if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
                 continue  # the API's own names are no device
             if not is_extended_resource(name):
                 raise JobSpecError(f"invalid extended resource name {name[:300]!r}")
             devices[name] = _whole(name, value)
-    gpus = _whole(_GPU, requests.get(_GPU, Fraction(0)))
+    gpus = _whole(GPU_RESOURCE, requests.get(GPU_RESOURCE, Fraction(0)))
     return Resources(cpu_milli=math.ceil(requests.get("cpu", Fraction(0)) * 1000),
                      memory=math.ceil(requests.get("memory", Fraction(0))),
                      hugepages={k: v for k, v in sorted(hugepages.items()) if v},
@@ -169,7 +169,7 @@ def resources_of(requests: Mapping[str, Fraction]) -> Resources:
 def _guaranteed_integer_cpus(pod_spec: Mapping[str, Any]) -> bool:
     """Every container Guaranteed (requests = limits for cpu and memory) with whole CPUs, and no
     pod-level resources: the kubelet's CPU and Memory Managers leave a pod that sets them unaligned
-    on the shared pool (`agent.kube.pods.pod_level_resources`), and so does the node's agent."""
+    on the shared pool (`agent.api.resources.pod_level_resources`), and so does the node's agent."""
     if pod_level_resources(as_dict(pod_spec)):
         return False
     for c in as_list(pod_spec.get("containers")) + as_list(pod_spec.get("initContainers")):
@@ -295,8 +295,8 @@ def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
             policy, cpu_aligned = guaranteed_policy, False
         else:
             policy = "none"
-    elif policy not in NUMA_POLICIES:
-        raise JobSpecError(f"{NUMA_POLICY_ANNOTATION} must be one of {', '.join(NUMA_POLICIES)}, "
+    elif policy not in POD_SET_NUMA_POLICIES:
+        raise JobSpecError(f"{NUMA_POLICY_ANNOTATION} must be one of {', '.join(POD_SET_NUMA_POLICIES)}, "
                            f"got {policy!r}")
     colocate = as_dict(meta.get("annotations")).get(COLOCATE_ANNOTATION)
     if colocate is not None:

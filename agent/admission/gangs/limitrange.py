@@ -33,7 +33,7 @@ The rules (kubernetes plugin/pkg/admission/limitranger `PodMutateLimitFunc`, v1.
 4. Pod-level `spec.resources` is left as it is: the LimitRanger fills containers only, and the
    pod-level requests the API server defaults from the containers (v1.37 `PodLevelResourcesFixDefaulting`,
    at create, after admission) are worked out from the defaulted containers by
-   `agent.kube.podrequests`.
+   `agent.api.podrequests`.
 
 The defaults are the namespace's as they are now: a LimitRange changed while an admitted Job runs
 leaves the pods created before it asking other than its template now reads (they hold no slot, as any
@@ -46,9 +46,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.api.objects import as_dict, as_list
+from agent.api.resources import parse_quantity
 from agent.errors import TopoletError
-from agent.kube.objects import as_dict, as_list
-from agent.kube.pods import parse_quantity
 
 _CONTAINER = "Container"
 _NAME_MAX = 300

@@ -4,7 +4,7 @@ Pure: no I/O, no clock (times are passed in).  The Job route writes the record i
 `topolet.io/admission`; both routes hand the ledger the decisions they hold as records
 (`agent.admission.cluster.capacity`), and both write slots in the `topolet.io/placements` format
 that the placement policies (`daemonset/controller/placement-policy.yaml`, the Kueue component's) and
-the node's agent (`agent.kube.pods`) read.
+the node's agent (`agent.api.placements`) read.
 
 Public API:
 
@@ -28,10 +28,11 @@ from typing import Any
 
 from agent.admission.engine.model import Placement
 from agent.admission.gangs.job import ADMISSION_ANNOTATION, JobSpecError
-from agent.kube.objects import as_dict, decimal, json_int, json_object, metadata_of
-from agent.kube.pods import MAX_CONTAINER_ZONES, MAX_NUMA_ZONE, PLACEMENTS, numa_zone_value
+from agent.api.names import PLACEMENTS
+from agent.api.objects import as_dict, decimal, json_int, json_object, metadata_of
+from agent.api.placements import MAX_CONTAINER_ZONES, MAX_NUMA_ZONE, numa_zone_value
 
-PLACEMENTS_ANNOTATION = PLACEMENTS  # the agent reads it too (agent.kube.pods)
+PLACEMENTS_ANNOTATION = PLACEMENTS  # the agent reads it too (agent.api.placements)
 # Past this the value is not written (pods are patched instead): every pod of the Job carries it
 # until the policy strips it, and an object's annotations may total 256 KiB.
 PLACEMENTS_MAX_CHARS = 64 * 1024
@@ -58,7 +59,7 @@ class SlotPlacement:
     zones: tuple[int, ...] = ()
 
     def zone_value(self) -> str | None:
-        """The slot's `topolet.io/numa-zone` value (`agent.kube.pods.numa_zone_value`), None for none."""
+        """The slot's `topolet.io/numa-zone` value (`agent.api.placements.numa_zone_value`), None for none."""
         return numa_zone_value(self.zone, self.zones)
 
 

@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from agent.kube.objects import as_dict, as_list, metadata_of
+from agent.api.objects import as_dict, as_list, metadata_of
 
 SHAPE_CHARS = 32  # hex digits of a SHA-256: enough that no tenant finds another Job of the same shape
 

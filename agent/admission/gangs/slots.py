@@ -55,9 +55,9 @@ from agent.admission.gangs.job import (
 )
 from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults
 from agent.admission.gangs.record import PLACEMENTS_ANNOTATION, SlotPlacement
-from agent.kube.objects import as_dict, as_list, metadata_of
-from agent.kube.pods import completion_index as pod_completion_index
-from agent.kube.pods import parse_numa_zone, placement_entry
+from agent.api.objects import as_dict, as_list, metadata_of
+from agent.api.placements import completion_index as pod_completion_index
+from agent.api.placements import parse_numa_zone, placement_entry
 
 JOB_API_VERSION, JOB_KIND = "batch/v1", "Job"  # the Job controller's owner reference names these
 # The labels the API server puts in a Job's pod template when it generates the Job's selector (the

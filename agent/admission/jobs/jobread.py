@@ -48,7 +48,7 @@ from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults
 from agent.admission.gangs.record import AdmissionRecord, decode_record, record_of
 from agent.admission.gangs.shape import job_shape
 from agent.admission.gangs.slots import JobOwner, SlotAssignment, job_owner, job_slots
-from agent.kube.objects import as_dict, metadata_of, namespaced_name
+from agent.api.objects import as_dict, metadata_of, namespaced_name
 
 
 @dataclass(frozen=True, slots=True)

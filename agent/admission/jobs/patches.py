@@ -55,7 +55,7 @@ from agent.admission.gangs.job import (
 from agent.admission.gangs.record import PLACEMENTS_ANNOTATION, AdmissionRecord, placements_value
 from agent.admission.gangs.shape import job_shape
 from agent.admission.gangs.slots import scheduling_gates
-from agent.kube.objects import as_dict, metadata_of
+from agent.api.objects import as_dict, metadata_of
 
 MERGE_PATCH = "application/merge-patch+json"
 # On the pod template beside PLACEMENTS_ANNOTATION (gated Indexed Jobs): the placement policy's
@@ -72,7 +72,7 @@ def one_node_template(record: AdmissionRecord, pod_spec: Mapping[str, Any],
     The node selector `kubernetes.io/hostname=<node>` (other selectors kept) and, where the template
     has no affinity, the required node affinity on the node's name (`node_affinity`); the zone as
     `topolet.io/numa-zone` when every slot has the same one, else as `topolet.io/placements` (the
-    node's agent reads its completion index's entry, `agent.kube.pods`)."""
+    node's agent reads its completion index's entry, `agent.api.placements`)."""
     places = set(record.slots.values())
     nodes = {p.node for p in places}
     if record.result != "admitted" or len(nodes) != 1:

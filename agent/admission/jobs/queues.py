@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from agent.admission.engine.model import Gang, Placement, Refusal
+from agent.api.validate import is_dns_label, is_label_value
 from agent.errors import ConfigError
-from agent.labels.validate import is_dns_label, is_label_value
 
 QUEUE_MODES = ("StrictFIFO", "BestEffortFIFO")
 MAX_NAMED = 10  # queues a refusal names as open to the Job's namespace (the Event stays short)

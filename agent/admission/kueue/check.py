@@ -75,10 +75,10 @@ from agent.admission.kueue.workloads import CONTROLLER_NAME, KUEUE_GROUP, KUEUE_
 from agent.admission.kueue.writes import CheckWrites
 from agent.admission.report.events import timestamp
 from agent.admission.report.metrics import AdmissionMetrics
+from agent.api.objects import as_dict, metadata_of, object_key
 from agent.errors import KubeAPIError
-from agent.kube.client import KubeClient, resource_path
-from agent.kube.leader import NotLeader
-from agent.kube.objects import as_dict, metadata_of, object_key
+from agent.kubeapi.client import KubeClient, resource_path
+from agent.kubeapi.leader import NotLeader
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from agent.admission.gangs.record import AdmissionRecord
 from agent.admission.gangs.slots import JOB_API_VERSION, JOB_KIND, JobOwner, job_slots, owner_of
 from agent.admission.kueue import workloads
 from agent.admission.kueue.workloads import WorkloadSpecError
-from agent.kube.objects import as_dict, as_list, metadata_of, object_key
+from agent.api.objects import as_dict, as_list, metadata_of, object_key
 
 log = logging.getLogger(__name__)
 

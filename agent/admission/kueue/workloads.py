@@ -57,8 +57,8 @@ from agent.admission.gangs.record import (
     SlotPlacement,
     placements_value,
 )
-from agent.kube.objects import as_dict, as_list, metadata_of, namespaced_name
-from agent.kube.pods import parse_numa_zone, parse_placement
+from agent.api.objects import as_dict, as_list, metadata_of, namespaced_name
+from agent.api.placements import parse_numa_zone, parse_placement
 
 CONTROLLER_NAME = "topolet.io/topology-fit"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from agent.api.objects import as_dict, metadata_of
 from agent.errors import KubeAPIError
-from agent.kube.client import KubeClient, resource_path
-from agent.kube.objects import as_dict, metadata_of
+from agent.kubeapi.client import KubeClient, resource_path
 
 log = logging.getLogger(__name__)
 

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Gauge, Histogram
 
 from agent.admission.engine.model import ClusterView
+from agent.api.resources import GPU_RESOURCE
 from agent.metrics.registry import new_registry
 
 DECISION_RESULTS = ("admitted", "waiting", "rejected", "error")
 INVALID_KINDS = ("Job", "Pod", "Workload")
 NODE_STATES = ("usable", "stale", "not_ready")
-FREE_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
+FREE_RESOURCES = ("cpu", "memory", GPU_RESOURCE)
 DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -65,7 +66,7 @@ def capacity_figures(view: ClusterView) -> CapacityFigures:
                 whole_free += zone.cpu_milli
     ratio = (zone_free - whole_free) / zone_free if zone_free else 0.0
     return CapacityFigures(free={"cpu": cpu_milli / 1000, "memory": float(memory),
-                                 "nvidia.com/gpu": float(gpus)},
+                                 GPU_RESOURCE: float(gpus)},
                            largest_free_zone_cpus=largest / 1000, fragmentation_ratio=ratio)
 
 

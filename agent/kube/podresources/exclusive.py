@@ -16,7 +16,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from agent.kube.objects import is_extended_resource
+from agent.api.objects import is_extended_resource
 from agent.topology.cpuset import CPUSet
 
 PROBE_TIMEOUT_SECONDS = 30.0  # interpreter and grpc start-up included

@@ -22,8 +22,9 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 
+from agent.api.objects import decimal
+from agent.api.resources import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 from agent.gpu.model import GPU
-from agent.kube.objects import decimal
 from agent.kube.podresources.client import Device, PodResourcesClient
 from agent.topology.model import Topology
 
@@ -32,8 +33,6 @@ _MAX_INDEX = 99_999  # an NVML index in a device id: five digits at most
 
 ADMISSION_WAIT_SECONDS = 2.0  # how long a pod the kubelet has not admitted yet is asked about again
 ADMISSION_POLL_SECONDS = 0.05
-GPU_RESOURCE = "nvidia.com/gpu"
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # the device plugin's "mixed" MIG strategy: one per profile
 
 
 def is_gpu_resource(name: str) -> bool:

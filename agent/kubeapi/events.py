@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent.errors import ConfigError, KubeAPIError
-from agent.kube.client import KubeClient, resource_path
+from agent.kubeapi.client import KubeClient, resource_path
 
 log = logging.getLogger(__name__)
 

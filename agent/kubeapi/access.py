@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from agent.errors import KubeAPIError
-from agent.kube.client import KubeClient
+from agent.kubeapi.client import KubeClient
 
 HINTS = {
     None: "is the API server up, and is this the right kubeconfig (--kubeconfig, $KUBECONFIG)?",

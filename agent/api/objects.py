@@ -32,6 +32,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from agent.api.validate import is_dns_subdomain
+
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")  # [0-9], not \d: only ASCII digits
 # A JSON string, or an unterminated one to the end: one linear pass, whatever the input.
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?')
@@ -117,8 +119,6 @@ def is_extended_resource(name: object) -> bool:
     """Whether `name` is an extended resource name (apimachinery's rule): `<domain>/<name>`, a DNS
     subdomain then a qualified name, the domain not `kubernetes.io` nor under it, and not a quota's
     `requests.` name."""
-    from agent.labels.validate import is_dns_subdomain
-
     if not isinstance(name, str) or name.startswith("requests."):
         return False
     prefix, slash, rest = name.partition("/")

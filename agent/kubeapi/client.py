@@ -46,8 +46,8 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from agent.api.validate import is_dns_label, is_dns_subdomain
 from agent.errors import ConfigError, KubeAPIError
-from agent.labels.validate import is_dns_label, is_dns_subdomain
 
 # A call that cannot connect in 5 s or answer in 20 s is treated as the API being down: the caller
 # retries on its next reconcile instead of blocking enforcement behind a hung socket.

@@ -31,10 +31,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from agent.api.objects import as_dict
 from agent.errors import ConfigError, KubeAPIError
-from agent.kube.backoff import Outage
-from agent.kube.client import KubeClient, resource_path
-from agent.kube.objects import as_dict
+from agent.kubeapi.backoff import Outage
+from agent.kubeapi.client import KubeClient, resource_path
 
 log = logging.getLogger(__name__)
 

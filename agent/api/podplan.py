@@ -54,49 +54,42 @@ The rules (docs/design.md, "Pods"; the node's kubelet runs `cpuManagerPolicy: no
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
-from agent.enforce.kubepods import QOSClass
-from agent.kube.objects import as_dict, as_list, decimal, is_extended_resource
-
-ANNOTATION_PREFIX = "topolet.io/"
-CPU_POLICY = "topolet.io/cpu-policy"
-NUMA_POLICY = "topolet.io/numa-policy"
-SMT = "topolet.io/smt"
-MEMORY_BINDING = "topolet.io/memory-binding"
-NUMA_ZONE = "topolet.io/numa-zone"
-PLACEMENTS = "topolet.io/placements"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+from agent.api.names import (
+    ANNOTATION_PREFIX,
+    COMPLETION_INDEX,
+    CPU_POLICY,
+    MEMORY_BINDING,
+    NUMA_POLICY,
+    NUMA_ZONE,
+    PLACEMENTS,
+    SMT,
+)
+from agent.api.objects import as_dict, as_list, is_extended_resource
+from agent.api.placements import MAX_NUMA_ZONE, completion_index, parse_numa_zone, placement_entry
+from agent.api.policies import (
+    ANNOTATION_NUMA_POLICIES,
+    DEFAULT_NUMA_POLICY,
+    DEFAULT_SMT,
+    SMT_POLICIES,
+    NumaPolicy,
+)
+from agent.api.qos import QOSClass
+from agent.api.resources import HUGEPAGES_PREFIX, parse_quantity, pod_level_resources
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     CPU_POLICY: ("exclusive", "shared"),
-    NUMA_POLICY: ("single-numa-node", "restricted", "best-effort"),
-    SMT: ("full-cores", "any"),
+    NUMA_POLICY: ANNOTATION_NUMA_POLICIES,
+    SMT: SMT_POLICIES,
     MEMORY_BINDING: ("true", "false"),
 }
-DEFAULT_NUMA_POLICY = "best-effort"
-DEFAULT_SMT = "any"
 
 REASON_INVALID = "InvalidAnnotation"
 REASON_NOT_ELIGIBLE = "NotEligible"
 
-# Kubernetes resource quantity: a signed decimal (or exponent) number and a suffix.
-_QUANTITY_RE = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:[eE]([+-]?[0-9]+)|([a-zA-Z]{0,2}))")
-_QUANTITY_MAX_CHARS = 64
-_SUFFIX: dict[str, Fraction] = {
-    "": Fraction(1), "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
-    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
-    "P": Fraction(10**15), "E": Fraction(10**18),
-    "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50), "Ei": Fraction(2**60),
-}
-MAX_NUMA_ZONE = 1023  # Linux numbers at most 1024 NUMA nodes
-MAX_COMPLETION_INDEX = 10**6  # above the API's limit on an Indexed Job's completions
 _MAX_EXCLUSIVE = 1 << 16  # no node has more CPUs; a bigger request is garbage, not a pin
 
 
@@ -153,49 +146,6 @@ class PodPlan:
 
 class PodError(ValueError):
     """The object is not a pod we can read (missing or mistyped identity fields)."""
-
-
-def parse_quantity(text: object) -> Fraction | None:
-    """A Kubernetes quantity ("2", "1500m", "1Gi", "1e3") as an exact fraction; None if malformed
-    (or longer than any real one: a tenant may write anything there)."""
-    if isinstance(text, int) and not isinstance(text, bool) and abs(text) < 10**18:
-        return _parse_quantity(text)
-    if not isinstance(text, str) or len(text) > _QUANTITY_MAX_CHARS:
-        return None
-    return _parse_quantity(text)
-
-
-@functools.lru_cache(maxsize=4096)  # a cluster's pods repeat a few quantities over and over
-def _parse_quantity(text: str | int) -> Fraction | None:
-    s = str(text).strip()
-    m = _QUANTITY_RE.fullmatch(s)
-    if m is None:
-        return None
-    number, exponent, suffix = m.groups()
-    try:
-        value = Fraction(number)
-    except (ValueError, ZeroDivisionError):
-        return None
-    if exponent is not None:
-        if abs(int(exponent)) > 30:
-            return None
-        return value * Fraction(10) ** int(exponent)
-    if suffix not in _SUFFIX:
-        return None
-    return value * _SUFFIX[suffix]
-
-
-def pod_level_resource(name: object) -> bool:
-    """Whether Kubernetes' pod-level resources (`spec.resources`) cover `name`: cpu, memory and
-    `hugepages-<size>` (k8s.io/component-helpers `IsSupportedPodLevelResource`)."""
-    return name == "cpu" or name == "memory" or (isinstance(name, str) and name.startswith("hugepages-"))
-
-
-def pod_level_resources(spec: dict[str, Any]) -> bool:
-    """Whether a pod spec sets pod-level resources: a request or limit of a resource they cover in
-    `spec.resources` (k8s.io/component-helpers `IsPodLevelResourcesSet`)."""
-    res = as_dict(spec.get("resources"))
-    return any(pod_level_resource(name) for key in ("requests", "limits") for name in as_dict(res.get(key)))
 
 
 def _resources(container: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -291,59 +241,6 @@ def _annotations(meta: dict[str, Any]) -> tuple[dict[str, str], list[PodWarning]
     return out, warnings
 
 
-MAX_CONTAINER_ZONES = 64  # zones one `topolet.io/numa-zone` value may list (one per container)
-
-
-def parse_numa_zone(value: object) -> tuple[int | None, tuple[int, ...]] | None:
-    """A `topolet.io/numa-zone` value: ("<N>" → (N, ()): the pod's zone) or ("<N>,<M>,..." → (None,
-    (N, M, ...)): a zone per regular container, in spec order); None when malformed.
-
-    The one reader of the format, for the agent and the admission controller (`agent.admission`)."""
-    if not isinstance(value, str):
-        return None
-    parts = value.split(",", MAX_CONTAINER_ZONES)
-    zones = [decimal(p, MAX_NUMA_ZONE) for p in parts]
-    if len(parts) > MAX_CONTAINER_ZONES or any(z is None for z in zones):
-        return None
-    if len(zones) == 1:
-        return zones[0], ()
-    return None, tuple(z for z in zones if z is not None)
-
-
-def numa_zone_value(zone: int | None, zones: tuple[int, ...] = ()) -> str | None:
-    """The `topolet.io/numa-zone` value of a pod's zone, or of its containers' zones; None for neither."""
-    if zones:
-        return ",".join(str(z) for z in zones)
-    return None if zone is None else str(zone)
-
-
-def parse_placement(entry: str) -> tuple[str, int | None] | None:
-    """One "node:zone" entry of `topolet.io/placements` (an empty zone: none); None when malformed.
-
-    The one reader of the format, for the agent and the admission controller (`agent.admission`)."""
-    node, sep, zone = entry.partition(":")
-    number = decimal(zone, MAX_NUMA_ZONE)
-    if not sep or not node or (zone and number is None):
-        return None
-    return node, number
-
-
-def placement_entry(text: str, index: int) -> tuple[str, int | None] | str:
-    """Entry `index` of a `topolet.io/placements` value as (node, zone or None), or why it is not one."""
-    entries = text.split(",")
-    if index >= len(entries):
-        return f"{PLACEMENTS}: no entry for completion index {index} ({len(entries)} entries)"
-    parsed = parse_placement(entries[index])
-    if parsed is None:
-        return f"{PLACEMENTS}: entry {index} {entries[index][:64]!r} is not <node>:<NUMA node id>"
-    return parsed
-
-
-def completion_index(meta: dict[str, Any]) -> int | None:
-    """The completion index a pod's metadata carries (Indexed Jobs), None when it has no valid one."""
-    return decimal(as_dict(meta.get("annotations")).get(COMPLETION_INDEX), MAX_COMPLETION_INDEX)
-
-
 def _placed_zone(pod: dict[str, Any], meta: dict[str, Any], text: str) -> tuple[int | None, str]:
     """The zone `topolet.io/placements` gives this pod: (zone or None, "") or (None, why it cannot)."""
     index = completion_index(meta)
@@ -399,7 +296,7 @@ def _memory_requests(requests: dict[str, Any], limits: dict[str, Any]) -> tuple[
     """(resource, bytes) of memory and hugepages a container asks for; unreadable values left out."""
     out: dict[str, int] = {}
     for name in {*requests, *limits}:
-        if not isinstance(name, str) or not (name == "memory" or name.startswith("hugepages-")):
+        if not isinstance(name, str) or not (name == "memory" or name.startswith(HUGEPAGES_PREFIX)):
             continue
         q = parse_quantity(requests.get(name, limits.get(name)))
         if q is not None and q > 0:
@@ -442,7 +339,8 @@ def plan_pod(pod: object) -> PodPlan:
         if why:
             warnings.append(PodWarning(REASON_INVALID, why))
     if zone is not None or per_container:
-        numa = "single-numa-node"  # the controller counted the pod (or each container) against one zone
+        # The controller counted the pod (or each container) against one zone.
+        numa = NumaPolicy.SINGLE_NUMA_NODE.value
     smt = notes.get(SMT, DEFAULT_SMT)
     binding = notes.get(MEMORY_BINDING) == "true"
     pinning_allowed = not warnings  # a bad annotation: the whole pod stays on the shared pool

@@ -20,7 +20,7 @@ The rules, in order (the one place that lists them):
    init container runs alone with the sidecars started before it: the pod takes the larger of the
    two, per resource.
 3. Pod-level `spec.resources` (Kubernetes' pod-level resources, beta and on by default since 1.34):
-   for the resources it supports (`agent.kube.pods.pod_level_resource`: cpu, memory,
+   for the resources it supports (`agent.api.resources.pod_level_resource`: cpu, memory,
    `hugepages-<size>`) its request replaces the sum of the containers'.  A pod-level request left
    out is read as the API server defaults it when the pod is created (`pkg/api/pod`
    `DefaultPodLevelResources`): for cpu and memory the containers' sum when a container names the
@@ -35,9 +35,9 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
+from agent.api.objects import as_dict, as_list
+from agent.api.resources import parse_quantity, pod_level_resource
 from agent.errors import TopoletError
-from agent.kube.objects import as_dict, as_list
-from agent.kube.pods import parse_quantity, pod_level_resource
 
 _OVERCOMMITTED = ("cpu", "memory")  # the pod-level requests the containers' sum defaults (not hugepages)
 
