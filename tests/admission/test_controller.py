@@ -240,7 +240,8 @@ def test_admits_whole_gangs_rejects_never_waits_and_flags_bad_jobs(
     assert {p["node"] for p in rec["placement"].values()} <= set(names)
     # Every pod lands in a zone of its own node: (node, zone) pairs are distinct, 12 of 16 CPUs each.
     assert len({(p["node"], p["zone"]) for p in rec["placement"].values()}) == 4
-    assert "Admitted" in events(api, namespace, "a")
+    # Events go out from their own thread, off the pass: the pods may be bound before it has sent one.
+    wait_for(lambda: "Admitted" in events(api, namespace, "a"), "the Admitted event")
     # Four zones of one node hold it: the one-node route pins the pod template, with no gate, and the
     # agent reads each pod's zone from the placements by its completion index.
     (node_a,) = {p["node"] for p in rec["placement"].values()}

@@ -294,7 +294,10 @@ def mixed_pod(kube: CgroupLayout, two_cpus: tuple[int, int], spawn: Spawn, tmp_p
         move_pid(kube, cgroup("main"), p.pid)  # runc start: the container's first instruction
         assert proc_status(p.pid, "Cpus_allowed_list") == node.pinned
         assert node.cpus(cgroup("pause")) == node.cpus(cgroup("nobundle")) == both
-        assert watcher.containers_written == 2
+        # main and side, the containers with a bundle: once each, or again where libcontainer's fill
+        # from the parent (check-then-write, as runc does) landed after our write and the file watch
+        # put it back (the sets above are the final word on which containers were touched).
+        assert watcher.containers_written >= 2
 
         write_set(kube, cgroup("main"), "cpus", both)  # someone widens it: put back
         eventually(lambda: node.cpus(cgroup("main")) == node.pinned, "the exclusive container restored")
