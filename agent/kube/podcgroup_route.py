@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from agent.api.podplan import PodPlan
 from agent.api.qos import QOSClass
+from agent.enforce.cgroup import exists
 from agent.enforce.kubepods import CgroupDriver
 from agent.enforce.podcgroups import PodCgroupWatcher, PodCpuset
 from agent.enforce.state import State
@@ -170,7 +171,10 @@ class PodCgroupRoute:
             for uid, pod in watcher.pods().items():
                 if pod.qos is QOSClass.GUARANTEED:
                     targets.append((pod.path, *(self.pod_cpuset(uid) or (self.policy.pool, EMPTY))))
-            yield subtrees_targets(self.engine.layout, targets)
+            # A pod cgroup the kubelet removed before the watch told us (a pod going) has nothing to
+            # write: without this, its write would fail the whole step, and with it the pod change.
+            layout = self.engine.layout
+            yield subtrees_targets(layout, [t for t in targets if exists(layout, t[0])])
 
     def _snapshot(self, state: State) -> PodCpusets:
         return pod_cpusets(state, dict(self.pinner.pods), self.pinner.pool(state))
