@@ -24,13 +24,12 @@ from agent.gpu.discover import gpus_from_topology
 from agent.gpu.labels import gpu_labels
 from agent.gpu.reconcile import CONFIG_LABEL
 from agent.labels import build_label_set
-from agent.topology.model import Topology
-from tests.conftest import HWLOC_DATA, REPO, require
+from tests.conftest import REPO
 from tests.gpu.sysfs_fixture import build_hgx
 from tests.labels.machines import cpu_info, machine, pci
+from tests.labels.test_dumps import DUMPS, _discover
 
 POLICY = REPO / "daemonset" / "admission-policy.yaml"
-DUMPS = sorted(p.name.removesuffix(".tar.bz2") for p in (HWLOC_DATA / "dumps").glob("*.tar.bz2"))
 
 
 def variable(name: str) -> str:
@@ -54,15 +53,6 @@ def own_labels(gfd_compat: bool) -> tuple[re.Pattern[str], ...]:
 
 def allowed(key: str, gfd_compat: bool = False) -> bool:
     return any(p.search(key) for p in own_labels(gfd_compat))
-
-
-def _discover() -> Callable[[str], Topology]:
-    try:
-        from agent.topology.discover import discover
-        from agent.topology.native import scan  # noqa: F401  (the C helper must be built)
-    except ImportError as exc:
-        require(False, f"discovery is not available: {exc}")
-    return discover
 
 
 @pytest.mark.parametrize("name", DUMPS)
