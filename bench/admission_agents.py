@@ -47,7 +47,7 @@ from agent.alloc.request import Request
 from agent.api.fingerprint import pod_set_fingerprint
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import AllocationError, KubeAPIError
-from agent.kube.nrt import nrt_object
+from agent.kube.publish.nrt import nrt_object
 from agent.kubeapi.client import KubeClient, resource_path
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import Topology

@@ -9,7 +9,7 @@ Public API (the in-process bench and the through-the-API run share it, so both s
   single-numa-node allocations made with `agent.alloc.allocate` (so the free CPUs are fragmented
   as on a real node).  `Cluster.nodes` are Node dicts (allocatable cpu/memory/pods, labels
   `kubernetes.io/hostname` and `RACK_LABEL`, 64 nodes a rack), `Cluster.nrts` the NRTs
-  `agent.kube.nrt.nrt_object` builds from that state (policy single-numa-node, topologyManagerScope
+  `agent.kube.publish.nrt.nrt_object` builds from that state (policy single-numa-node, topologyManagerScope
   `scope`; the same seed gives the same nodes whatever the scope), `Cluster.pods` one bound Guaranteed
   filler pod per allocation (so node totals agree with the NRT).
 - `gangs(count, seed) -> list[Gang]`: gangs of 2, 4 or 8 single-numa-node pods in the pod-count mix
@@ -45,7 +45,7 @@ from agent.alloc.exclusive import allocate
 from agent.alloc.request import Request
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import AllocationError
-from agent.kube.nrt import nrt_object
+from agent.kube.publish.nrt import nrt_object
 from agent.topology.cpuset import EMPTY
 from agent.topology.model import Topology
 

@@ -301,9 +301,9 @@ def test_checker_sees_a_functional_import(tmp_path: Path) -> None:
     source = tmp_path / "probe.py"
     source.write_text("import importlib\n"
                       "def f():\n    return importlib.import_module('agent.gpu.labels')\n"
-                      "def g():\n    return __import__('agent.kube.nrt')\n")
+                      "def g():\n    return __import__('agent.kube.publish.nrt')\n")
     found = [name for _, name in imports_of("agent.labels.probe", source)]
-    assert found == ["agent.gpu.labels", "agent.kube.nrt"]
+    assert found == ["agent.gpu.labels", "agent.kube.publish.nrt"]
 
 
 def test_checker_sees_a_wrong_import(tmp_path: Path) -> None:

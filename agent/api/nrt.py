@@ -5,7 +5,7 @@ Public API: `GROUP`, `VERSION`, `API_VERSION`, `KIND`, `PLURAL` (`topology.node.
 the top-level attributes `ATTR_POLICY`, `ATTR_SCOPE`, `ATTR_FINGERPRINT`, `ATTR_FINGERPRINT_METHOD`,
 `ATTR_PINNING_ROUTE` and `FINGERPRINT_METHODS`; the deprecated `topologyPolicies` enum:
 `legacy_policy(policy, scope)`, `policy_of_legacy(value)`, `scope_of_legacy(value)`.
-The builder and writer are `agent.kube.nrt`'s.
+The builder and writer are `agent.kube.publish.nrt`'s.
 """
 
 from __future__ import annotations

@@ -90,6 +90,6 @@ def controller(args: argparse.Namespace) -> int:
 
 
 def cleanup(args: argparse.Namespace) -> int:
-    from agent.kube.cleanup_command import run_cleanup
+    from agent.kube.cleanup.command import run_cleanup
 
     return run_cleanup(args)

@@ -53,7 +53,7 @@ def kube_agent(config: AgentConfig, metrics: Metrics, *, nvml: Any = None,
     inventory (else discovered here, through `nvml` when given)."""
     from agent.enforce.state_file import StateFile
     from agent.kube.daemon import KubeAgent, choose_enforcement, node_gpus
-    from agent.kube.kubelet import Kubelet
+    from agent.kube.kubelet.resources import Kubelet
     from agent.kubeapi.client import KubeClient, agent_namespace, load_api_client, node_name
     from agent.topology.cpuset import CPUSet
     from agent.topology.discover import discover

@@ -2,28 +2,28 @@
 
 Three threads (four with NRI), so that losing the API server stops publishing, never enforcing:
 
-- the pod watch (`agent.kube.watch.PodWatcher`) reads the API and queues pod changes;
+- the pod watch (`agent.kube.pinning.watch.PodWatcher`) reads the API and queues pod changes;
 - the enforcer (this module's main loop) owns the pod cache and the `PodPinner`: it turns each
   change into engine calls (state first, then cgroups), repairs drift every reconcile, and never
   calls the API;
-- the NRI plugin (`agent.kube.route`, where the runtime has NRI) pins containers as the runtime
-  creates them, through the enforcer's `PodPinner` under its lock (`agent.kube.nri_pinning`); else,
-  with enforcement on, the pod-cgroup route's watcher (`agent.kube.podcgroup_route`, started once the
+- the NRI plugin (`agent.kube.pinning.route`, where the runtime has NRI) pins containers as the runtime
+  creates them, through the enforcer's `PodPinner` under its lock (`agent.kube.pinning.nri_pinning`); else,
+  with enforcement on, the pod-cgroup route's watcher (`agent.kube.pinning.podcgroup_route`, started once the
   first list is applied) writes each pod cgroup as the kubelet makes it, from the enforcer's policy;
 - the publisher writes what the enforcer changed — the NodeResourceTopology after every
   allocation change, labels when the topology changes, Events for bad annotations (which ones, and
-  how often per pod, `agent.kube.warnings.WarningLimiter` decides) — retrying with the API loops'
+  how often per pod, `agent.kube.pinning.warnings.WarningLimiter` decides) — retrying with the API loops'
   back-off while the API is down (`agent.kubeapi.backoff`), and at once when there is a change to write.
 
 MIG follows NVIDIA MIG manager's protocol on the Node: the user's label `topolet.io/mig.config`
 names the layout (else `--mig-config`), and the agent answers in `topolet.io/mig.config.state`
 (pending, success, failed).  The publisher re-reads the Node every reconcile period and hands the
-layout to the enforcer, which applies it through NVML on its own thread (`agent.kube.mig_enforcer`)
+layout to the enforcer, which applies it through NVML on its own thread (`agent.kube.mig.enforcer`)
 — with the API down, the last layout read stays applied.  MIG is looked after where it can matter:
 an NVML given, a layout asked, a MIG-capable GPU.
 
 GPUs the kubelet handed to containers (its pod-resources socket, read on the enforcer thread only
-when the node has GPUs: `agent.kube.kubelet`) count as taken in the NRT, and their MIG instances as
+when the node has GPUs: `agent.kube.kubelet.resources`) count as taken in the NRT, and their MIG instances as
 in use.
 
 The container's cgroup is the kubelet's (`agent.enforce.kubepods`); the cgroup driver is found by
@@ -34,7 +34,7 @@ The kubelet's CPU manager: topolet pins only where the kubelet runs `cpuManagerP
 `static` (the kubelet pins Guaranteed pods itself) the agent stands down: it runs as with
 `--enforcement off`, its NRT counts the kubelet's own exclusive CPUs (pod-resources, as NFD's topology
 updater reads them), and it says so in one log line, a Normal Event `KubeletCPUManagerStatic` on its
-Node and `topolet_info{enforcement="kubelet-static"}` (`agent.kube.kubelet` says how it asks).  A
+Node and `topolet_info{enforcement="kubelet-static"}` (`agent.kube.kubelet.resources` says how it asks).  A
 kubelet restarted under a running agent with the other policy (static under an enforcing agent, none
 under one standing down) stops the agent (ConfigError, exit 2, the message says why) before it
 writes another cpuset: the DaemonSet's restarted pod comes up in the mode that fits.  Switching
@@ -52,9 +52,9 @@ This module holds the enforcer loop (`KubeAgent(config, topology, ...)`: `.run(s
 its constructor reads nothing), what it starts from (`node_gpus`, the GPU inventory;
 `choose_enforcement`, the engine) and the entry point (`run_kube_agent(agent)`).  The start-up reads
 and the wiring are the composition root's, `agent.cli.compose.kube_agent`.  The pieces it drives live beside
-it: `agent.kube.pinner` (pods to engine calls), `agent.kube.publisher` (the API writer),
-`agent.kube.nrt_build` (what the NRT says), `agent.kube.kubelet` (the kubelet's word),
-`agent.kube.mig_enforcer` (MIG on this thread) and `agent.kube.mig_status` (the Node's MIG layout).
+it: `agent.kube.pinning.pinner` (pods to engine calls), `agent.kube.publish.publisher` (the API writer),
+`agent.kube.publish.nrt_build` (what the NRT says), `agent.kube.kubelet.resources` (the kubelet's word),
+`agent.kube.mig.enforcer` (MIG on this thread) and `agent.kube.mig.status` (the Node's MIG layout).
 """
 
 from __future__ import annotations
@@ -75,17 +75,17 @@ from agent.enforce import detect_layout
 from agent.enforce.cgroup import hierarchy_path
 from agent.enforce.state_file import StateFile
 from agent.errors import ConfigError, EnforcementError, TopoletError
-from agent.kube.kubelet import Kubelet, static_message
-from agent.kube.mig_enforcer import MigEnforcer
-from agent.kube.mig_status import MigConfigChanged, MigStatus
-from agent.kube.nrt import KubeletCPUs
-from agent.kube.nrt_build import MemoryRequests, Snapshot
-from agent.kube.pinner import NodeCgroups, PodPinner, alloc_id
-from agent.kube.podcgroup_route import PodCgroupRoute
-from agent.kube.publisher import Publisher
+from agent.kube.kubelet.resources import Kubelet, static_message
+from agent.kube.mig.enforcer import MigEnforcer
+from agent.kube.mig.status import MigConfigChanged, MigStatus
+from agent.kube.pinning.pinner import NodeCgroups, PodPinner, alloc_id
+from agent.kube.pinning.podcgroup_route import PodCgroupRoute
+from agent.kube.pinning.route import DEFAULT_NRI_SOCKET, NRI, POD_CGROUP, PinningRoute
+from agent.kube.pinning.watch import PodChange, PodWatcher, Synced
+from agent.kube.publish.nrt import KubeletCPUs
+from agent.kube.publish.nrt_build import MemoryRequests, Snapshot
+from agent.kube.publish.publisher import Publisher
 from agent.kube.recording import RecordingEngine
-from agent.kube.route import DEFAULT_NRI_SOCKET, NRI, POD_CGROUP, PinningRoute
-from agent.kube.watch import PodChange, PodWatcher, Synced
 from agent.metrics.registry import GPUZones, Metrics
 from agent.metrics.server import MetricsServer, staleness_health
 from agent.standalone.engine import PinningEngine, cpu_rows
@@ -180,7 +180,8 @@ class KubeAgent:
         self.watcher = PodWatcher(self.api, self.node, self.changes.put,
                                   on_list=metrics.pod_lists.inc,
                                   on_invalid=metrics.invalid_objects.labels(kind="pod").inc)
-        # Chosen and connected in run(): NRI pins as the runtime creates containers (agent.kube.route).
+        # Chosen and connected in run(): NRI pins as the runtime creates containers
+        # (agent.kube.pinning.route).
         self.route = PinningRoute(config.route, config.nri_socket or DEFAULT_NRI_SOCKET,
                                   lambda: nri_handler(self.pinner, self.node, enforcement.cgroup_root),
                                   enforce=self.enforce)
@@ -380,7 +381,7 @@ class KubeAgent:
 
 def nri_handler(pinner: PodPinner, node: str, cgroup_root: str) -> Handler:
     """The agent's NRI plugin, made (and NRI's messages imported) only where the route tries NRI."""
-    from agent.kube.nri_pinning import NRIPinning
+    from agent.kube.pinning.nri_pinning import NRIPinning
 
     return NRIPinning(pinner, node, cgroup_root=cgroup_root)
 

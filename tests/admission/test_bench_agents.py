@@ -21,7 +21,7 @@ from admission_agents import NodeAgents  # noqa: E402
 from agent.api.fingerprint import pod_set_fingerprint
 from agent.api.nrt import ATTR_FINGERPRINT
 from agent.enforce.state import State  # noqa: E402
-from agent.kube.nrt import nrt_object
+from agent.kube.publish.nrt import nrt_object
 from agent.kubeapi.client import KubeClient, resource_path  # noqa: E402
 
 DUMP = "32em64t-2n8c+dax+nvme+mic+dimms"  # two zones of 8 CPUs

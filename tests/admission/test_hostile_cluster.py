@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.enforce.state import State
-from agent.kube.nrt import nrt_object
+from agent.kube.publish.nrt import nrt_object
 from agent.kubeapi.client import KubeClient, resource_path
 from tests.admission.test_controller import (
     DUMP,

@@ -27,7 +27,7 @@ from admission_peer import POD_GROUP_LABEL, PROFILE, PeerScheduler, build_peer, 
 
 from agent.admission.engine.model import Gang, PodSet, Resources  # noqa: E402
 from agent.enforce.state import State  # noqa: E402
-from agent.kube.nrt import nrt_object
+from agent.kube.publish.nrt import nrt_object
 from agent.kubeapi.client import KubeClient, resource_path  # noqa: E402
 
 DUMP = "32em64t-2n8c+dax+nvme+mic+dimms"  # two zones of 8 CPUs

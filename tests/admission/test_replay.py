@@ -1,7 +1,7 @@
 """The node must agree: every single-numa-node placement replays through the agent's own allocator.
 
 Nodes are real machines (hwloc dumps read by `agent.topology.discover`), partly filled by the agent's
-allocator, published with `agent.kube.nrt.nrt_object` and read back by `build_view`.  Random gangs
+allocator, published with `agent.kube.publish.nrt.nrt_object` and read back by `build_view`.  Random gangs
 are placed one after another (each committed to the view); then, node by node, every pod placed
 there is pinned with `agent.alloc.allocate(..., Request(numa_policy="single-numa-node",
 preferred_numa={zone}))` — what the agent does with the `topolet.io/numa-zone` annotation — in
@@ -25,7 +25,7 @@ from agent.alloc.exclusive import allocate
 from agent.alloc.request import Request
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import AllocationError
-from agent.kube.nrt import nrt_object
+from agent.kube.publish.nrt import nrt_object
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import Topology
 

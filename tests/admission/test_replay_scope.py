@@ -23,7 +23,7 @@ from agent.admission.engine.model import Gang, Placement, PodSet, Resources
 from agent.admission.engine.place import commit, place
 from agent.alloc.exclusive import allocate
 from agent.alloc.request import Request
-from agent.kube.nrt import nrt_object
+from agent.kube.publish.nrt import nrt_object
 from agent.topology.cpuset import CPUSet
 from agent.topology.model import Topology
 from tests.admission.test_replay import DUMPS, NODES_PER_DUMP, fill, node_obj

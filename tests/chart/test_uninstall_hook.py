@@ -22,8 +22,9 @@ import pytest
 
 from agent.api.nrt import GROUP, PLURAL, VERSION
 from agent.enforce.state import State
-from agent.kube.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
-from agent.kube.nrt import NRTPublisher, nrt_object
+from agent.kube.publish.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
+from agent.kube.publish.nrt import nrt_object
+from agent.kube.publish.nrt_publisher import NRTPublisher
 from tests.chart.helm import CHART, NAMESPACE, RELEASE, Helm, set_args
 from tests.chart.test_install import OBJECTS
 from tests.conftest import REPO, topolet_bin

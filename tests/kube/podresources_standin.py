@@ -25,8 +25,8 @@ from typing import Any
 
 import grpc
 
-from agent.kube.podresources import api_pb2, api_pb2_grpc
-from agent.kube.podresources.client import Device
+from agent.kube.kubelet.podresources import api_pb2, api_pb2_grpc
+from agent.kube.kubelet.podresources.client import Device
 
 SERVICE = "v1.PodResourcesLister"
 METHODS = ("List", "GetAllocatableResources", "Get")

@@ -17,9 +17,10 @@ import yaml
 
 from agent.api import nrt
 from agent.enforce.state import State
-from agent.kube.cleanup_nodes import CLEANUP_LABELS, CLEANUP_OF_LABEL, cleanup_daemonset
-from agent.kube.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
-from agent.kube.nrt import NRTPublisher, nrt_object
+from agent.kube.cleanup.nodes import CLEANUP_LABELS, CLEANUP_OF_LABEL, cleanup_daemonset
+from agent.kube.publish.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
+from agent.kube.publish.nrt import nrt_object
+from agent.kube.publish.nrt_publisher import NRTPublisher
 from agent.labels.nodefeature import NODE_NAME_LABEL, nodefeature_name
 from tests.conftest import REPO, topolet_bin
 from tests.controlplane.harness import ControlPlane

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from agent.api import nrt
-from agent.kube.cleanup_command import PARTIAL
-from agent.kube.cleanup_nodes import (
+from agent.kube.cleanup.command import PARTIAL
+from agent.kube.cleanup.nodes import (
     CLEANUP_LABELS,
     CLEANUP_OF_LABEL,
     Deadlines,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from agent.cli.compose import kube_agent
-from agent.kube.podresources.client import Device
+from agent.kube.kubelet.podresources.client import Device
 from agent.metrics.registry import Metrics
 from agent.metrics.server import MetricsServer
 from tests.gpu.fake_nvml import h100_node

@@ -20,9 +20,9 @@ from agent.cli.compose import agent_config, kube_agent
 from agent.enforce.state import State
 from agent.errors import ConfigError
 from agent.kube.daemon import KUBELET_STATIC
-from agent.kube.kubelet import Kubelet
-from agent.kube.nrt import KubeletCPUs
-from agent.kube.nrt_build import build_nrt
+from agent.kube.kubelet.resources import Kubelet
+from agent.kube.publish.nrt import KubeletCPUs
+from agent.kube.publish.nrt_build import build_nrt
 from agent.metrics.registry import Metrics
 from agent.topology.cpuset import CPUSet
 from tests.kube.kubelet_standin import KubeNode, kube_node, wait_for

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent.errors import ConfigError, KubeAPIError
-from agent.kube.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
+from agent.kube.publish.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
 from agent.labels.nodefeature import NODE_NAME_LABEL, nodefeature_name
 from tests.controlplane.harness import ControlPlane
 from tests.kube.test_nrt import install_crd

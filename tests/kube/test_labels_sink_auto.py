@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from agent.errors import KubeAPIError
-from agent.kube import labels_sink
-from agent.kube.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
+from agent.kube.publish import labels_sink
+from agent.kube.publish.labels_sink import MANAGED_LABELS_ANNOTATION, LabelPublisher
 from agent.labels.auto_sink import NFD_FEATURE_LABELS_ANNOTATION
 from agent.labels.nodefeature import nodefeature_name
 from tests.kube.test_labels_sink import api as api  # noqa: F401 - fixture (NFD's CRD installed)
@@ -194,8 +194,8 @@ def test_the_agents_publisher_looks_again_with_unchanged_labels(api: Any, namesp
     from agent.cli.compose import agent_config
     from agent.cli.parser import build_parser
     from agent.enforce.state import State
-    from agent.kube.nrt_build import Snapshot
-    from agent.kube.publisher import Publisher
+    from agent.kube.publish.nrt_build import Snapshot
+    from agent.kube.publish.publisher import Publisher
     from agent.kubeapi.client import KubeClient
     from agent.labels import build_labels
     from agent.metrics.registry import Metrics

@@ -25,9 +25,9 @@ from agent.errors import ConfigError
 from agent.gpu.applier import STATE_LABEL
 from agent.gpu.reconcile import CONFIG_LABEL, MigReconciler
 from agent.kube.daemon import KubeAgent
-from agent.kube.labels_sink import MANAGED_LABELS_ANNOTATION, USER_LABELS, LabelPublisher
-from agent.kube.mig_status import MigStatus
-from agent.kube.podresources.client import Device
+from agent.kube.kubelet.podresources.client import Device
+from agent.kube.mig.status import MigStatus
+from agent.kube.publish.labels_sink import MANAGED_LABELS_ANNOTATION, USER_LABELS, LabelPublisher
 from agent.metrics.registry import Metrics
 from tests.controlplane.harness import ControlPlane
 from tests.gpu.fake_nvml import FakeNVML, h100_node

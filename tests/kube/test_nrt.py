@@ -23,8 +23,9 @@ from agent.api.resources import hugepages_resource_name
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import ConfigError, KubeAPIError
 from agent.gpu.model import GPU
-from agent.kube import nrt as kube_nrt
-from agent.kube.nrt import NRTPublisher, nrt_object
+from agent.kube.publish import nrt_publisher as kube_nrt
+from agent.kube.publish.nrt import nrt_object
+from agent.kube.publish.nrt_publisher import NRTPublisher
 from agent.kubeapi.client import agent_namespace, load_api_client, node_name
 from agent.topology import record
 from agent.topology.cpuset import EMPTY, CPUSet
@@ -284,7 +285,7 @@ def gpu(index: int, numa: int, *, address: str, mig: bool = False) -> GPU:
 
 
 def test_daemon_nrt_reports_gpus_per_zone_less_those_held() -> None:
-    from agent.kube.nrt_build import build_nrt
+    from agent.kube.publish.nrt_build import build_nrt
 
     gpus = (gpu(0, 0, address="0000:18:00.0"), gpu(1, 1, address="0000:3b:00.0"),
             gpu(2, 1, address="0000:86:00.0"), gpu(3, -1, address="0000:af:00.0"),
@@ -587,8 +588,8 @@ def test_the_agents_numa_scope_flag_is_the_published_scope(argv: list[str], scop
     """`topolet agent --numa-scope` reaches the NRT the publisher writes (`topologyManagerScope`)."""
     from agent.cli.compose import agent_config
     from agent.cli.parser import build_parser
-    from agent.kube.nrt_build import Snapshot
-    from agent.kube.publisher import Publisher
+    from agent.kube.publish.nrt_build import Snapshot
+    from agent.kube.publish.publisher import Publisher
 
     config = agent_config(build_parser().parse_args(["agent", *argv])).publisher
     # Only what the NRT's body reads (no API client: nothing is sent).

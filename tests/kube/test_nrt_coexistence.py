@@ -14,8 +14,9 @@ import pytest
 
 from agent.api import nrt as api_nrt
 from agent.enforce.state import State
-from agent.kube import nrt
-from agent.kube.nrt import NRTPublisher, foreign_manager, nrt_object
+from agent.kube.publish import nrt
+from agent.kube.publish.nrt import nrt_object
+from agent.kube.publish.nrt_publisher import NRTPublisher, foreign_manager
 from tests.kube.kubelet_standin import KubeNode, kube_node
 from tests.kube.test_kubelet_static import node_events
 from tests.kube.test_nrt import TWO_SOCKETS_AND_CXL, get_nrt, node, nrt_api

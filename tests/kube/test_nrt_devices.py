@@ -18,9 +18,10 @@ import pytest
 from agent.cli import build_parser
 from agent.cli.compose import agent_config, kube_agent
 from agent.enforce.state import State
-from agent.kube.kubelet import Kubelet
-from agent.kube.nrt_build import build_nrt, is_mig_device_id, kubelet_gpus
-from agent.kube.podresources.client import Device
+from agent.kube.kubelet.podresources.client import Device
+from agent.kube.kubelet.podresources.locality import is_mig_device_id, kubelet_gpus
+from agent.kube.kubelet.resources import Kubelet
+from agent.kube.publish.nrt_build import build_nrt
 from agent.metrics.registry import Metrics
 from tests.conftest import REPO
 from tests.kube.kubelet_standin import KubeNode, kube_node, wait_for

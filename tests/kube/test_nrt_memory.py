@@ -1,4 +1,4 @@
-"""Per-zone memory and hugepages accounted per pod in the NRT (agent.kube.nrt_build.zone_memory_held
+"""Per-zone memory and hugepages accounted per pod in the NRT (agent.kube.publish.nrt_build.zone_memory_held
 and nrt_object's `memory_held`): tables over a hand-made machine, no cluster."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from agent.api.podplan import plan_pod
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import ConfigError
-from agent.kube.nrt import nrt_object
-from agent.kube.nrt_build import build_nrt, zone_memory_held
+from agent.kube.publish.nrt import nrt_object
+from agent.kube.publish.nrt_build import build_nrt, zone_memory_held
 from agent.topology.cpuset import EMPTY, CPUSet
 from tests.kube.test_nrt import TWO_SOCKETS_AND_CXL, machine, resources, zones_by_name
 from tests.kube.test_pods import g, pod

@@ -12,8 +12,8 @@ from agent.cli.compose import kube_agent
 from agent.enforce.state import State
 from agent.gpu.capacity import MigInventory, read_mig_inventory
 from agent.gpu.planner import ExistingInstance
-from agent.kube.nrt_build import build_nrt
-from agent.kube.podresources.client import Device
+from agent.kube.kubelet.podresources.client import Device
+from agent.kube.publish.nrt_build import build_nrt
 from agent.metrics.registry import Metrics
 from tests.gpu.fake_nvml import h100_node
 from tests.kube.kubelet_standin import wait_for

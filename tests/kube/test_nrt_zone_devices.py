@@ -11,9 +11,9 @@ import pytest
 
 from agent.api.objects import is_extended_resource
 from agent.enforce.state import State
-from agent.kube.kubelet import Kubelet
-from agent.kube.nrt_build import build_nrt, zone_devices
-from agent.kube.podresources.client import Device
+from agent.kube.kubelet.podresources.client import Device
+from agent.kube.kubelet.resources import Kubelet
+from agent.kube.publish.nrt_build import build_nrt, zone_devices
 from tests.kube.podresources_standin import PodResourcesStandIn, short_tmpdir
 from tests.kube.test_nrt import TWO_SOCKETS_AND_CXL, resources, zones_by_name
 from tests.kube.test_nrt_devices import GPUS, UUID
@@ -113,8 +113,8 @@ def test_kubelet_reads_devices_offered_and_held() -> None:
 def test_a_pod_the_kubelet_has_not_admitted_yet_is_asked_about_again() -> None:
     # The pod-cgroup route pins as soon as the pod is bound; the kubelet assigns devices when it
     # admits the pod, moments later.  Until then Get says "not found" (not a failure: no back-off).
-    from agent.kube.podresources.client import PodResourcesClient
-    from agent.kube.podresources.locality import GPULocator
+    from agent.kube.kubelet.podresources.client import PodResourcesClient
+    from agent.kube.kubelet.podresources.locality import GPULocator
     from agent.topology.discover import discover
     from tests.realnode.numa_split import agent_root
 
@@ -145,8 +145,8 @@ def test_a_pod_the_kubelet_has_not_admitted_yet_is_asked_about_again() -> None:
 def test_a_resource_no_device_plugin_serves_is_asked_about_once() -> None:
     # The NRI route answers CreateContainer within the runtime's timeout: a container asking only for
     # an extended resource no plugin serves must not wait for devices no admission will show.
-    from agent.kube.podresources.client import PodResourcesClient
-    from agent.kube.podresources.locality import GPULocator
+    from agent.kube.kubelet.podresources.client import PodResourcesClient
+    from agent.kube.kubelet.podresources.locality import GPULocator
     from agent.topology.discover import discover
     from tests.realnode.numa_split import agent_root
 

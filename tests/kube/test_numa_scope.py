@@ -1,4 +1,4 @@
-"""The Topology Manager scope on the agent: `agent.kube.numa_scope.scoped_request` (pure, table rows)
+"""The Topology Manager scope on the agent: `agent.kube.pinning.numa_scope.scoped_request` (pure, table rows)
 and the `PodPinner` that every route allocates through, under `--numa-scope container|pod`.
 
 The pinner rows run a real `PodPinner` over a `RecordingEngine` (no cgroups) on the 64-CPU, 4-NUMA
@@ -20,10 +20,10 @@ from agent.api.placements import parse_numa_zone
 from agent.api.podplan import PodPlan, plan_pod
 from agent.enforce.state import Allocation, Owner
 from agent.enforce.state_file import StateFile
-from agent.kube.numa_scope import scoped_request
-from agent.kube.pinner import PodPinner
+from agent.kube.pinning.numa_scope import scoped_request
+from agent.kube.pinning.pinner import PodPinner
+from agent.kube.pinning.watch import Changed
 from agent.kube.recording import RecordingEngine
-from agent.kube.watch import Changed
 from agent.metrics.registry import Metrics
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover

@@ -13,9 +13,9 @@ import pytest
 
 from agent.api.podplan import PodPlan, PodWarning, plan_pod
 from agent.enforce.state_file import StateFile
-from agent.kube.pinner import PodPinner
+from agent.kube.pinning.pinner import PodPinner
+from agent.kube.pinning.watch import Changed
 from agent.kube.recording import RecordingEngine
-from agent.kube.watch import Changed
 from agent.metrics.registry import Metrics
 from agent.topology.discover import discover
 from tests.kube.test_pods import g, pod

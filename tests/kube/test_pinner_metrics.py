@@ -15,9 +15,9 @@ import pytest
 from agent.api.podplan import PodPlan, PodWarning, plan_pod
 from agent.enforce.state_file import StateFile
 from agent.errors import StateError
-from agent.kube.pinner import PodPinner
+from agent.kube.pinning.pinner import PodPinner
+from agent.kube.pinning.watch import Changed
 from agent.kube.recording import RecordingEngine
-from agent.kube.watch import Changed
 from agent.metrics.registry import ALLOCATION_RESULTS, REFUSAL_REASONS, Metrics
 from agent.standalone.engine import ALIGNMENT, CAPACITY, INVALID, cpu_rows
 from agent.topology.discover import discover

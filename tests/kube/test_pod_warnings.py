@@ -1,4 +1,5 @@
-"""When a pod warning becomes an Event (`agent.kube.warnings.WarningLimiter`): once per distinct warning,
+"""When a pod warning becomes an Event (`agent.kube.pinning.warnings.WarningLimiter`): once per distinct
+warning,
 a burst then one per refill period per pod, bounded memory, forgotten with the pod.
 
 The pinner rows run a real `PodPinner` over a `RecordingEngine` (no cgroups) on a hardware dump, as
@@ -12,10 +13,10 @@ from typing import Any
 
 from agent.api.podplan import PodPlan, plan_pod
 from agent.enforce.state_file import StateFile
-from agent.kube.pinner import PodPinner
+from agent.kube.pinning.pinner import PodPinner
+from agent.kube.pinning.warnings import WarningLimiter
+from agent.kube.pinning.watch import Changed, Gone, Synced
 from agent.kube.recording import RecordingEngine
-from agent.kube.warnings import WarningLimiter
-from agent.kube.watch import Changed, Gone, Synced
 from agent.metrics.registry import Metrics
 from agent.topology.discover import discover
 from tests.kube.test_numa_zone import DUMP, Recorder

@@ -29,10 +29,10 @@ from agent.enforce.kubepods import CgroupDriver, container_cgroup_path
 from agent.enforce.state_file import StateFile
 from agent.errors import AllocationError, EnforcementError
 from agent.gpu.model import GPU
-from agent.kube.pinner import PodPinner
-from agent.kube.podresources import api_pb2
-from agent.kube.podresources.client import Device, PodResourcesClient
-from agent.kube.podresources.locality import GPULocator, gpu_numa_nodes, gpu_of, is_gpu_resource
+from agent.kube.kubelet.podresources import api_pb2
+from agent.kube.kubelet.podresources.client import Device, PodResourcesClient
+from agent.kube.kubelet.podresources.locality import GPULocator, gpu_numa_nodes, gpu_of, is_gpu_resource
+from agent.kube.pinning.pinner import PodPinner
 from agent.metrics.registry import Metrics
 from agent.standalone.engine import PinningEngine
 from agent.topology.cpuset import CPUSet
@@ -156,7 +156,7 @@ def test_absent_socket_is_the_feature_off(caplog: pytest.LogCaptureFixture) -> N
     folder = short_tmpdir()
     try:
         client = PodResourcesClient(os.path.join(folder, "kubelet.sock"))
-        with caplog.at_level(logging.INFO, logger="agent.kube.podresources.client"):
+        with caplog.at_level(logging.INFO, logger="agent.kube.kubelet.podresources.client"):
             assert client.list() == {}
             assert client.get(NS, "train") is None
             assert client.allocatable() is None

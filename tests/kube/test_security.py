@@ -480,7 +480,7 @@ def test_reports_events_about_its_node_and_pods(cluster: Cluster) -> None:
 def test_an_agent_cannot_squat_another_nodes_nodefeature(cluster: Cluster) -> None:
     """Node C has not published yet; A takes its object name, labelled A or C, and is refused either
     way, so C's own apply later creates its NodeFeature as it should."""
-    from agent.kube.labels_sink import LabelPublisher
+    from agent.kube.publish.labels_sink import LabelPublisher
 
     c, _, token_c = new_agent(cluster.plane)
     for labelled in (cluster.a, c):
@@ -518,8 +518,8 @@ def test_sees_whether_nfd_is_installed_through_discovery(cluster: Cluster) -> No
 def test_agent_publishers_work_with_the_agents_credentials(cluster: Cluster) -> None:
     """What agent/kube sends (label sinks and auto's moves between them, NRT apply, Events) passes RBAC
     and the policy on its node."""
-    from agent.kube.labels_sink import LabelPublisher
-    from agent.kube.nrt import NRTPublisher
+    from agent.kube.publish.labels_sink import LabelPublisher
+    from agent.kube.publish.nrt_publisher import NRTPublisher
     from agent.kubeapi.events import EventRecorder
 
     node, uid, token = new_agent(cluster.plane)
@@ -568,8 +568,8 @@ def test_agent_publishers_work_with_the_agents_credentials(cluster: Cluster) -> 
 def test_agent_publishers_for_another_node_are_refused(cluster: Cluster) -> None:
     """A misconfigured --node-name cannot make an agent write another node's objects."""
     from agent.errors import KubeAPIError
-    from agent.kube.labels_sink import LabelPublisher
-    from agent.kube.nrt import NRTPublisher
+    from agent.kube.publish.labels_sink import LabelPublisher
+    from agent.kube.publish.nrt_publisher import NRTPublisher
 
     with cluster.plane.client(cluster.token_a) as api:
         for sink in ("node", "nodefeature"):

@@ -94,7 +94,7 @@ def test_agent_stands_down_beside_a_static_cpu_manager_and_no_cpuset_is_written_
 @pytest.mark.parametrize("in_process", [False, True])
 def test_exclusive_cpus_question_answers_what_the_socket_offers(in_process: bool) -> None:
     """Asked from a child process (a node without GPUs: grpc not loaded) or in this one."""
-    from agent.kube.podresources.exclusive import kubelet_exclusive_cpus
+    from agent.kube.kubelet.podresources.exclusive import kubelet_exclusive_cpus
     from tests.kube.podresources_standin import PodResourcesStandIn
 
     with PodResourcesStandIn(allocatable_cpus=[1, 2, 5]) as static:

@@ -136,7 +136,7 @@ def start(node: RealNode, pods: list[str], name: str, *, guaranteed: bool) -> tu
 
 GET = """
 import json, sys
-from agent.kube.podresources.client import PodResourcesClient
+from agent.kube.kubelet.podresources.client import PodResourcesClient
 found = PodResourcesClient(sys.argv[1]).get(sys.argv[2], sys.argv[3]) or {}
 print(json.dumps([[d.resource, list(d.ids)] for d in found.get("c", ())]))
 """

@@ -210,7 +210,7 @@ def test_agent_reads_the_kubelets_pod_resources(real_node: RealNode, agent: Node
                                                 pods: list[str]) -> None:
     """(e) The agent's pod-resources client gets the real kubelet's answers: List names the running
     containers, GetAllocatableResources offers no exclusive CPUs under `cpuManagerPolicy: none`."""
-    from agent.kube.podresources.client import PodResourcesClient
+    from agent.kube.kubelet.podresources.client import PodResourcesClient
 
     run(real_node, pods, "listed")
     client = PodResourcesClient(str(real_node.pod_resources_socket), timeout=5.0)

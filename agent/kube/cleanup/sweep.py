@@ -1,11 +1,11 @@
 """Removing the API objects topolet's agents created (uninstall), and never another project's.
 
-Stop the agents first (`agent.kube.cleanup_nodes`): a running agent puts a deleted NRT back within
+Stop the agents first (`agent.kube.cleanup.nodes`): a running agent puts a deleted NRT back within
 its `verify_seconds`.
 
 - `delete_objects(kube, namespace, node=None)`: for one node (`node`) or every node (None):
   - NodeResourceTopologies topolet publishes: labelled `app.kubernetes.io/managed-by=topolet` and no
-    other publisher owning them (`agent.kube.nrt.foreign_manager`, the check the agent makes before it
+    other publisher owning them (`agent.kube.publish.nrt.foreign_manager`, the check the agent makes before it
     writes); each deleted on the resourceVersion it was read at, so one another manager has taken
     over meanwhile is read and judged again;
   - NodeFeatures in `namespace` labelled `app.kubernetes.io/managed-by=topolet` (nfd-worker's carry
@@ -28,14 +28,15 @@ from agent.api.nrt import GROUP as NRT_GROUP
 from agent.api.nrt import PLURAL as NRT_PLURAL
 from agent.api.nrt import VERSION as NRT_VERSION
 from agent.errors import KubeAPIError
-from agent.kube.labels_sink import (
+from agent.kube.publish.labels_sink import (
     MANAGED_LABELS_ANNOTATION,
     NODEFEATURE_GROUP,
     NODEFEATURE_PLURAL,
     NODEFEATURE_VERSION,
     _managed_keys,
 )
-from agent.kube.nrt import MANAGED_BY_LABEL, foreign_manager
+from agent.kube.publish.nrt import MANAGED_BY_LABEL
+from agent.kube.publish.nrt_publisher import foreign_manager
 from agent.kubeapi.client import KubeClient, resource_path
 from agent.labels.nodefeature import NODE_NAME_LABEL, nodefeature_name
 

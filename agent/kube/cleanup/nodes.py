@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.errors import ConfigError
-from agent.kube.cleanup import absent_ok
+from agent.kube.cleanup.sweep import absent_ok
 from agent.kubeapi.client import KubeClient, resource_path
 
 log = logging.getLogger(__name__)

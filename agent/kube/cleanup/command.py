@@ -3,8 +3,8 @@
 `--local` (on the node, the agent stopped): the cgroup tree `topolet/` (`agent.enforce.cleanup`), the
 state folder's files and the features.d label file.  `--objects` (anywhere with the API): with
 `--daemonset NAME`, first stop the agents and run `--local` on each of their nodes
-(`agent.kube.cleanup_nodes`), then delete this node's or every node's NRT, NodeFeature and Node
-labels that topolet wrote (`agent.kube.cleanup`), even where some node could not be cleaned.  The
+(`agent.kube.cleanup.nodes`), then delete this node's or every node's NRT, NodeFeature and Node
+labels that topolet wrote (`agent.kube.cleanup.sweep`), even where some node could not be cleaned.  The
 chart's pre-delete hook Job runs `topolet cleanup --objects --all-nodes --daemonset topolet-agent`.
 
 `--timeout-seconds` is the budget of the whole command: every wait of the node cleanup ends within it,
@@ -52,8 +52,8 @@ def _local(args: argparse.Namespace) -> str:
 
 def _objects(args: argparse.Namespace) -> tuple[str, list[str]]:
     """Clean the nodes, then delete the objects: the summary line, and what was left undone."""
-    from agent.kube.cleanup import delete_objects
-    from agent.kube.cleanup_nodes import clean_nodes, split_budget
+    from agent.kube.cleanup.nodes import clean_nodes, split_budget
+    from agent.kube.cleanup.sweep import delete_objects
     from agent.kubeapi.client import KubeClient, agent_namespace, load_api_client, node_name
 
     steps = split_budget(time.monotonic(), args.timeout_seconds)

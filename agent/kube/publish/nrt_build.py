@@ -1,9 +1,8 @@
 """What this node's NodeResourceTopology says: CPUs, memory, GPUs and other devices less what pods hold.
 
-`build_nrt` assembles the object `agent.kube.nrt.nrt_object` shapes from a `Snapshot` of the
+`build_nrt` assembles the object `agent.kube.publish.nrt.nrt_object` shapes from a `Snapshot` of the
 enforcer's view; its GPU part (whole GPUs and MIG devices per zone, shared with the agents' metrics)
-is `agent.gpu.capacity.zone_gpus`; `kubelet_gpus` turns the kubelet's device ids (pod-resources)
-into the whole GPUs they name; `zone_devices` counts every other device plugin resource per zone.
+is `agent.gpu.capacity.zone_gpus`; `zone_devices` counts every other device plugin resource per zone.
 
 Device plugin resources (NICs, RDMA HCAs, SR-IOV VFs, accelerators other than the GPUs NVML finds)
 come from the kubelet's pod-resources API: `GetAllocatableResources` lists each device it can hand
@@ -36,8 +35,8 @@ from agent.topology.model import Topology
 if TYPE_CHECKING:
     from agent.gpu.capacity import MigInventory
     from agent.gpu.model import GPU
-    from agent.kube.nrt import KubeletCPUs
-    from agent.kube.podresources.client import Device
+    from agent.kube.kubelet.podresources.client import Device
+    from agent.kube.publish.nrt import KubeletCPUs
 
 MemoryRequests = Mapping[str, tuple[tuple[str, int], ...]]  # allocation id → ((resource, bytes), ...)
 
@@ -101,7 +100,7 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
     `offered_devices` less `held_devices` are the device plugin resources per zone (`zone_devices`);
     `scope` (`topolet agent --numa-scope`) becomes the `topologyManagerScope` attribute."""
     from agent.api.fingerprint import pod_set_fingerprint
-    from agent.kube.nrt import nrt_object
+    from agent.kube.publish.nrt import nrt_object
 
     gpu_capacity: Mapping[int, Mapping[str, tuple[int, int]]] | None = None
     if gpus:
@@ -138,25 +137,3 @@ def zone_devices(offered: Iterable[Device], held: Iterable[Device],
             capacity, available = zone.get(d.resource, (0, 0))
             zone[d.resource] = (capacity + 1, available + ((d.resource, device_id) not in taken))
     return out
-
-
-def is_mig_device_id(device_id: str) -> bool:
-    """Whether a device plugin id names a MIG device ("MIG-…", or "<gpu>:<mig>" by index)."""
-    ref = device_id.strip().split("::", 1)[0]
-    return ref.startswith("MIG-") or ":" in ref
-
-
-def kubelet_gpus(device_ids: Iterable[str], gpus: Sequence[GPU]) -> frozenset[str]:
-    """PCI addresses of the whole GPUs that device plugin ids name (MIG devices and ids of GPUs not
-    in `gpus` left out)."""
-    from agent.kube.podresources.locality import gpu_of
-
-    out: set[str] = set()
-    for device_id in device_ids:
-        if is_mig_device_id(device_id):
-            continue
-        g = gpu_of(device_id, gpus)
-        if g is not None:
-            out.add(g.pci_address)
-    return frozenset(out)
-

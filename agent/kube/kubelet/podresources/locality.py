@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from agent.api.objects import decimal
 from agent.api.resources import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 from agent.gpu.model import GPU
-from agent.kube.podresources.client import Device, PodResourcesClient
+from agent.kube.kubelet.podresources.client import Device, PodResourcesClient
 from agent.topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -134,3 +134,23 @@ class GPULocator:
         gpus = self.gpus() if needs_inventory(devices) else ()
         cpu_nodes = {n.id for n in topology.numa_nodes if n.cpus}
         return gpu_numa_nodes(devices, gpus, cpu_nodes)
+
+
+def is_mig_device_id(device_id: str) -> bool:
+    """Whether a device plugin id names a MIG device ("MIG-…", or "<gpu>:<mig>" by index)."""
+    ref = device_id.strip().split("::", 1)[0]
+    return ref.startswith("MIG-") or ":" in ref
+
+
+def kubelet_gpus(device_ids: Iterable[str], gpus: Sequence[GPU]) -> frozenset[str]:
+    """PCI addresses of the whole GPUs that device plugin ids name (MIG devices and ids of GPUs not
+    in `gpus` left out)."""
+    out: set[str] = set()
+    for device_id in device_ids:
+        if is_mig_device_id(device_id):
+            continue
+        g = gpu_of(device_id, gpus)
+        if g is not None:
+            out.add(g.pci_address)
+    return frozenset(out)
+

@@ -3,11 +3,11 @@
 It writes what the enforcer changed.  While the API is down it retries with the API loops'
 back-off (`agent.kubeapi.backoff`: 1 s doubling to 30 s, jittered; a change to publish tries again at
 once) and logs the outage once, then a reminder a minute, then its end.  Where another manager
-publishes this node's NRT (NFD's topology updater: `agent.kube.nrt`) it leaves the NRT alone, keeps
+publishes this node's NRT (NFD's topology updater: `agent.kube.publish.nrt`) it leaves the NRT alone, keeps
 publishing labels, and says so once: a log line, a Warning Event on the Node and
 `topolet_nrt_yielded`.  With MIG managed it also re-reads the Node for its layout label
-(`agent.kube.mig_status`); with `--label-sink auto` it wakes when the label sink is due to look
-again where labels go (`agent.kube.labels_sink`).  Each write counts in
+(`agent.kube.mig.status`); with `--label-sink auto` it wakes when the label sink is due to look
+again where labels go (`agent.kube.publish.labels_sink`).  Each write counts in
 `topolet_api_writes_total{kind}`, each failed attempt to publish (the write, or a read it needs
 first) in `topolet_api_write_errors_total{kind}`.
 """
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from agent.api.podplan import PodPlan, PodWarning
 from agent.config import PublisherConfig
 from agent.errors import TopoletError
-from agent.kube.mig_status import MigStatus
-from agent.kube.nrt_build import Snapshot, build_nrt
+from agent.kube.mig.status import MigStatus
+from agent.kube.publish.nrt_build import Snapshot, build_nrt
 from agent.kubeapi.backoff import Outage
 from agent.labels import build_labels
 from agent.metrics.registry import Metrics
@@ -47,8 +47,8 @@ class Publisher:
                  mig: MigStatus | None = None, on_mig_change: Callable[[], None] | None = None) -> None:
         """`namespace`: the agent's own (its NodeFeature's).  Reads nothing and asks the API nothing
         until `start()` or `publish_once()`."""
-        from agent.kube.labels_sink import LabelPublisher
-        from agent.kube.nrt import NRTPublisher
+        from agent.kube.publish.labels_sink import LabelPublisher
+        from agent.kube.publish.nrt_publisher import NRTPublisher
         from agent.kubeapi.events import EventRecorder
 
         self.node = node

@@ -1,6 +1,6 @@
 """MIG on the enforcer thread: the layout the Node asks for kept applied, the instances read for the NRT.
 
-The publisher reads the Node's layout into the shared `MigStatus` (`agent.kube.mig_status`); the
+The publisher reads the Node's layout into the shared `MigStatus` (`agent.kube.mig.status`); the
 enforcer applies it through NVML on its own thread, so with the API down the last layout read stays
 applied.  Until this run has read the Node once, no MIG change is made: its label may name another
 layout than the flag.  No change is made either while what pods hold is unknown: the state file
@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from agent.gpu.capacity import MigInventory
     from agent.gpu.model import GPU
     from agent.gpu.reconcile import MigReconciler
-    from agent.kube.kubelet import Kubelet
-    from agent.kube.mig_status import MigStatus
+    from agent.kube.kubelet.resources import Kubelet
+    from agent.kube.mig.status import MigStatus
     from agent.metrics.registry import Metrics
 
 log = logging.getLogger("topolet.kube")

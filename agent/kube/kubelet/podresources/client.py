@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from agent.kube.podresources import api_pb2, api_pb2_grpc
+from agent.kube.kubelet.podresources import api_pb2, api_pb2_grpc
 
 _T = TypeVar("_T")
 

@@ -15,7 +15,7 @@ GPUs the kubelet handed to containers (read only when the node has GPUs) count a
 and their MIG instances as in use; a container that asks for devices gets its CPUs from its devices'
 NUMA nodes.  Every other device plugin resource the kubelet can hand out (`GetAllocatableResources`:
 NICs, RDMA HCAs, SR-IOV VFs, other accelerators) is read with the devices containers hold (`List`),
-so the NRT publishes it per zone (`agent.kube.nrt_build.zone_devices`).  Devices are read only on a
+so the NRT publishes it per zone (`agent.kube.publish.nrt_build.zone_devices`).  Devices are read only on a
 node with GPUs or where the kubelet offered some device at its CPU-manager question (asked again
 every `DEVICE_PROBE_SECONDS` while it offered none: device plugins register after the kubelet
 starts).  grpc loads on the first question, not at start (under `static`, on the first read of the
@@ -40,12 +40,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent.api.podplan import ContainerPlan, PodPlan
-from agent.kube.nrt_build import kubelet_gpus
 from agent.topology.cpuset import CPUSet
 
 if TYPE_CHECKING:
     from agent.gpu.model import GPU
-    from agent.kube.podresources.client import Device
+    from agent.kube.kubelet.podresources.client import Device
     from agent.topology.model import Topology
 
 log = logging.getLogger("topolet.kube")
@@ -97,13 +96,13 @@ class Kubelet:
                 if client is None:
                     found.append(None)
                 else:
-                    from agent.kube.podresources.locality import GPULocator
+                    from agent.kube.kubelet.podresources.locality import GPULocator
 
                     found.append(GPULocator(client, lambda: self.gpus))
             locator = found[0]
             if locator is None:
                 return None
-            from agent.kube.podresources.locality import is_gpu_resource
+            from agent.kube.kubelet.podresources.locality import is_gpu_resource
 
             served = any(n in self.device_resources or (self.gpus and is_gpu_resource(n))
                          for n in c.device_names)
@@ -119,7 +118,7 @@ class Kubelet:
             client = None
             if self.socket:
                 try:
-                    from agent.kube.podresources.client import PodResourcesClient
+                    from agent.kube.kubelet.podresources.client import PodResourcesClient
                 except ImportError as exc:  # grpcio/protobuf missing: no device information
                     log.warning("pod-resources API unavailable (%s): CPUs are not aligned with GPUs and "
                                 "the NRT counts only GPUs held in our state", exc)
@@ -148,7 +147,7 @@ class Kubelet:
         if identity == self._cpu_manager_asked:
             if self.device_resources or self.gpus or now < self._device_probe_at:
                 return
-        from agent.kube.podresources.exclusive import kubelet_offer
+        from agent.kube.kubelet.podresources.exclusive import kubelet_offer
 
         offer = kubelet_offer(socket)
         if offer is None:
@@ -202,7 +201,7 @@ class Kubelet:
         client = self._pod_resources()
         if client is None:
             return False
-        from agent.kube.podresources.locality import is_gpu_resource
+        from agent.kube.kubelet.podresources.locality import is_gpu_resource, kubelet_gpus
 
         failures = client.failures
         listed = client.list()  # {} when the kubelet gives no answer
@@ -234,7 +233,7 @@ class Kubelet:
         """Read the devices the kubelet offers (GPUs aside where NVML counts them) and keep those of
         them containers hold (`listed`); True when either changed (no answer: the last one stands)."""
         from agent.api.objects import is_extended_resource
-        from agent.kube.podresources.locality import is_gpu_resource
+        from agent.kube.kubelet.podresources.locality import is_gpu_resource
 
         found = client.allocatable()
         if found is None:

@@ -6,7 +6,7 @@ policy and none under `none` (kubelet `pkg/kubelet/cm/cpumanager`: the none poli
 is empty), and every device its device plugins registered.  `kubelet_offer(socket)` asks it
 (`kubelet_exclusive_cpus(socket)`: the CPUs alone).  grpc costs ~13 MiB of resident memory, which
 an agent on a node without GPU or device plugin workloads never loads, so unless grpc is loaded
-already the question is asked from a child process (`python -m agent.kube.podresources.exclusive
+already the question is asked from a child process (`python -m agent.kube.kubelet.podresources.exclusive
 SOCKET`, which prints the cpulist on one line and the device resource names on the next, or "none"
 when the kubelet gives no answer).
 """
@@ -25,7 +25,7 @@ Offer = tuple[CPUSet, frozenset[str]]  # exclusive-capable CPUs, device plugin r
 
 
 def _ask(socket: str) -> Offer | None:
-    from agent.kube.podresources.client import PodResourcesClient
+    from agent.kube.kubelet.podresources.client import PodResourcesClient
 
     client = PodResourcesClient(socket)
     try:
@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
     """Print the kubelet's exclusive-capable CPUs as a cpulist ("" for none) and, on the next line, its
     device resource names; "none" without an answer."""
     if len(argv) != 1:
-        print("usage: python -m agent.kube.podresources.exclusive SOCKET", file=sys.stderr)
+        print("usage: python -m agent.kube.kubelet.podresources.exclusive SOCKET", file=sys.stderr)
         return 2
     offer = _ask(argv[0])
     if offer is None:

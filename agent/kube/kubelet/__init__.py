@@ -1,0 +1,1 @@
+"""What this node's kubelet says: its pod-resources socket (CPU manager, devices held and offered)."""

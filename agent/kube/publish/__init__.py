@@ -1,0 +1,1 @@
+"""Publishing the node: labels (NodeFeature, Node, file) and the NodeResourceTopology."""
