@@ -9,7 +9,7 @@ topolet's with a cpuset adjustment (the shape of the agent's answer), topolet's 
 adjustment.  NRI's plugin timeout is 2 s; the agent's budget is p99 under 10 ms.
 
 Three more rows (as root with a writable cpuset hierarchy) time the agent's real handler
-(`agent.kube.pinning.nri_pinning.NRIPinning` over the real PinningEngine, state file and PodPinner, in a
+(`agent.kube.pods.nri_pinning.NRIPinning` over the real PinningEngine, state file and PodPinner, in a
 private cpuset root, as tests/nri/test_agent_route.py wires them): each CreateContainer of a
 Guaranteed 1-CPU container is allocated, committed to the state file (fsync'd) and answered with its
 cpuset and the updates narrowing `--shared` running shared containers (whose cgroups the engine
@@ -98,7 +98,7 @@ def agent_handler_run(binary: str, creates: int, shared: int, real: bool,
     from agent.api.qos import QOSClass
     from agent.enforce.cgroup import detect_layout
     from agent.errors import EnforcementError
-    from agent.kube.pinning.watch import Changed, Gone
+    from agent.kube.pods.watch import Changed, Gone
     from tests.nri.agent_parts import AgentParts, bound_pod, private_node
 
     if os.geteuid() != 0:

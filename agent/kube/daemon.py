@@ -2,17 +2,17 @@
 
 Three threads (four with NRI), so that losing the API server stops publishing, never enforcing:
 
-- the pod watch (`agent.kube.pinning.watch.PodWatcher`) reads the API and queues pod changes;
+- the pod watch (`agent.kube.pods.watch.PodWatcher`) reads the API and queues pod changes;
 - the enforcer (this module's main loop) owns the pod cache and the `PodPinner`: it turns each
   change into engine calls (state first, then cgroups), repairs drift every reconcile, and never
   calls the API;
-- the NRI plugin (`agent.kube.pinning.route`, where the runtime has NRI) pins containers as the runtime
-  creates them, through the enforcer's `PodPinner` under its lock (`agent.kube.pinning.nri_pinning`); else,
-  with enforcement on, the pod-cgroup route's watcher (`agent.kube.pinning.podcgroup_route`, started once the
+- the NRI plugin (`agent.kube.pods.route`, where the runtime has NRI) pins containers as the runtime
+  creates them, through the enforcer's `PodPinner` under its lock (`agent.kube.pods.nri_pinning`); else,
+  with enforcement on, the pod-cgroup route's watcher (`agent.kube.pods.podcgroup_route`, started once the
   first list is applied) writes each pod cgroup as the kubelet makes it, from the enforcer's policy;
 - the publisher writes what the enforcer changed — the NodeResourceTopology after every
   allocation change, labels when the topology changes, Events for bad annotations (which ones, and
-  how often per pod, `agent.kube.pinning.warnings.WarningLimiter` decides) — retrying with the API loops'
+  how often per pod, `agent.kube.pods.warnings.WarningLimiter` decides) — retrying with the API loops'
   back-off while the API is down (`agent.kubeapi.backoff`), and at once when there is a change to write.
 
 MIG follows NVIDIA MIG manager's protocol on the Node: the user's label `topolet.io/mig.config`
@@ -52,7 +52,7 @@ This module holds the enforcer loop (`KubeAgent(config, topology, ...)`: `.run(s
 its constructor reads nothing), what it starts from (`node_gpus`, the GPU inventory;
 `choose_enforcement`, the engine) and the entry point (`run_kube_agent(agent)`).  The start-up reads
 and the wiring are the composition root's, `agent.cli.compose.kube_agent`.  The pieces it drives live beside
-it: `agent.kube.pinning.pinner` (pods to engine calls), `agent.kube.publish.publisher` (the API writer),
+it: `agent.kube.pods.pinner` (pods to engine calls), `agent.kube.publish.publisher` (the API writer),
 `agent.kube.publish.nrt_build` (what the NRT says), `agent.kube.kubelet.resources` (the kubelet's word),
 `agent.kube.mig.enforcer` (MIG on this thread) and `agent.kube.mig.status` (the Node's MIG layout).
 """
@@ -78,10 +78,10 @@ from agent.errors import ConfigError, EnforcementError, TopoletError
 from agent.kube.kubelet.resources import Kubelet, static_message
 from agent.kube.mig.enforcer import MigEnforcer
 from agent.kube.mig.status import MigConfigChanged, MigStatus
-from agent.kube.pinning.pinner import NodeCgroups, PodPinner, alloc_id
-from agent.kube.pinning.podcgroup_route import PodCgroupRoute
-from agent.kube.pinning.route import DEFAULT_NRI_SOCKET, NRI, POD_CGROUP, PinningRoute
-from agent.kube.pinning.watch import PodChange, PodWatcher, Synced
+from agent.kube.pods.pinner import NodeCgroups, PodPinner, alloc_id
+from agent.kube.pods.podcgroup_route import PodCgroupRoute
+from agent.kube.pods.route import DEFAULT_NRI_SOCKET, NRI, POD_CGROUP, PinningRoute
+from agent.kube.pods.watch import PodChange, PodWatcher, Synced
 from agent.kube.publish.nrt import KubeletCPUs
 from agent.kube.publish.nrt_build import MemoryRequests, Snapshot
 from agent.kube.publish.publisher import Publisher
@@ -181,7 +181,7 @@ class KubeAgent:
                                   on_list=metrics.pod_lists.inc,
                                   on_invalid=metrics.invalid_objects.labels(kind="pod").inc)
         # Chosen and connected in run(): NRI pins as the runtime creates containers
-        # (agent.kube.pinning.route).
+        # (agent.kube.pods.route).
         self.route = PinningRoute(config.route, config.nri_socket or DEFAULT_NRI_SOCKET,
                                   lambda: nri_handler(self.pinner, self.node, enforcement.cgroup_root),
                                   enforce=self.enforce)
@@ -381,7 +381,7 @@ class KubeAgent:
 
 def nri_handler(pinner: PodPinner, node: str, cgroup_root: str) -> Handler:
     """The agent's NRI plugin, made (and NRI's messages imported) only where the route tries NRI."""
-    from agent.kube.pinning.nri_pinning import NRIPinning
+    from agent.kube.pods.nri_pinning import NRIPinning
 
     return NRIPinning(pinner, node, cgroup_root=cgroup_root)
 

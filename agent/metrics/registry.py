@@ -12,7 +12,7 @@ per-zone figures the NRT publishes, at scrape time, `watch_mig(source)` exports 
 totals (`MIG_APPLY_TOTALS`).  `topolet_info` carries `nodename` (never `node`, which scrape configs
 add as a target label), `enforcement` (`on`, `off`, or `kubelet-static`: standing down where the
 kubelet's static CPU manager pins), `mode` and, in Kubernetes mode once chosen, `route` (how pods
-are pinned: `nri` or `pod-cgroup`, `agent.kube.pinning.route`).  `agent.metrics.server` serves a registry
+are pinned: `nri` or `pod-cgroup`, `agent.kube.pods.route`).  `agent.metrics.server` serves a registry
 over HTTP.
 """
 

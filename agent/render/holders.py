@@ -18,7 +18,7 @@ def owner_name(alloc: Mapping[str, Any]) -> str:
     aid = str(alloc["id"])
     uid = alloc.get("pod_uid")
     if uid:
-        # A pod container's allocation id is `pod-<uid>.<container>` (agent/kube/pinning/pinner.py: alloc_id).
+        # A pod container's allocation id is `pod-<uid>.<container>` (agent/kube/pods/pinner.py: alloc_id).
         prefix = f"pod-{uid}."
         container = aid[len(prefix):] if aid.startswith(prefix) else ""
         name = f"pod {uid}/{container}" if container else f"pod {uid} ({aid})"

@@ -21,7 +21,7 @@ from agent.cli.compose import agent_config
 from agent.enforce.state_file import StateFile
 from agent.kube.daemon import KUBELET_STATIC, Enforcement, KubeAgent
 from agent.kube.kubelet.resources import Kubelet
-from agent.kube.pinning.pinner import NodeCgroups
+from agent.kube.pods.pinner import NodeCgroups
 from agent.kube.recording import RecordingEngine
 from agent.kubeapi.client import KubeClient
 from agent.metrics.registry import Metrics

@@ -1,5 +1,5 @@
 """Pod warnings on a real control plane: a pod cycling bad annotation values gets a bounded number of
-Events (`agent.kube.pinning.warnings.WarningLimiter`), and the agent goes on pinning other pods.
+Events (`agent.kube.pods.warnings.WarningLimiter`), and the agent goes on pinning other pods.
 
 Only the kubelet is a stand-in (kubelet_standin.py).  A later pod with a bad annotation is the
 barrier: warnings reach the API in the order the agent meets them, so once that pod's Event exists
@@ -13,7 +13,7 @@ import time
 
 from kubernetes import client as k8s
 
-from agent.kube.pinning.warnings import WARN_BURST, WARN_REFILL_SECONDS
+from agent.kube.pods.warnings import WARN_BURST, WARN_REFILL_SECONDS
 from tests.kube.kubelet_standin import KubeNode, kube_node, wait_for
 
 __all__ = ["kube_node"]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from agent.api.placements import completion_index, parse_placement, placement_entry
 from agent.api.podplan import plan_pod
 from agent.api.resources import parse_quantity
-from agent.kube.pinning.watch import Changed, PodChange, PodWatcher
+from agent.kube.pods.watch import Changed, PodChange, PodWatcher
 
 CID = "containerd://" + "ab" * 32
 HOSTILE = st.sampled_from(["0", "1", "²", "٣", "07", "9" * 5000, "-1", " 2", "", "1e3", "n1:²", "n1:0,n1:1",

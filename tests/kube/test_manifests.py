@@ -349,7 +349,7 @@ def test_agent_chooses_its_route_and_sees_the_nri_socket_folder(docs: list[dict[
     """--route auto with the default NRI socket, through a read-only mount of the socket's directory
     (a runtime restart makes a new socket there) that a node without NRI creates empty, not refuses."""
     from agent.cli import build_parser
-    from agent.kube.pinning.route import DEFAULT_NRI_SOCKET
+    from agent.kube.pods.route import DEFAULT_NRI_SOCKET
 
     (agent,) = pod_spec(docs)["containers"]
     args = build_parser().parse_args([*agent["command"][1:], *agent["args"]])

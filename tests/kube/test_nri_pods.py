@@ -1,4 +1,4 @@
-"""What NRI says of a container, read as the pod watch reads its pod (agent.kube.pinning.nri_pods, and the
+"""What NRI says of a container, read as the pod watch reads its pod (agent.kube.pods.nri_pods, and the
 runtime's cgroupsPath reader in agent.enforce.kubepods): tables, and the same decision as plan_pod
 on the API's pod for every row."""
 
@@ -12,7 +12,7 @@ import pytest
 from agent.api.podplan import plan_pod
 from agent.api.qos import QOSClass
 from agent.enforce.kubepods import CgroupDriver, Runtime, container_cgroup_path, read_runtime_cgroups_path
-from agent.kube.pinning.nri_pods import cached_decision, kubelet_container, plan_from_nri, requested_cpus
+from agent.kube.pods.nri_pods import cached_decision, kubelet_container, plan_from_nri, requested_cpus
 from agent.nri import api_pb2
 
 UID = "0b7f3c1e-5d2a-4c8e-9f10-2a3b4c5d6e7f"

@@ -1,4 +1,4 @@
-"""The Topology Manager scope on the agent: `agent.kube.pinning.numa_scope.scoped_request` (pure, table rows)
+"""The Topology Manager scope on the agent: `agent.kube.pods.numa_scope.scoped_request` (pure, table rows)
 and the `PodPinner` that every route allocates through, under `--numa-scope container|pod`.
 
 The pinner rows run a real `PodPinner` over a `RecordingEngine` (no cgroups) on the 64-CPU, 4-NUMA
@@ -20,9 +20,9 @@ from agent.api.placements import parse_numa_zone
 from agent.api.podplan import PodPlan, plan_pod
 from agent.enforce.state import Allocation, Owner
 from agent.enforce.state_file import StateFile
-from agent.kube.pinning.numa_scope import scoped_request
-from agent.kube.pinning.pinner import PodPinner
-from agent.kube.pinning.watch import Changed
+from agent.kube.pods.numa_scope import scoped_request
+from agent.kube.pods.pinner import PodPinner
+from agent.kube.pods.watch import Changed
 from agent.kube.recording import RecordingEngine
 from agent.metrics.registry import Metrics
 from agent.topology.cpuset import CPUSet

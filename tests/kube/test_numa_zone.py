@@ -13,8 +13,8 @@ import pytest
 
 from agent.api.podplan import PodPlan, PodWarning, plan_pod
 from agent.enforce.state_file import StateFile
-from agent.kube.pinning.pinner import PodPinner
-from agent.kube.pinning.watch import Changed
+from agent.kube.pods.pinner import PodPinner
+from agent.kube.pods.watch import Changed
 from agent.kube.recording import RecordingEngine
 from agent.metrics.registry import Metrics
 from agent.topology.discover import discover

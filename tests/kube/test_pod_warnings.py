@@ -1,4 +1,4 @@
-"""When a pod warning becomes an Event (`agent.kube.pinning.warnings.WarningLimiter`): once per distinct
+"""When a pod warning becomes an Event (`agent.kube.pods.warnings.WarningLimiter`): once per distinct
 warning,
 a burst then one per refill period per pod, bounded memory, forgotten with the pod.
 
@@ -13,9 +13,9 @@ from typing import Any
 
 from agent.api.podplan import PodPlan, plan_pod
 from agent.enforce.state_file import StateFile
-from agent.kube.pinning.pinner import PodPinner
-from agent.kube.pinning.warnings import WarningLimiter
-from agent.kube.pinning.watch import Changed, Gone, Synced
+from agent.kube.pods.pinner import PodPinner
+from agent.kube.pods.warnings import WarningLimiter
+from agent.kube.pods.watch import Changed, Gone, Synced
 from agent.kube.recording import RecordingEngine
 from agent.metrics.registry import Metrics
 from agent.topology.discover import discover

@@ -32,7 +32,7 @@ from agent.gpu.model import GPU
 from agent.kube.kubelet.podresources import api_pb2
 from agent.kube.kubelet.podresources.client import Device, PodResourcesClient
 from agent.kube.kubelet.podresources.locality import GPULocator, gpu_numa_nodes, gpu_of, is_gpu_resource
-from agent.kube.pinning.pinner import PodPinner
+from agent.kube.pods.pinner import PodPinner
 from agent.metrics.registry import Metrics
 from agent.standalone.engine import PinningEngine
 from agent.topology.cpuset import CPUSet

@@ -24,9 +24,9 @@ from agent.api.qos import QOSClass
 from agent.enforce.cgroup import CgroupLayout, create_cgroup, exists, read_cpuset
 from agent.enforce.kubepods import CgroupDriver, container_cgroup_path, pod_cgroup_path
 from agent.enforce.state_file import StateFile
-from agent.kube.pinning.nri_pinning import NRIPinning
-from agent.kube.pinning.pinner import PodPinner
-from agent.kube.pinning.route import NRI, PinningRoute
+from agent.kube.pods.nri_pinning import NRIPinning
+from agent.kube.pods.pinner import PodPinner
+from agent.kube.pods.route import NRI, PinningRoute
 from agent.metrics.registry import Metrics
 from agent.nri import api_pb2
 from agent.standalone.engine import PinningEngine

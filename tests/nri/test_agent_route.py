@@ -27,8 +27,8 @@ import pytest
 from agent.api.podplan import plan_pod
 from agent.api.qos import QOSClass
 from agent.enforce.state import State
-from agent.kube.pinning.pinner import alloc_id
-from agent.kube.pinning.watch import Changed, Synced
+from agent.kube.pods.pinner import alloc_id
+from agent.kube.pods.watch import Changed, Synced
 from agent.topology.cpuset import CPUSet
 from tests.conftest import require, writable_cpuset_hierarchy
 from tests.nri.agent_parts import AgentParts, Container, Node, api_pod, bound_pod, connected, private_node

@@ -1,4 +1,4 @@
-"""Route selection (agent.kube.pinning.route): auto takes NRI only when the socket exists and registration
+"""Route selection (agent.kube.pods.route): auto takes NRI only when the socket exists and registration
 answers; nri insists and connects once the runtime appears; pod-cgroup and --enforcement off never
 connect.  Against NRI's own runtime side (main.go -script) where a runtime answers."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.kube.pinning.route import DEFAULT_NRI_SOCKET, NRI, POD_CGROUP, PinningRoute
+from agent.kube.pods.route import DEFAULT_NRI_SOCKET, NRI, POD_CGROUP, PinningRoute
 from agent.nri.plugin import Handler
 from tests.conftest import REPO
 from tests.nri.agent_parts import connected

@@ -1,13 +1,13 @@
 """The NRI route's answers: a container's exclusive CPUs in force before it runs.
 
 `NRIPinning` is the `agent.nri.plugin.Handler` the agent registers on the runtime's NRI socket
-(`agent.kube.pinning.route` connects it).  It decides with the pod watch's rules and pins through the pod
+(`agent.kube.pods.route` connects it).  It decides with the pod watch's rules and pins through the pod
 watch's `PodPinner`, so both routes share one engine, one state file and one allocation id per pod
 container (`alloc_id(uid, name)`): whichever sees a container first pins it, the other finds the
 allocation and leaves it be.
 
 - CreateContainer: the pod as the watch's cache knows it (its plan lists every regular container,
-  running or waiting), else as NRI describes it (`agent.kube.pinning.nri_pods`).  A container that asks
+  running or waiting), else as NRI describes it (`agent.kube.pods.nri_pods`).  A container that asks
   for exclusive CPUs gets them recorded in the state file (committed before the answer) and the
   answer sets its cpuset.  On this route the watch allocates a bound pod's exclusive containers as
   soon as it lists the pod (`PodPinner.ahead`), seconds before the runtime creates them, so the
@@ -50,8 +50,8 @@ from contextlib import contextmanager
 from agent.api.podplan import ContainerPlan, PodPlan
 from agent.enforce.state import State
 from agent.errors import TopoletError
-from agent.kube.pinning.nri_pods import KubeletContainer, cached_decision, kubelet_container, plan_from_nri
-from agent.kube.pinning.pinner import PodPinner
+from agent.kube.pods.nri_pods import KubeletContainer, cached_decision, kubelet_container, plan_from_nri
+from agent.kube.pods.pinner import PodPinner
 from agent.nri import api_pb2
 from agent.nri.plugin import Handler, cpuset_adjustment, cpuset_update, event_mask
 from agent.topology.cpuset import CPUSet

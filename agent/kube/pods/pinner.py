@@ -13,14 +13,14 @@ zone that cannot be met, invalid annotations) once per container and reason, how
 retried; `error` (the state or a cgroup could not be written) at every attempt.  Releases are
 counted by the engine's `on_release`, which the agent wires to the metrics.
 
-On the pod-cgroup route (`ahead`, set by `agent.kube.pinning.podcgroup_route`) a pod's exclusive containers
+On the pod-cgroup route (`ahead`, set by `agent.kube.pods.podcgroup_route`) a pod's exclusive containers
 are pinned as soon as the watch lists the pod, before they run: each waiting container that asks
 for exclusive CPUs is allocated (the one `_allocate`, state first) with a `planned_cgroup` no runtime
 makes, so its pod cgroup can hold its CPUs when runc creates it; the watch keeps that allocation while
 the container waits to start (across a restart too, as with the kubelet's CPU manager; one that
 exited gives its CPUs back) and moves it to the container's cgroup once the status lists it running.
 
-The NRI route (`agent.kube.pinning.nri_pinning`) calls in from the NRI plugin's thread: every public method
+The NRI route (`agent.kube.pods.nri_pinning`) calls in from the NRI plugin's thread: every public method
 holds `lock` (re-entrant; the enforcer thread takes it too around engine calls and reads of `pods`),
 so the pod cache and the engine are used by one thread at a time.  A container the NRI route pinned
 before the pod watch lists it running is remembered in `created` (allocation id → its cgroup): the
@@ -29,11 +29,11 @@ container still waiting, or an older container of the same name still listed), a
 once it lists that very container running.
 
 Every route builds a container's request in one place, `_allocate`, by the node's Topology Manager
-scope (`numa_scope`, `topolet agent --numa-scope`; `agent.kube.pinning.numa_scope`): under `container` each
+scope (`numa_scope`, `topolet agent --numa-scope`; `agent.kube.pods.numa_scope`): under `container` each
 container is aligned on its own, under `pod` within the NUMA nodes chosen for the whole pod and
 recorded with its allocations.
 
-Which pod warnings become Events, and how often, is `agent.kube.pinning.warnings.WarningLimiter`'s call;
+Which pod warnings become Events, and how often, is `agent.kube.pods.warnings.WarningLimiter`'s call;
 how an Event is written, `agent.kubeapi.events`'s.
 """
 
@@ -53,9 +53,9 @@ from agent.enforce.cgroup import at_own_namespace_root, read_procs
 from agent.enforce.kubepods import pod_cgroup_path
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import AllocationError, EnforcementError, TopoletError
-from agent.kube.pinning.numa_scope import scoped_request
-from agent.kube.pinning.warnings import WarningLimiter
-from agent.kube.pinning.watch import Changed, Gone, PodChange, Synced
+from agent.kube.pods.numa_scope import scoped_request
+from agent.kube.pods.warnings import WarningLimiter
+from agent.kube.pods.watch import Changed, Gone, PodChange, Synced
 from agent.metrics.registry import ALLOCATED, ERROR, INVALID, Metrics
 from agent.standalone.engine import AllocationRefused, PinningEngine
 from agent.topology.cpuset import CPUSet
@@ -432,7 +432,7 @@ class PodPinner:
                     continue
                 self._apply_plan(plan, True)
 
-    # -- the NRI route (agent.kube.pinning.nri_pinning), on the plugin's thread ---------------------------
+    # -- the NRI route (agent.kube.pods.nri_pinning), on the plugin's thread ---------------------------
 
     def pin_container(self, plan: PodPlan, c: ContainerPlan, rel: str) -> Allocation | None:
         """Bring one container the runtime creates (or has) to `c`: its allocation (kept when it holds

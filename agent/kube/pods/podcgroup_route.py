@@ -1,7 +1,7 @@
 """The pod-cgroup route wired into the agent: pod cgroups hold their pods' exclusive CPUs before any
 container exists.
 
-`PodCgroupRoute` turns the pinner (`agent.kube.pinning.pinner`, with `ahead` on: a bound pod's exclusive
+`PodCgroupRoute` turns the pinner (`agent.kube.pods.pinner`, with `ahead` on: a bound pod's exclusive
 containers are allocated as soon as the watch lists it) into the policy of a
 `agent.enforce.podcgroups.PodCgroupWatcher`, which writes each pod cgroup as the kubelet makes it:
 
@@ -42,7 +42,7 @@ from agent.enforce.podcgroups import PodCgroupWatcher, PodCpuset
 from agent.enforce.state import State
 from agent.enforce.subtrees import subtrees_targets
 from agent.errors import EnforcementError
-from agent.kube.pinning.pinner import PodPinner
+from agent.kube.pods.pinner import PodPinner
 from agent.standalone.engine import OuterTargets
 from agent.topology.cpuset import EMPTY, CPUSet
 

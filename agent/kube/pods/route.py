@@ -4,7 +4,7 @@ Both live in one agent and the pod watch stays the reconciler and safety net und
 
 - `nri`: the agent is an NRI plugin on the runtime's socket (`--nri-socket`, nri's default
   /var/run/nri/nri.sock) and answers CreateContainer with the container's cpuset
-  (`agent.kube.pinning.nri_pinning`).  A thread serves the connection and, when the runtime closes it (a
+  (`agent.kube.pods.nri_pinning`).  A thread serves the connection and, when the runtime closes it (a
   restart, an upgrade), connects again with a back-off of `BACKOFF_MIN_SECONDS` doubling to
   `BACKOFF_MAX_SECONDS`; the runtime then synchronizes again and the agent pins what started
   meanwhile.
@@ -13,7 +13,7 @@ Both live in one agent and the pod watch stays the reconciler and safety net und
   first), and a watcher on the kubelet's QoS folders writes the pod's cgroup the moment the kubelet
   makes it (the union of its containers' CPUs), keeping the Burstable and BestEffort folders on the
   pool; runc then starts each container on its pod's set, and the watch narrows each container to
-  its own once it runs (`agent.kube.pinning.podcgroup_route`, with enforcement on).
+  its own once it runs (`agent.kube.pods.podcgroup_route`, with enforcement on).
 
 `--route auto` chooses at start: NRI when the socket exists and the runtime answers our
 registration within `REGISTER_SECONDS`, else pod-cgroup.  `--route nri` insists: the agent keeps

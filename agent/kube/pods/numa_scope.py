@@ -2,7 +2,7 @@
 
 Pure: a pod plan, one of its containers and the pod's allocations in, the request out; no I/O.  Every
 route that pins a container (the pod watch, the pod-cgroup route ahead of the runtime, the NRI route)
-builds its request here, through `agent.kube.pinning.pinner.PodPinner`.
+builds its request here, through `agent.kube.pods.pinner.PodPinner`.
 
 - `container` scope: the container's own request (its pod's NUMA policy and SMT rule, near its GPUs
   or inside the admission controller's zone).

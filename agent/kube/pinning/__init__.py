@@ -1,1 +1,0 @@
-"""Pinning pods on a node: the pod watch, the pinner, and the two routes (NRI, pod cgroups)."""
