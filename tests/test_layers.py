@@ -33,9 +33,15 @@ ALLOC = GPU | {"agent.alloc"}
 ENFORCE = TOPOLOGY | {"agent.enforce"}
 METRICS = BASE | {"agent.metrics"}
 CONFIG = BASE | {"agent.config"}  # the node agent's typed configuration, built in agent.cli
-STANDALONE = ALLOC | ENFORCE | METRICS | CONFIG | {"agent.standalone"}
+PINNING = ALLOC | ENFORCE | {"agent.pinning"}  # the pinning engine both node agents share
+STANDALONE = PINNING | METRICS | CONFIG | {"agent.standalone"}
 NRI = BASE | {"agent.nri"}  # the runtime's Node Resource Interface: protocol only
-KUBE = STANDALONE | NRI | KUBEAPI | {"agent.kube"}
+KUBELET = GPU | {"agent.kube.kubelet"}  # the node's kubelet, through its pod-resources socket
+MIG = GPU | ENFORCE | METRICS | KUBELET | {"agent.kube.mig"}
+PUBLISH = MIG | KUBEAPI | CONFIG | {"agent.kube.publish"}  # labels and the NodeResourceTopology
+PODS = PINNING | METRICS | NRI | KUBEAPI | {"agent.kube.pods"}  # the pod watch, the pinner, the two routes
+CLEANUP = PUBLISH | ENFORCE | {"agent.kube.cleanup"}
+KUBE = PODS | PUBLISH | {"agent.kube"}  # the node agent's composition (daemon) over its rooms
 ENGINE: set[str] = {"agent.admission.engine"}
 GANGS = ENGINE | {"agent.errors", "agent.api", "agent.admission.gangs"}
 REPORT = GANGS | METRICS | KUBEAPI | {"agent.admission.report"}
@@ -57,10 +63,16 @@ ROOMS: Mapping[str, set[str]] = {
     "agent.alloc": ALLOC,
     "agent.enforce": ENFORCE,
     "agent.metrics": METRICS,
+    "agent.pinning": PINNING,
     "agent.standalone": STANDALONE,
     "agent.render": STANDALONE | {"agent.render"},
     "agent.nri": NRI,
     "agent.kube": KUBE,
+    "agent.kube.kubelet": KUBELET,
+    "agent.kube.mig": MIG,
+    "agent.kube.publish": PUBLISH,
+    "agent.kube.pods": PODS,
+    "agent.kube.cleanup": CLEANUP,
     "agent.admission": {"agent.admission"},  # the package's docstring only
     "agent.admission.engine": ENGINE,
     "agent.admission.gangs": GANGS,

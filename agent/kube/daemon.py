@@ -1,60 +1,11 @@
-"""`topolet agent` in Kubernetes mode: pin this node's pods, publish labels and NodeResourceTopology.
+"""`topolet agent` in Kubernetes mode: the enforcer loop over this node's pods, and what it starts.
 
-Three threads (four with NRI), so that losing the API server stops publishing, never enforcing:
-
-- the pod watch (`agent.kube.pods.watch.PodWatcher`) reads the API and queues pod changes;
-- the enforcer (this module's main loop) owns the pod cache and the `PodPinner`: it turns each
-  change into engine calls (state first, then cgroups), repairs drift every reconcile, and never
-  calls the API;
-- the NRI plugin (`agent.kube.pods.route`, where the runtime has NRI) pins containers as the runtime
-  creates them, through the enforcer's `PodPinner` under its lock (`agent.kube.pods.nri_pinning`); else,
-  with enforcement on, the pod-cgroup route's watcher (`agent.kube.pods.podcgroup_route`, started once the
-  first list is applied) writes each pod cgroup as the kubelet makes it, from the enforcer's policy;
-- the publisher writes what the enforcer changed — the NodeResourceTopology after every
-  allocation change, labels when the topology changes, Events for bad annotations (which ones, and
-  how often per pod, `agent.kube.pods.warnings.WarningLimiter` decides) — retrying with the API loops'
-  back-off while the API is down (`agent.kubeapi.backoff`), and at once when there is a change to write.
-
-MIG follows NVIDIA MIG manager's protocol on the Node: the user's label `topolet.io/mig.config`
-names the layout (else `--mig-config`), and the agent answers in `topolet.io/mig.config.state`
-(pending, success, failed).  The publisher re-reads the Node every reconcile period and hands the
-layout to the enforcer, which applies it through NVML on its own thread (`agent.kube.mig.enforcer`)
-— with the API down, the last layout read stays applied.  MIG is looked after where it can matter:
-an NVML given, a layout asked, a MIG-capable GPU.
-
-GPUs the kubelet handed to containers (its pod-resources socket, read on the enforcer thread only
-when the node has GPUs: `agent.kube.kubelet.resources`) count as taken in the NRT, and their MIG instances as
-in use.
-
-The container's cgroup is the kubelet's (`agent.enforce.kubepods`); the cgroup driver is found by
-looking for `kubepods.slice` (systemd) or `kubepods` (cgroupfs) under the cpuset hierarchy, and per
-pod when neither exists yet at startup.
-
-The kubelet's CPU manager: topolet pins only where the kubelet runs `cpuManagerPolicy: none`.  With
-`static` (the kubelet pins Guaranteed pods itself) the agent stands down: it runs as with
-`--enforcement off`, its NRT counts the kubelet's own exclusive CPUs (pod-resources, as NFD's topology
-updater reads them), and it says so in one log line, a Normal Event `KubeletCPUManagerStatic` on its
-Node and `topolet_info{enforcement="kubelet-static"}` (`agent.kube.kubelet.resources` says how it asks).  A
-kubelet restarted under a running agent with the other policy (static under an enforcing agent, none
-under one standing down) stops the agent (ConfigError, exit 2, the message says why) before it
-writes another cpuset: the DaemonSet's restarted pod comes up in the mode that fits.  Switching
-engines in place would leave the NRI plugin or the pod-cgroup watcher holding the old one.
-
-With `--enforcement off` the agent discovers, decides, records allocations in its state file and
-publishes labels and the NRT exactly as with enforcement on, but reads and writes no cgroup
-(`agent.kube.recording.RecordingEngine`) and needs no writable cpuset hierarchy.  A container then
-counts as started — and a Guaranteed one as pinned — as soon as the pod status lists it running
-with a container ID; its state entry names the cgroupfs path the kubelet would give it.  Metrics say
-`topolet_info{enforcement="off"}`.  This is for dry runs and for test clusters that run real agents
-on hardware dumps (`--fsroot`).
-
-This module holds the enforcer loop (`KubeAgent(config, topology, ...)`: `.run(stop)`, `.run_once()`;
-its constructor reads nothing), what it starts from (`node_gpus`, the GPU inventory;
-`choose_enforcement`, the engine) and the entry point (`run_kube_agent(agent)`).  The start-up reads
-and the wiring are the composition root's, `agent.cli.compose.kube_agent`.  The pieces it drives live beside
-it: `agent.kube.pods.pinner` (pods to engine calls), `agent.kube.publish.publisher` (the API writer),
-`agent.kube.publish.nrt_build` (what the NRT says), `agent.kube.kubelet.resources` (the kubelet's word),
-`agent.kube.mig.enforcer` (MIG on this thread) and `agent.kube.mig.status` (the Node's MIG layout).
+`KubeAgent(config, topology, ...)` (`.run(stop)`, `.run_once()`; its constructor reads nothing) owns
+the pod cache and the `PodPinner` on the enforcer thread and never calls the API; the pod watch, the
+publisher and the NRI route run on threads of their own, so losing the API server stops publishing,
+never enforcing.  `node_gpus` reads the GPU inventory, `choose_enforcement` the engine (on, off, or
+standing down under the kubelet's static CPU manager); `run_kube_agent` is the entry point, wired by
+`agent.cli.compose.kube_agent`.  The threads, MIG and the kubelet's CPU manager: README.md here.
 """
 
 from __future__ import annotations
@@ -78,17 +29,19 @@ from agent.errors import ConfigError, EnforcementError, TopoletError
 from agent.kube.kubelet.resources import Kubelet, static_message
 from agent.kube.mig.enforcer import MigEnforcer
 from agent.kube.mig.status import MigConfigChanged, MigStatus
-from agent.kube.pods.pinner import NodeCgroups, PodPinner, alloc_id
+from agent.kube.pods.node_cgroups import NodeCgroups
+from agent.kube.pods.pinner import PodPinner, alloc_id
 from agent.kube.pods.podcgroup_route import PodCgroupRoute
 from agent.kube.pods.route import DEFAULT_NRI_SOCKET, NRI, POD_CGROUP, PinningRoute
 from agent.kube.pods.watch import PodChange, PodWatcher, Synced
 from agent.kube.publish.nrt import KubeletCPUs
 from agent.kube.publish.nrt_build import MemoryRequests, Snapshot
 from agent.kube.publish.publisher import Publisher
-from agent.kube.recording import RecordingEngine
 from agent.metrics.registry import GPUZones, Metrics
 from agent.metrics.server import MetricsServer, staleness_health
-from agent.standalone.engine import PinningEngine, cpu_rows
+from agent.pinning.engine import PinningEngine
+from agent.pinning.recording import RecordingEngine
+from agent.pinning.usage import cpu_rows
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
 from agent.topology.model import Topology

@@ -1,17 +1,9 @@
 """`topolet cleanup`: remove what topolet created, for an uninstall.
 
-`--local` (on the node, the agent stopped): the cgroup tree `topolet/` (`agent.enforce.cleanup`), the
-state folder's files and the features.d label file.  `--objects` (anywhere with the API): with
-`--daemonset NAME`, first stop the agents and run `--local` on each of their nodes
-(`agent.kube.cleanup.nodes`), then delete this node's or every node's NRT, NodeFeature and Node
-labels that topolet wrote (`agent.kube.cleanup.sweep`), even where some node could not be cleaned.  The
-chart's pre-delete hook Job runs `topolet cleanup --objects --all-nodes --daemonset topolet-agent`.
-
-`--timeout-seconds` is the budget of the whole command: every wait of the node cleanup ends within it,
-however many DaemonSets (`split_budget`).  Prints one line per part.  Exit status: 0 when all is
-done; 2 with one line on an error (the CLI's rule); 3 (`PARTIAL`) when the objects are deleted but
-some node or DaemonSet was not done within the budget: one line naming each, on stderr.  Running it
-again finds nothing left and succeeds.
+`--local` removes the node's cgroup tree, state files and features.d file; `--objects` (with
+`--daemonset`, the agents' nodes first) the NRTs, NodeFeatures and Node labels topolet wrote.
+`--timeout-seconds` bounds the whole command.  Exit status 0 done, 2 error, 3 (`PARTIAL`) objects
+deleted but some node not done in time (README.md).
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Visiting every node of the agents' DaemonSets to remove what the agent made there (uninstall).
 
-`clean_nodes(kube, namespace, agents, steps)`, for all the DaemonSets named in `agents` together, each
-step bounded by its deadline in `steps` (`split_budget`: one overall budget, however many pools):
-1. read each agents' DaemonSet (its pod template reaches exactly the nodes the agents ran on, with
-   their host mounts and privileges), delete it with foreground propagation and wait until it and its
-   pods are gone, so no agent writes a cgroup or an object again (until `steps.stop_agents`); a node
-   whose agent pod is still there then is kept out of step 2 (its agent may still be writing);
-2. run `topolet cleanup --local` on each of the other nodes as the init container of a DaemonSet
-   `<agents>-cleanup` made from that template (`cleanup_daemonset`, pure), and wait until every one
-   of its pods is Ready (its cleanup exited 0; a failing one restarts and keeps the count short),
-   until `steps.clean`;
-3. delete those DaemonSets and wait until their pods are gone (until `steps.remove`), whatever step 2
-   found: nothing of the cleanup stays behind.
-
-A wait that runs out stops nobody: `NodeCleanup.left` names what was not done, node by node with its
-pod's state, and the caller deletes the API objects all the same (`steps.end` is theirs).  Run again
-while an agents' DaemonSet or a cleanup DaemonSet is still there, it picks up from it.  Raises
-KubeAPIError (one line) on an API error.
+`clean_nodes(kube, namespace, agents, steps)`: stop the agents (delete their DaemonSets, wait for
+their pods), run `topolet cleanup --local` on the other nodes through a DaemonSet made from their
+template (`cleanup_daemonset`, pure), then remove it; each step within its deadline
+(`split_budget`).  A wait that runs out stops nobody: `NodeCleanup.left` says what was not done.
+Raises KubeAPIError on an API error (README.md).
 """
 
 from __future__ import annotations

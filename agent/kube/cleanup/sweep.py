@@ -1,21 +1,9 @@
 """Removing the API objects topolet's agents created (uninstall), and never another project's.
 
-Stop the agents first (`agent.kube.cleanup.nodes`): a running agent puts a deleted NRT back within
-its `verify_seconds`.
-
-- `delete_objects(kube, namespace, node=None)`: for one node (`node`) or every node (None):
-  - NodeResourceTopologies topolet publishes: labelled `app.kubernetes.io/managed-by=topolet` and no
-    other publisher owning them (`agent.kube.publish.nrt.foreign_manager`, the check the agent makes before it
-    writes); each deleted on the resourceVersion it was read at, so one another manager has taken
-    over meanwhile is read and judged again;
-  - NodeFeatures in `namespace` labelled `app.kubernetes.io/managed-by=topolet` (nfd-worker's carry
-    no such label) and named `topolet-<node>`;
-  - with the Node label sink, the labels the annotation `topolet.io/managed-labels` lists, and the
-    annotation (user-set labels are never removed).
-  Returns an `ObjectCleanup` of the names removed and the NRTs left to another manager.
-  A CRD the API does not serve counts as holding nothing; CRDs themselves are never deleted.
-
-Idempotent: an object already gone is not an error.  Raises KubeAPIError (one line) otherwise.
+`delete_objects(kube, namespace, node=None) -> ObjectCleanup`: the NRTs topolet publishes (no other
+publisher owning them, deleted on the resourceVersion read), its NodeFeatures, and the Node labels
+`topolet.io/managed-labels` lists.  Stop the agents first.  Idempotent; raises KubeAPIError
+otherwise (README.md).
 """
 
 from __future__ import annotations

@@ -1,34 +1,11 @@
 """What this node's kubelet says through its pod-resources socket, asked on the enforcer thread.
 
-The kubelet's CPU manager: topolet pins only where the kubelet runs `cpuManagerPolicy: none`.  With
-`static` the kubelet pins Guaranteed pods itself and reconciles every container's cpuset, and two
-writers on one cpuset fight forever, so there the agent stands down: it runs as with `--enforcement
-off` (labels and the NRT, no cgroup written) and the NRT counts the CPUs the kubelet gave containers
-exclusively (`List`'s `cpu_ids`, as NFD's topology updater reads them) as taken, and only the CPUs it
-offers for exclusive use as allocatable.  It asks the kubelet's pod-resources API:
-`GetAllocatableResources` offers CPUs for exclusive use under `static` and none under `none`.  It asks
-at start and again whenever the socket is a new one (the kubelet makes it afresh at every start);
-with no socket or no answer it goes on (asking again a minute later), as it would without the
-kubelet's word on devices.
-
-GPUs the kubelet handed to containers (read only when the node has GPUs) count as taken in the NRT,
-and their MIG instances as in use; a container that asks for devices gets its CPUs from its devices'
-NUMA nodes.  Every other device plugin resource the kubelet can hand out (`GetAllocatableResources`:
-NICs, RDMA HCAs, SR-IOV VFs, other accelerators) is read with the devices containers hold (`List`),
-so the NRT publishes it per zone (`agent.kube.publish.nrt_build.zone_devices`).  Devices are read only on a
-node with GPUs or where the kubelet offered some device at its CPU-manager question (asked again
-every `DEVICE_PROBE_SECONDS` while it offered none: device plugins register after the kubelet
-starts).  grpc loads on the first question, not at start (under `static`, on the first read of the
-kubelet's exclusive CPUs).
-
-Public API: `Kubelet(socket, gpus)` (`socket` "": not asked): `.check_cpu_manager()` sets
-`.static_cpus` (the CPUs the kubelet's static CPU manager offers; None: not static, or not known);
-`.refresh_cpus() -> bool` (whether `.pinned_cpus`, the CPUs it gave containers, changed);
-`.refresh_devices() -> bool` (whether `.assigned_gpus` or the device plugin devices changed) sets
-`.answered`, and `.gpu_ids`, `.assigned_gpus`, `.offered_devices` and `.held_devices` when the kubelet
-answers (its last answer stands while it does not);
-`.gpu_numa_source(topology)` is the pinner's `gpu_numa`; `static_message(cpus)` is the one line that
-says why the agent stands down.
+`Kubelet(socket, gpus)`: `.check_cpu_manager()` sets `.static_cpus` (None: not static, or unknown);
+`.refresh_cpus()` and `.refresh_devices()` say whether `.pinned_cpus`, `.assigned_gpus` or the
+device plugin devices changed (the last answer stands while the kubelet gives none);
+`.gpu_numa_source(topology)` is the pinner's `gpu_numa`; `static_message(cpus)` says why the agent
+stands down.  Devices are read only where there are some; grpc loads on the first question
+(README.md).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """MIG on the enforcer thread: the layout the Node asks for kept applied, the instances read for the NRT.
 
-The publisher reads the Node's layout into the shared `MigStatus` (`agent.kube.mig.status`); the
-enforcer applies it through NVML on its own thread, so with the API down the last layout read stays
-applied.  Until this run has read the Node once, no MIG change is made: its label may name another
-layout than the flag.  No change is made either while what pods hold is unknown: the state file
-unreadable, the kubelet's pod-resources socket not answering, or a device it handed out that NVML
-cannot place.  After every pod change and reconcile the GPUs' MIG mode and instances are read
-again; the NRT lists them by profile (`nvidia.com/mig-<profile>`) in the GPU's zone, available
-unless the kubelet handed them out or a process runs on them.
-
-Public API: `MigEnforcer(status, ...)`: `.reconcile()`, `.refresh_inventory()`, `.inventory` (NVML's
-MIG instances as last read, None before; replaced whole, so the publisher may read it).
+`MigEnforcer(status, ...)`: `.reconcile()` applies the layout the publisher read into `MigStatus`,
+never before this run has read the Node once nor while what pods hold is unknown (state file
+unreadable, kubelet silent, a device NVML cannot place); `.refresh_inventory()` re-reads MIG
+instances after every pod change, and `.inventory` (replaced whole) is what the NRT lists by
+profile in the GPU's zone.
 """
 
 from __future__ import annotations

@@ -1,43 +1,10 @@
 """The NRI route's answers: a container's exclusive CPUs in force before it runs.
 
-`NRIPinning` is the `agent.nri.plugin.Handler` the agent registers on the runtime's NRI socket
-(`agent.kube.pods.route` connects it).  It decides with the pod watch's rules and pins through the pod
-watch's `PodPinner`, so both routes share one engine, one state file and one allocation id per pod
-container (`alloc_id(uid, name)`): whichever sees a container first pins it, the other finds the
-allocation and leaves it be.
-
-- CreateContainer: the pod as the watch's cache knows it (its plan lists every regular container,
-  running or waiting), else as NRI describes it (`agent.kube.pods.nri_pods`).  A container that asks
-  for exclusive CPUs gets them recorded in the state file (committed before the answer) and the
-  answer sets its cpuset.  On this route the watch allocates a bound pod's exclusive containers as
-  soon as it lists the pod (`PodPinner.ahead`), seconds before the runtime creates them, so the
-  answer usually reads a committed allocation and writes nothing; only a container the watch has
-  not seen yet is allocated and committed in the request.  The answer sets `cpuset.mems` too where
-  memory binding is on and allowed; every other container of a kubelet pod gets the shared pool as
-  its cpuset, so it never starts on a CPU
-  someone holds.  When the pool shrank, the answer's updates narrow every shared container the
-  runtime runs to the new pool (the engine narrows their cgroups too, as the watch path does).
-- StopContainer / RemoveContainer: the container's CPUs are freed (idempotent with the watch path's
-  release) and the updates widen the shared containers to the new pool.
-- UpdateContainer: the container keeps the cpuset it holds (a resize is re-pinned by the watch once
-  the kubelet reports it).
-- Synchronize (the plugin's start, a runtime restart): every container the runtime has is brought
-  to the state as the watch's relist does: ones that started while the agent was away are pinned,
-  ones that stopped are released, and the answer's updates give each its cpuset.
-
-Failures: a refusal (no room, a NUMA policy or zone that cannot be met, invalid annotations) is not
-a failure: the container gets the shared pool, the refusal is counted and told as an Event as on the
-watch path, and the watch pins it when CPUs free up.  An internal error (the state file or a cgroup
-could not be written, or the pod cache busy past `LOCK_SECONDS`) fails CreateContainer for a
-container that asks for exclusive CPUs: the runtime fails it and the kubelet creates it again after
-its back-off, so no Guaranteed container runs on CPUs the agent could not record.  A container on
-the shared pool is never failed by the agent: on an internal error it is answered unadjusted (it
-inherits its pod's cgroup) and the watch path gives it the pool.
-
-Threading: the plugin calls these methods on its own thread, one at a time.  Every use of the pinner
-holds `PodPinner.lock` (the enforcer thread takes the same lock around its pinner and engine calls),
-acquired with a deadline of `LOCK_SECONDS`, well inside NRI's 2 s plugin timeout.  The runtime's
-containers (`known`) are this thread's alone.
+`NRIPinning` is the `agent.nri.plugin.Handler` registered on the runtime's socket.  It decides with
+the pod watch's rules and pins through its `PodPinner` (one engine, one state file, one allocation
+id per container).  A refusal gives the container the shared pool; an internal error fails
+CreateContainer only for a container asking for exclusive CPUs.  Every call holds
+`PodPinner.lock` with a deadline of `LOCK_SECONDS`, inside NRI's 2 s timeout (README.md).
 """
 
 from __future__ import annotations

@@ -1,36 +1,9 @@
 """What NRI says of a container, read as the pod watch would read its pod: pure, no I/O, no clock.
 
-The NRI route meets a container before the pod watch may have seen its pod (the pod is bound seconds
-before its containers exist, but the watch can lag).  `kubelet_container` names the container the
-way the agent does (pod uid, container name, its cgroup through `agent.enforce.kubepods`);
-`nri_pod_object` rebuilds, from what the kubelet gave the runtime, the parts of the API's Pod that
-`agent.api.podplan.plan_pod` reads, so the NRI route decides with the very rules of the watch path.
-
-What the runtime knows, and the rule read from it (kubelet `pkg/kubelet/cm/helpers_linux.go` and
-`pkg/kubelet/kuberuntime/kuberuntime_container_linux.go`, `cpuManagerPolicy: none`):
-
-- The QoS class is the one the kubelet chose: it names the pod's cgroup (`kubepods/pod<uid>` for
-  Guaranteed, `kubepods/burstable/...`, `kubepods/besteffort/...`), which the container's
-  `cgroupsPath` carries.
-- CPU request: the kubelet sets `cpu.shares` = milliCPU × 1024 / 1000 (rounded down, at least 2), so
-  the shares are a multiple of 1024 exactly when the request is a whole number of CPUs: the request
-  is shares / 1024 then.  Otherwise the request is not whole (its exact value does not matter to
-  any rule).
-- CPU limit: with CFS quota on, `cpu.quota` = milliCPU × period / 1000 over `cpu.period` (100000 µs);
-  the limit is quota / period.  No quota (CFS quota off, or no limit) leaves the limit unknown.
-- A Guaranteed pod has request = limit for every container, so a Guaranteed container asks for N
-  exclusive CPUs exactly when shares = N × 1024 and, where a quota is set, quota = N × period.  A
-  quota that says otherwise leaves the request unread as whole: the container stays shared.
-- Memory: the runtime gets the limit only (`memory.limit`); requests are taken equal to limits,
-  which is exact for Guaranteed pods, the only ones whose memory the agent binds.  Hugepages come
-  from `hugepage_limits` ("2MB" → `hugepages-2Mi`).
-- Pod annotations and labels reach the runtime whole (the kubelet copies them into the sandbox
-  config): `topolet.io/*` annotations are read exactly as the watch reads them.  `spec.nodeName` is
-  this node's (a placement naming another node is refused alike).
-
-What the runtime cannot say: whether the container is an init container (NRI-built plans treat every
-container as regular; the pod watch's plan, preferred where it has one, does not), and its GPU
-requests (no NUMA preference from GPUs until the watch has the pod).
+`kubelet_container` names the container as the agent does (pod uid, name, cgroup);
+`nri_pod_object` rebuilds the parts of the Pod that `agent.api.podplan.plan_pod` reads from what the
+kubelet gave the runtime: QoS from the cgroup path, whole CPUs from `cpu.shares` and the CFS quota,
+memory and hugepages from limits.  The rules and what NRI cannot say: README.md, "What NRI says".
 """
 
 from __future__ import annotations

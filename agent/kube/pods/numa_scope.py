@@ -1,19 +1,9 @@
-"""One pod container's exclusive CPU request under the node's Topology Manager scope.
+"""One pod container's exclusive CPU request under the node's Topology Manager scope: pure.
 
-Pure: a pod plan, one of its containers and the pod's allocations in, the request out; no I/O.  Every
-route that pins a container (the pod watch, the pod-cgroup route ahead of the runtime, the NRI route)
-builds its request here, through `agent.kube.pods.pinner.PodPinner`.
-
-- `container` scope: the container's own request (its pod's NUMA policy and SMT rule, near its GPUs
-  or inside the admission controller's zone).
-- `pod` scope (`agent.alloc.scope`): the same request, kept inside the pod's NUMA nodes (unless the
-  admission controller split the pod, a zone per container, under the container scope it read
-  before this node's changed: each container is then pinned in its own zone, where it was counted).  Those are
-  the nodes recorded with any allocation the pod holds already (a restart of the agent or of the
-  container finds them in the state file); an allocation recorded before the agent ran this scope
-  stands for the nodes its CPUs lie on.  A pod holding nothing yet has them chosen from its whole
-  request: every exclusive regular container of the spec (the kubelet's pod hint counts them all),
-  under the pod's policy, near the GPUs of all its containers (`pod_near`) or in its zone.
+`container` scope: the container's own request; `pod` scope (`agent.alloc.scope`): the same, kept
+inside the pod's NUMA nodes (those its allocations hold, else chosen from its whole exclusive
+request).  Every route builds its request here, through `PodPinner` (README.md, "Topology Manager
+scope").
 """
 
 from __future__ import annotations

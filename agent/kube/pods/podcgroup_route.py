@@ -1,30 +1,10 @@
-"""The pod-cgroup route wired into the agent: pod cgroups hold their pods' exclusive CPUs before any
-container exists.
+"""The pod-cgroup route: pod cgroups hold their pods' exclusive CPUs before any container exists.
 
-`PodCgroupRoute` turns the pinner (`agent.kube.pods.pinner`, with `ahead` on: a bound pod's exclusive
-containers are allocated as soon as the watch lists it) into the policy of a
-`agent.enforce.podcgroups.PodCgroupWatcher`, which writes each pod cgroup as the kubelet makes it:
-
-- a pod that holds allocations gets their union (their memory nodes too, when every one of them is
-  bound and the pod has no other container); a pod with a container on the pool besides (a shared or
-  refused container, an init container running) gets the pool as well, so that container can join it;
-- every other pod, and the Burstable and BestEffort folders, the shared pool;
-- in a pod that holds allocations and has a container on the pool besides, each container (as runc
-  makes its cgroup, told apart by the runtime's bundle: `bundles`) its own: its allocation, or the pool.
-
-Threads: the watcher calls the policy on its own thread, so the policy reads a snapshot
-(`PodCpusets`, replaced whole) that only the enforcer thread makes, from the state file and the
-pinner's pod cache under the pinner's lock, and only while it holds the watcher's lock, so the watcher
-never writes from half a snapshot.  Lock order: the pinner's, the state file's, then the watcher's;
-the watcher's thread takes only its own.
-
-Ordering (hazard: v1 refuses a container wider than its pod): the engine writes the QoS folders and
-pod cgroups in its own ordered step (`PinningEngine.outer`), so a release widens folder, pod and
-container in that order, and an allocation narrows them the other way.  After each pod change and
-reconcile `sync()` writes the pods whose answer changed and the shared folders when the pool moved.
-
-Start order: `start()` only once the pinner has the watch's first list (and the state file agrees
-with it): a pod still pinned in the state but unknown to the pinner would otherwise be put on the pool.
+`PodCgroupRoute` makes the pinner (with `ahead` on) the policy of
+`agent.enforce.podcgroups.PodCgroupWatcher`: a pinned pod's cgroup gets its allocations' union,
+every other pod and the Burstable and BestEffort folders the pool.  The watcher's thread reads only
+`PodCpusets` snapshots the enforcer thread makes; lock order: pinner, state file, watcher.
+`start()` only after the pinner has the first list.  Ordering and threads: README.md.
 """
 
 from __future__ import annotations
@@ -43,7 +23,7 @@ from agent.enforce.state import State
 from agent.enforce.subtrees import subtrees_targets
 from agent.errors import EnforcementError
 from agent.kube.pods.pinner import PodPinner
-from agent.standalone.engine import OuterTargets
+from agent.pinning.engine import OuterTargets
 from agent.topology.cpuset import EMPTY, CPUSet
 
 log = logging.getLogger("topolet.kube.podcgroups")

@@ -1,28 +1,10 @@
-"""How the agent pins containers from their first instruction: the NRI route or the pod-cgroup route.
+"""Chooses and runs how containers are pinned from their first instruction: NRI or pod cgroups.
 
-Both live in one agent and the pod watch stays the reconciler and safety net under either:
-
-- `nri`: the agent is an NRI plugin on the runtime's socket (`--nri-socket`, nri's default
-  /var/run/nri/nri.sock) and answers CreateContainer with the container's cpuset
-  (`agent.kube.pods.nri_pinning`).  A thread serves the connection and, when the runtime closes it (a
-  restart, an upgrade), connects again with a back-off of `BACKOFF_MIN_SECONDS` doubling to
-  `BACKOFF_MAX_SECONDS`; the runtime then synchronizes again and the agent pins what started
-  meanwhile.
-- `pod-cgroup`: without NRI nobody is asked before a container starts, so the pins come first: the
-  pod watch allocates a bound pod's exclusive CPUs as soon as it lists the pod (state committed
-  first), and a watcher on the kubelet's QoS folders writes the pod's cgroup the moment the kubelet
-  makes it (the union of its containers' CPUs), keeping the Burstable and BestEffort folders on the
-  pool; runc then starts each container on its pod's set, and the watch narrows each container to
-  its own once it runs (`agent.kube.pods.podcgroup_route`, with enforcement on).
-
-`--route auto` chooses at start: NRI when the socket exists and the runtime answers our
-registration within `REGISTER_SECONDS`, else pod-cgroup.  `--route nri` insists: the agent keeps
-connecting until the runtime answers (the watch pins meanwhile).  With `--enforcement off` the route
-is pod-cgroup (nothing is pinned through the runtime).  The choice and its reason are logged once
-and reported as `topolet_info{route}` and the NRT attribute `topolet.io/pinning-route`.
-
-The NRI code (`agent.nri`: protobuf and NRI's generated messages, about 4 MiB of the agent's memory)
-is imported only when the route tries NRI: `handler` is a factory, called once then.
+`PinningRoute` connects the NRI plugin (`handler` is a factory, so the NRI code loads only when the
+route tries it) with reconnect back-off, or falls back to the pod-cgroup route; `--route auto`
+decides at start (`REGISTER_SECONDS`).  The choice is logged once and reported as
+`topolet_info{route}` and the NRT's `topolet.io/pinning-route`.  The pod watch stays the reconciler
+under either route (README.md, "Routes").
 """
 
 from __future__ import annotations

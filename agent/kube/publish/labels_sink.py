@@ -1,42 +1,10 @@
 """Publishing the node's labels: an NFD NodeFeature object, the Node itself, or the features.d file.
 
-Public API (stable; the in-cluster daemon builds on it):
-
-- `LabelPublisher(api_client, node_name, namespace=None, sink="auto", features_dir=DEFAULT_FEATURES_DIR,
-  *, field_manager="topolet", check_seconds=AUTO_CHECK_SECONDS, clock=time.monotonic)`; `namespace`
-  None means `agent.kubeapi.client.agent_namespace()` (POD_NAMESPACE, the service-account namespace
-  file, or "topolet-system").
-- `.publish(labels: Mapping[str, str]) -> bool`: True when it wrote.  Writes only when the labels
-  differ from the last ones published, or `auto` moves them; on the first call (and after a
-  failure) it reads what the API holds and skips the write when that already matches, so a
-  restarted DaemonSet does not rewrite every node.  Raises `KubeAPIError` when the API call
-  failed (the next call retries), ConfigError for an invalid label (before any write) and
-  `FeatureFileError` for a refused file.
-- `.sink`: the sink asked for; `.resolved_sink`: the one in use ("nodefeature" | "node" | "file" |
-  "none"), known after the first `publish` when `sink="auto"`.
-- `.next_check_in() -> float | None`: seconds until `auto` looks again where labels go (0: the next
-  `publish` does, even with the same labels); None for a fixed sink.
-- `.writes` / `.failures`: counters for metrics.
-
-Sinks:
-- "auto": without an API client, "file".  In a cluster, "nodefeature" where an nfd-master reads
-  NodeFeatures for this node (its Node carries the annotation nfd-master writes on the Nodes it
-  labels, and the API serves `nodefeatures.nfd.k8s-sigs.io/v1alpha1`), else "node": the rule is
-  `agent.labels.auto_sink.choose_auto_sink`.  Decided at the first `publish`, again every
-  `check_seconds` and after a failure (one GET of the Node; discovery only when annotated).  A
-  change is logged once with its reason, and moves the labels: to "nodefeature", the NodeFeature
-  is applied, then the Node labels `topolet.io/managed-labels` lists (bar those nfd-master already
-  lists as its own) and that annotation are removed, on the Node's resourceVersion; to "node", the
-  Node is patched, then the agent's NodeFeature deleted.
-- "nodefeature": a NodeFeature in the agent's namespace (`agent.labels.nodefeature.nodefeature_object`,
-  label `nfd.node.kubernetes.io/node-name=<node>`), server-side applied as `field_manager`.
-- "node": a JSON merge patch on the Node (`agent.labels.nodefeature.node_label_patch`) that sets our
-  labels and removes the keys we set before and no longer publish; no other label is touched.  The
-  keys we own are kept in the Node annotation `topolet.io/managed-labels` so that a restarted agent
-  still knows them.
-  Labels in `USER_LABELS` are never set or removed, whatever the annotation lists.
-- "file": NFD's features.d file (`agent.labels.features_file.write_features_file`).
-- "none": publishes nothing.
+`LabelPublisher(api_client, node_name, sink="auto", ...)`: `.publish(labels) -> bool` writes only
+what changed (and reads first after a start or failure, so a restarted DaemonSet rewrites nothing);
+`.resolved_sink` is the sink in use, `.next_check_in()` when `auto` looks again.  Raises
+`KubeAPIError` (retry next call), `ConfigError` for an invalid label before any write,
+`FeatureFileError` for a refused file.  The sinks and how `auto` moves labels: README.md.
 """
 
 from __future__ import annotations

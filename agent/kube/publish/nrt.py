@@ -127,7 +127,13 @@ def nrt_object(
     kubelet_cpus: KubeletCPUs | None = None,
     devices: Mapping[int, Mapping[str, tuple[int, int]]] | None = None,
 ) -> dict[str, Any]:
-    """The NodeResourceTopology object for this node, its `available` taken from `state`."""
+    """The NodeResourceTopology object for this node, its `available` taken from `state`.
+
+    `node` is a Node (a dict as the API returns it, or a kubernetes V1Node) or a `(name, uid)` pair;
+    `gpu_capacity` and `devices` are `{numa id: {resource: (capacity, available)}}`
+    (`agent.gpu.capacity.numa_gpu_capacity`, `nrt_build.zone_devices`); `memory_held` is
+    `{numa id: {"memory" | "hugepages-<size>": bytes}}`.  Raises ConfigError on invalid input.
+    """
     name, uid = _node_ref(node)
     if topology_manager_policy not in TOPOLOGY_MANAGER_POLICIES:
         raise ConfigError(f"unknown topology manager policy {topology_manager_policy!r} "

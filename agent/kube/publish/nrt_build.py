@@ -1,26 +1,9 @@
 """What this node's NodeResourceTopology says: CPUs, memory, GPUs and other devices less what pods hold.
 
-`build_nrt` assembles the object `agent.kube.publish.nrt.nrt_object` shapes from a `Snapshot` of the
-enforcer's view; its GPU part (whole GPUs and MIG devices per zone, shared with the agents' metrics)
-is `agent.gpu.capacity.zone_gpus`; `zone_devices` counts every other device plugin resource per zone.
-
-Device plugin resources (NICs, RDMA HCAs, SR-IOV VFs, accelerators other than the GPUs NVML finds)
-come from the kubelet's pod-resources API: `GetAllocatableResources` lists each device it can hand
-out with the NUMA nodes its plugin reported, `List` the devices containers hold.  A device counts
-in the zone of its NUMA node (the lowest published one when its plugin names several, so a zone's
-figures never add up to more devices than there are); capacity = allocatable = its devices there,
-available = those no container holds.  A device without a NUMA node among the published zones is in
-no zone: NRT v1alpha2 has no node-level resource list, and the Node's `status.allocatable` already
-counts it (the admission engine counts such devices at node level).
-
-Memory and hugepages are accounted per pod where topolet binds memory: a container with exclusive
-CPUs and `topolet.io/memory-binding: true` gets `cpuset.mems` = the NUMA nodes of its CPUs, and its
-`memory` and `hugepages-<size>` requests are subtracted from `available` of those zones.  Other
-pods are not subtracted — single-numa-node ones included: without a binding the kernel may place
-their memory on any node, so no zone can be charged truthfully.  A binding to several zones is
-charged in proportion to the container's CPUs in each zone (the kernel allocates on the node of
-the CPU that touches the memory first); the bytes left over by rounding down go to the zone holding
-most of its CPUs (the lowest id among equals).
+`build_nrt` assembles `nrt.nrt_object` from a `Snapshot` of the enforcer's view; GPUs per zone come
+from `agent.gpu.capacity.zone_gpus`, other device plugin resources from `zone_devices` (a device in
+its lowest published NUMA node), and `zone_memory_held` charges memory only to zones a container is
+bound to, in proportion to its CPUs there.  The counting rules: README.md, "What is counted where".
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The publisher thread of the Kubernetes agent: NRT on state change, labels on topology change, Events.
 
-It writes what the enforcer changed.  While the API is down it retries with the API loops'
-back-off (`agent.kubeapi.backoff`: 1 s doubling to 30 s, jittered; a change to publish tries again at
-once) and logs the outage once, then a reminder a minute, then its end.  Where another manager
-publishes this node's NRT (NFD's topology updater: `agent.kube.publish.nrt`) it leaves the NRT alone, keeps
-publishing labels, and says so once: a log line, a Warning Event on the Node and
-`topolet_nrt_yielded`.  With MIG managed it also re-reads the Node for its layout label
-(`agent.kube.mig.status`); with `--label-sink auto` it wakes when the label sink is due to look
-again where labels go (`agent.kube.publish.labels_sink`).  Each write counts in
-`topolet_api_writes_total{kind}`, each failed attempt to publish (the write, or a read it needs
-first) in `topolet_api_write_errors_total{kind}`.
+`Publisher` writes what the enforcer changed, retrying with the API loops' back-off while the API is
+down; it leaves an NRT another manager publishes alone (and says so once), re-reads the Node's MIG
+layout label where MIG is managed, and counts `topolet_api_writes_total{kind}` and
+`topolet_api_write_errors_total{kind}` (README.md, "The publisher thread").
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""Which CPUs the kubelet's own CPU manager hands out exclusively (`cpuManagerPolicy: static` or not),
-and which device plugin resources it can hand out.
+"""Which CPUs the kubelet's CPU manager hands out exclusively, and which device resources it offers.
 
-The kubelet's pod-resources `GetAllocatableResources` lists CPUs for exclusive use under the static
-policy and none under `none` (kubelet `pkg/kubelet/cm/cpumanager`: the none policy's allocatable set
-is empty), and every device its device plugins registered.  `kubelet_offer(socket)` asks it
-(`kubelet_exclusive_cpus(socket)`: the CPUs alone).  grpc costs ~13 MiB of resident memory, which
-an agent on a node without GPU or device plugin workloads never loads, so unless grpc is loaded
-already the question is asked from a child process (`python -m agent.kube.kubelet.podresources.exclusive
-SOCKET`, which prints the cpulist on one line and the device resource names on the next, or "none"
-when the kubelet gives no answer).
+`kubelet_offer(socket)` asks `GetAllocatableResources` (`kubelet_exclusive_cpus`: the CPUs alone),
+from a child process unless grpc is loaded already (`python -m agent.kube.kubelet.podresources.exclusive
+SOCKET` prints the cpulist, then the device resource names, or "none"), so a node without devices
+never pays grpc's ~13 MiB (README.md).
 """
 
 from __future__ import annotations

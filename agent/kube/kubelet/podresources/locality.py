@@ -1,19 +1,9 @@
-"""Where a container's devices sit: the NUMA nodes its CPUs should come from (docs/design.md:
-"the CPUs from the GPUs' node"), for GPUs and every other device plugin resource (NICs, RDMA HCAs, ...).
+"""Where a container's devices sit: the NUMA nodes its CPUs should come from, for GPUs and other devices.
 
-The kubelet gives GPUs through NVIDIA's device plugin, which names each device by GPU UUID or by
-index (`--device-id-strategy`), and reports each device's NUMA node when it knows it.  The node comes
-from that report first, else, for GPUs, from our GPU inventory by UUID or index; other devices count
-only with the node their plugin reported.  `gpu_numa_nodes` is pure; `GPULocator` asks the kubelet
-and reads the inventory once, lazily, only when a GPU's report lacks a node.
-
-The agent may pin a container before its node's kubelet has admitted the pod (the pod-cgroup route
-makes the pod's cgroup as soon as the pod is bound), and the kubelet assigns devices at admission
-(it knows the pod a moment before that): for a container that asks for devices and holds none yet,
-`GPULocator` asks again for up to `ADMISSION_WAIT_SECONDS` (the kubelet admits a pod moments after it
-is bound) before pinning without the devices' nodes.  Only a container asking for a resource a device
-plugin serves waits (`admitting`): one asking only for other extended resources is asked about once,
-so the NRI route's answer never waits for devices that will not come.
+`gpu_numa_nodes` is pure: the node the device plugin reported, else for GPUs the inventory's by UUID
+or index.  `GPULocator` asks the kubelet, and for a container asking for devices that holds none yet
+asks again for up to `ADMISSION_WAIT_SECONDS` (the kubelet assigns them at admission).
+`kubelet_gpus` names the whole GPUs device ids refer to (README.md, "Locality").
 """
 
 from __future__ import annotations
