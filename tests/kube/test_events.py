@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent.errors import ConfigError
-from agent.kubeapi.events import MAX_MESSAGE, REPORTING_CONTROLLER, EventRecorder
+from agent.kube.publish.events import MAX_MESSAGE, REPORTING_CONTROLLER, EventRecorder
 from tests.controlplane.harness import ControlPlane
 
 NODE = "events-node"

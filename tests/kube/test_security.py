@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from agent.admission.kueue.workloads import FAILSAFE_LABEL, LEGACY_FAILSAFE_KEY
-from agent.kubeapi.events import REPORTING_CONTROLLER
+from agent.kube.publish.events import REPORTING_CONTROLLER
 from agent.labels.nodefeature import NODE_NAME_LABEL, nodefeature_name, nodefeature_object
 from tests.controlplane.fixtures import IN_CI
 from tests.controlplane.harness import ControlPlane
@@ -88,8 +88,8 @@ def unchecked_nodefeature(node: str, labels: dict[str, str]) -> dict[str, Any]:
 
 def event(instance: str, regarding: dict[str, Any] | None = None, *, controller: str = REPORTING_CONTROLLER,
           namespace: str = NAMESPACE, name: str | None = None, **fields: Any) -> dict[str, Any]:
-    """An events.k8s.io/v1 Event as agent/kubeapi/events.py writes it, reported by `instance`, about a pod
-    in `namespace` unless `regarding` says otherwise."""
+    """An events.k8s.io/v1 Event as agent/kube/publish/events.py writes it, reported by `instance`, about
+    a pod in `namespace` unless `regarding` says otherwise."""
     return {
         "apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": name or f"topolet-{uuid.uuid4().hex[:8]}", "namespace": namespace},
@@ -518,9 +518,9 @@ def test_sees_whether_nfd_is_installed_through_discovery(cluster: Cluster) -> No
 def test_agent_publishers_work_with_the_agents_credentials(cluster: Cluster) -> None:
     """What agent/kube sends (label sinks and auto's moves between them, NRT apply, Events) passes RBAC
     and the policy on its node."""
+    from agent.kube.publish.events import EventRecorder
     from agent.kube.publish.labels_sink import LabelPublisher
     from agent.kube.publish.nrt_publisher import NRTPublisher
-    from agent.kubeapi.events import EventRecorder
 
     node, uid, token = new_agent(cluster.plane)
     with cluster.plane.client(token) as api:

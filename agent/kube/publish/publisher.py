@@ -41,9 +41,9 @@ class Publisher:
                  mig: MigStatus | None = None, on_mig_change: Callable[[], None] | None = None) -> None:
         """`namespace`: the agent's own (its NodeFeature's).  Reads nothing and asks the API nothing
         until `start()` or `publish_once()`."""
+        from agent.kube.publish.events import EventRecorder
         from agent.kube.publish.labels_sink import LabelPublisher
         from agent.kube.publish.nrt_publisher import NRTPublisher
-        from agent.kubeapi.events import EventRecorder
 
         self.node = node
         self.api = api

@@ -1,28 +1,10 @@
 """Kubernetes Events on pods (a bad annotation, a pod left in the shared pool), aggregated so they never spam.
 
-Public API (stable; the in-cluster daemon builds on it):
-
-- `EventRecorder(api_client, node_name, *, component="topolet", interval_seconds=300.0,
-  max_tracked=4096, clock=time.time)`.
-- `.warn(pod, reason, message) -> bool` / `.normal(pod, reason, message) -> bool`: record an
-  events.k8s.io/v1 Event (type Warning / Normal) regarding `pod` — a dict as the API returns it or a
-  kubernetes V1Pod, with metadata namespace, name and uid.  True when it wrote to the API.  Best
-  effort: an API failure is logged and counted (`.failures`), never raised, so a missing Event cannot
-  stop enforcement.  Raises ConfigError only for a pod without namespace/name or an invalid reason.
-- `.on_node(kind, reason, message, uid="") -> bool`: the same, regarding this node's Node (an Event in
-  the `default` namespace, where the kubelet writes the Node's own).
-- `.writes` / `.aggregated` / `.failures`: counters.
-- `REPORTING_CONTROLLER` (`topolet.io/agent`): every Event's `reportingController`; its
-  `reportingInstance` is `node_name`; daemonset/admission-policy.yaml refuses the agent any other.
-  `component` is accepted for existing callers and unused: events.k8s.io/v1 refuses the legacy
-  `source` it used to fill.
-
-Aggregation, in the spirit of client-go's event correlator: the same (pod uid, type, reason,
-message) within `interval_seconds` of our last write for it is only counted locally; the next one
-after the interval updates the existing Event's `series` (count and lastObservedTime: one PATCH)
-instead of creating another.  When that Event has expired (the API server drops Events after an
-hour), a new one is created.  At most `max_tracked` keys are remembered, least recently seen dropped
-first.
+`EventRecorder(api_client, node_name, *, interval_seconds=300.0, max_tracked=4096, ...)`:
+`.warn(pod, reason, message)`, `.normal(...)`, `.on_node(kind, reason, message)`; counters `.writes`,
+`.aggregated`, `.failures`.  Best effort: an API failure is logged and counted, never raised.
+Repeats within the interval are only counted; the next one updates the Event's `series`.
+Aggregation and the reporting identity: README.md here, "Events".
 """
 
 from __future__ import annotations
