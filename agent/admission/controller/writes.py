@@ -1,35 +1,11 @@
 """The write path of a decision pass: Job and pod patches as the leader, and the Events about each Job.
 
-Public API:
-
-- `JobWrites(kube, jobs, pods, metrics, identity, leader, changed, clock)`, over the controller's
-  stores of queued Jobs and pods (each write's response goes into its store):
-  - `.leading()`; `.check_leader()` raises `NotLeader` (`agent.kubeapi.leader`) unless this replica leads.
-  - `.submit(work, *args) -> Future`: run a write on the pass's pool of `WRITERS` threads; `.drain()`
-    waits for every one of this pass and re-raises the first failure (NotLeader included).
-  - The Job writes it runs: `.admit(job, placement) -> bool` (the record, with the Job's shape, the
-    pinned or gated template and the unsuspend in one patch), `.reject(job, reason) -> bool`,
-    `.requeue(job, why)` (a record not trusted removed from a suspended Job), `.requeue_lost(job,
-    gone)` (an admitted Job whose node is gone suspended, its record removed) and `.unpin(job, nodes)`
-    (such a Job's start time cleared, then its template restored); each True only when it landed.
-  - `.place(pod, slot, place)`: pin a gated pod to its slot on the pod pool, unless its patch is still in
-    flight; these outlive the pass, and `.reap()` forgets finished ones and re-raises their failure at
-    the start of the next.
-  - `.holds(job, read) -> bool`: whether an admitted Job holds its slots this pass; when not (a record
-    not trusted, or a Job suspended again after its admission), it says why and requeues a suspended
-    Job with a record not trusted.
-  - Events said once per state: `.wait(job, reason)` (Waiting, when the reason changed) and
-    `.invalid(job, reason, message)` (a Warning once per Job version); `.retain(uids)` forgets the Jobs
-    not among `uids`.  `.events` sends them (started and stopped by the controller).
-  - `.written` (writes submitted this pass, reset by the controller), `.conflicts` (409s so far);
-    `.shutdown()` waits for the writes in flight.
-- `WRITERS`; `CRASH_ENV`, `CRASH_STEPS` and `crash_point(step)`: the kill tests' hook (see
-  `agent.admission.controller.loop`).
-
-A merge patch carries the resourceVersion it was computed from (`agent.admission.jobs.patches`), so a
-stale store makes it fail instead of overwriting.  A Job write that fails so re-reads that Job and,
-while it is still undecided and suspended, retries at once with the fresh resourceVersion, up to
-CONFLICT_RETRIES times; any other conflict, or a vanished object, is left to the next pass.
+`JobWrites(kube, jobs, pods, metrics, identity, leader, changed, clock)`: `.admit`, `.reject`,
+`.requeue`, `.requeue_lost`, `.unpin`, `.place`, `.holds`, `.wait`, `.invalid`, `.submit`, `.drain`,
+`.reap`, `.check_leader()`; `WRITERS`, `CRASH_ENV`, `CRASH_STEPS`, `crash_point(step)`.  Only the
+leader writes, checked before every write; each patch carries its resourceVersion, and a 409 on a
+still-undecided Job is retried with the fresh one.
+Pools, retries and Events: agent/admission/controller/README.md, "Writes".
 """
 
 from __future__ import annotations
@@ -61,7 +37,7 @@ from agent.admission.jobs.patches import (
     still_undecided,
     unpin_patch,
 )
-from agent.admission.report.events import ObjectEvents, timestamp
+from agent.admission.report.events import ObjectEvents, ToldReasons, timestamp
 from agent.admission.report.metrics import AdmissionMetrics
 from agent.api.objects import metadata_of, namespaced_name, object_key
 from agent.errors import KubeAPIError
@@ -86,7 +62,7 @@ def crash_point(step: str) -> None:
 
 
 class JobWrites:
-    """The write pools, the writes and the Events of the Job route (see the module docstring)."""
+    """The write pools, the writes and the Events of the Job route (see README.md beside this module)."""
 
     def __init__(self, kube: KubeClient, jobs: Reflector, pods: Reflector, metrics: AdmissionMetrics,
                  identity: str, leader: LeaderElector | None, changed: threading.Event,
@@ -101,7 +77,7 @@ class JobWrites:
         self.events = ObjectEvents(kube, identity, on_drop=metrics.events_dropped.inc)
         # Said once per state, so Events are not repeated every pass: Job uid -> last waiting reason,
         # and (uid, resourceVersion) of Jobs already told they are malformed.
-        self._waiting: dict[str, str] = {}
+        self._waiting = ToldReasons()
         self._invalid: set[tuple[str, str]] = set()
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="admission-write")
         # Pod patches run on their own pool and outlive the pass that sent them, so the next pass
@@ -219,7 +195,7 @@ class JobWrites:
         crash_point("after-decision")
         crash_point("after-unsuspend")
         self.metrics.decisions.labels(result="admitted").inc()
-        self._waiting.pop(str(metadata_of(job).get("uid")), None)
+        self._waiting.forget(str(metadata_of(job).get("uid")))
         nodes = sorted({p.node for p in pods})
         self.events.record(out, "Normal", "Admitted",
                            f"{len(pods)} pods placed on {len(nodes)} nodes ({', '.join(nodes[:8])}"
@@ -321,9 +297,8 @@ class JobWrites:
         """Count a "not now" decision; a Waiting Event when its reason is not the one last told."""
         self.metrics.decisions.labels(result="waiting").inc()
         uid = str(metadata_of(job).get("uid"))
-        if self._waiting.get(uid) == reason:
+        if not self._waiting.changed(uid, reason):
             return
-        self._waiting[uid] = reason
         self.check_leader()
         self.events.record(job, "Normal", "Waiting", reason)
 
@@ -342,7 +317,7 @@ class JobWrites:
 
     def retain(self, uids: set[str]) -> None:
         """Forget what was said about Jobs not among `uids`, so the memory stays bounded by the queue."""
-        self._waiting = {uid: why for uid, why in self._waiting.items() if uid in uids}
+        self._waiting.retain(uids)
         self._invalid = {key for key in self._invalid if key[0] in uids}
 
 

@@ -1,29 +1,11 @@
 """The check's writes, off the pass: Workload check states, the AdmissionCheck's Active, Events on Workloads.
 
-Public API:
-
-- `CheckWrites(kube, metrics, workload_store, check_store, changed, check_leader, clock, crash_point,
-  identity)`, where the stores are the check's Workloads and AdmissionChecks (each write's response
-  goes into its store):
-  - `.write(wl, held, work, *args)`: run `work(*args)` on the check's writer pool, counting `held` (the
-    ledger entries of the decision being written, `agent.admission.kueue.holds`) meanwhile and keeping
-    the Workload from being decided again until it returns; `.in_flight()` (Workload uid -> those
-    entries) and `.writing(uid)` say which.
-  - The works: `.ready(wl, checks, gang, placement, now)` (Ready with the podSetUpdates, or Rejected
-    when they cannot pin the pods), `.refuse(wl, states, result, why)` (Retry or Rejected, then an
-    Event), `.apply(wl, states, result)` (one server-side apply of our check states; False when the
-    Workload moved on), `.activate(ac)` (the AdmissionCheck's `Active=True`; the check runs it on the
-    controller's pass writers).
-  - `.read_ahead(wl)` reads the Workload's owner Job's completion mode on a writer, so the Ready write
-    needs no Job GET first; `.known_indexed(wl)` is what is known of it now.
-  - `.due_at`: Workload uid -> when (monotonic) it became due, set by the check and logged with its
-    write; `.retain(uids, owners)` forgets the Workloads and owner Jobs that are gone; `.stop()` waits
-    for the decisions being written.
-
-Each write carries the resourceVersion it was decided on (`workloads.status_apply`), field manager
-`topolet.io/topology-fit`; a 404 or 409 leaves the Workload to the next pass.  A write that fails
-otherwise is counted as an error, logged and decided again after FAILED_WRITE_PAUSE_SECONDS; one
-stopped because this replica lost the Lease (`NotLeader`) is only logged.
+`CheckWrites(kube, metrics, workload_store, check_store, changed, check_leader, clock, crash_point,
+identity)`: `.write(wl, held, work, *args)` runs a write on the check's pool, counting `held` in the
+ledger until it returns; the works `.ready`, `.refuse`, `.apply`, `.activate`; `.read_ahead`,
+`.known_indexed`, `.in_flight()`, `.writing(uid)`, `.due_at`, `.retain`, `.stop()`.  A 404 or 409
+leaves the Workload to the next pass; another failure is decided again after a pause.
+agent/admission/kueue/README.md, "Writes".
 """
 
 from __future__ import annotations
@@ -41,7 +23,7 @@ from agent.admission.gangs.job import job_indexed
 from agent.admission.kueue import workloads
 from agent.admission.kueue.holds import Held
 from agent.admission.kueue.workloads import CONTROLLER_NAME, KUEUE_GROUP, KUEUE_VERSION, WorkloadSpecError
-from agent.admission.report.events import ObjectEvents, timestamp
+from agent.admission.report.events import ObjectEvents, ToldReasons, timestamp
 from agent.admission.report.metrics import AdmissionMetrics
 from agent.api.objects import as_dict, metadata_of, object_key
 from agent.errors import KubeAPIError
@@ -55,7 +37,7 @@ FAILED_WRITE_PAUSE_SECONDS = 1.0  # before a Workload whose write failed is deci
 
 
 class CheckWrites:
-    """The check's writer pool and what runs on it (see the module docstring)."""
+    """The check's writer pool and what runs on it (see README.md beside this module)."""
 
     def __init__(self, kube: KubeClient, metrics: AdmissionMetrics, workload_store: Reflector,
                  check_store: Reflector, changed: threading.Event, check_leader: Callable[[], None],
@@ -77,17 +59,17 @@ class CheckWrites:
         self._inflight: dict[str, list[Held]] = {}
         self._inflight_lock = threading.Lock()
         # Events on Workloads (Waiting, when its reason changes; Rejected), sent from a thread started
-        # with the first one; `_told`: Workload uid -> the reason it was last told (under _told_lock).
+        # with the first one (under _events_lock); `_told`: the reason each Workload was last told.
         self.events = ObjectEvents(kube, identity, (workloads.API_VERSION, "Workload"),
                                    on_drop=metrics.events_dropped.inc)
-        self._told: dict[str, str] = {}
-        self._told_lock = threading.Lock()
+        self._told = ToldReasons()
+        self._events_lock = threading.Lock()
         self._events_started = False
 
     def stop(self) -> None:
         """Wait for the decisions being written; start no more."""
         self._pool.shutdown(wait=True, cancel_futures=True)
-        with self._told_lock:
+        with self._events_lock:
             if self._events_started:
                 self.events.stop()
 
@@ -109,8 +91,7 @@ class CheckWrites:
         """Forget what is kept about Workloads not among `uids` and owner Jobs not among `owners`."""
         for uid in [u for u in list(self.due_at) if u not in uids]:
             self.due_at.pop(uid, None)
-        with self._told_lock:
-            self._told = {uid: why for uid, why in self._told.items() if uid in uids}
+        self._told.retain(uids)
         for uid in [u for u in list(self._indexed) if u not in owners]:
             self._indexed.pop(uid, None)
 
@@ -177,10 +158,9 @@ class CheckWrites:
     def _tell(self, wl: Mapping[str, Any], result: str, why: str, message: str) -> None:
         """An Event on the Workload: Rejected, or Waiting when its reason is not the one last told."""
         uid = str(metadata_of(wl).get("uid"))
-        with self._told_lock:
-            if result == "waiting" and self._told.get(uid) == why:
-                return
-            self._told[uid] = why
+        if not self._told.changed(uid, why) and result == "waiting":
+            return
+        with self._events_lock:
             if not self._events_started:
                 self.events.start()
                 self._events_started = True

@@ -112,3 +112,31 @@ class ObjectEvents:
 
 
 # -- the controller ---------------------------------------------------------------------------------
+
+
+class ToldReasons:
+    """The reason each object was last told in a Waiting Event, so a reason is told once while it holds.
+
+    Thread-safe; bounded by `retain`, which the caller runs with the uids still queued.
+    """
+
+    def __init__(self) -> None:
+        self._told: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def changed(self, uid: str, reason: str) -> bool:
+        """Record `reason` for `uid`; True when it differs from the one last told (tell it now)."""
+        with self._lock:
+            if self._told.get(uid) == reason:
+                return False
+            self._told[uid] = reason
+            return True
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self._told.pop(uid, None)
+
+    def retain(self, uids: set[str]) -> None:
+        """Forget every object not among `uids`."""
+        with self._lock:
+            self._told = {uid: why for uid, why in self._told.items() if uid in uids}
