@@ -11,6 +11,7 @@ The builder and writer are `agent.kube.publish.nrt`'s.
 from __future__ import annotations
 
 from agent.api.placements import MAX_NUMA_ZONE
+from agent.api.policies import NumaPolicy, Scope
 
 GROUP = "topology.node.k8s.io"
 VERSION = "v1alpha2"
@@ -29,15 +30,18 @@ FINGERPRINT_METHODS = ("all", "with-exclusive-resources", "exclude-terminal")
 
 # The deprecated v1alpha2 `topologyPolicies` enum kubelet's topologyManagerPolicy and scope map to
 # (noderesourcetopology-api v1alpha2 TopologyManagerPolicy).
+_N, _B, _R, _S = (p.value for p in (NumaPolicy.NONE, NumaPolicy.BEST_EFFORT, NumaPolicy.RESTRICTED,
+                                    NumaPolicy.SINGLE_NUMA_NODE))
+_CONTAINER, _POD = Scope.CONTAINER.value, Scope.POD.value
 _LEGACY_POLICY = {
-    ("none", "container"): "None",
-    ("none", "pod"): "None",
-    ("best-effort", "container"): "BestEffortContainerLevel",
-    ("best-effort", "pod"): "BestEffortPodLevel",
-    ("restricted", "container"): "RestrictedContainerLevel",
-    ("restricted", "pod"): "RestrictedPodLevel",
-    ("single-numa-node", "container"): "SingleNUMANodeContainerLevel",
-    ("single-numa-node", "pod"): "SingleNUMANodePodLevel",
+    (_N, _CONTAINER): "None",
+    (_N, _POD): "None",
+    (_B, _CONTAINER): "BestEffortContainerLevel",
+    (_B, _POD): "BestEffortPodLevel",
+    (_R, _CONTAINER): "RestrictedContainerLevel",
+    (_R, _POD): "RestrictedPodLevel",
+    (_S, _CONTAINER): "SingleNUMANodeContainerLevel",
+    (_S, _POD): "SingleNUMANodePodLevel",
 }
 
 # The deprecated enum read back as the kubelet's policy (NRTs of older publishers carry only it).
@@ -59,7 +63,7 @@ def scope_of_legacy(value: object) -> str | None:
     """The Topology Manager scope a deprecated `topologyPolicies` entry names ("SingleNUMANodePodLevel"
     → "pod", "RestrictedContainerLevel" → "container"), None for "None" and anything else."""
     if isinstance(value, str) and value != "None" and value in _POLICY_OF_LEGACY:
-        return "pod" if value.endswith("PodLevel") else "container"
+        return _POD if value.endswith("PodLevel") else _CONTAINER
     return None
 
 

@@ -1,28 +1,10 @@
 """Tolerant readers of API objects as plain dicts: the one set the agent and the admission controller use.
 
-An object from the API server or a watch may lack any field, or carry one of another JSON type than
-its schema says; these readers give an empty value then, so callers read it without checks.
-
-Public API:
-
-- `as_dict(value) -> dict`, `as_list(value) -> list`: `value` when it is a JSON object (array), else an
-  empty one; `as_mapping(value) -> Mapping`: the same for any mapping (read-only callers).
-- `metadata_of(obj) -> dict`: the object's metadata (empty when missing or malformed).
-- `object_key(obj)`: `namespace/name`, or `name` for a cluster-scoped object (a store's key);
-  `namespaced_name(obj)`: always `namespace/name` (a Job's or Workload's name in gang keys and logs).
-- `resource_version(obj) -> int`: the resourceVersion as a number, -1 when it is not one.
-
-Strict readers of values a tenant writes (annotations, labels, records), each None when the value is
-not exactly what it should be, so a caller raises its own error type (one per side: `JobSpecError`
-in the admission controller, `PodError` or a pod warning in the agent):
-
-- `decimal(text, maximum) -> int | None`: an ASCII decimal ("0" or no leading zero) of at most
-  `maximum`.  `str.isdigit` is not that: "²".isdigit() is True and int("²") raises.
-- `json_int(value, maximum) -> int | None`: a JSON integer (never a bool) in 0..maximum.
-- `json_object(text, max_chars, max_depth) -> dict | None`: the JSON object `text` holds, when it is
-  at most `max_chars` long and nests at most `max_depth` levels (checked before it is parsed).
-- `is_extended_resource(name) -> bool`: whether a resource name is an extended resource (a device
-  plugin's, such as `example.com/nic`), as the API server validates one.
+Tolerant: `as_dict`, `as_list`, `as_mapping`, `metadata_of`, `object_key`, `namespaced_name`,
+`resource_version` give an empty value (or -1) for a missing or mistyped field, never raise.
+Strict, for values a tenant writes: `decimal`, `json_int`, `json_object` (bounded before parsing)
+return None unless the value is exactly right, so the caller raises its own error type;
+`is_extended_resource`.  Why `str.isdigit` is not enough, and the bounds: agent/api/README.md.
 """
 
 from __future__ import annotations

@@ -1,55 +1,10 @@
 """Pod → pinning decision: which running containers of a pod get exclusive CPUs, under which policy.
 
 Pure: a decoded Pod object (the API's JSON, as a dict) in, a `PodPlan` out; no I/O, no clock.
-
-The rules (docs/design.md, "Pods"; the node's kubelet runs `cpuManagerPolicy: none`, so topolet pins):
-
-- kubelet's rule: a container of a Guaranteed pod whose CPU request is a whole number of CPUs gets
-  that many exclusive CPUs.  Every other container runs on the shared pool.
-- `topolet.io/cpu-policy: shared` opts a Guaranteed pod out.  `topolet.io/cpu-policy: exclusive`
-  opts a non-Guaranteed pod in, container by container: a container gets exclusive CPUs only when
-  its CPU request is a whole number and its CPU limit equals it (it could never use more than it
-  holds, as in a Guaranteed pod); a container that does not qualify stays shared and the pod gets a
-  `NotEligible` warning.  Memory need not match: memory is not what we pin.
-- `topolet.io/numa-policy` (single-numa-node|restricted|best-effort, default best-effort),
-  `topolet.io/smt` (full-cores|any, default any), `topolet.io/memory-binding` (true|false, default
-  false) refine an exclusive allocation.  Memory is bound only in Guaranteed pods, where the kubelet's
-  Memory Manager would bind it (every container has a memory limit): elsewhere the annotation gets a
-  `NotEligible` warning and the pod's memory stays unbound (its CPUs are still pinned).
-- Sizes are what the kubelet granted, not what the spec asks: after an in-place resize the
-  container's status (`allocatedResources`, then `resources`) says how many CPUs it holds, so a
-  deferred resize from 2 to 6 CPUs keeps 2 exclusive CPUs until the kubelet allocates 6.  The spec
-  fills in only what the status does not carry (an older kubelet, an extended resource).
-- `topolet.io/numa-zone: "<N>"` (N a NUMA node id, written by the admission controller on the pods
-  it places) pins the pod's exclusive CPUs inside node N with single-numa-node semantics, whatever
-  `topolet.io/numa-policy` says: the controller counted the pod against that zone.  On a node of the
-  container scope the controller may split a pod whose containers each fit a zone but whose sum fits
-  none: then the value is one zone per regular container of the spec, in order, comma-separated
-  (`"0,1"`), and each container is pinned in its own (`parse_numa_zone`; a list whose length is not
-  the number of containers is a bad annotation).  A node that
-  cannot hold it (no such node, no CPUs there, not enough free) gives an `AllocationFailed` Event
-  and the shared pool, retried as CPUs are freed.
-- `topolet.io/placements: "<node>:<zone>,..."` (one entry per completion index; written by the
-  admission controller on the pod template of an Indexed Job it placed wholly on one node, in zones
-  that differ by index) is the same pin as `topolet.io/numa-zone`, read from the entry of the pod's
-  `batch.kubernetes.io/job-completion-index` (an empty zone: no zone).  An entry for another node
-  than the pod's `spec.nodeName`, an index past the list or a malformed value is a bad annotation.
-  Where both are present, `topolet.io/numa-zone` (the pod's own) wins.
-- Any bad annotation (unknown value, wrong type, a zone that is not a decimal id) puts the whole
-  pod on the shared pool and yields an `InvalidAnnotation` warning: never a wrong pin.
-- A pod that sets pod-level resources (`spec.resources` with cpu, memory or hugepages) runs wholly on
-  the shared pool, whatever its QoS and annotations (`pod_level_resources`): the kubelet's static
-  CPU and Memory Managers give such a pod neither exclusive CPUs nor alignment while its
-  `PodLevelResourceManagers` gate is off (beta, off by default in Kubernetes 1.37).  Asking for
-  exclusive CPUs or memory binding there gets a `NotEligible` warning.
-- Only regular containers are pinned.  Init containers (sidecars included) and ephemeral containers
-  run on the shared pool while they run: kubelet hands init containers CPUs only for their short
-  life and gives them back, which buys nothing here but churn.
-- A container counts only while its status says running with a container ID; a pod that is
-  Succeeded or Failed has none running.  The regular containers that do not run yet are decided
-  all the same (`PodPlan.waiting`, without warnings until they run): the NRI route answers the
-  runtime's CreateContainer with that decision, and the pod-cgroup route pins them before they run
-  (not those whose status says terminated: `PodPlan.exited`).
+The kubelet's rule (a Guaranteed pod's whole-CPU containers) refined by the `topolet.io/` annotations
+and the controller's `numa-zone` / `placements` pins; sizes come from what the kubelet granted.
+The one rule: any bad annotation puts the whole pod on the shared pool with a warning, never a wrong
+pin.  Every rule, in full: agent/api/README.md, "Which containers are pinned" (docs/design.md, "Pods").
 """
 
 from __future__ import annotations

@@ -2,31 +2,10 @@
 controller's view of bound pods and its gangs' pod templates (both routes).
 
 Pure: a pod spec (the API's JSON, as a dict) in, exact quantities out; no I/O, no clock.
-
-Public API:
-
-- `pod_requests(spec) -> dict[str, Fraction]`: every resource the pod requests, by name, as
-  k8s.io/component-helpers `resource.PodRequests` counts it (the scheduler's and the kubelet's
-  admission figure, the spec's values: an in-place resize still pending is not counted).  Raises
-  `RequestsError`, naming the field and its value, when a quantity cannot be read.
-- `container_requests(container, where) -> dict[str, Fraction]`: one container's (rule 1 below).
-- `RequestsError`.
-
-The rules, in order (the one place that lists them):
-
-1. A container's requests are its `resources.requests`, each missing one defaulting to its limit
-   (the API server's defaulting).
-2. The app containers and the sidecars (init containers with `restartPolicy: Always`) add up; an
-   init container runs alone with the sidecars started before it: the pod takes the larger of the
-   two, per resource.
-3. Pod-level `spec.resources` (Kubernetes' pod-level resources, beta and on by default since 1.34):
-   for the resources it supports (`agent.api.resources.pod_level_resource`: cpu, memory,
-   `hugepages-<size>`) its request replaces the sum of the containers'.  A pod-level request left
-   out is read as the API server defaults it when the pod is created (`pkg/api/pod`
-   `DefaultPodLevelResources`): for cpu and memory the containers' sum when a container names the
-   resource, else the pod-level limit; for hugepages the pod-level limit.  So a Job template with
-   pod-level limits only is sized as its pods will be.  Other names there are not counted, as upstream.
-4. `spec.overhead` (a RuntimeClass's) is added last.
+`pod_requests(spec) -> dict[str, Fraction]` (k8s.io/component-helpers `resource.PodRequests`),
+`container_requests(container, where)`; `RequestsError` names the field and value it cannot read.
+The four rules (limits as requests, sidecars and init containers, pod-level resources, overhead):
+agent/api/README.md, "What a pod requests".
 """
 
 from __future__ import annotations
@@ -81,7 +60,7 @@ def _max(a: dict[str, Fraction], b: Mapping[str, Fraction]) -> dict[str, Fractio
 
 
 def pod_requests(spec: Mapping[str, Any]) -> dict[str, Fraction]:
-    """The pod's requests by resource name (see the module docstring); RequestsError when malformed."""
+    """The pod's requests by resource name (README.md beside this module); RequestsError when malformed."""
     total: dict[str, Fraction] = {}
     for i, c in enumerate(as_list(spec.get("containers"))):
         _add(total, container_requests(c, f"containers[{i}]"))

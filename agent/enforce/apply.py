@@ -1,19 +1,10 @@
 """Ordered cpuset changes across many cgroups: the desired assignment, the shared pool, drift repair.
 
-The kernel (v1) accepts a write only if the new set lies within the parent's current set and holds
-every child's current set.  `apply_assignment` reaches any consistent target in three passes:
-
-1. narrow, deepest first: each cgroup drops what its target lacks (keeping what its children still
-   hold), so CPUs leave the shared pool before anyone is granted them;
-2. remove the cgroups being released;
-3. widen, shallowest first: each cgroup gets its target plus what its children still hold;
-4. settle, deepest first: each cgroup gets exactly its target.
-
-A cgroup is never written an empty set as an intermediate (v1 refuses it while tasks are attached;
-v2 reads it as "inherit the parent's").  v2 does not constrain children, so there the children's
-sets play no part.  v2 takes any set and runs the cgroup on what its parent's effective set gives
-(which lacks the CPUs of partition roots below it), and a set that overlaps a sibling partition
-root quietly invalidates that partition: both are refused before anything is written.
+`apply_assignment(layout, cpus, mems=None, remove=())` narrows deepest first, removes, widens
+shallowest first, then settles, so every write is one the kernel accepts; no cgroup is ever written
+an empty set on the way.  On v2 a set overlapping a sibling partition root is refused before any
+write.  Also `shared_pool`, `apply_with_shared_pool`, `find_drift`, `repair_drift`.
+The passes and why: agent/enforce/README.md, "Write ordering".
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Which pod container a runtime's new container is, from the OCI bundle the runtime wrote for it.
 
-On the pod-cgroup route a container's cgroup appears (runc create) before the container's process
-runs its first instruction (runc start), and its name, the runtime's container id, says nothing of the
-Kubernetes container it is.  containerd writes each container's OCI bundle before it runs runc, in
-`<state>/io.containerd.runtime.v2.task/<namespace>/<id>/config.json` (the kubelet's namespace is
-`k8s.io`), and its CRI plugin annotates the spec with the pod and container it is for:
-
-    "io.kubernetes.cri.container-type": "container" | "sandbox",
-    "io.kubernetes.cri.sandbox-uid": <the pod's uid>,
-    "io.kubernetes.cri.container-name": <the container's name in the pod spec>
-
-(checked with containerd 1.6 and 2.4; CRI-O names them `io.kubernetes.cri-o.*` and is not read here).
-
-`container_id_of_cgroup(name)` is the id a containerd container cgroup is named by (`<id>` with the
-cgroupfs driver, `cri-containerd-<id>.scope` with systemd's); `bundle_container(folder, container_id)`
-reads the annotations: a `BundleContainer`, or None when the bundle is
-missing, too large, not JSON, or not a pod container (a sandbox, another namespace's).  The file is the
-runtime's, but its annotations carry pod-supplied text: everything is checked and bounded.
+`container_id_of_cgroup(name)` is the id a containerd container cgroup is named by;
+`bundle_container(folder, container_id)` reads the CRI annotations of its `config.json` into a
+`BundleContainer`, or None when the bundle is missing, too large, not JSON, or not a pod container.
+The annotations carry pod-supplied text: everything is checked and bounded.
+Paths and annotation names: agent/enforce/README.md, "OCI bundles".
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
 
+from agent.enforce.mountinfo import mountinfo_cgroups, read_mountinfo
 from agent.errors import EnforcementError
 from agent.topology.cpuset import CPUSet
 
@@ -105,46 +105,11 @@ def depth_of(rel: str) -> int:
 
 # --- layout detection ----------------------------------------------------------------------------
 
-def _unescape_mountinfo(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-class _CgroupMount(NamedTuple):
-    fstype: str  # "cgroup" (v1) or "cgroup2"
-    point: str  # where it is mounted
-    options: frozenset[str]  # its super options (v1: the controllers)
-    root: str  # the mounted subtree's place in its hierarchy ("/" for the whole hierarchy)
-
-
-def _mountinfo_cgroups(text: str) -> list[_CgroupMount]:
-    """Every cgroup/cgroup2 mount of a mountinfo text."""
-    found: list[_CgroupMount] = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        lf, rf = left.split(), right.split()
-        if len(lf) < 5 or len(rf) < 3 or rf[0] not in ("cgroup", "cgroup2"):
-            continue
-        found.append(_CgroupMount(rf[0], _unescape_mountinfo(lf[4]), frozenset(rf[2].split(",")),
-                                  _unescape_mountinfo(lf[3])))
-    return found
-
-
-def _read_mountinfo(mountinfo: str) -> list[_CgroupMount]:
-    try:
-        with open(mountinfo) as f:
-            return _mountinfo_cgroups(f.read())
-    except OSError as exc:
-        raise EnforcementError(f"cannot read mount table: {exc.strerror}", mountinfo) from exc
-
-
 def hierarchy_path(layout: CgroupLayout, mountinfo: str = "/proc/self/mountinfo") -> str:
     """Where `layout.root` sits inside its cgroup hierarchy, as runtimes spell cgroup paths ("" at the
     hierarchy's top; "/a/b" below it, e.g. under a kubelet `--cgroup-root`).  A bind mount of a
     subtree counts from the subtree's own place (mountinfo's root field)."""
-    holding = [m for m in _read_mountinfo(mountinfo)
+    holding = [m for m in read_mountinfo(mountinfo)
                if layout.root == m.point or layout.root.startswith(m.point.rstrip("/") + "/")]
     if not holding:
         raise EnforcementError("the cpuset root is on no cgroup mount", layout.root)
@@ -177,7 +142,7 @@ def detect_layout(
         if os.path.exists(os.path.join(root, "cpuset.cpus")):
             return CgroupLayout(1, root, parent)
         raise EnforcementError("not a cpuset cgroup root", root)
-    mounts = _read_mountinfo(mountinfo)
+    mounts = read_mountinfo(mountinfo)
     # A controller is bound to one hierarchy at a time, so at most one mount below qualifies.
     for m in mounts:
         if m.fstype == "cgroup" and "cpuset" in m.options:
@@ -368,7 +333,7 @@ def cgroup_dir_of_pid(layout: CgroupLayout, pid: int, *, proc: str = "/proc",
         with open(f"{proc}/{pid}/cgroup") as f:
             lines = f.read().splitlines()
         with open(mountinfo) as f:
-            mounts = _mountinfo_cgroups(f.read())
+            mounts = mountinfo_cgroups(f.read())
     except OSError:
         return None
     path = None

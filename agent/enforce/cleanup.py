@@ -1,19 +1,9 @@
 """Removing what topolet made on a node (uninstall): its cgroup tree and its state folder's files.
 
-`remove_cgroup_tree(layout)` removes every cgroup at and below `layout.parent` (`topolet/`: the
-shared pool `topolet/shared`, the workload cgroups of `topolet exec`), deepest first.  Each one's
-tasks move first to the cgroup the tree hangs from (the hierarchy root on a node), whose cpus and
-mems hold every CPU and node below it, so a workload loses its exclusive CPUs but keeps running:
-each moved process's threads then get that cgroup's CPUs as their affinity (`topolet exec` set the
-command's own with sched_setaffinity, which the kernel keeps as a mask under any later cpuset).
-Memory policies a command set itself stay.  Nothing outside the tree is
-touched: pod cgroups are the kubelet's, and pods the agent pinned keep their cpusets until they end.
-
-`remove_state_files(folder)` removes the files topolet writes in its state folder (the state file,
-its lock, kept corrupt copies, temp files, the `topolet exec` journal, the MIG plan record), never
-the folder itself: an operator may have made it, or mounted it.
-
-Both are idempotent: what is already gone counts as removed before.
+`remove_cgroup_tree(layout)` removes every cgroup at and below `layout.parent`, deepest first, moving
+each one's tasks to the cgroup the tree hangs from (workloads keep running); nothing outside the tree
+is touched.  `remove_state_files(folder)` removes topolet's files, never the folder itself.
+Both are idempotent.  Details: agent/enforce/README.md, "Uninstall".
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """The one place that maps a Kubernetes pod and container to its cgroup path.
 
-Naming follows kubelet's cgroup manager and the CRI runtimes (verified against kubelet
-`pkg/kubelet/cm/cgroup_manager_linux.go` and cri-o `internal/config/cgmgr`):
-
-- kubelet names a pod's cgroup by the components `kubepods[/<qos>]/pod<uid>`; Guaranteed pods have
-  no QoS component.  The cgroupfs driver joins them with "/".  The systemd driver escapes "-" to "_"
-  in each component and expands them into nested slices: `kubepods.slice/kubepods-burstable.slice/
-  kubepods-burstable-pod<uid_>.slice`.
-- the runtime puts the container below the pod: with systemd, a `<prefix>-<id>.scope` unit
-  (containerd: `cri-containerd`, cri-o: `crio`); with cgroupfs, `<id>` for containerd and
-  `crio-<id>` for cri-o.
-
-The relative path is the same on cgroup v1 (under the cpuset mount) and v2 (under the unified
-mount); `CgroupLayout.abspath` adds the mount.
-
-The other way round, `read_runtime_cgroups_path` reads the `cgroupsPath` a CRI runtime gives a
-container (what NRI passes a plugin) back into QoS class, driver, runtime, pod and container: the
-cgroupfs form `/kubepods[/<qos>]/pod<uid>/[crio-]<id>` and the systemd form
-`kubepods[-<qos>]-pod<uid_>.slice:<prefix>:<id>`.
+`pod_cgroup_path`, `container_cgroup_path(pod_uid, qos, container_id, runtime, driver)`,
+`qos_cgroup_path`; back the other way `pod_uid_of_cgroup` and `read_runtime_cgroups_path` (the
+`cgroupsPath` a CRI runtime gives a container, as NRI passes it).  Paths are relative to the
+controller's root, the same on cgroup v1 and v2; `CgroupLayout.abspath` adds the mount.
+Naming rules (kubelet, containerd, cri-o; cgroupfs and systemd): agent/enforce/README.md.
 """
 
 from __future__ import annotations

@@ -1,39 +1,11 @@
 """Pod cgroups narrowed as the kubelet makes them, before any container exists (the pod-cgroup route).
 
-Without NRI nobody is asked before a container starts, but the kubelet makes a pod's cgroup first
-and runc starts each container with the cpuset of that cgroup: on cgroup v1 runc copies the parent's
-`cpuset.cpus`/`cpuset.mems` into a new, empty child; on v2 it leaves the child's own files empty, so
-the child runs on its parent's effective set.  Whatever the pod's cgroup holds when runc makes a
-container is what that container's first instruction runs on.
-
-`PodCgroupWatcher` watches the QoS classes' folders with inotify (Guaranteed pods sit in `kubepods`
-itself, the others in `kubepods/burstable` and `kubepods/besteffort`, or their systemd slices; no
-polling loop) and, as soon as a pod's cgroup appears, writes it:
-
-- a pod the policy names gets its `(cpus, mems)`: the union of its containers' exclusive CPUs (and
-  the shared pool when some of its containers are shared: the policy's call), mems where bound;
-- any other pod gets the shared pool, so nothing of its starts on another pod's exclusive CPUs;
-- the Burstable and BestEffort folders hold the shared pool (plus the CPUs the policy gives pods
-  inside them), so a pod the kubelet makes there starts on the pool even before it is written.
-
-Below a pod's cgroup nothing is widened: a container keeps what it holds within the pod's new set
-(per-container narrowing stays the engine's), and only a v1 child outside it is brought inside.
-Writes go through `apply_assignment` (the one ordered writer), each pod with its subtree.
-
-A pod whose containers differ (one on exclusive CPUs, another on the pool: its cgroup holds the
-union) has each container written as its cgroup appears, before runc starts the container's process:
-with `container_cpuset(uid, name)` and the runtime's bundle folder (`agent.enforce.bundles`, which
-names the pod container a runtime container id is), the pod's folder is watched too, and a new
-container cgroup gets that container's `(cpus, mems)`.  runc copies the parent's set into a child only
-while the child's is empty, so either order of its copy and our write ends with ours.
-
-Nothing may undo the pod-level write: the kubelet's own copy from the parent (libcontainer reads the
-new cgroup's empty set, then writes the parent's) can land after ours, so each written cpuset file is
-watched for writes too and rewritten when it no longer says what it should (`undone` counts those).
-
-Policy stays out: the CPUs come from `pod_cpuset(uid)` and `shared_pool()`; call `write_pod(uid)`
-when a pod's answer changes and `keep_shared()` when the pool does.  Neither callable may call back
-into the watcher.
+`PodCgroupWatcher(layout, driver, pod_cpuset, shared_pool)` watches the QoS folders with inotify and
+writes each new pod cgroup at once: its policy's `(cpus, mems)`, else the shared pool; with a bundle
+folder, each container cgroup of a mixed pod too; and rewrites any cpuset file a later write undid
+(`undone`).  Call `write_pod(uid)` when a pod's answer changes and `keep_shared()` when the pool does;
+neither callable passed in may call back into the watcher.
+Why this order wins against runc and the kubelet: agent/enforce/README.md, "The pod-cgroup route".
 """
 
 from __future__ import annotations

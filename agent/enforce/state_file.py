@@ -1,31 +1,11 @@
 """The crash-safe state file: every exclusive allocation, recorded before the cgroup change it describes.
 
-Protocol (the caller's; the API makes it the natural order):
-
-    sf = StateFile(folder)
-    with sf.lock():                                        # one writer across processes
-        state = sf.load_or_rebuild(lambda: rebuild_from_cgroups(layout, reserved))
-        state = sf.commit(state.with_allocation(alloc))    # 1. durable record first ...
-        apply_with_shared_pool(layout, ...)                # 2. ... then the cgroups follow
-
-A crash before `commit` leaves the old state and untouched cgroups.  A crash after it leaves a state
-naming CPUs the cgroups may not have yet: the next start loads it and drift repair brings the
-cgroups to it, and an allocation whose owner died (`Owner.process_alive`) is released.  Releasing
-runs the same way: commit the state without the allocation, then remove the cgroup and widen the
-pool; a workload cgroup the state does not name is garbage to collect.
-
-The bytes are `agent.enforce.state_codec`'s.  Writes go to a temp file in the same folder, fsync,
-rename, fsync the folder: a reader sees the old file or the new one, never a torn one.  Only a
-regular file is read as the state (opened non-blocking, so a FIFO put there cannot hang a reader).
-A file that does not decode, or that the caller's check refuses (`agent.enforce.state_live.check_live`:
-whole but untrue), is rebuilt; it is kept as `state.json.corrupt-<UTC time>` (the newest
-`KEEP_CORRUPT` of them) at the moment a commit replaces it, so a command that fails before
-committing leaves the folder as it found it.
-
-Public API: `StateFile(folder, on_write=None)`: `.lock(timeout=None)`, `.load(missing_ok=False)`,
-`.load_or_rebuild(rebuild, check=None, commit=True)`, `.commit(state)`, `.corrupt_copies()`,
-`.check_folder()` (StateError now when the folder cannot hold the state), `.writes`;
-`DEFAULT_FOLDER`, `STATE_NAME`, `KEEP_CORRUPT`.
+`StateFile(folder, on_write=None)`: `.lock()`, `.load()`, `.load_or_rebuild(rebuild, check=None,
+commit=True)`, `.commit(state)`, `.corrupt_copies()`, `.check_folder()`, `.writes`.  The rule: under
+`lock()`, commit the new state first, then apply the cgroups.  Writes are atomic (temp file, fsync,
+rename, fsync the folder); a file that does not decode or fails `check` is rebuilt and kept as a
+corrupt copy when a commit replaces it.
+The protocol and crash cases: agent/enforce/README.md, "The state file".
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """The MIG applier: bring the node's GPU instances to a desired layout through NVML.
 
-Reads the live instances (and which have processes: `agent.gpu.mig_live`), plans with the pure
-planner, records the plan in `mig-plan.json` (`agent.gpu.planfile`) before acting, then destroys
-idle instances and creates the planned ones with their compute instances.  It changes MIG mode only
-when allowed and only on GPUs with no processes, never destroys an instance in use, and does nothing
-when the layout already holds.
-
-After a crash `resume()` takes the plan the file says was in progress and either finishes it (the
-steps still missing, read from live state, so nothing is done twice) or, when it can no longer be
-finished — an instance it destroys became busy, a foreign instance took a planned slot, NVML refuses
-a step — rolls it back: it destroys the idle instances the plan created and recreates the ones it
-destroyed where their slots are free.  The file says "rolling-back" while that runs, so a crash
-during a rollback resumes the rollback.
-
-Public API: `MigApplier(nvml, state_dir, ...)`: `.apply(desired, in_use, held_gpus)`, `.resume(in_use)`,
-`.counters`; `Desired`, `ApplyResult`, `ApplyCounters`; the states `PENDING`, `SUCCESS`, `FAILED` of
-`STATE_LABEL`; the operation names `OPERATIONS` reported through `on_operation(op, result)`.
-
-`nvml` is the pynvml module or a stand-in with the same functions; nothing here imports pynvml.
+`MigApplier(nvml, state_dir, ...)`: `.apply(desired, in_use, held_gpus)`, `.resume(in_use)`,
+`.counters`; `Desired`, `ApplyResult`, `ApplyCounters`, `STATE_LABEL` states, `OPERATIONS`.
+The plan is recorded in `mig-plan.json` before any step; it never destroys an instance in use and
+changes MIG mode only when allowed on idle GPUs.  After a crash `resume()` finishes the plan or
+rolls it back.  `nvml` is pynvml or a stand-in; nothing here imports pynvml.
+Crash and rollback rules: agent/gpu/README.md, "The MIG applier".
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """MIG GPU-instance profile tables for the GPU models topolet plans for, as plain data.
 
-Origins of the facts (noted per the common brief; no code was copied):
-- NVML profile ids: the NVML_GPU_INSTANCE_PROFILE_* constants in pynvml (nvidia-ml-py 13.615.71,
-  `pynvml.py`): 1_SLICE=0, 2_SLICE=1, 3_SLICE=2, 4_SLICE=3, 7_SLICE=4, 1_SLICE_REV1=7 (the "+me"
-  media-extension variant), 1_SLICE_REV2=9 (the 1g profile with two memory slices).  Compute-instance
-  profile ids likewise (NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7}_SLICE = 0, 1, 2, 3, 4).
-- Profile names, memory and SM fractions and per-GPU instance maxima: NVIDIA's MIG User Guide,
-  "Supported MIG Profiles" (A100: 1g=1/8 mem, 1/7 SM, max 7; 1g+me max 1; 1g double-memory max 4;
-  2g=2/8, 2/7, max 3; 3g=4/8, 3/7, max 2; 4g=4/8, 4/7, max 1; 7g=full, max 1; the A100-80GB,
-  H100-80GB and H200-141GB tables have the same geometry with their own names).
-- GPU-instance profile ids (19, 20, 15, 14, 9, 5, 0 for 1g, 1g+me, 1g double-memory, 2g, 3g, 4g,
-  7g): the ID column of a published `nvidia-smi mig -lgip` listing for H100-80GB and the MIG User
-  Guide's A100 examples; NVML returns them as GpuInstanceProfileInfo.id.
-- Placements (start, size in memory slices): the MIG User Guide's placement diagrams and its
-  `nvidia-smi mig -lgipp` example for A100 ({0..6}:1, {0,2,4}:2, {0,4}:4, {0}:4, {0}:8) plus
-  {0,2,4,6}:2 for the 1g double-memory profile.
-- memorySizeMB / SM counts: A100 from NVIDIA's go-nvml mock profile tables (values read from real
-  boards); H100-80GB from a published `nvidia-smi mig -lgip` listing (GiB with two decimals, turned
-  into MiB); H200 values are estimates (1/8 of the usable memory per slice) — not verified.
+NVML profile ids, names, memory and SM fractions, per-GPU maxima and placements for A100, A100-80GB,
+H100-80GB and H200-141GB.  H200 memory sizes are estimates, not verified.
+Where each fact comes from (pynvml, NVIDIA's MIG User Guide, published listings): agent/gpu/README.md.
 """
 
 from __future__ import annotations

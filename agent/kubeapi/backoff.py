@@ -1,20 +1,10 @@
 """How the agent's and the controller's API loops wait after a failure, and what they log meanwhile.
 
-Public API:
-
-- `Backoff(initial, factor, cap, jitter)`: client-go's `wait.Backoff` shape, as a pure value.
-  `.delay(failures, rand)` is the wait after the `failures`-th failure in a row: `initial` times
-  `factor` per earlier failure, capped at `cap`, then stretched by up to `jitter` of itself
-  (`rand` in [0, 1); client-go's `wait.Jitter` also adds on top of the capped step).
-  `API_BACKOFF` is the one policy of every API loop: 1 s doubling to 30 s, plus up to 10 %.
-- `Outage(what, log, backoff=API_BACKOFF, clock=time.monotonic, rand=random.random,
-  remind_seconds=REMIND_SECONDS)`: one loop's failures in a row.  `.failed(error) -> float` counts
-  one and returns the seconds to wait; `.recovered()` after a success.  It logs one WARNING when an
-  outage starts (what failed), one every `remind_seconds` while it lasts (for how long, the latest
-  error) and one INFO when it ends; each retry in between is a DEBUG line.
-
-A loop that must keep its own cadence (leader election renews on a fixed period) uses `Outage` for
-its log and ignores the delay.
+`Backoff(initial, factor, cap, jitter).delay(failures, rand)`: client-go's `wait.Backoff` as a pure
+value; `API_BACKOFF` (1 s doubling to 30 s, plus up to 10 %) is every API loop's policy.
+`Outage(what, log, ...)`: `.failed(error) -> seconds to wait`, `.recovered()`; it logs one WARNING
+when an outage starts, a reminder every `remind_seconds`, and one INFO when it ends.
+agent/kubeapi/README.md, "Backoff and outage logs".
 """
 
 from __future__ import annotations
@@ -30,7 +20,7 @@ REMIND_SECONDS = 60.0  # while an outage lasts, how often the log says it still 
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """Exponential back-off with jitter, capped (see the module docstring)."""
+    """Exponential back-off with jitter, capped (see README.md beside this module)."""
 
     initial: float = 1.0
     factor: float = 2.0

@@ -1,38 +1,11 @@
 """Access to the Kubernetes API server: one raw-JSON request path, this node's name, the agent's namespace.
 
-Public API (stable; the in-cluster daemon builds on it):
-
-- `load_api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient`: from `kubeconfig`
-  (`--kubeconfig`), else `$KUBECONFIG` (several files joined by ':' merge), else the pod's in-cluster
-  service account, else `~/.kube/config` (controller-runtime's order; `kubeconfig_source` says which
-  applies).  Raises ConfigError, in one line, for a missing or malformed file.
-- `KubeClient(api_client)`: every request agent/kube makes goes through it.  It takes the
-  configuration, credentials (the bearer token re-read through the in-cluster loader's refresh hook at
-  most every AUTH_REFRESH_SECONDS and at once after a 401, so a rotated projected token is picked up),
-  TLS and connection pool of an `ApiClient` and sends requests through that client's REST layer,
-  reading and writing plain JSON dicts.  It never touches the generated API classes or models: they
-  build pydantic schemas on first use, ~20 MiB the agent does not need.  `KubeClient.of(x)` wraps an
-  ApiClient, passes a KubeClient through.  Methods (`path` from `resource_path`, `query` a mapping
-  whose None values are left out): `.get(path, query)`, `.list(path, query)`, `.create(path, body)`,
-  `.patch(path, body, content_type, field_manager=None, force=False)`,
-  `.apply(path, body, field_manager, force=True)` (server-side apply), each returning the response
-  object as a dict; `.watch(path, query, timeout=...)` -> `WatchStream`, an iterator of watch events
-  (dicts; None for a line that is not a JSON object) whose `shutdown()` wakes a blocked read from
-  another thread.  Every method takes `what` (names the call in errors) and `timeout`.
-- `resource_path(group, version, plural=None, name=None, *, namespace=None, subresource=None)`: the
-  URL path of a collection, an object or (without `plural`) an API group version.
-- `node_name(args_value: str | None) -> str`: `--node-name`, else env `NODE_NAME`; ConfigError when
-  neither names a valid node.
-- `agent_namespace(value: str | None = None) -> str`: `value`, else env `POD_NAMESPACE`, else the
-  service-account namespace file, else "topolet-system".
-- `KubeAPIError` (agent.errors): an API call failed (server down, timeout, HTTP error); `.status`
-  is the HTTP status or None when the server was not reached (the message then says "API server
-  <url> unreachable: <reason>"); `.not_found` is status 404.
-  `api_call(what, server="")` is the context manager that turns the client's exceptions into it.
-- `REQUEST_TIMEOUT`: the (connect, read) seconds every call in agent/kube uses unless it says otherwise.
-
-The `kubernetes` package is imported only inside functions here and in the rest of agent/kube, so
-`topolet discover` and the standalone agent never load it.
+`load_api_client(kubeconfig)` (controller-runtime's order of sources), `KubeClient(api_client)`
+(`.get/.list/.create/.patch/.apply/.watch`, plain dicts, never the generated models),
+`resource_path(...)`, `node_name(value)`, `agent_namespace(value)`, `api_call(what)`,
+`REQUEST_TIMEOUT`.  Failures are `KubeAPIError` (`.status` None when the server was not reached);
+configuration errors are ConfigError.  The `kubernetes` package is imported only inside functions.
+Token refresh, sources and method details: agent/kubeapi/README.md, "The client".
 """
 
 from __future__ import annotations

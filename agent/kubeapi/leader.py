@@ -1,25 +1,10 @@
 """Leader election through a `coordination.k8s.io/v1` Lease, so that of several replicas one decides.
 
-Public API:
-
-- `LeaderElector(api_client, namespace, name, identity, *, lease_duration=15.0, renew_deadline=10.0,
-  retry_period=2.0, clock=time.monotonic, wall=time.time)`.
-- `.try_acquire_or_renew() -> bool`: one round: create the Lease, renew it when we hold it, or take it
-  over when its holder let it expire.  True when we hold it afterwards.  API failures count as "not
-  renewed" (they never raise).
-- `.is_leader` : True only while our last successful renewal is younger than `renew_deadline`, so a
-  leader that cannot reach the API server stops deciding before another replica may take over
-  (`lease_duration` after the last renewal it saw).
-- `.run(stop, on_change=None)`: retry every `retry_period` until `stop` is set (the Lease's timing
-  needs that cadence; an API outage is logged once, then a reminder a minute), calling
-  `on_change(leading)` when leadership changes; `.start(...)` runs it on a daemon thread.
-- `.release()`: give the Lease up (holder cleared) so a successor need not wait for it to expire.
-- `NotLeader`: raised by a leader's own code when it finds it no longer leads mid-work (the admission
-  controller's writes check before each one), so that it writes nothing more.
-
-Expiry follows client-go's rule: a replica does not compare the holder's `renewTime` with its own
-clock (clocks differ between machines); it measures, on its own monotonic clock, how long the Lease
-has gone without a change it observed, and takes it over after `leaseDurationSeconds` of that.
+`LeaderElector(api_client, namespace, name, identity, *, lease_duration=15.0, renew_deadline=10.0,
+retry_period=2.0, ...)`: `.try_acquire_or_renew()`, `.is_leader`, `.run(stop, on_change)`,
+`.start(...)`, `.release()`; `NotLeader`.  The rule: `.is_leader` is True only while the last
+renewal is younger than `renew_deadline`, and expiry is measured on our own monotonic clock, never
+against the holder's `renewTime`.  agent/kubeapi/README.md, "Leader election".
 """
 
 from __future__ import annotations
@@ -49,7 +34,7 @@ class NotLeader(Exception):
 
 
 class LeaderElector:
-    """Holds (or waits for) one Lease; see the module docstring."""
+    """Holds (or waits for) one Lease; see README.md beside this module."""
 
     def __init__(self, api_client: Any, namespace: str, name: str, identity: str, *,
                  lease_duration: float = 15.0, renew_deadline: float = 10.0, retry_period: float = 2.0,

@@ -1,18 +1,9 @@
 """NFD's names for CPU features and vendors, keyed by what Linux shows in /proc/cpuinfo.
 
-Facts, with their origin (kubernetes-sigs/node-feature-discovery, read 2025):
-- x86: NFD labels `cpu-cpuid.<ID>` for every feature klauspost/cpuid v2 detects, named by that
-  library's `FeatureID` identifiers (cpuid.go; e.g. SSE4 is SSE4.1, SSE42 is SSE4.2, FMA3, AESNI,
-  CLMUL).  The map below translates the kernel's flag names (arch/x86 cpufeatures.h) to those
-  identifiers.  Flags the library does not know (clflush, clflushopt, pge, ...) get no NFD label.
-- arm64 / arm: NFD names the AT_HWCAP/AT_HWCAP2 bits itself (source/cpu/cpuid_linux_arm64.go,
-  cpuid_linux_arm.go): the kernel's names upper-cased, except the spellings listed below.
-- POWER and s390 features come from hwcaps that /proc/cpuinfo does not list, so none are mapped.
-- Hidden by default (source/cpu/cpu.go newDefaultConfig, AttributeBlacklist; docs "Feature
-  labels"): see `NFD_CPUID_BLACKLIST`.
-- Vendors: NFD's `cpu-model.vendor_id` is klauspost/cpuid's `Vendor` name (vendorMapping for
-  the x86 CPUID vendor string; the MIDR implementer byte on arm64).  Unrecognized vendors are
-  reported as "VendorUnknown", the library's name for that case.
+x86 flags map to klauspost/cpuid `FeatureID` names (an unknown flag gets no label); arm names are the
+kernel's upper-cased, with NFD's own spellings; POWER and s390 are not mapped.  `NFD_CPUID_BLACKLIST`
+is what NFD hides by default; an unknown vendor is "VendorUnknown".
+Where each fact comes from (NFD and cpuid sources, read 2025): agent/labels/README.md.
 """
 
 from __future__ import annotations

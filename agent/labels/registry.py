@@ -1,17 +1,9 @@
 """The one registry of feature sources and the raw feature record they yield.
 
-A feature source is a function `Topology -> Iterable[RawFeature]` that registers itself at import
-with one line, the decorator:
-
-    @feature_source("gpu")
-    def gpu_features(topology: Topology) -> Iterator[RawFeature]: ...
-
-Sources never build label strings themselves beyond naming the feature; the builder
-(`agent.labels.builder`) turns every raw feature into a label, validating and normalizing in one
-place.  The registry imports no source: `agent.labels`' own (cpu, memory, pci, topology) are imported
-by the builder, and a source living elsewhere is imported by the program that wants its labels, its
-composition root (`agent.cli.commands` imports `agent.gpu.labels`), the way NFD's worker lists its
-sources.
+A feature source is a function `Topology -> Iterable[RawFeature]` registered at import with
+`@feature_source(name)`.  Sources only name features; `agent.labels.builder` makes every label.
+The registry imports no source: the builder imports this package's own, and the composition root
+(`agent.cli.commands`) imports any other (agent/labels/README.md).
 """
 
 from __future__ import annotations

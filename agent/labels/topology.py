@@ -1,21 +1,8 @@
 """The `topology` feature source: topolet's own labels, under `topolet.io/`.
 
-| label                                   | value                                               |
-|-----------------------------------------|-----------------------------------------------------|
-| `topolet.io/cpu.sockets`                | packages                                            |
-| `topolet.io/cpu.cores`                  | physical cores                                      |
-| `topolet.io/cpu.threads-per-core`       | most hardware threads on one core                   |
-| `topolet.io/numa.nodes`                 | NUMA nodes, memory-only ones included               |
-| `topolet.io/numa.cpu-nodes`             | NUMA nodes that have CPUs                           |
-| `topolet.io/cache.l3-groups`            | groups of CPUs sharing an L3 (or last-level cache)  |
-| `topolet.io/cpu.kinds`                  | core kinds, only on hybrid parts (two or more)      |
-| `topolet.io/cpu.kind-<kind>.count`      | CPUs of that kind, hybrid parts only                |
-| `topolet.io/memory.tiers`               | tiers of memory-only nodes, sorted, joined by "-"   |
-| `topolet.io/memory.tier-<tier>.nodes`   | memory-only nodes of that tier                      |
-
-Counts that the model does not know (no packages, no cores, no NUMA nodes) are left out rather
-than published as 0.  Kinds and tiers are capped at `MAX_GROUPS` each, so a node never carries
-more than 6 + 2 * (1 + MAX_GROUPS) topolet labels.  A tier the model leaves blank is "unknown".
+Sockets, cores, threads per core, NUMA nodes, L3 groups, and on hybrid parts or tiered memory the
+kinds and tiers (each capped at `MAX_GROUPS`).  A count the model does not know is left out, never
+published as 0.  The label table: agent/labels/README.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """topolet's Prometheus metrics: their names, one registry per process, and collectors read at scrape time.
 
-Names follow Prometheus conventions: `topolet_` prefix, base units, counters end in `_total`, labels
-stay bounded (numa, state, result, reason — never pod or process names).  Every labelled counter has
-a series from the start for each of its known label values (so `increase()` sees the first event),
-no `*_created` series are exported, and the registry carries the process metrics (`process_*`).
-
-Values that live elsewhere are read when scraped, not copied in: `watch_cpus(source)` makes
-`topolet_cpus` the engine's CPU states at scrape time, `watch_gpus(source)` makes `topolet_gpus{numa,
-state}` (whole GPUs, allocated or free) and `topolet_mig_devices{numa, profile, state}` the GPUs'
-per-zone figures the NRT publishes, at scrape time, `watch_mig(source)` exports the MIG applier's
-totals (`MIG_APPLY_TOTALS`).  `topolet_info` carries `nodename` (never `node`, which scrape configs
-add as a target label), `enforcement` (`on`, `off`, or `kubelet-static`: standing down where the
-kubelet's static CPU manager pins), `mode` and, in Kubernetes mode once chosen, `route` (how pods
-are pinned: `nri` or `pod-cgroup`, `agent.kube.pods.route`).  `agent.metrics.server` serves a registry
-over HTTP.
+`new_registry()`; `Metrics`, whose `.watch_cpus`, `.watch_gpus` and `.watch_mig` read values that
+live elsewhere at scrape time instead of copying them in.  Names follow Prometheus conventions and
+labels stay bounded (never pod or process names); every labelled counter starts with a series per
+known label value.  `agent.metrics.server` serves a registry over HTTP.
+Naming rules and `topolet_info`'s labels: agent/metrics/README.md.
 """
 
 from __future__ import annotations

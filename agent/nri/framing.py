@@ -1,19 +1,10 @@
 """NRI's wire framing: ttrpc messages carried in the connection multiplexer's frames over one socket.
 
-Two layers, both big-endian, as NRI v0.12.3 and ttrpc v1.2.9 define them:
-
-- the multiplexer (nri `pkg/net/multiplex/mux.go`): an 8-byte header, connection id (u32) and
-  payload length (u32), then the payload.  The payload is a slice of that logical connection's byte
-  stream: a ttrpc message may span several frames, and a receiver reassembles per connection.
-  Connection 1 carries the Plugin service (the runtime calls, the plugin answers), connection 2 the
-  Runtime service (the plugin calls) (`ttrpc.go`); 0 is reserved.  Frames for a connection nobody
-  opened are dropped, as mux.go's reader drops them.
-- ttrpc (ttrpc `channel.go`, `PROTOCOL.md`): a 10-byte header, data length (u32), stream id (u32),
-  message type (u8) and flags (u8), then at most 4 MiB of data: a protobuf `ttrpc.Request` or
-  `ttrpc.Response` (agent/nri/ttrpc.proto).
-
-Decoding is strict and bounded: a length over its layer's cap raises `NRIProtocolError` as soon as its
-header is read, so nothing is ever buffered beyond one frame of each layer.
+Two big-endian layers, as NRI v0.12.3 and ttrpc v1.2.9 define them: the multiplexer's 8-byte frame
+header (connection id, length) and ttrpc's 10-byte message header (length, stream id, type, flags),
+at most 4 MiB of data.  Decoding is strict and bounded: a length over its layer's cap raises
+`NRIProtocolError` as soon as its header is read.
+The layouts and their upstream sources: agent/nri/README.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """`Plugin`: an external NRI plugin on one runtime socket, answering the runtime with a `Handler`.
 
-The exchange (nri v0.12.3 `pkg/stub/stub.go` and `pkg/adaptation/plugin.go`): the plugin connects to
-the runtime's socket and multiplexes it; on connection 1 it serves the Plugin service, on connection 2
-it calls the Runtime service.  It calls RegisterPlugin(name, index); the runtime then calls Configure
-(the answer is the event mask the plugin subscribes to) and Synchronize (the pods and containers that
-exist, possibly split over several requests marked `more`), then one request per subscribed event.
-The runtime calls the event's own method (CreateContainer, RemoveContainer...) and falls back to
-StateChange when a plugin answers Unimplemented; a plugin may call UpdateContainers at any time.
-
-Every handler call happens on the thread that runs `Plugin.run()`, one at a time, in arrival order.
-`run()` returns when the runtime closes the socket (or `close()` is called): reconnect with a new
-`Plugin`.  A handler that raises fails that one request (the runtime then fails the container
-operation); it does not end the connection.
+Register, Configure, Synchronize, then one request per subscribed event, as NRI v0.12.3's stub does.
+Every handler call runs on the thread that runs `Plugin.run()`, one at a time, in arrival order;
+`run()` returns when the runtime closes the socket (or on `close()`): reconnect with a new `Plugin`.
+A handler that raises fails that one request, not the connection.
+The exchange in full: agent/nri/README.md.
 """
 
 from __future__ import annotations

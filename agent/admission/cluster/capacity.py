@@ -1,17 +1,10 @@
 """The cluster's free capacity across decision passes: the ledger of admitted gangs and the engine's view.
 
-Public API: `Capacity(nodes, nrts, metrics, ledger_timeout, clock)` with
-`.view(admitted, pods, slot_of) -> ClusterView`, `.left_out` (node -> why the last view left it out)
-and `.ledger`.  `admitted` is every admitted gang still running, whatever object recorded it (a queued
-Job; a Kueue Workload): `(gang key, AdmissionRecord, requests)`, where `requests()` gives one pod's
-requests and is called only the first time a decision is seen.  Each decision enters the ledger once
-(so on start every admitted gang there is, which is the rebuild after a restart) and leaves it by the
-ledger's own rule; `slot_of(pod)` names the (gang key, slot) a pod holds this pass.
-
-An entry's age runs on the controller's own clock from the pass that first saw its decision, never
-from the record's `time`: a time in the future would hold the slots for ever, one in the past would
-free them at once.  After a restart an entry is held up to one timeout longer than it would have
-been, which overcounts for a while (safe) and never undercounts.
+`Capacity(nodes, nrts, metrics, ledger_timeout, clock)`: `.view(admitted, pods, slot_of) ->
+ClusterView`, `.left_out`, `.ledger`.  Each admitted decision (a Job's or a Workload's) enters the
+ledger once and leaves it by the ledger's rule.  The rule: an entry's age runs on the controller's
+own clock from the pass that first saw it, never from the record's time, so a restart only
+overcounts.  agent/admission/cluster/README.md, "Capacity across passes".
 """
 
 from __future__ import annotations
@@ -36,7 +29,7 @@ Admitted = tuple[str, AdmissionRecord, Callable[[], Resources]]
 
 
 class Capacity:
-    """The ledger and the caches a view is built from, kept across passes (see the module docstring)."""
+    """The ledger and the caches a view is built from, kept across passes (README.md beside this module)."""
 
     def __init__(self, nodes: Reflector, nrts: Reflector, metrics: AdmissionMetrics, ledger_timeout: float,
                  clock: Callable[[], float]) -> None:

@@ -1,48 +1,10 @@
 """The ledger: placements the admission controller made that the nodes' NRTs do not show yet.
 
-Public API:
-
-- `Entry(gang, slot, node, zone, request, added_at)`: one pod placed by the controller.  `gang` is
-  the gang key, `slot` names the pod within it (the controller's choice: a completion index, or
-  `PodPlacement`'s "<pod set>#<index>" as `Ledger.record` writes it).
-- `Ledger(entries=(), timeout=120.0)`, immutable:
-  - `Ledger.from_records(records, now, timeout=...)`: rebuilt from `(gang, slot, node, zone,
-    request)` tuples (what the controller reads back from its Job annotations after a restart);
-  - `.record(placement, requests, now)`: adds a Placement's pods (`requests`: pod set -> Resources);
-  - `.without_gang(gang)`, `.on_node(node)`, `len(ledger)`;
-  - `.settle(nrts, pods, now, live_gangs=None, slot_of=job_slot, pinned=None, index=None)`: the
-    ledger less every entry that cleared (the rule below); `index`, a `PodIndex` of this pass's pods,
-    saves re-reading them.
-- `job_slot(pod) -> (gang, slot) | None`: the default way a pod names its entry: gang
-  `<namespace>/<job name>` (label `batch.kubernetes.io/job-name`, else `job-name`), slot its
-  completion index (annotation `batch.kubernetes.io/job-completion-index`), else the pod's name.
-  It reads what a pod's creator writes, so it is only the default for callers whose pods are trusted
-  (tests, tools): the controller passes the slots `agent.admission.gangs.slots.job_slots` gave each
-  admitted Job's own pods.
-- `agent_pins(pod) -> bool`: whether the node's agent pins the pod (running, not terminal, with a
-  container owed exclusive CPUs); the pods bound to a node that it pins are
-  `agent.admission.cluster.podindex.PodIndex.eligible(node)`.
-
-When an entry clears (each rule is checked in order by `settle`):
-
-1. its gang is not live any more (`live_gangs` given and the gang not in it): deleted or finished;
-2. it is older than `timeout` seconds (the NRT never caught up: the agent is slow or gone);
-3. its pod is terminal, or is bound to another node than the entry's (the pods list counts it there);
-4. its pod is bound to the entry's node and the entry has no zone (nor containers' zones): node
-   totals come from the pods list from now on, and no zone figure was ever counted;
-5. its pod is bound to the entry's node, the pod is pinned-eligible, and that node's NRT attribute
-   `nodeTopologyPodsFingerprint` equals `pod_set_fingerprint` of *all* the pinned-eligible pods the
-   controller sees on the node.  The agent computes that fingerprint over the pods it has pinned
-   (method "with-exclusive-resources": the pods holding an allocation in its state, see
-   `agent.kube.daemon`), so equality with a set that includes the pod means the NRT's `available`
-   figures were computed after the pod's CPUs were taken.  A mismatch (the agent has not pinned
-   it yet, or pinned something the controller does not see) keeps the entry: overcounting for a
-   while is safe, undercounting is not.
-
-Until an entry clears, `agent.admission.cluster.view.build_view` subtracts its request from its zone
-(from each of its containers' zones, for a pod the container scope split), and
-from the node's totals while its pod is not yet bound there (a bound pod's requests are already in
-the node's used figures).  Pure: no I/O; `now` is passed in.
+Pure: no I/O; `now` is passed in.  `Entry`, `Ledger` (immutable: `from_records`, `.record`,
+`.without_gang`, `.on_node`, `.settle`), `job_slot(pod)` (a default for trusted pods only),
+`agent_pins(pod)`.  An entry clears when its gang ends, it times out, or its pod is bound and the
+node's NRT fingerprint shows the agent pinned it; a mismatch keeps it, since overcounting for a while
+is safe and undercounting is not.  The five rules in order: agent/admission/cluster/README.md.
 """
 
 from __future__ import annotations
@@ -158,7 +120,7 @@ class Ledger:
                slot_of: SlotOf = job_slot,
                pinned: Callable[[Mapping[str, Any]], bool] | None = None,
                index: PodIndex | None = None) -> Ledger:
-        """This ledger less the entries that cleared (see the module docstring for the rule).
+        """This ledger less the entries that cleared (the rules: README.md beside this module).
 
         `index`: the pods already indexed for this pass (`PodIndex.update(pods, slot_of)`); then
         `pods`, `slot_of` and `pinned` are not read."""

@@ -1,20 +1,10 @@
 """The pods as the view and the ledger read them: by node and by ledger slot, kept across passes.
 
-Public API:
-
-- `PodIndex(requests_of, pins_of)`; `.update(pods, slot_of) -> PodIndex` (itself) takes the pods of
-  this pass.  A pod is read again only when its resourceVersion changed (or it has none), so a pass
-  on a big cluster costs one look at each pod's version, not a re-reading of every pod.
-- After `update`: `.slot(key) -> PodFacts | None` (the pod holding ledger slot `(gang, slot)` as
-  `slot_of` names it this pass), `.version(node) -> int` (changes whenever a pod bound there
-  changes), `.used(node) -> NodeUse` (what its bound, non-terminal pods request), `.eligible(node)`
-  (the `(namespace, name)` of the pods bound there that its agent pins, sorted), `.unreadable()`
-  (the bound pods whose requests cannot be read, each costing only itself: see `NodeUse`).
-- `PodFacts(version, node, terminal, ident)`, `NodeUse(requests, pods, unreadable)`.
-
-`requests_of(pod) -> Resources | None` (None: malformed) and `pins_of(pod) -> bool` are passed in
-(`agent.admission.cluster.view.pod_requests`, `agent.admission.cluster.ledger.agent_pins`), each
-asked once per pod version and only when a node's figures are needed.  Pure: no I/O.
+Pure: no I/O.  `PodIndex(requests_of, pins_of).update(pods, slot_of)`, then `.slot(key)`,
+`.version(node)`, `.used(node)`, `.eligible(node)`, `.unreadable()`; `PodFacts`, `NodeUse`.
+A pod is read again only when its resourceVersion changed (or it has none), and `requests_of` /
+`pins_of` are asked once per pod version, only when a node's figures are needed.  A pod whose
+requests cannot be read costs only itself, never its node.
 """
 
 from __future__ import annotations
@@ -91,7 +81,7 @@ def _sum(values: Iterable[Resources]) -> Resources:
 
 
 class PodIndex:
-    """Pods by node and by ledger slot (see the module docstring)."""
+    """Pods by node and by ledger slot (see README.md beside this module)."""
 
     def __init__(self, requests_of: Callable[[Mapping[str, Any]], Resources | None],
                  pins_of: Callable[[Mapping[str, Any]], bool]) -> None:

@@ -1,34 +1,11 @@
 """What a decision pass takes in of each queued Job, one object at a time: one that cannot be read
 costs only itself.
 
-Public API:
-
-- `JobIntake(reader, writes, metrics, queues)`:
-  - `.sort(jobs, priorities, nodes, limit_defaults={}) -> Sorted`: each queued Job (sized as its pods
-    will be created: its namespace's LimitRange container defaults, `limit_defaults` by namespace,
-    filled in its template, `agent.admission.gangs.limitrange`) into the admitted ones that hold
-    their slots, or a pending gang (one queued again after its node was gone, `nodes` being the
-    Nodes there are, first has its start time and our template fields cleared: `JobWrites.unpin`),
-    or a Warning Event saying why it is neither (`writes.invalid`, which counts
-    `topolet_admission_invalid_objects_total{kind="Job"}` once per Job version).  A Job not yet
-    admitted whose queue is not among `queues` or not open to its namespace
-    (`agent.admission.jobs.queues.queue_refusal`) is only told so (Event `UnknownQueue` or
-    `QueueNotAllowed`): it enters no queue and gets no write.
-    Whatever a Job holds, an error reading it (one no reader names too) skips that Job alone.
-  - `.unreadable(job, exc)`: the same for a Job a later step of the pass failed on.
-  - `.requests_of(job, limit_defaults)`: one pod's requests of an admitted Job, for the ledger (none, and an
-    Event, when its template cannot be read).
-  - `.report_pods(pods)`: the bound pods whose requests cannot be read (each costs only itself in the
-    view): counted once per version (`{kind="Pod"}`) and told why in a Warning Event on the pod
-    (`InvalidRequests`), once while they stay so.
-  - `.report_refused(refused, pods)`: the pods that name an admitted Job (either route) but hold and
-    take none of its slots, not being the pods the Job controller made for it from its admitted
-    template (`agent.admission.gangs.slots.claim_pods`): counted (`{kind="Pod"}`) and told in a
-    Warning Event `ForeignPod` on that Job, once per pod and reason while the pod is there.
-  A pending Job with `spec.manualSelector: true` whose template lacks the Job controller's labels
-  (`agent.admission.gangs.slots.unlabelled_job`) is told so (`InvalidJob`) and enters no queue: none
-  of its pods could hold a slot.
-- `Sorted(admitted, pending, by_key)`.
+`JobIntake(reader, writes, metrics, queues)`: `.sort(jobs, priorities, nodes, limit_defaults) ->
+Sorted(admitted, pending, by_key)`, `.unreadable(job, exc)`, `.requests_of(job, limit_defaults)`,
+`.report_pods(pods)`, `.report_refused(refused, pods)`.  A Job refused a queue, or one whose pods
+could not be told from others', is told in an Event and enters no queue.
+Counting and Events: agent/admission/controller/README.md, "Intake".
 """
 
 from __future__ import annotations
@@ -68,7 +45,7 @@ class Sorted:
 
 
 class JobIntake:
-    """Reads each Job of a pass in isolation (see the module docstring)."""
+    """Reads each Job of a pass in isolation (see README.md beside this module)."""
 
     def __init__(self, reader: JobReader, writes: JobWrites, metrics: AdmissionMetrics,
                  queues: Mapping[str, QueueConfig]) -> None:

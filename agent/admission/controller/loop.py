@@ -1,72 +1,12 @@
 """The decision loop of `topolet controller`: admits queued Jobs as gangs, pins their pods through gates.
 
-Public API:
-
-- `ControllerConfig` (namespace, the configured queues, resync and ledger timeout, identity).
-- `Controller(kube, config, metrics, leader=None)`: `.start()` starts the list+watch reflectors
-  (queued Jobs, pods, Nodes, NRTs, PriorityClasses, LimitRanges) into an in-memory store; `.run(stop)` runs a
-  decision pass after every change (debounced) and every `resync_seconds`, while leading;
-  `.decide_once()` runs one pass now (its pod patches may still be in flight when it returns).
-
-The pieces it is built from: `agent.admission.cluster` (`store`: list+watch into memory;
-`capacity`: the ledger and the engine's view across passes), `agent.admission.jobs` (`jobread`: each
-Job version and its slots read once across passes; `queues`; the patch bodies, all pure),
-`agent.admission.kueue` (the check), `writes` (beside it: the pass's writes and Events), and `command`
-(the `topolet controller` sub-command around it).
-
-A pass, in order (each step is idempotent and re-derived from the API objects, so a controller
-killed at any point finishes the work on restart and never decides a Job twice):
-
-1. Admitted Jobs (annotation `topolet.io/admission` result admitted) whose record the controller
-   trusts and that were not suspended again since (`JobWrites.holds`: a record not trusted is
-   removed from a suspended Job, which is queued again; nothing is ever unsuspended but by the
-   admitting write itself) hold their slots; their gated pods each get `nodeSelector
-   kubernetes.io/hostname`, the `topolet.io/numa-zone` annotation and lose the gate, in one patch
-   (`topolet_admission_pods_patched_total`).  Where the placement policy is installed, the API
-   server does this for Indexed Jobs' pods as they are created, from the slots the admitting write
-   put in the pod template (`agent.admission.jobs.patches`), so they are never gated here.  A slot
-   is held by a live pod already pinned to its (node, zone); a new pod takes its completion index's
-   slot when that is free (Indexed Jobs), else the lowest free one, in pod creation order
-   (`agent.admission.gangs.slots.assign_slots`).  Only the pods the Job controller made for the Job
-   from its admitted template hold or take a slot (`agent.admission.gangs.slots.claim_pods`: the
-   owner reference, the Job's labels and the requests, never the owner reference alone); any other
-   pod naming the Job holds none and is told in an Event on the Job (`JobIntake.report_refused`).
-2. The view: Nodes, NRTs and pods, with the ledger of admitted Jobs' slots the NRTs do not show yet.
-3. Pending Jobs (suspended, no record, labelled with a configured queue open to their namespace: any
-   other gets a Warning Event and enters no queue) in queue order through the engine, each sized as its
-   pods will be created: its namespace's LimitRange container defaults filled in its template
-   (`agent.admission.gangs.limitrange`; a LimitRange that cannot be read is logged and left out, and
-   a change to a namespace's LimitRanges reads its Jobs again): admitted ones
-   get the record, `suspend: false` and, in the pod template, either their node (a Job placed on one
-   node: its pods are created pinned, `patches.one_node_template`) or the gate (and, for Indexed Jobs,
-   the slots in `topolet.io/placements`), in one patch; "never" refusals get a rejected record
-   (only while no node is left out of the view: else they wait, as the node may come back); "not
-   now" ones an Event when their reason changes.  A malformed Job gets an Event and is left as
-   it is.
-
-Writes (`agent.admission.controller.writes`) carry the resourceVersion they were computed from, so a
-stale store makes a write fail instead of overwriting.  A Job write that fails so (the Job controller
-updates a suspended Job's status too) re-reads that Job and, while it is still undecided and
-suspended, retries at once with the fresh resourceVersion; any other conflict is left to the next
-pass.  A pass sends its writes
-through a pool of `WRITERS` threads (each Job's writes in order in one task) and waits for them all
-before it ends, so the next pass sees every record it made; pod patches go through a second such
-pool and may still be in flight when the next pass starts (a pod is never sent twice at once).
-Events (Admitted, Waiting, Rejected, malformed input) go to a bounded queue that one thread sends
-from; no pass waits on them, and an Event that finds the queue full is dropped and counted
-(`topolet_admission_events_dropped_total`).
-Only the leader writes, and it checks before every write; a replica that loses the Lease stops at
-once.
-
-For the kill tests, env `TOPOLET_CONTROLLER_CRASH_AT=<step>` (or `--crash-at <step>`) makes the
-process SIGKILL itself the first time it reaches `<step>`: `after-decision`, `after-unsuspend` (both
-right after the one admitting write) or `after-pod-patch`; with `--kueue`, `after-decision` also right
-after a Workload's Ready write.
-
-With `ControllerConfig.kueue`, the pass also decides the `topolet.io/topology-fit` Kueue AdmissionCheck
-(`agent.admission.kueue.check`): its Ready Workloads join the ledger of admitted Jobs and its pending
-ones are decided after the Job queues, on the same view, each read with its namespace's LimitRange
-defaults as a Job is.
+`ControllerConfig`; `Controller(kube, config, metrics, leader=None)`: `.start()` (the list+watch
+reflectors), `.run(stop)` (a pass after every change, debounced, and every `resync_seconds`, while
+leading), `.decide_once()`.  A pass: admitted Jobs hold their slots and their gated pods are pinned,
+the view is built, pending Jobs (and Kueue Workloads) go through the engine in queue order.
+The rule: every step is idempotent and re-derived from the API objects, so a controller killed at any
+point never decides a Job twice.  The pass in full, writes and kill-test hooks:
+agent/admission/controller/README.md.
 """
 
 from __future__ import annotations
@@ -134,7 +74,7 @@ class ControllerConfig:
 
 
 class Controller:
-    """The store, the decision pass and the loop (see the module docstring)."""
+    """The store, the decision pass and the loop (see README.md beside this module)."""
 
     def __init__(self, kube: KubeClient, config: ControllerConfig, metrics: AdmissionMetrics,
                  leader: LeaderElector | None = None, clock: Callable[[], float] = time.time) -> None:
@@ -234,7 +174,7 @@ class Controller:
     # -- one pass -----------------------------------------------------------------------------------
 
     def decide_once(self) -> None:
-        """One decision pass over the store (see the module docstring)."""
+        """One decision pass over the store (see README.md beside this module)."""
         started = time.perf_counter()
         try:
             self._pass()

@@ -1,33 +1,10 @@
 """What a decision pass reads of each queued Job and of its pods, each object version read once.
 
-Public API:
-
-- `JobRead`: one Job version as a pass sees it: its uid, `namespace/name`, queue, admission record
-  (or why that record is malformed, or why an admitted one is not trusted), whether it is
-  suspended, finished and Indexed, the namespace's LimitRange container defaults it was read with
-  (`limit_defaults`), and (a Job with a record) the pods that may hold its slots (`owner`,
-  `agent.admission.gangs.slots.JobOwner`: its template as its pods are created, those defaults in).
-- `distrust(job, record) -> str | None`: why an admitted record is not to be trusted for `job`.
-- `gone_nodes(job, record, nodes, pods) -> list[str]`: the record's nodes that are gone while none of
-  the Job's pods is bound or ever ran (such a Job is queued again: `JobWrites.requeue_lost`).
-- `JobReader()`: `.read(job, limit_defaults=NO_DEFAULTS) -> JobRead`, memoised by the Job's uid and
-  resourceVersion and the defaults (a LimitRange change in its namespace reads it again), the record
-  decoded once per annotation text; `.slots(read, pods) -> SlotAssignment`, `job_slots` for an
-  admitted Job (only the pods the Job controller made for it from its admitted template hold or
-  take a slot; the others are `refused`), memoised by its decision and the versions of its pods;
-  `.retain(uids)` forgets the Jobs not among `uids`.
-
-The controller trusts only what it wrote: an admitted record carries the shape of the Job it was
-written for (`agent.admission.gangs.shape`).  A record with no shape or another shape (copied from
-another Job, written by another hand, or the Job scaled or re-templated since) is not trusted: the pass
-never unsuspends its Job, never places its pods and never counts its slots (a suspended one is
-queued again, `JobWrites.requeue`).  Only the controller can write the record where
-`daemonset/controller/fields-policy.yaml` is installed; this check holds where it is not.
-
-Every pass reads every queued Job and works out the slots of every admitted one, but on a running
-cluster most of them have not changed since the last pass: reading them again was most of a pass's
-own cost once thousands of Jobs were admitted.  An object without a resourceVersion (never one the API
-serves) is read afresh each time.  Pure: no I/O.
+Pure: no I/O.  `JobReader()`: `.read(job, limit_defaults) -> JobRead`, `.slots(read, pods)`,
+`.retain(uids)`, memoised by object versions; `distrust(job, record)`, `gone_nodes(...)`.
+The rule: the controller trusts only a record whose shape is the Job's as it is now; a record it
+does not trust never unsuspends, places or counts anything.
+agent/admission/jobs/README.md, "Reading Jobs once".
 """
 
 from __future__ import annotations
@@ -102,7 +79,7 @@ def gone_nodes(job: Mapping[str, Any], record: AdmissionRecord, nodes: Collectio
 
 
 class JobReader:
-    """`read` and `slots` with their memos (see the module docstring); one per controller."""
+    """`read` and `slots` with their memos (see README.md beside this module); one per controller."""
 
     def __init__(self) -> None:
         # uid -> (resourceVersion, read, record text); the read holds the defaults it was read with.

@@ -1,43 +1,10 @@
 """The Job route's writes as bodies: the admitting, unsuspending and rejecting Job patches, and the pod pin.
 
-Pure: no I/O, no clock.  The controller's write path (`agent.admission.controller.writes`) sends what
-these return.
-
-Public API (JSON merge patches, `MERGE_PATCH`, each carrying the resourceVersion it was computed from
-so a concurrent writer makes it fail instead of being overwritten):
-
-- `decision_patch(job, record)` pins (one node, `one_node_template`) or gates the still-suspended
-  Job's template, records the decision and unsuspends the Job, in one write; `reject_patch(job,
-  record)`; `requeue_patch(job)` removes a record the controller does not trust (see
-  `agent.admission.jobs.jobread`);
-  `lost_patch(job)` suspends an admitted Job whose record names a node that is gone and removes the
-  record; then `restart_patch(job)` (on the status: `job_started(job)`) and `unpin_patch(job, nodes)`
-  make it a queued Job again, its template as it was before our decision;
-  `pod_patch(pod, node, zone)` pins a gated pod to its node and zone and removes the gate in one write;
-  `node_affinity(node)`.
-- `still_undecided(job, fresh) -> bool`: whether a decision made on `job` may still be written onto
-  its re-read version `fresh` (after a 409).
-
-The template's `topolet.io/placements` and `topolet.io/numa-zone` are always the decision's: the
-decision patch sets each, or removes one the tenant put there, so neither the placement policy nor
-the node's agent ever reads a tenant's own placements beside ours.
-
-Three routes to a pinned pod.  A Job placed wholly on one node (most gangs: the engine keeps a gang
-on one node where that costs no whole zone) needs no per-pod pin: the decision patch writes the node
-into the pod template (`one_node_template`), with the zone as `topolet.io/numa-zone` when all slots
-share it, else as `topolet.io/placements` (an Indexed Job; the node's agent reads its own index's
-entry), and adds no gate.  The pods are created pinned: no pod write, no policy at work.  For a Job
-over several nodes, the decision patch of an Indexed Job also writes the slots into the pod
-template's annotation `topolet.io/placements` ("node:zone" per completion index, comma-separated;
-the zone empty when the slot has none) and the label `topolet.io/placements-by-index: "true"` (the
-policy's objectSelector: other pods never meet the policy).  Where the MutatingAdmissionPolicy
-`topolet-placement` (daemonset/controller/placement-policy.yaml) is installed, the API server pins
-each pod as the Job controller creates it: node selector (and required node affinity on the
-node's name, `node_affinity`) and zone from its index's entry, our gate and the placements
-annotation removed.  No pod write by the controller, no second scheduling pass.  Wherever the policy
-is absent, fails or does not apply (a non-indexed Job; a value over PLACEMENTS_MAX_CHARS; a pod
-without the label), the pod is created gated and the controller pins it with `pod_patch`, which
-removes the placements annotation too, so the node's agent never sees it.
+Pure: no I/O, no clock.  `decision_patch`, `reject_patch`, `requeue_patch`, `lost_patch`,
+`restart_patch`, `unpin_patch`, `pod_patch`, `node_affinity`, `still_undecided`.  Every body is a
+merge patch carrying the resourceVersion it was computed from, so a concurrent writer makes it fail
+instead of being overwritten.  The three routes to a pinned pod (one-node template, placement
+policy, gated pod): agent/admission/jobs/README.md, "Patches".
 """
 from __future__ import annotations
 
@@ -104,7 +71,7 @@ def decision_patch(job: Mapping[str, Any], record: AdmissionRecord) -> dict[str,
     One write makes the decision atomic: a recorded decision always has its Job running.  Job
     validation takes the template change because the *old* Job is suspended and never started.  A Job
     placed on one node gets `one_node_template`: its pods are created pinned.  Any other gets our
-    gate, and an Indexed Job's template also `topolet.io/placements` (see the module docstring)."""
+    gate, and an Indexed Job's template also `topolet.io/placements` (see README.md beside this module)."""
     pod_spec = as_dict(as_dict(as_dict(job.get("spec")).get("template")).get("spec"))
     template = one_node_template(record, pod_spec, job_indexed(job))
     if template is None:

@@ -1,29 +1,10 @@
-"""The operator's queues, queue order and the admission pass over every queue's pending gangs.  Pure:
-the engine is passed in.
+"""The operator's queues, queue order and the admission pass over every queue's pending gangs.
 
-Public API:
-
-- `QUEUE_MODES` ("StrictFIFO", "BestEffortFIFO"); `DEFAULT_QUEUE`: the one queue there is when the
-  operator configures none: `default`, BestEffortFIFO, open to every namespace.
-- `QueueConfig(name, mode, namespaces)`: one configured queue; `namespaces` None: every namespace.
-  `.admits(namespace)`; `.describe()` (for the start-up log).
-- `parse_queues(flags) -> dict[str, QueueConfig]`: the `--queue` flags, each `NAME=MODE` (open to
-  every namespace) or `NAME=MODE:NS1,NS2` (only those namespaces), into the queues by name; no flag at
-  all gives `{DEFAULT_QUEUE.name: DEFAULT_QUEUE}`.  ConfigError on a malformed flag, a name no
-  `topolet.io/queue` label value can hold, an unknown mode, a namespace that is not a DNS label, an
-  empty or repeated namespace, or a queue named twice.
-- `queue_refusal(queues, queue, namespace) -> QueueRefusal | None`: why a Job in `namespace` that
-  names `queue` may not enter it (the queue is not configured, or not open to that namespace), None
-  when it may.  A refused Job never enters any queue, so it cannot block or count in one.
-- `Pending(gang, queue, created, name)`: one gang waiting in `queue` (created: RFC 3339 creation time).
-- `queue_order(p)`: the sort key: higher priority first, then older, then name.
-- `admission_pass(pending, queues, decide) -> list[Outcome]`: walk every pending gang in queue order
-  (all queues merged, so a higher-priority gang goes first whichever queue it is in) and ask
-  `decide(gang)` for a Placement or a Refusal.  The caller's `decide` counts an admitted gang's
-  capacity before it returns, so later gangs see it.  In a StrictFIFO queue, a head that is refused
-  "not-now" blocks the gangs behind it (they are not tried: `Blocked`); a "never" refusal does not
-  block (that gang is rejected and leaves the queue).  In a BestEffortFIFO queue later gangs may pass
-  a head that does not fit.  `pending` holds only gangs `queue_refusal` let in.
+Pure: the engine is passed in.  `parse_queues(flags)` (`--queue NAME=MODE[:NS,...]`; ConfigError on
+a bad flag), `QueueConfig`, `DEFAULT_QUEUE`, `queue_refusal`, `Pending`, `queue_order`,
+`admission_pass(pending, queues, decide)`.  Order: higher priority, then older, then name, all queues
+merged; a StrictFIFO head refused "not-now" blocks its queue, a "never" refusal does not.
+agent/admission/jobs/README.md, "Queues".
 """
 
 from __future__ import annotations
@@ -67,7 +48,7 @@ class QueueRefusal:
 
 
 def parse_queues(flags: Iterable[str]) -> dict[str, QueueConfig]:
-    """The `--queue` flags into the configured queues by name (see the module docstring)."""
+    """The `--queue` flags into the configured queues by name (see README.md beside this module)."""
     queues: dict[str, QueueConfig] = {}
     for flag in flags:
         queue = _parse_queue(flag)
@@ -152,7 +133,7 @@ def queue_order(p: Pending) -> tuple[int, str, str]:
 
 def admission_pass(pending: Iterable[Pending], queues: Mapping[str, QueueConfig],
                    decide: Callable[[Gang], Placement | Refusal]) -> list[Outcome]:
-    """One decision per pending gang, in queue order (see the module docstring)."""
+    """One decision per pending gang, in queue order (see README.md beside this module)."""
     blocked: dict[str, str] = {}  # StrictFIFO queue -> the head that blocks it
     out: list[Outcome] = []
     for p in sorted(pending, key=queue_order):

@@ -1,58 +1,11 @@
 """The `topolet.io/topology-fit` Kueue AdmissionCheck, decided inside the controller's pass.
 
-Public API:
-
-- `KueueCheck(kube, changed, metrics, submit, check_leader, clock, crash_point,
-  identity)`: `.reflectors` (AdmissionChecks, Workloads, ResourceFlavors; the controller starts, stops
-  and waits for them with its own), `.due` (set when a watch event shows a Workload waiting for our
-  decision: the controller's next pass skips its debounce),
-  `.collect(pods, limit_defaults={}) -> Round` (`limit_defaults`: each namespace's LimitRange
-  container defaults, `agent.admission.gangs.limitrange`, as the Job route reads them),
-  `.decide(round, decide, left_out)` and `.stop()` (waits for the decisions being written).
-- `Round`: what one pass knows of Kueue: `admitted` (the ledger's `(gang key, record, requests)` of
-  every Ready Workload, one per pod set), `pod_slots` (pod uid -> (gang key, slot) for their Jobs'
-  pods), `pending` (Workloads to decide, in the order Kueue reserved their quota) and `refused` (the
-  pods that name a Ready Workload's Job but are not its pods, `agent.admission.kueue.holds`).
-- `kueue_served(kube) -> bool | None`: whether the API serves Kueue's v1beta2 to us (None: served but
-  forbidden).
-
-The check's writes run in `agent.admission.kueue.writes` (`.writes`), and what the Ready Workloads
-hold is worked out in `agent.admission.kueue.holds` (`.holds`).
-
-A pass (`agent.admission.controller.loop`): `collect` keeps every AdmissionCheck whose controllerName is
-ours at `Active=True` and reads the Workloads, each in isolation (one that cannot be read, or whose
-decision fails, is logged, counted in `topolet_admission_invalid_objects_total{kind="Workload"}` and
-skipped; the rest go on); the controller puts `admitted` into the view's ledger
-next to its admitted Jobs (one ledger, so the two routes never double-book) and `pod_slots` into its
-slot map; after its own queue it calls `decide` with the engine call it uses for Jobs (`place` then
-`commit` on the same view).  Each decision is one server-side apply of `status.admissionChecks[<our
-check>]` (field manager `topolet.io/topology-fit`) carrying the resourceVersion it was decided on:
-Ready with podSetUpdates (`agent.admission.kueue.workloads`), Retry with requeueAfterSeconds, or
-Rejected.
-When more than one check of ours is Pending on a Workload, the one decision sets them all; one still
-Pending on a Ready Workload (added to its ClusterQueue later) gets the Ready state's copy.
-Once a Retry or Rejected state is written, an Event on the Workload (`agent.admission.report.events`,
-as `identity`) says why: Waiting (Normal, only when the reason differs from the last one told) or
-Rejected (Warning).
-
-Latency: a watch event that shows a Workload waiting for our decision sets `due`, and the controller
-starts its next pass without the debounce it gives other changes.  The decisions are written on the
-check's own writer pool, and the pass does not wait for them (a status write goes through Kueue's
-webhook and may take a second on a busy API server), so a Workload whose check turns Pending
-meanwhile is decided by the very next pass.  Until its write has landed in the store, a Ready
-decision counts in the ledger from memory (the records the Ready state will carry) and the Workload
-is not decided again; a failed write is forgotten and decided again.
-A Workload's gang, the requests its Ready state holds in the ledger and those its Job's pods must ask
-to hold its slots are read from its pod sets' templates with its namespace's LimitRange container
-defaults filled in, as the API server creates the pods (Kueue stores the Job's template as written);
-a change to a namespace's LimitRanges reads its Ready Workloads again.
-Whether a Workload's Job is Indexed (which a pod set spread over several slots needs) is read once
-per Job, ahead, while the Workload waits for its quota, so the Ready write needs no GET first.
-
-Restart safety: the decision lives only in the Ready state's podSetUpdates, so the ledger is rebuilt
-from the Workloads on the first pass (`workloads.records_of_state`).  A kill before the write leaves
-the check Pending (decided again); after it, the Workload is Ready and holds its slots.  A stale
-store makes the write fail (409) instead of deciding twice.
+`KueueCheck(kube, changed, metrics, submit, check_leader, clock, crash_point, identity)`:
+`.reflectors`, `.due`, `.collect(pods, limit_defaults) -> Round`, `.decide(round, decide, left_out)`,
+`.stop()`; `Round` (admitted, pod_slots, pending, refused); `kueue_served(kube)`.  Ready Workloads
+join the one ledger with the admitted Jobs, so the routes never double-book; each decision is one
+server-side apply carrying the resourceVersion it was decided on, so a stale store never decides twice.
+The pass, latency and restart safety: agent/admission/kueue/README.md.
 """
 
 from __future__ import annotations
@@ -98,7 +51,7 @@ class Pending:
 
 @dataclass(frozen=True)
 class Round:
-    """What one pass knows of Kueue (see the module docstring)."""
+    """What one pass knows of Kueue (see README.md beside this module)."""
 
     admitted: list[Held]
     pod_slots: dict[str, tuple[str, str]]
@@ -129,7 +82,7 @@ def _quota_time(wl: Mapping[str, Any]) -> str:
 
 
 class KueueCheck:
-    """The check's store and its part of a pass (see the module docstring)."""
+    """The check's store and its part of a pass (see README.md beside this module)."""
 
     def __init__(self, kube: KubeClient, changed: Any, metrics: AdmissionMetrics,
                  submit: Callable[..., Future[Any]], check_leader: Callable[[], None],
@@ -270,7 +223,7 @@ class KueueCheck:
     def decide(self, round_: Round, decide: Callable[[Gang], Placement | Refusal],
                left_out: Mapping[str, str]) -> None:
         """Decide each pending Workload on the pass's view and send its state (on the check's writers,
-        not waited for: see the module docstring)."""
+        not waited for: see README.md beside this module)."""
         for p in round_.pending:
             try:
                 self._decide_one(p, decide, left_out)

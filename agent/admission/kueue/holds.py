@@ -1,31 +1,10 @@
 """What each Ready Workload holds in the ledger: its entries, one per pod set, and its pods' slots.
 
-Public API:
-
-- `Held`: one pod set's ledger entry, `(gang key, AdmissionRecord, requests)`, where `requests()`
-  gives one pod's requests; `Refused`: `(JobOwner, pod, why)`, a pod that names a Ready Workload's
-  Job but holds none of its slots; `PODSET_LABEL` (Kueue's label of a pod's pod set).
-- `Holds()`: `.of(wl, check, pods, indexed, limit_defaults=NO_DEFAULTS) -> (entries, pod slots,
-  refused)`: a Ready Workload's ledger entries, the slot each of its live pods holds (pod uid ->
-  (gang key, slot)) and the pods that name its Job but hold none, worked out again only when the
-  Workload, one of its pods, what is known of its Job or its namespace's LimitRange defaults changed;
-  none when its Ready state cannot be read (said once per Workload version).  Only the pods the Job
-  controller made for the Workload's `batch/v1` Job (its controlling owner, which Kueue wrote) from
-  the pod set's template hold its slots (`agent.admission.gangs.slots.JobOwner`); no pod holds a slot
-  of a Workload another kind owns.
-  `.end_pass(live)` keeps what this pass read, and the Workload versions `(uid, resourceVersion)` in
-  `live`.
-- `entries(wl, records, limit_defaults=NO_DEFAULTS)`: the ledger entries of a Workload's decision;
-  `ready_entries(wl, check, gang, placement, now, limit_defaults=NO_DEFAULTS)`: the ones the Ready
-  state for `placement` will carry once written.
-
-A pod set's template is read as the Job's pods are created: Kueue stores the Job's template as
-written, and the API server's LimitRanger fills the namespace's container defaults (`limit_defaults`,
-`agent.admission.gangs.limitrange`) into each pod, so both the requests the ledger counts and those a
-pod must ask to hold a slot are the template's with them filled in, as on the Job route.
-
-Pure: no I/O.  The ledger keys a Workload's pod set `workload:<namespace>/<name>/<pod set>`
-(`workloads.gang_key`): the ledger takes one request per gang.
+Pure: no I/O.  `Holds().of(wl, check, pods, indexed, limit_defaults)` -> (entries, pod slots,
+refused), recomputed only when something it read changed; `.end_pass(live)`; `entries`,
+`ready_entries`; `Held`, `Refused`, `PODSET_LABEL`.  Templates are read with the namespace's
+LimitRange defaults, as on the Job route; only the pods the Job controller made from the pod set's
+template hold its slots.  agent/admission/kueue/README.md, "Templates and LimitRanges".
 """
 
 from __future__ import annotations
@@ -57,7 +36,7 @@ Hold = tuple[list[Held], dict[str, tuple[str, str]], list[Refused]]
 
 class Holds:
     """The Ready Workloads' ledger entries and pod slots by version: a pass on a big queue reads them
-    from here (see the module docstring)."""
+    from here (see README.md beside this module)."""
 
     def __init__(self) -> None:
         # `_read` collects those read this pass, which replace `_held` at its end.

@@ -1,43 +1,11 @@
 """Kueue Workloads as gangs, and the `topolet.io/topology-fit` check's state bodies.
 
-Pure: no I/O, no clock (times are passed in).  The check (`agent.admission.kueue.check`, its writes in
-`agent.admission.kueue.writes`) reads API dicts, calls these and sends what they return.
-
-Public API:
-
-- Names: `CONTROLLER_NAME` (`topolet.io/topology-fit`, the AdmissionCheck's spec.controllerName and the
-  field manager of every write), `KUEUE_GROUP`/`KUEUE_VERSION` (`kueue.x-k8s.io/v1beta2`),
-  `FAILSAFE_LABEL` (a node selector no node has, see below), `LEGACY_FAILSAFE_KEY` (its former key).
-- `gang_key(wl)`, `owner_uid(wl)`, `condition_true(obj, type)`,
-  `check_state(wl, name)`.
-- `our_checks(admission_checks) -> tuple[str, ...]`: the names of the AdmissionChecks we serve;
-  `check_active(ac)`; `active_status(ac, now)`: the SSA body that sets `Active=True`.
-- `to_decide(wl, names) -> str | None`: our check to decide (QuotaReserved, our check Pending);
-  `checks_to_decide(wl, names) -> tuple[str, ...]`: every one of ours waiting so (one decision sets all);
-  `holding(wl, names) -> str | None`: our Ready check while the Workload holds its quota.
-- `gang_from_workload(wl, flavor_labels, guaranteed_policy=NODE_POLICY, limit_defaults=NO_DEFAULTS)
-  -> Gang`: one engine pod set per Workload PodSet, read by `agent.admission.gangs.job`' own
-  pod-template readers, with the namespace's LimitRange container defaults filled in; raises
-  `WorkloadSpecError`.
-- `pod_set_updates(gang, placement, indexed) -> list[dict]`: the podSetUpdates of a Ready state;
-  raises `WorkloadSpecError` when a pod set needs completion indexes it does not have.
-- `records_of_state(wl, state) -> {pod set: AdmissionRecord}`: the decision back from a Ready state.
-- `ready_state`, `retry_state`, `rejected_state`, `status_apply(wl, states)`; `retry_after(count)`.
-
-How a Ready Workload's pods land on the engine's exact slots, with no webhook server of ours: Kueue
-copies a Ready check's `podSetUpdates` onto the Job's pod template when it unsuspends the Job (and
-restores the template when it suspends it again, so a re-admitted Workload starts clean and gets a
-fresh decision).  A pod set whose pods all go to one (node, zone) gets the node selector
-`kubernetes.io/hostname=<node>` and the `topolet.io/numa-zone` annotation directly.  A pod set spread
-over several slots gets the slots in the template annotation `topolet.io/placements` (the Job route's
-format, `agent.admission.gangs.record.placements_value`: "node:zone" per completion index) and the node
-selector `FAILSAFE_LABEL`, which no node carries (nor can be given): the MutatingAdmissionPolicy
-`topolet-kueue-placement` (daemonset/components/kueue/) turns each pod's completion index into its
-node selector and zone annotation and drops the failsafe selector and the placements annotation as
-the Job controller creates the pod.  Where that policy is missing or cannot read the value, the pod
-stays Pending instead of running anywhere else.  Such a pod set therefore needs completion indexes
-(an Indexed Job).  A Ready state written with `LEGACY_FAILSAFE_KEY` reads back the same: the decision
-is in the placements annotation, and `records_of_state` never reads the selector.
+Pure: no I/O, no clock.  `gang_from_workload` (`WorkloadSpecError`), `to_decide`, `checks_to_decide`,
+`holding`, `our_checks`, `active_status`, `pod_set_updates`, `records_of_state`, the state bodies
+(`ready_state`, `retry_state`, `rejected_state`, `status_apply`) and the names (`CONTROLLER_NAME`,
+`KUEUE_GROUP`/`KUEUE_VERSION`, `FAILSAFE_LABEL`).  A pod set spread over several slots needs
+completion indexes: its pods stay Pending unless the placement policy pins them.
+How a Ready Workload's pods land on their slots: agent/admission/kueue/README.md.
 """
 
 from __future__ import annotations
@@ -256,7 +224,7 @@ def _slots_by_set(placement: Placement) -> dict[str, list[SlotPlacement]]:
 
 
 def pod_set_updates(gang: Gang, placement: Placement, indexed: Callable[[str], bool]) -> list[dict[str, Any]]:
-    """The podSetUpdates that put `placement` on the pods (see the module docstring).
+    """The podSetUpdates that put `placement` on the pods (see README.md beside this module).
 
     `indexed(pod_set)` says whether that pod set's pods carry completion indexes; a pod set over
     several slots without them cannot be pinned per pod (WorkloadSpecError)."""

@@ -1,25 +1,10 @@
 """The admission controller's Prometheus metrics, on their own registry, and the capacity figures.
 
-Names (the Grafana panels use exactly these):
-
-- `topolet_admission_decisions_total{result="admitted|waiting|rejected|error"}` (all four initialised)
-- `topolet_admission_decision_duration_seconds` (histogram: one gang's decision, engine and writes)
-- `topolet_admission_queue_depth{queue}`: gangs waiting per configured queue (`--queue`), each
-  shown from the start (0 while none waits); a Job's `topolet.io/queue` label never makes a series
-- `topolet_admission_cluster_free{resource="cpu|memory|nvidia.com/gpu"}`: the sum of the usable
-  nodes' free capacity, base units (CPUs, bytes, devices)
-- `topolet_admission_largest_free_zone{resource="cpu"}`: CPUs free in the freest NUMA zone
-- `topolet_admission_fragmentation_ratio`: the share of free exclusive CPU that is not in wholly free
-  zones (0: every free CPU is in an empty zone; 1: no zone is empty)
-- `topolet_admission_nodes{state="usable|stale|not_ready"}`
-- `topolet_admission_ledger_entries`, `topolet_admission_leader` (1 while this replica leads)
-- `topolet_admission_invalid_objects_total{kind="Job|Pod|Workload"}`: objects a pass could not read
-  (Jobs naming a queue they may not use among them), each version counted once; each also gets a
-  Warning Event and is skipped, the pass goes on
-
-The registry (`agent.metrics.registry.new_registry`) also carries the process metrics (`process_*`)
-and no `*_created` series.  The server is `agent.metrics.server.MetricsServer` (/metrics and
-/healthz), which takes any object with a `registry`.  `capacity_figures(view)` is pure and table-tested.
+The `topolet_admission_*` metrics (decisions, duration, queue depth, free capacity, largest free
+zone, fragmentation, nodes, ledger entries, leader, invalid objects), every labelled series
+initialised, on a registry from `agent.metrics.registry.new_registry`; `capacity_figures(view)` is
+pure.  The names are what the Grafana panels read: change them together.
+The list with each metric's meaning: agent/admission/report/README.md.
 """
 
 from __future__ import annotations
