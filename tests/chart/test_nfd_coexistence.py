@@ -1,4 +1,4 @@
-"""topolet's chart beside NFD's real chart (tests/chart/nfd/, unmodified) on a real API server: in both
+"""topolet's chart beside NFD's real chart (third_party/nfd-chart/, unmodified) on a real API server: in both
 install orders, with upgrades and uninstalls of each release, under Helm 4 (server-side apply, its
 default), Helm 3 (client-side) and `helm template | kubectl apply --server-side` (as Argo CD applies
 a chart), NFD's CRDs and its NodeFeatures survive everything topolet's release does, and topolet's
@@ -24,10 +24,11 @@ import yaml
 
 from tests.chart.conftest import started_plane
 from tests.chart.helm import CHART, IMAGE, Helm, build_helm, build_helm3, set_args
+from tests.conftest import REPO
 from tests.controlplane.harness import ControlPlane
 from tests.controlplane.kubectl import Kubectl, api_request, build_kubectl
 
-NFD_CHART = Path(__file__).resolve().parent / "nfd" / "node-feature-discovery"
+NFD_CHART = REPO / "third_party" / "nfd-chart" / "node-feature-discovery"
 NFD_CRDS = ("nodefeatures.nfd.k8s-sigs.io", "nodefeaturerules.nfd.k8s-sigs.io",
             "nodefeaturegroups.nfd.k8s-sigs.io")
 NRT_CRD = "noderesourcetopologies.topology.node.k8s.io"
