@@ -3,7 +3,7 @@
 `CONTAINERD_1_6` is Debian's containerd 1.6 (`make deps`), the node's default: a version-2 config.
 `CONTAINERD_2_4` is containerd v2.4.2 and its runc shim built by `tests/controlplane/build.sh
 containerd containerd-shim-runc-v2` with its NRI plugin on: a version-3 config, as proven on hosts
-like this one in shared/recipes/containerd-2.4-nri.md.  Its NRI socket is the node's own
+like this one in docs/recipes/containerd-2.4-nri.md.  Its NRI socket is the node's own
 (`<node dir>/nri.sock`, never /var/run/nri/nri.sock, which may belong to another runtime), its plugin
 folders are empty ones of the node's (containerd launches no plugin of the host's), and with
 `required_plugins` NRI's default validator refuses a container while a plugin so named is not
