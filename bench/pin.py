@@ -46,7 +46,7 @@ from agent.enforce.cgroup import (  # noqa: E402
 from agent.enforce.state import Owner  # noqa: E402
 from agent.enforce.state_file import StateFile  # noqa: E402
 from agent.errors import TopoletError  # noqa: E402
-from agent.standalone.engine import PinningEngine  # noqa: E402
+from agent.pinning.engine import PinningEngine  # noqa: E402
 from agent.standalone.journal import JOURNAL_NAME  # noqa: E402
 from agent.topology.cpuset import CPUSet  # noqa: E402
 from agent.topology.discover import discover  # noqa: E402

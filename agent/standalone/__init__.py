@@ -1,0 +1,1 @@
+"""The standalone agent: its loop (`daemon`), `topolet exec` and `topolet status` (`launch`)."""

@@ -22,7 +22,8 @@ from agent.labels import build_labels
 from agent.labels.features_file import write_features_file
 from agent.metrics.registry import ALLOCATION_RESULTS, INVALID, REFUSAL_REASONS, REFUSED, GPUZones, Metrics
 from agent.metrics.server import MetricsServer, staleness_health
-from agent.standalone.engine import DEFAULT_RESERVED, PinningEngine, cpu_rows
+from agent.pinning.engine import DEFAULT_RESERVED, PinningEngine
+from agent.pinning.usage import cpu_rows
 from agent.standalone.journal import Event, drain_events
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover

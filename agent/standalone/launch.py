@@ -21,16 +21,10 @@ from agent.enforce.state_live import check_live
 from agent.errors import AllocationError, ConfigError, TopoletError
 from agent.gpu.model import GPU
 from agent.gpu.visible import visible_devices_env
-from agent.standalone.engine import (
-    CAPACITY,
-    DEFAULT_RESERVED,
-    INVALID,
-    AllocationRefused,
-    PinningEngine,
-    allocation_in_use,
-    unique_id,
-    usage_of,
-)
+from agent.pinning.engine import DEFAULT_RESERVED, PinningEngine, unique_id
+from agent.pinning.refusal import CAPACITY, INVALID, AllocationRefused
+from agent.pinning.tree import allocation_in_use
+from agent.pinning.usage import usage_of
 from agent.standalone.journal import Event, append_event
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover

@@ -21,10 +21,10 @@ from agent.cli.compose import agent_config
 from agent.enforce.state_file import StateFile
 from agent.kube.daemon import KUBELET_STATIC, Enforcement, KubeAgent
 from agent.kube.kubelet.resources import Kubelet
-from agent.kube.pods.pinner import NodeCgroups
-from agent.kube.recording import RecordingEngine
+from agent.kube.pods.node_cgroups import NodeCgroups
 from agent.kubeapi.client import KubeClient
 from agent.metrics.registry import Metrics
+from agent.pinning.recording import RecordingEngine
 from agent.topology.cpuset import CPUSet
 from tests.kube.test_nrt import TWO_SOCKETS_AND_CXL
 

@@ -79,7 +79,7 @@ def test_an_event_whose_handling_fails_is_skipped_and_never_replayed() -> None:
     watcher = _Watcher(sink)
     poison = guaranteed({})
     poison["metadata"].update(name="poison", resourceVersion="7")
-    watcher._event({"type": "ADDED", "object": poison})
+    watcher.receive({"type": "ADDED", "object": poison})
     assert watcher.resource_version == "7" and watcher.invalid == 1
-    watcher._event({"type": "ADDED", "object": {"metadata": {"resourceVersion": "8"}}})  # no identity
+    watcher.receive({"type": "ADDED", "object": {"metadata": {"resourceVersion": "8"}}})  # no identity
     assert watcher.resource_version == "8" and watcher.invalid == 2

@@ -23,8 +23,8 @@ from agent.enforce.state_file import StateFile
 from agent.kube.pods.numa_scope import scoped_request
 from agent.kube.pods.pinner import PodPinner
 from agent.kube.pods.watch import Changed
-from agent.kube.recording import RecordingEngine
 from agent.metrics.registry import Metrics
+from agent.pinning.recording import RecordingEngine
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
 from tests.kube.test_numa_zone import Recorder

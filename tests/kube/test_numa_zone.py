@@ -15,8 +15,8 @@ from agent.api.podplan import PodPlan, PodWarning, plan_pod
 from agent.enforce.state_file import StateFile
 from agent.kube.pods.pinner import PodPinner
 from agent.kube.pods.watch import Changed
-from agent.kube.recording import RecordingEngine
 from agent.metrics.registry import Metrics
+from agent.pinning.recording import RecordingEngine
 from agent.topology.discover import discover
 from tests.kube.test_pods import g, pod
 

@@ -17,9 +17,10 @@ from agent.enforce.state_file import StateFile
 from agent.errors import StateError
 from agent.kube.pods.pinner import PodPinner
 from agent.kube.pods.watch import Changed
-from agent.kube.recording import RecordingEngine
 from agent.metrics.registry import ALLOCATION_RESULTS, REFUSAL_REASONS, Metrics
-from agent.standalone.engine import ALIGNMENT, CAPACITY, INVALID, cpu_rows
+from agent.pinning.recording import RecordingEngine
+from agent.pinning.refusal import ALIGNMENT, CAPACITY, INVALID
+from agent.pinning.usage import cpu_rows
 from agent.topology.discover import discover
 from tests.kube.test_pods import g, pod
 

@@ -16,8 +16,8 @@ from agent.enforce.state_file import StateFile
 from agent.kube.pods.pinner import PodPinner
 from agent.kube.pods.warnings import WarningLimiter
 from agent.kube.pods.watch import Changed, Gone, Synced
-from agent.kube.recording import RecordingEngine
 from agent.metrics.registry import Metrics
+from agent.pinning.recording import RecordingEngine
 from agent.topology.discover import discover
 from tests.kube.test_numa_zone import DUMP, Recorder
 from tests.kube.test_pods import g, pod

@@ -34,7 +34,7 @@ from agent.kube.kubelet.podresources.client import Device, PodResourcesClient
 from agent.kube.kubelet.podresources.locality import GPULocator, gpu_numa_nodes, gpu_of, is_gpu_resource
 from agent.kube.pods.pinner import PodPinner
 from agent.metrics.registry import Metrics
-from agent.standalone.engine import PinningEngine
+from agent.pinning.engine import PinningEngine
 from agent.topology.cpuset import CPUSet
 from agent.topology.model import Topology
 from tests.conftest import require

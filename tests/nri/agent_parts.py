@@ -29,7 +29,7 @@ from agent.kube.pods.pinner import PodPinner
 from agent.kube.pods.route import NRI, PinningRoute
 from agent.metrics.registry import Metrics
 from agent.nri import api_pb2
-from agent.standalone.engine import PinningEngine
+from agent.pinning.engine import PinningEngine
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
 from tests.kube.kubelet_standin import join_cgroup

@@ -33,7 +33,7 @@ from agent.enforce.cgroup import (
 )
 from agent.enforce.state import State
 from agent.enforce.state_file import StateFile
-from agent.standalone.engine import PinningEngine
+from agent.pinning.engine import PinningEngine
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover
 from agent.topology.model import Topology

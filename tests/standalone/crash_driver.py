@@ -17,7 +17,7 @@ from agent.enforce import detect_layout
 from agent.enforce.state import Owner
 from agent.enforce.state_file import StateFile
 from agent.errors import AllocationError
-from agent.standalone.engine import PinningEngine
+from agent.pinning.engine import PinningEngine
 from agent.topology.discover import discover
 
 SLEEPER = ["sleep", "299"]

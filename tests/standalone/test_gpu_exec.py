@@ -30,7 +30,8 @@ from agent.errors import AllocationError
 from agent.gpu.discover import discover_gpus, gpus_from_topology
 from agent.gpu.model import GPU
 from agent.gpu.visible import visible_devices_env
-from agent.standalone.engine import AllocationRefused, PinningEngine
+from agent.pinning.engine import PinningEngine
+from agent.pinning.refusal import AllocationRefused
 from agent.standalone.journal import Event, drain_events
 from agent.topology.cpuset import CPUSet
 from agent.topology.discover import discover

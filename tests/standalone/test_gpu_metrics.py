@@ -21,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.alloc.request import Request
 from agent.enforce.state import Owner
-from agent.kube.recording import RecordingEngine
 from agent.metrics.registry import Metrics
 from agent.metrics.server import MetricsServer
+from agent.pinning.recording import RecordingEngine
 from agent.standalone.daemon import StandaloneAgent
 from tests.gpu.fake_nvml import FakeNVML, h100_node
 from tests.standalone.test_mig_agent import agent_args

@@ -25,7 +25,7 @@ from agent.metrics.registry import (
     REFUSAL_REASONS,
     Metrics,
 )
-from agent.standalone import engine
+from agent.pinning import refusal
 from tests.conftest import REPO
 
 Families = dict[str, tuple[str, list[tuple[str, dict[str, str], float]]]]
@@ -92,7 +92,7 @@ def test_agent_labelled_counters_start_at_zero_for_every_known_value() -> None:
 def test_names_shared_with_other_modules_agree() -> None:
     assert MIG_OPERATIONS == applier.OPERATIONS
     assert set(applier.ApplyCounters().as_metrics()) == set(MIG_APPLY_TOTALS)
-    assert {engine.CAPACITY, engine.ALIGNMENT, engine.INVALID} == set(REFUSAL_REASONS)
+    assert {refusal.CAPACITY, refusal.ALIGNMENT, refusal.INVALID} == set(REFUSAL_REASONS)
     assert agent_metrics.REFUSED in ALLOCATION_RESULTS
 
 

@@ -3,10 +3,11 @@
 `PodPinner` turns pod plans (`agent.api.podplan`) into engine calls: exclusive CPUs for containers
 that ask for them, the shared pool for the rest, state first and cgroups after.  It never calls the
 API: warnings go out through a callback the publisher drains.  With `enforce=False` (`topolet agent
---enforcement off`, over an `agent.kube.recording.RecordingEngine`) it looks for no cgroup: a
+--enforcement off`, over an `agent.pinning.recording.RecordingEngine`) it looks for no cgroup: a
 container the pod status lists running with an ID is taken as started.  What it needs of the node's
-cgroups (`NodeCgroups`: the kubelet's cgroup driver, whether the agent sits at its cgroup namespace's
-root) the agent reads at start and hands in; a pinner given none reads it as it is made.
+cgroups (`agent.kube.pods.node_cgroups.NodeCgroups`: the kubelet's cgroup driver, whether the agent
+sits at its cgroup namespace's root) the agent reads at start and hands in; a pinner given none
+reads it as it is made.
 
 What it counts (`agent.metrics.registry`): `allocated`; `refused` with its reason (no room, a NUMA policy or
 zone that cannot be met, invalid annotations) once per container and reason, however often it is
@@ -34,69 +35,38 @@ container is aligned on its own, under `pod` within the NUMA nodes chosen for th
 recorded with its allocations.
 
 Which pod warnings become Events, and how often, is `agent.kube.pods.warnings.WarningLimiter`'s call;
-how an Event is written, `agent.kubeapi.events`'s.
+how an Event is written, `agent.kube.publish.events`'s.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from agent.alloc.scope import DEFAULT_SCOPE
 from agent.api.podplan import REASON_INVALID, ContainerPlan, PodPlan, PodWarning
-from agent.enforce import CgroupDriver, CgroupLayout, container_cgroup_path, exists
-from agent.enforce.cgroup import at_own_namespace_root, read_procs
-from agent.enforce.kubepods import pod_cgroup_path
+from agent.enforce import CgroupDriver, container_cgroup_path, exists
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import AllocationError, EnforcementError, TopoletError
+from agent.kube.pods.node_cgroups import NodeCgroups, find_own, is_planned, planned_cgroup
 from agent.kube.pods.numa_scope import scoped_request
 from agent.kube.pods.warnings import WarningLimiter
 from agent.kube.pods.watch import Changed, Gone, PodChange, Synced
 from agent.metrics.registry import ALLOCATED, ERROR, INVALID, Metrics
-from agent.standalone.engine import AllocationRefused, PinningEngine
+from agent.pinning.engine import PinningEngine
+from agent.pinning.refusal import AllocationRefused
 from agent.topology.cpuset import CPUSet
 
 log = logging.getLogger("topolet.kube")
 
 REASON_ALLOCATION_FAILED = "AllocationFailed"
 
+
 def alloc_id(pod_uid: str, container: str) -> str:
     """The state file id of a pod container's allocation (uids and container names hold no ".")."""
     return f"pod-{pod_uid}.{container}"
-
-
-PLANNED_PREFIX = "topolet-planned-"  # no runtime names a container's cgroup so
-
-
-def planned_cgroup(plan: PodPlan, container: str, driver: CgroupDriver | None) -> str:
-    """The cgroup an allocation made before its container exists names: below the pod's cgroup,
-    where no runtime makes one (the pod-cgroup route's; the engine counts it absent)."""
-    pod = pod_cgroup_path(plan.uid, plan.qos, driver or CgroupDriver.CGROUPFS)
-    return f"{pod}/{PLANNED_PREFIX}{container}"
-
-
-@dataclass(frozen=True)
-class NodeCgroups:
-    """What the pinner knows of the node's cgroups from the start: the kubelet's cgroup driver where
-    its kubepods folder exists already (else found per pod), and whether this agent sits at the root
-    of its cgroup v2 namespace."""
-
-    driver: CgroupDriver | None
-    at_namespace_root: bool
-
-    @classmethod
-    def read(cls, layout: CgroupLayout) -> NodeCgroups:
-        if exists(layout, "kubepods.slice"):
-            driver: CgroupDriver | None = CgroupDriver.SYSTEMD
-        elif exists(layout, "kubepods"):
-            driver = CgroupDriver.CGROUPFS
-        else:
-            driver = None
-        return cls(driver, at_own_namespace_root())
 
 
 class PodPinner:
@@ -216,33 +186,15 @@ class PodPinner:
         self.engine.extra_shared = shared - {own} if own is not None else shared
 
     def _own_cgroup(self, candidates: frozenset[str]) -> str | None:
-        """The agent's own container cgroup among `candidates`, when the kernel refuses it our writes.
-
-        In a private cgroup namespace on v2 (the DaemonSet's pod under containerd) that cgroup is the
-        namespace's root, whose files nsdelegate keeps from the processes inside: every pool write
-        there would fail the whole pass, so the agent's own container keeps the CPUs its runtime gave
-        it.  It is found once, by our pid in its cgroup.procs (the kernel shows other containers'
-        processes as 0 to a reader in its own pid namespace).
-        """
+        """The agent's own container cgroup among `candidates`, when the kernel refuses it our writes
+        (at the root of its cgroup v2 namespace: `agent.kube.pods.node_cgroups.find_own`); found once."""
         if self._own is not None:
             return self._own if self._own in candidates else None
         if self.engine.layout.version != 2 or not self._at_namespace_root:
             return None
-        me = os.getpid()
         self._not_own &= candidates  # bounded by the pods of now, not of the agent's lifetime
-        for rel in sorted(candidates - self._not_own):
-            try:
-                found = me in read_procs(self.engine.layout, rel)
-            except EnforcementError:
-                continue  # gone meanwhile
-            if not found:
-                self._not_own.add(rel)  # our process never moves: no need to look again
-            else:
-                self._own = rel
-                log.info("leaving %s on its own CPUs: the agent's container, whose cpuset the kernel "
-                         "keeps from it (cgroup namespace root under nsdelegate)", rel)
-                return rel
-        return None
+        self._own = find_own(self.engine.layout, candidates, self._not_own)
+        return self._own
 
     def forget(self, uid: str) -> None:
         """A pod the API says is gone: free its CPUs, drop its containers from the pool set."""
@@ -334,7 +286,7 @@ class PodPinner:
                 self.created.pop(held.id, None)
                 self.engine.rebind(held.id, rel)  # a restarted container keeps its CPUs, as with kubelet
                 log.info("%s moved to %s container %s", held.id,
-                         "started" if _is_planned(held.cgroup) else "restarted", rel)
+                         "started" if is_planned(held.cgroup) else "restarted", rel)
         for c in planned.values():
             if c.name not in mine and c.name not in running:
                 self._allocate(plan, c, planned_cgroup(plan, c.name, self.driver))
@@ -457,7 +409,7 @@ class PodPinner:
             # One the watch made before the container existed is the answer as it stands: committed
             # already, so the answer writes nothing; the watch moves it to `rel` once the status lists
             # the container running.
-            if held is not None and held.cgroup != rel and not _is_planned(held.cgroup):
+            if held is not None and held.cgroup != rel and not is_planned(held.cgroup):
                 held = self.engine.rebind(aid, rel)
                 log.info("%s moved to restarted container %s", aid, rel)
             elif held is None:
@@ -471,7 +423,7 @@ class PodPinner:
         the one the watch made for it before it existed (a planned cgroup, moved to `rel` once the
         status lists the container running)."""
         a = state.get(alloc_id(uid, name))
-        return a if a is not None and (a.cgroup == rel or _is_planned(a.cgroup)) else None
+        return a if a is not None and (a.cgroup == rel or is_planned(a.cgroup)) else None
 
     def release_container(self, uid: str, name: str, rel: str) -> bool:
         """The runtime stopped or removed the container at `rel`: free its CPUs if its allocation is
@@ -487,6 +439,3 @@ class PodPinner:
             self._release(aid)
             return True
 
-
-def _is_planned(cgroup: str) -> bool:
-    return cgroup.rsplit("/", 1)[-1].startswith(PLANNED_PREFIX)

@@ -20,7 +20,7 @@ from agent.enforce.state import State
 from agent.enforce.state_file import StateFile
 from agent.errors import EnforcementError
 from agent.gpu.model import GPU
-from agent.standalone.engine import PinningEngine, ReconcileResult
+from agent.pinning.engine import PinningEngine, ReconcileResult
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import Topology
 

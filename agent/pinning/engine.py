@@ -1,18 +1,12 @@
 """The node-local pinning engine: allocate, release, reap and reconcile exclusive CPUs on this node.
 
 It joins the three layers in their one direction: `topology` (what the node has) → `alloc` (which
-CPUs) → `enforce` (state first, then cgroups).  Every public method runs under the state lock, so
-concurrent `topolet exec` processes and the agent never hand out a CPU twice.
-
-Cgroup shape (under the cpuset controller): `topolet/` holds every allowed CPU; `topolet/<id>` is an
-exclusive allocation; `topolet/shared` and its children hold shared workloads on the pool (every
-allowed CPU less the exclusive ones, reserved CPUs included).
-
-`allocate` raises `AllocationRefused` (with a `reason` from `agent.metrics.registry.REFUSAL_REASONS`) when
-the node cannot or may not satisfy a request, and other typed errors when writing the state or the
-cgroups failed.  `on_release(alloc_id)` hears of every allocation whose record it removes (released,
-released for a pod, or reaped), once.  `usage()` reads only the state file and may run on any
-thread (a scrape's).
+CPUs) → `enforce` (state first, then cgroups, the tree `agent.pinning.tree` describes).  Every public
+method runs under the state lock, so concurrent `topolet exec` processes and the agent never hand out
+a CPU twice.  `allocate` raises `AllocationRefused` (`agent.pinning.refusal`) when the node cannot or
+may not satisfy a request, and other typed errors when writing the state or the cgroups failed.
+`on_release(alloc_id)` hears of every allocation whose record it removes (released, released for a
+pod, or reaped), once.  `usage()` reads only the state file and may run on any thread (a scrape's).
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
-from agent.alloc.devices import allocate_with_gpus, is_held
+from agent.alloc.devices import allocate_with_gpus
 from agent.alloc.request import Request
 from agent.alloc.scope import PodScope, pod_affinity, within
 from agent.enforce import (
@@ -34,7 +28,6 @@ from agent.enforce import (
     apply_with_shared_pool,
     create_cgroup,
     exists,
-    list_children,
     move_pid,
     read_cpuset,
     read_procs,
@@ -47,6 +40,17 @@ from agent.enforce.state_file import StateFile
 from agent.enforce.state_live import check_live, rebuild_from_cgroups
 from agent.errors import AllocationError, EnforcementError
 from agent.gpu.model import GPU
+from agent.pinning.refusal import CAPACITY, AllocationRefused, refusal_reason, shortfall
+from agent.pinning.tree import (
+    allocation_in_use,
+    drift_targets,
+    make_parents,
+    orphans,
+    pool_cgroups,
+    remove_idle_parents,
+    remove_idle_shared,
+)
+from agent.pinning.usage import NodeUsage, usage_of
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import Topology
 
@@ -54,21 +58,9 @@ log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_SECONDS = 30.0
 VANISHED_ATTEMPTS = 3  # an ordered step taken again when a cgroup it names vanished meanwhile
-# Refusal reasons, as agent.metrics.registry.REFUSAL_REASONS names them (not imported from there: `topolet
-# exec` runs this module and starts without the Prometheus client).
-CAPACITY, ALIGNMENT, INVALID = "capacity", "alignment", "invalid"
 # The standalone agent's and `topolet exec`'s reservation without --reserved-cpus: CPU 0 stays with
 # the system (interrupts, housekeeping, shared work), as the DaemonSet's --reserved-cpus=0 keeps it.
 DEFAULT_RESERVED = CPUSet([0])
-
-
-class AllocationRefused(AllocationError):
-    """The node cannot or may not satisfy a request (not an error of ours); `reason` says why."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason  # one of agent.metrics.registry.REFUSAL_REASONS
-
 
 OuterTargets = tuple[dict[str, CPUSet], dict[str, CPUSet]]
 """(cpus, mems) of cgroups outside the engine's own that move with the pool (see `PinningEngine.outer`)."""
@@ -79,17 +71,6 @@ class ReconcileResult:
     released: tuple[str, ...]  # allocations whose processes were gone
     collected: tuple[str, ...]  # workload cgroups nobody owned, removed
     drift_repaired: int
-
-
-@dataclass(frozen=True, slots=True)
-class NodeUsage:
-    """CPUs per NUMA node by state, for `topolet status` and the `topolet_cpus` metric."""
-
-    numa: int
-    total: CPUSet
-    reserved: CPUSet
-    exclusive: CPUSet
-    shared: CPUSet  # the pool (free for exclusive use, except reserved CPUs)
 
 
 class PinningEngine:
@@ -160,11 +141,7 @@ class PinningEngine:
 
     def _ensure_parents(self) -> list[str]:
         """Create `topolet/` and `topolet/shared` where missing; the ones created."""
-        created = []
-        if not exists(self.layout, self.layout.parent):
-            created.append(create_cgroup(self.layout, self.layout.parent, self.allowed, self.all_mems))
-        if not exists(self.layout, self.layout.shared_path):
-            created.append(create_cgroup(self.layout, self.layout.shared_path))
+        created = make_parents(self.layout, self.allowed, self.all_mems)
         self.created_parents.update(created)
         return created
 
@@ -172,22 +149,13 @@ class PinningEngine:
         """Remove the `topolet/shared` and `topolet/` this engine created, when no allocation is recorded
         and no process or cgroup is left in them (an agent that found no work leaves none behind);
         the ones removed."""
-        removed: list[str] = []
         with self.state_file.lock(timeout=LOCK_TIMEOUT_SECONDS):
             if self.state_file.load(missing_ok=True).allocations:
-                return removed
-            for rel in (self.layout.shared_path, self.layout.parent):
-                if rel in self.created_parents and exists(self.layout, rel) \
-                        and not read_procs(self.layout, rel) and not list_children(self.layout, rel):
-                    remove_cgroup(self.layout, rel)
-                    removed.append(rel)
-        return removed
+                return []
+            return remove_idle_parents(self.layout, self.created_parents)
 
     def _shared_cgroups(self, extra: tuple[str, ...] = ()) -> list[str]:
-        shared = self.layout.shared_path
-        own = [shared, *list_children(self.layout, shared)] if exists(self.layout, shared) else []
-        others = [rel for rel in sorted(self.extra_shared.union(extra)) if exists(self.layout, rel)]
-        return list(dict.fromkeys(own + others))
+        return pool_cgroups(self.layout, self.extra_shared.union(extra))
 
     def _apply(self, state: State, remove: tuple[str, ...] = (), shared: tuple[str, ...] = ()) -> None:
         """Bring every managed cgroup to `state` in one ordered step (pool narrowed before grants)."""
@@ -294,32 +262,10 @@ class PinningEngine:
                                     self._refusal_reason(free, whole, state, 0)) from exc
 
     def _short_of(self, request: Request, state: State) -> str:
-        """Why too few CPUs are free for `request`, whichever is true: the node's size (one CPU always
-        stays in the shared pool), its reservation, or other allocations; "" when none of them."""
-        allowed = self.allowed
-        most = len(allowed) - 1
-        if request.cpus > most:
-            where = ("this machine has" if allowed == self.topology.cpus
-                     else f"the cpuset {self.layout.root} allows")
-            return (f"{where} only {len(allowed)} CPUs and one always stays in the shared pool, so at most "
-                    f"{most} can be exclusive")
-        reserved = state.reserved & allowed
-        held = state.allocated() & allowed
-        others = f"{len(held)} held by other allocations (topolet status lists them)" if held else ""
-        if reserved and request.cpus <= len(allowed - held) - 1:  # it would fit with nothing reserved
-            are = "CPUs are" if len(reserved) > 1 else "CPU is"
-            return (f"{len(reserved)} {are} reserved ({reserved.cpulist()}){' and ' if others else ''}"
-                    f"{others}; --reserved-cpus changes the reservation")
-        return others
+        return shortfall(request, state, self.allowed, self.topology.cpus, self.layout.root)
 
     def _refusal_reason(self, free: CPUSet, request: Request, state: State, gpus: int) -> str:
-        """Why the allocator refused: too few CPUs (or GPUs) free at all, else their placement."""
-        if len(free - request.reserved) < request.cpus:
-            return CAPACITY
-        held = state.held_gpus()
-        if gpus > sum(1 for g in self.gpus if not is_held(g, held)):
-            return CAPACITY
-        return ALIGNMENT
+        return refusal_reason(free, request, state, gpus, self.gpus)
 
     def _released(self, alloc_ids: Iterable[str]) -> None:
         if self.on_release is not None:
@@ -427,23 +373,13 @@ class PinningEngine:
                 tuple(a for a in state.allocations if a not in dead), state.reserved, state.generation))
             self._released(a.id for a in dead)
             removals = [a.cgroup for a in dead if exists(self.layout, a.cgroup)]
-        named = {a.cgroup for a in state.allocations}
-        orphans: list[str] = []
-        if exists(self.layout, self.layout.parent):
-            for rel in list_children(self.layout, self.layout.parent):
-                if rel != self.layout.shared_path and rel not in named and rel not in removals \
-                        and not read_procs(self.layout, rel) and not list_children(self.layout, rel):
-                    orphans.append(rel)
-        if dead or orphans:
-            self._apply(state, remove=tuple(removals + orphans))
-        shared = self.layout.shared_path
-        if exists(self.layout, shared):
-            for rel in list_children(self.layout, shared):
-                if not read_procs(self.layout, rel) and not list_children(self.layout, rel):
-                    remove_cgroup(self.layout, rel)
+        found = orphans(self.layout, {a.cgroup for a in state.allocations}, removals)
+        if dead or found:
+            self._apply(state, remove=tuple(removals + found))
+        remove_idle_shared(self.layout)
         for a in dead:
             log.info("released %s (%s): its processes are gone", a.id, a.cpus)
-        return state, tuple(a.id for a in dead), tuple(orphans)
+        return state, tuple(a.id for a in dead), tuple(found)
 
     def reconcile(self) -> ReconcileResult:
         """Release dead allocations, collect orphans, and repair any cpuset someone else rewrote."""
@@ -457,15 +393,7 @@ class PinningEngine:
             if created:
                 log.info("created cpuset cgroups %s under %s", ", ".join(created), self.layout.root)
             pool = shared_pool(self.allowed, state.reserved, [a.cpus for a in state.allocations])
-            want = {self.layout.parent: self.allowed}
-            want.update({rel: pool for rel in self._shared_cgroups()})
-            # A workload cgroup no allocation names but whose processes still run (one a rebuild
-            # dropped, say) is shared work: it gets the pool, never CPUs another allocation holds.
-            named = {a.cgroup for a in state.allocations}
-            for rel in list_children(self.layout, self.layout.parent):
-                if rel != self.layout.shared_path and rel not in named:
-                    want[rel] = pool
-            want.update({a.cgroup: a.cpus for a in state.allocations if exists(self.layout, a.cgroup)})
+            want = drift_targets(self.layout, self.allowed, state, pool, self._shared_cgroups())
             mems = {a.cgroup: a.mems for a in state.allocations if a.mems}
             # A cgroup created in this pass gets its sets without counting as drift: drift is a set
             # someone changed after we wrote it.
@@ -477,37 +405,6 @@ class PinningEngine:
         if state is None:
             state = self.state_file.load(missing_ok=True)
         return usage_of(self.topology, self.allowed, state)
-
-
-def cpu_rows(usage: Iterable[NodeUsage]) -> Iterator[tuple[int, str, int]]:
-    """(numa, state, count) rows of `topolet_cpus`: shared counts the pool less reserved CPUs."""
-    for u in usage:
-        yield u.numa, "exclusive", len(u.exclusive)
-        yield u.numa, "shared", len(u.shared - u.reserved)
-        yield u.numa, "reserved", len(u.reserved)
-
-
-def allocation_in_use(layout: CgroupLayout | None, alloc: Allocation, proc: str = "/proc") -> bool:
-    """An allocation is in use while it is a pod's, its owner runs, or a process is still in its
-    cgroup (`layout` None: no cgroups to look at)."""
-    if alloc.owner.pod_uid is not None:
-        return True  # pods are released by the pod watch, not by process liveness
-    if alloc.owner.process_alive(proc):
-        return True
-    return layout is not None and exists(layout, alloc.cgroup) and bool(read_procs(layout, alloc.cgroup))
-
-
-def usage_of(topology: Topology, allowed: CPUSet, state: State) -> list[NodeUsage]:
-    """Per-NUMA CPU usage of a state on a topology (pure)."""
-    exclusive = state.allocated()
-    out = []
-    for node in topology.numa_nodes:
-        if node.memory_only:
-            continue
-        total = node.cpus & allowed
-        out.append(NodeUsage(node.id, total, total & state.reserved, total & exclusive,
-                             total - exclusive))
-    return out
 
 
 def unique_id(prefix: str, pid: int | None = None) -> str:
