@@ -16,6 +16,7 @@ from typing import IO, Any, TextIO
 from agent.alloc.exclusive import allocate
 from agent.alloc.request import Request
 from agent.alloc.topology_file import clip, excerpt, load_topology, open_input
+from agent.api.policies import DEFAULT_SMT, NumaPolicy
 from agent.errors import AllocationError, CPUListError, TopoletError
 from agent.topology.cpuset import EMPTY, CPUSet
 from agent.topology.model import Topology
@@ -55,8 +56,8 @@ def parse_request(line: str) -> tuple[CPUSet, Request]:
     cpus = data.get("cpus")
     if not isinstance(cpus, int) or isinstance(cpus, bool) or cpus < 0:
         raise AllocationError(f"cpus must be a non-negative integer, got {excerpt(cpus)}")
-    return free, Request(cpus=cpus, numa_policy=data.get("numa_policy", "best-effort"),
-                         smt=data.get("smt", "any"), preferred_numa=preferred, reserved=reserved)
+    return free, Request(cpus=cpus, numa_policy=data.get("numa_policy", NumaPolicy.BEST_EFFORT.value),
+                         smt=data.get("smt", DEFAULT_SMT), preferred_numa=preferred, reserved=reserved)
 
 
 def _cpulist(data: dict[str, Any], key: str, required: bool) -> CPUSet:

@@ -9,7 +9,8 @@ node, or the CPUs from the GPUs' node"):
 and among equals: best fit (the node set with the fewest free GPUs left over, so large free groups
 stay whole for large requests), then the smallest NUMA distance, then the lowest node ids.  Inside
 the chosen nodes the GPUs with the lowest PCI addresses are taken.  `single-numa-node` accepts only
-(1); `restricted` only node sets whose CPUs fit the request.
+(1); `restricted` only node sets whose CPUs fit the request (their rows' `one_node` and `strict` in
+`agent.alloc.policies`).
 
 A GPU whose NUMA node is unknown (or has no CPUs) says nothing about alignment: it is used only
 when the known ones cannot make up the count, and never under `single-numa-node` — unless no GPU
@@ -24,7 +25,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 from agent.alloc.exclusive import allocate
+from agent.alloc.policies import ALLOC_POLICIES
 from agent.alloc.request import Request
+from agent.api.policies import NumaPolicy
 from agent.errors import AllocationError
 from agent.gpu.model import GPU
 from agent.topology.cpuset import CPUSet
@@ -74,7 +77,7 @@ def choose_gpus(topology: Topology, free_cpus: CPUSet, request: Request, gpus: S
             by_node.setdefault(g.numa_node, []).append(g)
         else:
             unplaced.append(g)
-    policy = request.numa_policy
+    policy = ALLOC_POLICIES[request.numa_policy]
     if not by_node and not any(g.numa_node in cpu_nodes for g in gpus):
         return GPUChoice(tuple(free[:count]), None)
     nodes = _choose_nodes(topology, free_cpus, request, by_node, count)
@@ -82,14 +85,15 @@ def choose_gpus(topology: Topology, free_cpus: CPUSet, request: Request, gpus: S
         # The CPUs may come from any node of the chosen set: that is the set their fit was judged on.
         return GPUChoice(_take(by_node, nodes, count, ()), frozenset(nodes))
     counts = ", ".join(f"{n}={len(by_node.get(n, ()))}" for n in sorted(cpu_nodes)) or "none"
-    if policy == "single-numa-node":
+    name = request.numa_policy
+    if policy.one_node:
         if any(len(v) >= count for v in by_node.values()):
-            raise AllocationError(f"single-numa-node: no NUMA node holds {count} free GPU(s) and "
+            raise AllocationError(f"{name}: no NUMA node holds {count} free GPU(s) and "
                                   f"{request.cpus} free CPU(s) (free GPUs per NUMA node: {counts})")
-        raise AllocationError(f"single-numa-node: no NUMA node holds {count} free GPU(s) "
+        raise AllocationError(f"{name}: no NUMA node holds {count} free GPU(s) "
                               f"(free GPUs per NUMA node: {counts}; {len(unplaced)} of unknown place)")
-    if policy == "restricted" and sum(map(len, by_node.values())) >= count:
-        raise AllocationError(f"restricted: no NUMA nodes holding {count} free GPU(s) also hold "
+    if policy.strict and sum(map(len, by_node.values())) >= count:
+        raise AllocationError(f"{name}: no NUMA nodes holding {count} free GPU(s) also hold "
                               f"{request.cpus} free CPU(s) (free GPUs per NUMA node: {counts})")
     # The known GPUs cannot make up the count: all of them, then GPUs of unknown place.
     picked = _take(by_node, tuple(sorted(by_node)), count, unplaced)
@@ -119,7 +123,7 @@ def _take(by_node: dict[int, list[GPU]], nodes: Sequence[int], count: int,
 def _choose_nodes(topology: Topology, free_cpus: CPUSet, request: Request,
                   by_node: dict[int, list[GPU]], count: int) -> tuple[int, ...] | None:
     """The NUMA node set to take the GPUs from, by the module's preference; None when none qualifies."""
-    policy = request.numa_policy
+    policy = ALLOC_POLICIES[request.numa_policy]
     fit_memo: dict[tuple[int, ...], bool] = {}
 
     def fits(combo: tuple[int, ...]) -> bool:
@@ -136,7 +140,7 @@ def _choose_nodes(topology: Topology, free_cpus: CPUSet, request: Request,
     for combo in singles:
         if fits(combo):
             return combo
-    if policy == "single-numa-node":
+    if policy.one_node:
         return None
     known = sorted(by_node)
     for k in range(_fewest([len(by_node[n]) for n in known], count), len(known) + 1):
@@ -147,18 +151,19 @@ def _choose_nodes(topology: Topology, free_cpus: CPUSet, request: Request,
         if fitting:
             # Among node sets of the fewest nodes, those whose CPUs fit the request come first.
             return fitting[0]
-        if policy != "restricted":
+        if not policy.strict:
             return combos[0]
     return None
 
 
 def _cpus_fit(topology: Topology, free_cpus: CPUSet, request: Request, nodes: tuple[int, ...]) -> bool:
-    """Whether the CPU request could be met inside `nodes` alone (asked of the CPU allocator itself)."""
+    """Whether the CPU request could be met inside `nodes` alone (asked of the CPU allocator itself,
+    under restricted: confined to them, in as few of them as an idle machine would use)."""
     if request.cpus == 0:
         return True
     try:
-        allocate(topology, free_cpus, Request(request.cpus, "restricted", request.smt, frozenset(nodes),
-                                              request.reserved))
+        allocate(topology, free_cpus, Request(request.cpus, NumaPolicy.RESTRICTED.value, request.smt,
+                                              frozenset(nodes), request.reserved))
     except AllocationError:
         return False
     return True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.api.policies import ALLOC_NUMA_POLICIES, SMT_POLICIES
+from agent.api.policies import ALLOC_NUMA_POLICIES, DEFAULT_SMT, SMT_POLICIES, NumaPolicy
 from agent.errors import AllocationError
 from agent.topology.cpuset import EMPTY, CPUSet
 
@@ -13,7 +13,7 @@ from agent.topology.cpuset import EMPTY, CPUSet
 class Request:
     """An exclusive CPU request: how many CPUs, under which NUMA and SMT policy.
 
-    numa_policy:
+    numa_policy (one of ALLOC_NUMA_POLICIES, each a row of `agent.alloc.policies`):
       single-numa-node  one NUMA node or a refusal;
       restricted        the fewest nodes that hold it now, refused when an idle machine (less the
                         reserved CPUs) would need fewer (kubelet topology manager's "preferred" hint);
@@ -27,8 +27,8 @@ class Request:
     """
 
     cpus: int
-    numa_policy: str = "best-effort"
-    smt: str = "any"
+    numa_policy: str = NumaPolicy.BEST_EFFORT.value
+    smt: str = DEFAULT_SMT
     preferred_numa: frozenset[int] | None = None
     reserved: CPUSet = field(default=EMPTY)
 

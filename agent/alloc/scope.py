@@ -17,15 +17,16 @@ span the pod's nodes, as the kubelet's CPU manager does inside a pod hint); `bes
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from agent.alloc.exclusive import allocate
+from agent.alloc.policies import ALLOC_POLICIES
 from agent.alloc.request import Request
+from agent.api.policies import Scope
 from agent.topology.cpuset import CPUSet
 from agent.topology.model import Topology
 
-SCOPES = ("container", "pod")
-DEFAULT_SCOPE = "container"  # the kubelet's default topologyManagerScope
+DEFAULT_SCOPE = Scope.CONTAINER.value  # the kubelet's default topologyManagerScope
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +45,6 @@ def pod_affinity(topology: Topology, free: CPUSet, whole: Request) -> frozenset[
 
 
 def within(topology: Topology, request: Request, affinity: frozenset[int]) -> Request:
-    """`request` kept inside the pod's NUMA nodes `affinity` (see the module docstring)."""
-    if request.numa_policy != "restricted":
-        return replace(request, preferred_numa=affinity)
-    # The pod's hint was judged restricted already: inside it the container takes the fewest nodes
-    # that hold it now, confined by holding every CPU outside the pod's nodes back.
-    outside = CPUSet(c for n in topology.numa_nodes if n.id not in affinity for c in n.cpus)
-    return replace(request, numa_policy="best-effort", preferred_numa=affinity,
-                   reserved=request.reserved | outside)
+    """`request` kept inside the pod's NUMA nodes `affinity` (see the module docstring), as its
+    policy's row of `agent.alloc.policies` says (`in_pod`)."""
+    return ALLOC_POLICIES[request.numa_policy].in_pod(topology, request, affinity)

@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     import agent.cli.commands as commands  # `from agent.cli import` would also name this package
     import agent.cli.values as values
+    from agent.api.policies import ALLOC_NUMA_POLICIES, TOPOLOGY_MANAGER_SCOPES, NumaPolicy, Scope
     from agent.cli.logging_setup import LOG_LEVELS
 
     def log_level(parser: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -186,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="containerd's OCI bundles of the kubelet's containers (--route pod-cgroup: a pod "
                         "whose containers differ gets each container's CPUs as runc makes its cgroup); "
                         "'' = off, default /run/containerd/io.containerd.runtime.v2.task/k8s.io")
-    g.add_argument("--numa-scope", default="container", choices=["container", "pod"],
+    g.add_argument("--numa-scope", default=Scope.CONTAINER.value, choices=TOPOLOGY_MANAGER_SCOPES,
                    help="Kubernetes mode: the kubelet's topologyManagerScope topolet aligns by. container "
                         "(default, the kubelet's): each container on its own; pod: every container within "
                         "the NUMA nodes chosen for the whole pod. Published as the NRT's "
@@ -201,8 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("exec", help="run a command on exclusive, topology-aligned CPUs")
     e.add_argument("--cpus", type=int, required=True,
                    help="exclusive CPUs for the command; 0 runs it on the shared pool")
-    e.add_argument("--numa-policy", default="best-effort",
-                   choices=["single-numa-node", "restricted", "best-effort", "spread"],
+    e.add_argument("--numa-policy", default=NumaPolicy.BEST_EFFORT.value, choices=ALLOC_NUMA_POLICIES,
                    help="single-numa-node: one NUMA node or a refusal; restricted: the fewest nodes that "
                         "hold it now, refused when an idle machine would need fewer; best-effort (default): "
                         "the fewest nodes that hold it now; spread: even shares over the fewest nodes")

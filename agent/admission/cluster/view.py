@@ -1,49 +1,10 @@
 """The cluster view the engine places on, built from API objects as plain dicts.
 
-Public API:
-
-- `build_view(nodes, nrts, pods, ledger, now, gpu_mix=(), slot_of=job_slot, ..., index=None,
-  memo=None) -> tuple[ClusterView, dict[str, str]]`: the view, and the nodes left out with the reason (node
-  name -> one line, for the controller to log).  Never raises on bad input: a node whose objects
-  cannot be read is left out with a reason.  `now` is accepted for the ledger's sake and symmetry
-  with `Ledger.settle`; the view itself does not depend on the clock.
-- `pod_requests(pod) -> Resources | None`: what a pod asks of its node, counted as the scheduler
-  does (`agent.api.podrequests`, pod-level `spec.resources` included; the same reading as a gang's
-  pod template, `agent.admission.gangs.job.pod_requests`), None when its requests are malformed;
-  `read_pod_requests(pod) -> Resources` raises BadObject saying why instead.
-- `node_policy(nrt) -> str`: a node's kubelet Topology Manager policy as its NRT reports it.
-- `nrt_zones(nrt)`, `node_allocatable(node)`: an NRT's zones and a Node's allocatable, as the view
-  reads them (BadObject when they cannot be read); `build_view` takes caches of them.
-
-What each node's figures are:
-
-- `free` = `status.allocatable` less the requests of the non-terminal pods bound there (per
-  resource, the larger of the biggest init container and the sum of the app containers plus the
-  restartable init ones, the pod-level request instead where the pod sets one, plus
-  `spec.overhead`) less the ledger entries whose pod is not bound yet;
-  `free_pods` likewise from allocatable `pods`.
-- `zones` = the NRT zones of `type: Node` named `node-<N>`: `available` cpu (as millicores),
-  memory, `hugepages-*`, `nvidia.com/gpu`, `nvidia.com/mig-*` and every other extended resource
-  (a device plugin's: `Zone.devices`); `cpu_capacity_milli` from the zone's cpu `allocatable`; less
-  the ledger entries counted on that zone.
-- Extended resources (`<domain>/<name>` outside kubernetes.io) are read strictly wherever they
-  appear (allocatable, NRT zones, pod requests): a name that is not a valid extended resource name,
-  or a count that is not a whole non-negative number, leaves that node out (or makes that pod's
-  requests malformed).  A node without an NRT has no
-  zones (it takes only best-effort/none pods).
-- `labels`, `spec.taints`, `spec.unschedulable`; `gpu_model` from `nvidia.com/gpu.product`;
-  `topology_policy` from the NRT's `topologyManagerPolicy` attribute (`node_policy`);
-  `topology_scope` from its `topologyManagerScope` attribute (`node_scope`, read strictly).
-
-A bound pod whose requests cannot be read counts as a pod that requests nothing
-(`agent.admission.cluster.podindex.NodeUse`): it costs only itself, never its node (the controller
-tells it in an Event on the pod, once).
-
-Left out: a node whose Ready condition is present and not True (a node without conditions, as a
-test creates it, counts as ready: the not-ready taint the node lifecycle controller adds is handled
-by the taint filter); a node whose NRT is stale, i.e. its owner reference names another Node uid
-(the NRT of an earlier node of that name); a node whose allocatable or NRT has a malformed quantity
-or zone.  `view.empty` is the same nodes with allocatable figures and nothing used.
+`build_view(nodes, nrts, pods, ledger, now, ...) -> (ClusterView, left out: node -> reason)` never
+raises on bad input: a node whose objects cannot be read is left out with a reason.  Also
+`pod_requests(pod)` (None when malformed; `read_pod_requests` raises BadObject), `node_policy`,
+`nrt_zones`, `node_allocatable`.  A bound pod whose requests cannot be read costs only itself.
+What each node's figures are, and when a node is left out: agent/admission/cluster/README.md.
 """
 
 from __future__ import annotations
@@ -57,7 +18,6 @@ from typing import Any
 from agent.admission.cluster.ledger import Entry, Ledger, SlotOf, agent_pins, job_slot
 from agent.admission.cluster.podindex import NodeUse, PodIndex
 from agent.admission.engine.model import (
-    TOPOLOGY_SCOPES,
     ClusterView,
     Node,
     Resources,
@@ -70,7 +30,7 @@ from agent.api.objects import as_list, as_mapping, is_extended_resource
 from agent.api.placements import MAX_NUMA_ZONE
 from agent.api.podrequests import RequestsError
 from agent.api.podrequests import pod_requests as spec_requests
-from agent.api.policies import POD_SET_NUMA_POLICIES
+from agent.api.policies import POD_SET_NUMA_POLICIES, TOPOLOGY_MANAGER_SCOPES, NumaPolicy, Scope
 from agent.api.resources import GPU_RESOURCE, MIG_RESOURCE_PREFIX, parse_quantity
 
 HUGEPAGES_PREFIX = "hugepages-"
@@ -397,7 +357,7 @@ def _zone_after(zone: Zone, on_zone: list[Entry]) -> Zone:
 
 TOPOLOGY_POLICY_ATTRIBUTE = "topologyManagerPolicy"
 TOPOLOGY_SCOPE_ATTRIBUTE = "topologyManagerScope"
-DEFAULT_SCOPE = "container"  # the kubelet's default topologyManagerScope
+DEFAULT_SCOPE = Scope.CONTAINER.value  # the kubelet's default topologyManagerScope
 
 
 def node_scope(nrt: Mapping[str, Any] | None) -> str:
@@ -411,9 +371,9 @@ def node_scope(nrt: Mapping[str, Any] | None) -> str:
         attr = as_mapping(attr)
         if attr.get("name") == TOPOLOGY_SCOPE_ATTRIBUTE:
             value = attr.get("value")
-            if not (isinstance(value, str) and value in TOPOLOGY_SCOPES):
+            if not (isinstance(value, str) and value in TOPOLOGY_MANAGER_SCOPES):
                 raise BadObject(f"{TOPOLOGY_SCOPE_ATTRIBUTE} {str(value)[:64]!r} is not one of "
-                                f"{', '.join(TOPOLOGY_SCOPES)}")
+                                f"{', '.join(TOPOLOGY_MANAGER_SCOPES)}")
             return value
     legacy = as_list(nrt.get("topologyPolicies"))
     return scope_of_legacy(legacy[0]) or DEFAULT_SCOPE if legacy else DEFAULT_SCOPE
@@ -430,7 +390,9 @@ def node_policy(nrt: Mapping[str, Any] | None) -> str:
         attr = as_mapping(attr)
         if attr.get("name") == TOPOLOGY_POLICY_ATTRIBUTE:
             value = attr.get("value")
-            return value if isinstance(value, str) and value in POD_SET_NUMA_POLICIES else "none"
+            if isinstance(value, str) and value in POD_SET_NUMA_POLICIES:
+                return value
+            return NumaPolicy.NONE.value
     legacy = as_list(nrt.get("topologyPolicies"))
     policy = policy_of_legacy(legacy[0]) if legacy else None
-    return policy if policy in POD_SET_NUMA_POLICIES else "none"
+    return policy if policy in POD_SET_NUMA_POLICIES else NumaPolicy.NONE.value

@@ -2,12 +2,11 @@
 
 Public API:
 
-- `Choice`: one place for one pod (node, zones and the CPU taken from each, GPU) with its sort key
-  and cost;
 - `Work(index, mix, models)`: one placement attempt over a `viewindex.Index`: the node states it
   changed (`touched`), `candidates(pod_set, allowed, limit)` (the best places for one pod, best
-  first), `options(pod_set, node)` (every way one node takes one pod), `restricted(...)` (the
-  restricted policy's zones on one node) and `take(pod_set, choice)` (count one pod);
+  first, as `choice.Choice`s), `options(pod_set, node)` (every way one node takes one pod, by its
+  policy's row of `policies`), the places those rows choose from (`zone_choices`, `container_scope`,
+  `restricted`, `node_choice`) and `take(pod_set, choice)` (count one pod);
 - `WINDOW`: how many feasible candidates a pod compares.
 
 Scoring (lower is better), so the cluster is left less fragmented than plain best fit:
@@ -37,12 +36,13 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from agent.admission.engine.choice import Choice
 from agent.admission.engine.filters import filter_reason, untolerated
 from agent.admission.engine.fragmentation import cluster_cpu_per_milli, gpu_choice, gpu_supply
 from agent.admission.engine.model import NODE_POLICY, PodSet, Resources
+from agent.admission.engine.policies import GPUScore, engine_policy
 from agent.admission.engine.scope import split
 from agent.admission.engine.viewindex import (
     WHOLE_GPU,
@@ -53,6 +53,7 @@ from agent.admission.engine.viewindex import (
     zone_devices_hold,
     zone_holds,
 )
+from agent.api.policies import Scope
 
 # How many feasible candidates a pod compares before choosing (the index yields them tightest first).
 WINDOW = 16
@@ -68,20 +69,6 @@ def _cpu_per_gpu(ix: Index) -> float:
     if ix.cpu_per_gpu is None:
         ix.cpu_per_gpu = cluster_cpu_per_milli(ix.nodes)
     return ix.cpu_per_gpu
-
-
-@dataclass(frozen=True, slots=True)
-class Choice:
-    """Where one pod would go and what it costs."""
-
-    key: tuple[Any, ...]
-    node: int
-    zones: tuple[int, ...]  # the zones it takes CPU from (empty for node totals)
-    cpu_split: tuple[int, ...]  # millicores taken from each of `zones`
-    gpu_index: int | None
-    cost: float
-    # A pod the container scope splits: the zone (position) of each container, in spec order.
-    containers: tuple[int, ...] = ()
 
 
 class Work:
@@ -122,7 +109,7 @@ class Work:
                 policy = ps.numa_policy
                 if policy == NODE_POLICY:
                     policy = node.topology_policy
-                return bool(node.zones) or policy not in ("single-numa-node", "restricted"), 0
+                return bool(node.zones) or not engine_policy(policy).zoned, 0
             hit = (filter_reason(node, ps) is None,
                    untolerated(node, ps.tolerations)[1] if node.taints else 0)
             self.eligible[k] = hit
@@ -163,7 +150,7 @@ class Work:
         elif allowed is not None:
             for i in allowed:
                 found.extend(self.options(ps, i))
-        elif ps.numa_policy == "single-numa-node":
+        elif engine_policy(ps.numa_policy).one_zone:
             found = self._scan_zones(ps)
             if not found and len(ps.containers) > 1:
                 found = self._scan_nodes(ps)  # no zone holds it whole: the container scope may split it
@@ -224,28 +211,25 @@ class Work:
         r = ps.requests
         if not node_holds(s, r):
             return []
-        gpu: tuple[float, int | None] = (0.0, None)
+        gpu: GPUScore = (0.0, None)
         if r.gpus or r.gpu_milli or self.mix:
             scored = self._gpu_score(i, s, r)
             if scored is None:
                 return []
             gpu = scored
-        policy = ps.numa_policy
-        if policy == NODE_POLICY:
-            policy = self.ix.nodes[i].topology_policy
-        if policy == "single-numa-node" and self.splits(ps, i):
-            return self._container_scope(ps, i, s, soft, gpu)
-        if policy == "single-numa-node":
-            z = self.zoned(ps)
-            return [self._zone_choice(ps, i, s, p, soft, gpu)
-                    for p in range(len(s.zcpu)) if zone_holds(s, p, z)]
-        if policy == "restricted":
-            choice = self.restricted(ps, i, s, soft, gpu)
-            return [choice] if choice is not None else []
-        key = (soft, gpu[0], 0, s.cpu - r.cpu_milli, 0, i, -1)
-        return [Choice(key, i, (), (), gpu[1], gpu[0])]
+        return engine_policy(ps.policy_on(self.ix.nodes[i])).options(self, ps, i, s, soft, gpu)
 
-    def _gpu_score(self, i: int, s: NodeState, r: Resources) -> tuple[float, int | None] | None:
+    def zone_choices(self, ps: PodSet, i: int, s: NodeState, soft: int, gpu: GPUScore) -> list[Choice]:
+        """One pod of `ps` in each zone of node `i` that holds it."""
+        z = self.zoned(ps)
+        return [self._zone_choice(ps, i, s, p, soft, gpu) for p in range(len(s.zcpu)) if zone_holds(s, p, z)]
+
+    def node_choice(self, ps: PodSet, i: int, s: NodeState, soft: int, gpu: GPUScore) -> Choice:
+        """One pod of `ps` on node `i`'s totals, no zone."""
+        key = (soft, gpu[0], 0, s.cpu - ps.requests.cpu_milli, 0, i, -1)
+        return Choice(key, i, (), (), gpu[1], gpu[0])
+
+    def _gpu_score(self, i: int, s: NodeState, r: Resources) -> GPUScore | None:
         if self.mix:
             node = self.ix.nodes[i]
             if i in self.touched:
@@ -261,7 +245,7 @@ class Work:
         return float(s.whole_gpus() - r.gpus), None
 
     def _zone_choice(self, ps: PodSet, i: int, s: NodeState, p: int, soft: int,
-                     gpu: tuple[float, int | None] | None = None) -> Choice:
+                     gpu: GPUScore | None = None) -> Choice:
         r = self.zoned(ps)
         if gpu is None:
             gpu = (0.0, None)
@@ -281,11 +265,10 @@ class Work:
         containers one by one (its scope "container"), the pod has several, and it asks its zones for
         CPU and memory alone (a pod with devices takes one zone whole)."""
         r = ps.requests
-        return (len(ps.containers) > 1 and self.ix.nodes[i].topology_scope == "container"
+        return (len(ps.containers) > 1 and self.ix.nodes[i].topology_scope == Scope.CONTAINER
                 and ps.cpu_aligned and not (r.gpus or r.gpu_milli or r.mig or r.devices))
 
-    def _container_scope(self, ps: PodSet, i: int, s: NodeState, soft: int,
-                         gpu: tuple[float, int | None]) -> list[Choice]:
+    def container_scope(self, ps: PodSet, i: int, s: NodeState, soft: int, gpu: GPUScore) -> list[Choice]:
         """A single-numa-node pod on a node of the container scope: in one zone where one holds it
         whole, else split over zones (`split_choice`)."""
         whole = [self._zone_choice(ps, i, s, p, soft, gpu)
@@ -296,7 +279,7 @@ class Work:
         return [choice] if choice is not None else []
 
     def split_choice(self, ps: PodSet, i: int, s: NodeState, soft: int,
-                     gpu: tuple[float, int | None]) -> Choice | None:
+                     gpu: GPUScore) -> Choice | None:
         """The pod's containers over two or more zones of node `i`, each in a zone that holds it
         (`agent.admission.engine.scope.split`); its memory from those zones' total."""
         where = split(s.zcpu, ps.containers)
@@ -316,7 +299,7 @@ class Work:
         return Choice(key, i, zones, tuple(per[p] for p in zones), gpu[1], cost, where)
 
     def restricted(self, ps: PodSet, i: int, s: NodeState, soft: int,
-                    gpu: tuple[float, int | None]) -> Choice | None:
+                    gpu: GPUScore) -> Choice | None:
         r = self.zoned(ps)
         k = self._kmin(i, r.cpu_milli)
         if k == 1:

@@ -10,7 +10,7 @@ Public API:
 The rules are the scheduler's: a toleration with no effect matches every effect, `Exists` with no key
 tolerates every taint; a node passes the required node affinity when every requirement of one of its
 terms matches (`In`, `NotIn`, `Exists`, `DoesNotExist`, and `Gt`/`Lt` on integer values).
-single-numa-node and restricted pods (by `PodSet.policy_on` the node) need a node with NUMA zones.
+Pods of a zoned policy (its row of `policies`, by `PodSet.policy_on` the node) need a node with NUMA zones.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from agent.admission.engine.model import Node, NodeSelectorRequirement, PodSet, Taint, Toleration
+from agent.admission.engine.policies import engine_policy
 
 
 def _tolerates(tol: Toleration, taint: Taint) -> bool:
@@ -72,6 +73,6 @@ def filter_reason(node: Node, ps: PodSet) -> str | None:
     if ps.required_affinity and not any(
             all(_matches(req, node.labels) for req in term) for term in ps.required_affinity):
         return "node affinity"
-    if not node.zones and ps.policy_on(node) in ("single-numa-node", "restricted"):
+    if not node.zones and engine_policy(ps.policy_on(node)).zoned:
         return "no NUMA zones (no NodeResourceTopology)"
     return None

@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from agent.api.policies import NumaPolicy, Scope
+
 # A pod set's NUMA policy is one of `agent.api.policies.POD_SET_NUMA_POLICIES`, the kubelet Topology
-# Manager's names: single-numa-node must fit one zone; restricted must fit the fewest zones an empty
-# node would use; best-effort and none fit node totals.
+# Manager's names, each a row of `agent.admission.engine.policies`: single-numa-node must fit one
+# zone; restricted must fit the fewest zones an empty node would use; best-effort and none fit node
+# totals.
 
 NODE_POLICY = "node"
 """A pod set's NUMA policy when it names none of its own: on each node, that node's kubelet Topology
 Manager policy (`Node.topology_policy`), as the node's kubelet would admit it (`PodSet.policy_on`)."""
-
-TOPOLOGY_SCOPES = ("container", "pod")
-"""The kubelet Topology Manager's scopes (`Node.topology_scope`); "container" is its default."""
 
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
@@ -120,9 +120,9 @@ class Node:
     free_pods: how many more pods the node admits (allocatable pods less bound pods);
     topology_policy: its kubelet's Topology Manager policy (one of POD_SET_NUMA_POLICIES), which pod sets
     of policy NODE_POLICY are placed for on this node;
-    topology_scope: its Topology Manager scope (one of TOPOLOGY_SCOPES): under "container" (the
-    kubelet's default) a pod whose containers each fit a zone may be split over zones
-    (`agent.admission.engine.scope`), under "pod" it takes one zone whole.
+    topology_scope: its Topology Manager scope (one of `agent.api.policies.TOPOLOGY_MANAGER_SCOPES`):
+    under "container" (the kubelet's default) a pod whose containers each fit a zone may be split over
+    zones (`agent.admission.engine.scope`), under "pod" it takes one zone whole.
     """
 
     name: str
@@ -135,8 +135,8 @@ class Node:
     gpu_free_milli: tuple[int, ...] = ()
     gpu_model: str = ""
     free_pods: int = 110
-    topology_policy: str = "none"
-    topology_scope: str = "container"
+    topology_policy: str = NumaPolicy.NONE.value
+    topology_scope: str = Scope.CONTAINER.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +175,7 @@ class PodSet:
     name: str
     count: int
     requests: Resources
-    numa_policy: str = "none"
+    numa_policy: str = NumaPolicy.NONE.value
     node_selector: Mapping[str, str] = field(default_factory=_empty)
     required_affinity: tuple[tuple[NodeSelectorRequirement, ...], ...] = ()
     tolerations: tuple[Toleration, ...] = ()

@@ -49,16 +49,19 @@ thread.
 How it is built, each part importing only the ones after it: `search` (the gang, all or nothing:
 greedy, bounded backtracking, colocation domains), `refusals` (the one-line constraint of a refusal),
 `candidates` (where one pod can go and the scoring that keeps the cluster less fragmented than best
-fit), `filters` (taints, nodeSelector, node affinity) and `viewindex` (per-node free figures, the
-zones sorted by free CPU, the cache).
+fit), `filters` (taints, nodeSelector, node affinity), `policies` (one row per NUMA policy: what its
+pods take and its candidate function) and `viewindex` (per-node free figures, the zones sorted by
+free CPU, the cache).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.admission.engine.candidates import Choice, Work
+from agent.admission.engine.candidates import Work
+from agent.admission.engine.choice import Choice
 from agent.admission.engine.model import ClusterView, Gang, Node, Placement, PodPlacement, PodSet, Refusal
+from agent.admission.engine.policies import engine_policy
 from agent.admission.engine.search import attempt
 from agent.admission.engine.viewindex import WHOLE_GPU, carry, index_of
 
@@ -145,10 +148,11 @@ def _recount(work: Work, ps: PodSet, i: int, node: Node, pod: PodPlacement) -> C
         zones = tuple(sorted(per))
         return Choice((), i, zones, tuple(per[p] for p in zones), pod.gpu_index, 0.0,
                       tuple(position[numa] for numa in pod.zones))
-    if ps.policy_on(node) == "restricted" and node.zones:
-        c = work.restricted(ps, i, s, 0, (0.0, pod.gpu_index))
-        if c is not None:
-            return c
+    row = engine_policy(ps.policy_on(node))
+    if row.recount_zones and node.zones:
+        again = row.options(work, ps, i, s, 0, (0.0, pod.gpu_index))
+        if again:
+            return again[0]
     return Choice((), i, (), (), pod.gpu_index, 0.0)
 
 

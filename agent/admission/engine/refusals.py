@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from agent.admission.engine.candidates import Work
 from agent.admission.engine.filters import filter_reason
 from agent.admission.engine.model import PodSet
+from agent.admission.engine.policies import engine_policy
 from agent.admission.engine.viewindex import WHOLE_GPU, NodeState, node_holds
 
 
@@ -91,8 +92,8 @@ def explain(work: Work, ps: PodSet, allowed: tuple[int, ...] | None) -> str:
     live = [i for i in live if node_holds(work.state(i), r)]
     if not live:
         return "no node holds the pod's CPU, memory and devices together"
-    policies = {ps.policy_on(names[i]) for i in live}
-    if policies <= {"single-numa-node", "restricted"}:
+    rows = [engine_policy(ps.policy_on(names[i])) for i in live]
+    if all(row.zoned for row in rows):
         r = work.zoned(ps)  # without CPU and memory where those are not aligned
         zone_checks: list[tuple[str, Callable[[NodeState, int], int], int, Callable[[int], str]]] = [
             ("", lambda s, p: s.zcpu[p], r.cpu_milli, cpus),
@@ -103,7 +104,7 @@ def explain(work: Work, ps: PodSet, allowed: tuple[int, ...] | None) -> str:
                         for k, v in sorted(r.hugepages.items())]
         zone_checks += [(f" {k}", _zone_map(k, "zmig"), v, str)
                         for k, v in sorted(r.mig.items())]
-        single = policies == {"single-numa-node"}
+        single = all(row.one_zone for row in rows)
         where = "in one NUMA zone" if single else "in the fewest NUMA zones an empty node needs"
         splitting = [i for i in live if work.splits(ps, i)]
         if single and splitting:

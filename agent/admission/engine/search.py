@@ -3,7 +3,7 @@
 Public API:
 
 - `attempt(index, mix, gang, models) -> (placed, "") | (None, why)`: `placed` lists each pod as
-  (pod set, index in the set, `candidates.Choice`); `why` is the first pod that found no place,
+  (pod set, index in the set, `choice.Choice`); `why` is the first pod that found no place,
   prefixed with its pod set, and the binding constraint (`refusals.explain`).
 
 Pod sets go largest request first, greedy on the score; if that strands a pod, a bounded depth-first
@@ -23,8 +23,10 @@ import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 
-from agent.admission.engine.candidates import WINDOW, Choice, Work
+from agent.admission.engine.candidates import WINDOW, Work
+from agent.admission.engine.choice import Choice
 from agent.admission.engine.model import NODE_POLICY, Gang, PodSet, Resources
+from agent.admission.engine.policies import engine_policy
 from agent.admission.engine.refusals import cpus, explain
 from agent.admission.engine.viewindex import WHOLE_GPU, Index, NodeState
 
@@ -58,7 +60,7 @@ def _one_node(work: Work, slots: Sequence[_Slot], greedy: list[Choice]) -> list[
     if len({c.node for c in greedy}) == 1:
         return None
     for ps, _, allowed in slots:
-        if allowed is not None or ps.numa_policy != "single-numa-node" or work.mix \
+        if allowed is not None or not engine_policy(ps.numa_policy).one_zone or work.mix \
                 or ps.requests.gpus or ps.requests.gpu_milli:
             return None
     limit = _broken(greedy)
@@ -176,7 +178,7 @@ def _domain_choices(ix: Index, gang: Gang) -> tuple[list[str], list[_Domains], s
         need_pods = sum(ps.count for ps in sets)
         # the largest part one zone must hold (a container, where the container scope may split)
         zoned = [max(ps.containers) if ps.containers else ps.requests.cpu_milli for ps in sets
-                 if ps.numa_policy == "single-numa-node" and ps.cpu_aligned]
+                 if engine_policy(ps.numa_policy).one_zone and ps.cpu_aligned]
         biggest = max(zoned, default=0)
         groups: dict[str, list[int]] = {}
         for i, n in enumerate(ix.nodes):

@@ -1,28 +1,11 @@
 """Jobs as gangs: reading a queued Job into a `Gang`, and the names admission reads and writes.
 
-Pure: no I/O, no clock.  Both routes read pod templates with it: the Job route
-(`agent.admission.jobs`, `agent.admission.controller`) and the Kueue route
-(`agent.admission.kueue.workloads` reads each Workload pod set as a Job's).
-
-Public API:
-
-- Names: `QUEUE_LABEL` (`topolet.io/queue`), `GATE` (`topolet.io/placement`), `ADMISSION_ANNOTATION`
-  (`topolet.io/admission`), `NUMA_POLICY_ANNOTATION`, `COLOCATE_ANNOTATION`, `NUMA_ZONE_ANNOTATION`,
-  `COMPLETION_INDEX_ANNOTATION`, `HOSTNAME_LABEL`.
-- `job_queue(job) -> str | None`.
-- `gang_from_job(job, priorities, guaranteed_policy=NODE_POLICY, default_priority=0,
-  limit_defaults=NO_DEFAULTS) -> Gang`: one pod set per Job (see `gang_from_job`); raises `JobSpecError`
-  naming what is wrong.
-- `job_pod_spec(job, limit_defaults=NO_DEFAULTS)`: the Job's pod template's spec as its pods are
-  created, with the namespace's LimitRange container defaults (`agent.admission.gangs.limitrange`).
-- `priority_classes(classes) -> (values, default)`: the cluster's PriorityClasses as
-  `gang_from_job` takes them.
-- `gang_requests(job, limit_defaults=NO_DEFAULTS)`: one pod's requests (Resources) from the template;
-  `pod_requests(pod_spec)`, `resources_of(requests)`.
-- `job_finished(job)`, `job_indexed(job)`, `job_suspended(job)`.
-
-The admission record is in `agent.admission.gangs.record`, the slot assignment in
-`agent.admission.gangs.slots`, the Job route's patch bodies in `agent.admission.jobs.patches`.
+Pure: no I/O, no clock.  Both routes read pod templates with it (the Job route, and the Kueue route
+for each Workload pod set).  `gang_from_job(job, priorities, ...) -> Gang` (one pod set per Job;
+`JobSpecError` names what is wrong), `job_pod_spec` (the template as its pods are created, LimitRange
+defaults in), `gang_requests`, `priority_classes`, `job_queue`, `job_finished/indexed/suspended`, and
+the label and annotation names.  Records are in `record`, slots in `slots`, patches in
+`agent.admission.jobs.patches`; agent/admission/gangs/README.md.
 """
 
 from __future__ import annotations
@@ -48,7 +31,7 @@ from agent.api.names import COMPLETION_INDEX, NUMA_ZONE
 from agent.api.objects import as_dict, as_list, is_extended_resource, metadata_of, namespaced_name
 from agent.api.podrequests import RequestsError, container_requests
 from agent.api.podrequests import pod_requests as scheduler_requests
-from agent.api.policies import POD_SET_NUMA_POLICIES
+from agent.api.policies import POD_SET_NUMA_POLICIES, NumaPolicy
 from agent.api.resources import GPU_RESOURCE, parse_quantity, pod_level_resources
 from agent.api.validate import is_dns_subdomain
 from agent.errors import TopoletError
@@ -294,7 +277,7 @@ def gang_from_job(job: Mapping[str, Any], priorities: Mapping[str, int],
         elif requests.gpus or requests.mig or requests.devices:
             policy, cpu_aligned = guaranteed_policy, False
         else:
-            policy = "none"
+            policy = NumaPolicy.NONE.value
     elif policy not in POD_SET_NUMA_POLICIES:
         raise JobSpecError(f"{NUMA_POLICY_ANNOTATION} must be one of {', '.join(POD_SET_NUMA_POLICIES)}, "
                            f"got {policy!r}")

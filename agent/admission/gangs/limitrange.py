@@ -1,43 +1,10 @@
 """A namespace's LimitRange container defaults, applied to a pod template as the API server applies
 them to each pod it creates from it, so a gang is sized (and its pods compared) as they will be.
 
-Pure: no I/O.  The controller reads the cluster's LimitRanges (`agent.admission.controller.loop`); the
-Job route sizes each Job's template and compares its pods against the same defaulted template
-(`agent.admission.gangs.job`, `agent.admission.gangs.slots`, `agent.admission.jobs.jobread`), and
-the Kueue route each Workload's pod set templates the same way (`agent.admission.kueue.workloads`,
-`agent.admission.kueue.holds`).
-
-Public API:
-
-- `ContainerDefaults(limits, requests)`: what the LimitRanges of one namespace fill in a container
-  (resource name -> quantity as written), hashable; `NO_DEFAULTS`.
-- `read_limit_range(limit_range) -> ContainerDefaults`: one LimitRange's `type: Container` items, read
-  strictly: `LimitRangeError` (naming the field) when a quantity or the shape cannot be read.
-- `namespace_defaults(defaults) -> ContainerDefaults`: a namespace's LimitRanges' defaults, in the
-  order given (the caller's: by name), combined as the API server applies them one after the other.
-- `with_limit_range_defaults(pod_spec, defaults) -> Mapping`: the pod spec as the API server creates it
-  there; `pod_spec` itself when nothing is filled in.
-- `LimitRangeError`.
-
-The rules (kubernetes plugin/pkg/admission/limitranger `PodMutateLimitFunc`, v1.37):
-
-1. A LimitRange is read as the API server stores it (`SetDefaults_LimitRangeItem`): a `Container`
-   item's `max` stands in for a missing `default`, then `default`, then `min`, for a missing
-   `defaultRequest`.  Later `Container` items of one LimitRange override earlier ones.
-2. Before the LimitRanger runs, the pod's own defaulting has copied each container's limits to its
-   missing requests (`SetDefaults_Pod`).
-3. Each LimitRange in turn fills, in every container and init container (sidecars included), the
-   limits it has not got from `default` and the requests it has not got from `defaultRequest`: the
-   first LimitRange naming a resource wins.  The API server applies them in its informer's order,
-   which is not defined; this reads them by name.
-4. Pod-level `spec.resources` is left as it is: the LimitRanger fills containers only, and the
-   pod-level requests the API server defaults from the containers (v1.37 `PodLevelResourcesFixDefaulting`,
-   at create, after admission) are worked out from the defaulted containers by
-   `agent.api.podrequests`.
-
-The defaults are the namespace's as they are now: a LimitRange changed while an admitted Job runs
-leaves the pods created before it asking other than its template now reads (they hold no slot, as any
-pod that is not the Job's: `agent.admission.gangs.slots`).
+Pure: no I/O.  `read_limit_range` (strict: `LimitRangeError` names the field), `namespace_defaults`
+(several LimitRanges, by name), `with_limit_range_defaults(pod_spec, defaults)`; `ContainerDefaults`,
+`NO_DEFAULTS`.  The LimitRanger's rules (kubernetes v1.37) and how both routes use them:
+agent/admission/gangs/README.md, "LimitRange defaults".
 """
 
 from __future__ import annotations

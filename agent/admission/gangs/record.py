@@ -1,22 +1,9 @@
 """The admission record a decision leaves on its object, and the slots in the placements format.
 
-Pure: no I/O, no clock (times are passed in).  The Job route writes the record into the Job annotation
-`topolet.io/admission`; both routes hand the ledger the decisions they hold as records
-(`agent.admission.cluster.capacity`), and both write slots in the `topolet.io/placements` format
-that the placement policies (`daemonset/controller/placement-policy.yaml`, the Kueue component's) and
-the node's agent (`agent.api.placements`) read.
-
-Public API:
-
-- `AdmissionRecord` and `record_of(job) -> AdmissionRecord | None` (JobSpecError when the annotation is
-  not ours to read); `decode_record(text)`; `AdmissionRecord.encode()`; `SlotPlacement(node, zone)`.
-- `admitted_record(placement, decision, time)`; `record_too_long(placement) -> str | None`: why an
-  admission's record would not fit a Job annotation (RECORD_MAX_CHARS), else None.
-- `SlotPlacement.zone_value()`: the slot's `topolet.io/numa-zone` value ("<N>", or "<N>,<M>,..." for
-  a pod the container scope split: a zone per container, the record's `zones`).
-- `placements_value(record, indexed)`: the slots as `topolet.io/placements` ("node:zone" per
-  completion index, comma-separated; the zone empty when the slot has none), or None where a
-  placement policy cannot use it; `PLACEMENTS_ANNOTATION`, `PLACEMENTS_MAX_CHARS`.
+Pure: no I/O, no clock.  `AdmissionRecord` (`.encode()`, `decode_record`, `record_of(job)`),
+`admitted_record`, `record_too_long`, `SlotPlacement(node, zone).zone_value()`, `placements_value`.
+The `topolet.io/placements` format is read by the placement policies and `agent.api.placements`:
+change all three together.  Formats and limits: agent/admission/gangs/README.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,11 @@
 """Which pod holds which slot of an admitted gang, read from the pods themselves.
 
-Pure: no I/O.  A pod we pinned names its slot by its node selector and zone (and, for Indexed Jobs,
-its completion index); a gated pod is one waiting for a slot.  Both routes and the cluster picture
-read pods so: the Job route's pass (`agent.admission.jobs.jobread`, `agent.admission.controller`), the
-Kueue route's Ready Workloads (`agent.admission.kueue.holds`).
-
-Only a pod the Job controller made for the admitted Job holds or takes one of its slots
-(`JobOwner.refusal`): its controller owner reference names the Job (`batch/v1`, kind `Job`, its
-name and uid), it carries the labels the Job controller copies from the Job's template
-(`CONTROLLER_UID_LABEL` with the Job's uid, `JOB_NAME_LABEL` with its name: the API server puts
-both in every Job's template whose selector it generates, the default), and it asks what the
-admitted template asks (`pod_asks`), read as the Job's pods are created: with the namespace's
-LimitRange container defaults filled in (`agent.admission.gangs.job.job_pod_spec`).  Anyone who may
-create pods in the namespace can write an owner reference and labels, so none of them is trusted
-alone; a pod that fails costs only itself: it holds no slot, takes none, and the Job's own pods get
-theirs (`ClaimedPods.refused` says why, for an Event).
-
-Public API:
-
-- `JobOwner(namespace, name, uid, asks)`: an admitted Job as its pods must name it and what each
-  must ask; `job_owner(job, limit_defaults=NO_DEFAULTS)` (from a Job, its namespace's LimitRange
-  defaults filled in), `owner_of(namespace, name, uid, pod_spec)` (from a pod
-  template, the Kueue route's); `.refusal(pod) -> str | None`: why `pod` is not one of its pods.
-- `claim_pods(owner, pods) -> ClaimedPods(pods, refused)`: the Job's pods, and each other live pod
-  that would have held or taken a slot (gated, or pinned) with why it does not.
-- `job_slots(owner, slots, pods, indexed) -> SlotAssignment`: `claim_pods`, then `assign_slots` over
-  the Job's pods (`.refused` carries the rest).
-- `assign_slots(slots, pods, indexed) -> SlotAssignment`: which live pod holds which slot, and which
-  gated pod gets which free slot, among pods already claimed (see `assign_slots`).
-- `pods_by_owner(pods)`: pods by (namespace, controller uid): the candidates `claim_pods` checks.
-- `pod_asks(pod_spec) -> PodAsks`: what one pod asks, as compared (requests as the scheduler counts
-  them, less the overhead, which its RuntimeClass sets; each container's CPUs; its RuntimeClass).
-- `unlabelled_job(job) -> str | None`: why a Job's pods could not be told from others' (a manual
-  selector without the Job controller's labels), for the intake to refuse it before admission.
-- `pod_gated(pod)`, `pod_live(pod)`, `pod_target(pod)`, `completion_index(pod)`;
-  `scheduling_gates(spec)`: a pod spec's scheduling gates.
+Pure: no I/O.  `JobOwner` / `job_owner` / `owner_of` (`.refusal(pod)`), `claim_pods`, `job_slots`,
+`assign_slots`, `pods_by_owner`, `pod_asks`, `unlabelled_job`, and pod readers (`pod_gated`,
+`pod_live`, `pod_target`, `completion_index`, `scheduling_gates`).  The rule: only a pod the Job
+controller made from the admitted template (owner reference, Job labels and requests, never one
+alone) holds or takes a slot; any other costs only itself.
+Why, and slot order: agent/admission/gangs/README.md, "Which pod holds a slot".
 """
 
 from __future__ import annotations
@@ -159,7 +130,7 @@ def _asks_differ(pod: PodAsks, template: PodAsks) -> str:
 
 @dataclass(frozen=True, slots=True)
 class JobOwner:
-    """An admitted Job as the pods that may hold its slots name it (see the module docstring); `asks`
+    """An admitted Job as the pods that may hold its slots name it (see README.md beside this module); `asks`
     is what each of them must ask, or why the admitted template's requests cannot be read (then no
     pod is the Job's)."""
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from agent.alloc.request import Request
 from agent.alloc.scope import PodScope
 from agent.api.podplan import ContainerPlan, PodPlan
+from agent.api.policies import Scope
 from agent.enforce.state import Allocation
 from agent.topology.model import Topology
 
@@ -32,7 +33,7 @@ def scoped_request(scope: str, topology: Topology, plan: PodPlan, c: ContainerPl
     """
     request = Request(c.cpus, c.numa_policy, c.smt, near)
     zones = {x.numa_zone for x in (*plan.containers, *plan.waiting) if x.exclusive}
-    if scope != "pod" or len(zones) > 1:  # the controller split the pod: each container in its zone
+    if scope != Scope.POD or len(zones) > 1:  # the controller split the pod: each container in its zone
         return request, None
     others = [a for a in held if a.owner.pod_uid == plan.uid and a.owner.container != c.name]
     recorded = next((frozenset(a.affinity) for a in others if a.affinity), None)

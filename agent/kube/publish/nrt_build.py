@@ -12,6 +12,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agent.api.policies import Scope
 from agent.enforce.state import State
 from agent.topology.model import Topology
 
@@ -71,7 +72,7 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
               mig: MigInventory | None = None, route: str | None = None,
               kubelet_cpus: KubeletCPUs | None = None, offered_devices: Iterable[Device] = (),
               held_devices: Iterable[Device] = (),
-              scope: str = "container") -> dict[str, Any]:
+              scope: str = Scope.CONTAINER.value) -> dict[str, Any]:
     """The node's NRT: CPUs and GPUs less what `state` holds, GPUs less those the kubelet assigned
     (`assigned_gpus`: PCI addresses or UUIDs), memory and hugepages less what memory-bound
     containers request (`memory`, by allocation id), and the fingerprint of the pinned pods.
