@@ -1,41 +1,11 @@
 """The pod cache of the enforcer thread and what it means for the pinning engine.
 
-`PodPinner` turns pod plans (`agent.api.podplan`) into engine calls: exclusive CPUs for containers
-that ask for them, the shared pool for the rest, state first and cgroups after.  It never calls the
-API: warnings go out through a callback the publisher drains.  With `enforce=False` (`topolet agent
---enforcement off`, over an `agent.pinning.recording.RecordingEngine`) it looks for no cgroup: a
-container the pod status lists running with an ID is taken as started.  What it needs of the node's
-cgroups (`agent.kube.pods.node_cgroups.NodeCgroups`: the kubelet's cgroup driver, whether the agent
-sits at its cgroup namespace's root) the agent reads at start and hands in; a pinner given none
-reads it as it is made.
-
-What it counts (`agent.metrics.registry`): `allocated`; `refused` with its reason (no room, a NUMA policy or
-zone that cannot be met, invalid annotations) once per container and reason, however often it is
-retried; `error` (the state or a cgroup could not be written) at every attempt.  Releases are
-counted by the engine's `on_release`, which the agent wires to the metrics.
-
-On the pod-cgroup route (`ahead`, set by `agent.kube.pods.podcgroup_route`) a pod's exclusive containers
-are pinned as soon as the watch lists the pod, before they run: each waiting container that asks
-for exclusive CPUs is allocated (the one `_allocate`, state first) with a `planned_cgroup` no runtime
-makes, so its pod cgroup can hold its CPUs when runc creates it; the watch keeps that allocation while
-the container waits to start (across a restart too, as with the kubelet's CPU manager; one that
-exited gives its CPUs back) and moves it to the container's cgroup once the status lists it running.
-
-The NRI route (`agent.kube.pods.nri_pinning`) calls in from the NRI plugin's thread: every public method
-holds `lock` (re-entrant; the enforcer thread takes it too around engine calls and reads of `pods`),
-so the pod cache and the engine are used by one thread at a time.  A container the NRI route pinned
-before the pod watch lists it running is remembered in `created` (allocation id → its cgroup): the
-watch neither releases nor moves that allocation while the pod status has not caught up (the
-container still waiting, or an older container of the same name still listed), and hands it over
-once it lists that very container running.
-
-Every route builds a container's request in one place, `_allocate`, by the node's Topology Manager
-scope (`numa_scope`, `topolet agent --numa-scope`; `agent.kube.pods.numa_scope`): under `container` each
-container is aligned on its own, under `pod` within the NUMA nodes chosen for the whole pod and
-recorded with its allocations.
-
-Which pod warnings become Events, and how often, is `agent.kube.pods.warnings.WarningLimiter`'s call;
-how an Event is written, `agent.kube.publish.events`'s.
+`PodPinner` turns pod plans (`agent.api.podplan`) into engine calls — exclusive CPUs for containers
+that ask, the shared pool for the rest, state first and cgroups after — and never calls the API.
+Every route builds a container's request in one place, `_allocate`, under the node's Topology
+Manager scope.  Every public method holds the re-entrant `lock`, so the NRI thread and the enforcer
+thread use the pod cache and the engine one at a time.  Counting, the pod-cgroup route's `ahead`
+and the NRI route's `created` hand-over: README.md, "The pinner".
 """
 
 from __future__ import annotations
