@@ -13,6 +13,7 @@ from agent.api.placements import completion_index, parse_placement, placement_en
 from agent.api.podplan import plan_pod
 from agent.api.resources import parse_quantity
 from agent.kube.pods.watch import Changed, PodChange, PodWatcher
+from tests.conftest import examples
 
 CID = "containerd://" + "ab" * 32
 HOSTILE = st.sampled_from(["0", "1", "²", "٣", "07", "9" * 5000, "-1", " 2", "", "1e3", "n1:²", "n1:0,n1:1",
@@ -32,7 +33,7 @@ def guaranteed(annotations: dict[str, Any], cpu: Any = "2", node: str = "n1") ->
                        "containerStatuses": [{"name": "c", "containerID": CID, "state": {"running": {}}}]}}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(NOTES, QUANTITY)
 def test_plan_pod_never_raises_on_hostile_annotations_or_quantities(notes: dict[str, Any], cpu: Any) -> None:
     plan = plan_pod(guaranteed(notes, cpu))

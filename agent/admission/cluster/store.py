@@ -1,13 +1,13 @@
-"""List+watch stores of API objects for `topolet controller`, and a cache of what is read from them.
+"""Stores of API objects for `topolet controller`, each filled by the shared list+watch loop, and a
+cache of what is read from them.
 
 Public API:
 
-- `Reflector(kube, path, what, changed, params=None, matters=None)`: lists then watches one collection
-  into memory; `.snapshot()`, `.put(obj)` (a write's response), `.synced`, `.start()`, `.stop()`.
+- `Reflector(kube, path, what, changed, query=None, matters=..., on_invalid=None)`: one collection in
+  memory, listed then watched by `agent.kubeapi.reflector.Reflector` (whose rules it follows);
+  `.snapshot()`, `.put(obj)` (a write's response), `.apply(kind, obj)`, `.synced`, `.start()`, `.stop()`.
 - `VersionCache(compute)`: `compute(obj)` memoised by the object's uid and resourceVersion;
-  `.retain(objs)` forgets the objects not among `objs`.
-
-Objects are keyed by `agent.api.objects.object_key`.
+  `.retain(objs)` forgets the objects not among `objs`.  Objects are keyed by `object_key`.
 """
 
 from __future__ import annotations
@@ -18,44 +18,28 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from agent.admission.cluster import heap
-from agent.api.objects import as_dict, metadata_of, object_key, resource_version
-from agent.errors import KubeAPIError
-from agent.kubeapi.backoff import Outage
-from agent.kubeapi.client import KubeClient, WatchStream
+from agent.api.objects import metadata_of, object_key, resource_version
+from agent.kubeapi import reflector
+from agent.kubeapi.client import KubeClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-WATCH_TIMEOUT_SECONDS = 300
-LIST_TIMEOUT = (5.0, 120.0)
 
-
-class Reflector:
-    """Lists then watches one collection into `items` (key -> object); `changed` is set on every change
-    that `matters`.
-
-    A collection whose API is not served (404: e.g. the NRT CRD is not installed) counts as empty and
-    synced, and is listed again on the next retry.  Failures are retried with the API loops' back-off
-    and logged once per outage (`agent.kubeapi.backoff.Outage`).
-    """
+class Reflector(reflector.Reflector[dict[str, Any]]):
+    """One collection in `items` (key -> object); `changed` is set after each list and on every watch
+    event that `matters`.  A collection whose API is not served (404: e.g. the NRT CRD is not
+    installed) counts as empty and synced, and is listed again until it is."""
 
     def __init__(self, kube: KubeClient, path: str, what: str, changed: threading.Event,
                  query: Mapping[str, object] | None = None,
-                 matters: Callable[[str, dict[str, Any]], bool] = lambda kind, obj: True) -> None:
-        self.kube = kube
+                 matters: Callable[[str, dict[str, Any]], bool] = lambda kind, obj: True, *,
+                 on_invalid: Callable[[], None] | None = None) -> None:
+        super().__init__(kube, path, what, query, on_invalid=on_invalid, not_served_is_empty=True, log=log)
         self.matters = matters  # whether a watch event (type, object) should set `changed`
-        self.path = path
-        self.what = what
-        self.query = dict(query or {})
         self.changed = changed
         self.items: dict[str, dict[str, Any]] = {}
-        self.synced = threading.Event()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._stream: WatchStream | None = None
-        self._thread: threading.Thread | None = None
-        self._rv: str | None = None
-        self.outage = Outage(f"watch of {what}", log)
 
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -85,87 +69,25 @@ class Reflector:
                         or metadata_of(old).get("uid") != metadata_of(obj).get("uid")):
                     self.items[key] = obj
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"watch-{self.what}", daemon=True)
-        self._thread.start()
+    # -- the shared loop's hooks -----------------------------------------------------------------
 
-    def stop(self) -> None:
-        self._stop.set()
-        stream = self._stream
-        if stream is not None:
-            stream.shutdown()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+    def fetch(self) -> dict[str, Any]:
+        with heap.paused():  # a big list decodes into millions of objects at once
+            return super().fetch()
 
-    def _run(self) -> None:
-        need_list = True
-        while not self._stop.is_set():
-            try:
-                if need_list:
-                    self._list()
-                    need_list = False
-                if self._rv is None:  # API not served: list again later
-                    need_list = True
-                    self._stop.wait(10)
-                    continue
-                self.outage.recovered()
-                need_list = self._watch()
-            except Exception as exc:  # noqa: BLE001 - the API may fail in any way; we keep trying
-                if self._stop.is_set():
-                    break
-                if getattr(exc, "status", None) == 410:
-                    need_list = True
-                    continue
-                self._stop.wait(self.outage.failed(exc))
+    def read(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return obj
 
-    def _list(self) -> None:
-        try:
-            with heap.paused():  # a big list decodes into millions of objects at once
-                body = self.kube.list(self.path, self.query, timeout=LIST_TIMEOUT, what=f"list {self.what}")
-        except KubeAPIError as exc:
-            if not exc.not_found:
-                raise
-            with self._lock:
-                self.items = {}
-            self._rv = None
-            self.synced.set()
-            self.changed.set()
-            return
-        items = {object_key(o): o for o in body.get("items") or [] if isinstance(o, dict)}
+    def listed(self, items: list[dict[str, Any]]) -> None:
         with self._lock:
-            self.items = items
-        self._rv = str(metadata_of(body).get("resourceVersion") or "") or None
-        self.synced.set()
+            self.items = {object_key(o): o for o in items}
+        self.synced.set()  # before `changed`: a pass it wakes finds the store synced
         self.changed.set()
 
-    def _watch(self) -> bool:
-        """One watch from the last resourceVersion; True when a relist is needed."""
-        stream = self.kube.watch(self.path, {**self.query, "resourceVersion": self._rv,
-                                             "allowWatchBookmarks": True,
-                                             "timeoutSeconds": WATCH_TIMEOUT_SECONDS},
-                                 timeout=(5.0, WATCH_TIMEOUT_SECONDS + 30), what=f"watch {self.what}")
-        self._stream = stream
-        try:
-            for event in stream:
-                if self._stop.is_set():
-                    return False
-                if event is None:
-                    continue
-                kind, obj = event.get("type"), as_dict(event.get("object"))
-                if kind == "ERROR":
-                    return True  # 410 Gone and the like: start over from a list
-                rv = metadata_of(obj).get("resourceVersion")
-                if isinstance(rv, str) and rv:
-                    self._rv = rv
-                if kind == "BOOKMARK":
-                    continue
-                self.apply(str(kind), obj)
-                if self.matters(str(kind), obj):
-                    self.changed.set()
-        finally:
-            self._stream = None
-            stream.close()
-        return False
+    def handle(self, kind: str, item: dict[str, Any]) -> None:
+        self.apply(kind, item)
+        if self.matters(kind, item):
+            self.changed.set()
 
 
 class VersionCache(Generic[T]):

@@ -83,10 +83,13 @@ class Controller:
         self.clock = clock
         self.identity = config.identity or f"{socket.gethostname()}-{os.getpid()}"
         self.changed = threading.Event()
+        # A watched object that cannot be decoded at all is skipped and counted like one a pass skips.
+        invalid = metrics.invalid_objects
         self.jobs = Reflector(kube, resource_path("batch", "v1", "jobs"), "queued Jobs", self.changed,
-                              {"labelSelector": QUEUE_LABEL}, matters=_job_change_matters)
+                              {"labelSelector": QUEUE_LABEL}, matters=_job_change_matters,
+                              on_invalid=invalid.labels(kind="Job").inc)
         self.pods = Reflector(kube, resource_path("", "v1", "pods"), "pods", self.changed,
-                              matters=_pod_change_matters)
+                              matters=_pod_change_matters, on_invalid=invalid.labels(kind="Pod").inc)
         self.nodes = Reflector(kube, resource_path("", "v1", "nodes"), "nodes", self.changed)
         self.nrts = Reflector(kube, resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL), "NRTs", self.changed)
         self.priorities = Reflector(kube, resource_path("scheduling.k8s.io", "v1", "priorityclasses"),

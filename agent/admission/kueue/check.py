@@ -96,7 +96,8 @@ class KueueCheck:
         self.checks = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks"),
                                 "AdmissionChecks", changed)
         self.workloads = Reflector(kube, resource_path(KUEUE_GROUP, KUEUE_VERSION, "workloads"),
-                                   "Workloads", changed, matters=self._workload_event)
+                                   "Workloads", changed, matters=self._workload_event,
+                                   on_invalid=metrics.invalid_objects.labels(kind="Workload").inc)
         # Set when a watch event shows a Workload waiting for our decision: the controller then starts
         # its pass without the debounce it gives other changes (Kueue's admission waits on us).
         self.due = threading.Event()
