@@ -1,20 +1,10 @@
 """`choose_gpus`: whole GPUs for one request, on the NUMA nodes its CPUs can come from; a pure function.
 
-Preference, in this order (docs/design.md, "Allocation quality": "GPUs come from the CPUs' NUMA
-node, or the CPUs from the GPUs' node"):
-
-1. one NUMA node that holds all the GPUs and has the free CPUs the request asks for;
-2. the fewest NUMA nodes that hold the GPUs (their CPUs fitting the request first);
-
-and among equals: best fit (the node set with the fewest free GPUs left over, so large free groups
-stay whole for large requests), then the smallest NUMA distance, then the lowest node ids.  Inside
-the chosen nodes the GPUs with the lowest PCI addresses are taken.  `single-numa-node` accepts only
-(1); `restricted` only node sets whose CPUs fit the request (their rows' `one_node` and `strict` in
-`agent.alloc.policies`).
-
-A GPU whose NUMA node is unknown (or has no CPUs) says nothing about alignment: it is used only
-when the known ones cannot make up the count, and never under `single-numa-node` — unless no GPU
-of the node has a known place, where alignment cannot be judged at all and any free GPUs do.
+One NUMA node that holds all the GPUs and the request's CPUs first, else the fewest nodes that hold the
+GPUs; among equals best fit, then NUMA distance, then node ids; inside the nodes the lowest PCI
+addresses.  `single-numa-node` accepts only one node, `restricted` only nodes whose CPUs fit (their
+rows of `agent.alloc.policies`).  GPUs of unknown NUMA node fill in last, never under single-numa-node
+unless no GPU's place is known.  The full order and why: README.md beside this module.
 """
 
 from __future__ import annotations
@@ -122,7 +112,7 @@ def _take(by_node: dict[int, list[GPU]], nodes: Sequence[int], count: int,
 
 def _choose_nodes(topology: Topology, free_cpus: CPUSet, request: Request,
                   by_node: dict[int, list[GPU]], count: int) -> tuple[int, ...] | None:
-    """The NUMA node set to take the GPUs from, by the module's preference; None when none qualifies."""
+    """The NUMA node set to take the GPUs from, by the preference in README.md; None when none qualifies."""
     policy = ALLOC_POLICIES[request.numa_policy]
     fit_memo: dict[tuple[int, ...], bool] = {}
 

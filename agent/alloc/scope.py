@@ -1,18 +1,10 @@
 """The Topology Manager's scope: which NUMA nodes one container of a pod may take, given its pod.
 
-Pure: no I/O.  The kubelet's `topologyManagerScope` names two rules, and topolet follows the one its
-node runs (`topolet agent --numa-scope`, published as the NRT's `topologyManagerScope`):
-
-- `container` (the kubelet's default): each container is aligned on its own; two containers of one
-  pod may land on different NUMA nodes.  A container's request is its own (`PodScope` None).
-- `pod`: the pod is aligned as a whole.  Its NUMA nodes (`affinity`) are chosen once, from the sum
-  of its containers' exclusive CPUs under the pod's policy, as the allocator would place that sum now
-  (`pod_affinity`); every container then stays inside them (`within`).  The affinity is recorded with
-  each of the pod's allocations, so a restarted agent confines the pod's later containers alike.
-
-`within` keeps a container inside its pod's nodes: `single-numa-node` (one node) and `restricted` are
-confined there, the pod's own hint having been the one judged (under `restricted` a container may
-span the pod's nodes, as the kubelet's CPU manager does inside a pod hint); `best-effort` prefers them.
+Pure: no I/O.  topolet follows the scope its node runs (`topolet agent --numa-scope`): under
+`container` (the kubelet's default) each container is aligned on its own (`PodScope` None); under
+`pod` the pod's NUMA nodes are chosen once from the sum of its containers' exclusive CPUs
+(`pod_affinity`), recorded with its allocations, and every container stays inside them (`within`).
+How each policy is confined there: README.md beside this module.
 """
 
 from __future__ import annotations
@@ -45,6 +37,6 @@ def pod_affinity(topology: Topology, free: CPUSet, whole: Request) -> frozenset[
 
 
 def within(topology: Topology, request: Request, affinity: frozenset[int]) -> Request:
-    """`request` kept inside the pod's NUMA nodes `affinity` (see the module docstring), as its
+    """`request` kept inside the pod's NUMA nodes `affinity` (see README.md beside this module), as its
     policy's row of `agent.alloc.policies` says (`in_pod`)."""
     return ALLOC_POLICIES[request.numa_policy].in_pod(topology, request, affinity)

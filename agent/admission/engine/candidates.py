@@ -1,34 +1,9 @@
 """Where one pod can go and what it costs: the candidates of one placement attempt, and their scores.
 
-Public API:
-
-- `Work(index, mix, models)`: one placement attempt over a `viewindex.Index`: the node states it
-  changed (`touched`), `candidates(pod_set, allowed, limit)` (the best places for one pod, best
-  first, as `choice.Choice`s), `options(pod_set, node)` (every way one node takes one pod, by its
-  policy's row of `policies`), the places those rows choose from (`zone_choices`, `container_scope`,
-  `restricted`, `node_choice`) and `take(pod_set, choice)` (count one pod);
-- `WINDOW`: how many feasible candidates a pod compares.
-
-Scoring (lower is better), so the cluster is left less fragmented than plain best fit:
-PreferNoSchedule taints first, then the GPU score (`fragmentation.gpu_choice` against
-`view.gpu_mix`, else best fit), then whether the pod breaks a whole zone, then the CPU left in the
-zone (best fit), then whether that remainder splits an L3 group (`Zone.l3_cpus`), then the node's free CPU
-(the busier node first, so idle nodes stay idle), then node order.
-A choice's cost is the GPU score plus the share of the zone left over plus one per whole zone broken.
-
-Candidates come from the index's zones sorted by free CPU (bisected at the request), so a pod
-compares the `WINDOW` tightest zones that hold it (plus the nodes the attempt already changed)
-instead of every node.  A restricted pod takes the fewest zones an empty node would need, tightest
-first.  On a node of the container scope a single-numa-node pod no zone holds whole may be split
-over zones, container by container (`split_choice`, `agent.admission.engine.scope`); such pods are
-looked for node by node once no zone holds them.
-A pod set of NODE_POLICY takes each node's policy (`search` gives it the one policy when every
-node reports the same); across nodes of several policies it compares nodes, not zones.  A zone holds
-a pod's devices too (GPUs, MIG, and each device plugin resource the node's zones list); a pod set
-that is not `cpu_aligned` (not Guaranteed) asks its zones for its devices alone (`zoned`), its CPU
-and memory counted on the node's totals.  Restricted takes the fewest zones its CPU needs on an
-empty node; those zones must hold its devices too.  GPU scoring
-uses `agent.admission.engine.fragmentation` when the attempt has a pod mix, else best fit.
+Public API: `Work(index, mix, models)`, one placement attempt over a `viewindex.Index` (`candidates`,
+`options`, `take`, and the places the policy rows choose from), and `WINDOW`, how many feasible
+candidates a pod compares.  Scores are lower-is-better and leave the cluster less fragmented than plain
+best fit; their order, a choice's cost and how candidates are found: README.md beside this module.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Node filters: whether a node may take pods of a pod set whatever is free there.
 
-Public API:
-
-- `filter_reason(node, pod_set) -> str | None`: why the node is out ("unschedulable", "untolerated
-  taint", "nodeSelector", "node affinity", "no NUMA zones (no NodeResourceTopology)"), or None;
-- `untolerated(node, tolerations) -> (hard, soft)`: whether a NoSchedule/NoExecute taint is not
-  tolerated, and how many PreferNoSchedule taints are not (the engine ranks such nodes lower).
-
-The rules are the scheduler's: a toleration with no effect matches every effect, `Exists` with no key
-tolerates every taint; a node passes the required node affinity when every requirement of one of its
-terms matches (`In`, `NotIn`, `Exists`, `DoesNotExist`, and `Gt`/`Lt` on integer values).
-Pods of a zoned policy (its row of `policies`, by `PodSet.policy_on` the node) need a node with NUMA zones.
+Public API: `filter_reason(node, pod_set) -> str | None` (why the node is out, or None) and
+`untolerated(node, tolerations) -> (hard, soft)` (whether a NoSchedule/NoExecute taint is not
+tolerated, and how many PreferNoSchedule taints are not; the engine ranks such nodes lower).  The rules
+are the scheduler's (taints, nodeSelector, required node affinity); pods of a zoned policy need a node
+with NUMA zones.  Details: README.md beside this module.
 """
 
 from __future__ import annotations

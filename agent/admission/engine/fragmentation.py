@@ -1,56 +1,11 @@
 """Shared-GPU fragmentation: how much of a node's free GPU a typical workload could not use.
 
-The measure follows FGD ("Beware of Fragmentation: Scheduling GPU-Sharing Workloads with
-Fragmentation Gradient Descent", USENIX ATC '23).  For one pod type m, the fragment of a node is the
-free GPU (in thousandths) that m cannot use there:
-
-- m asks for no GPU, or the node cannot host m at all (too little free CPU or memory, or no GPU with
-  enough room): every free thousandth on the node is a fragment for m;
-- m fits: the free thousandths of the GPUs that cannot take m are fragments, i.e. GPUs with less free
-  than m's share for a shared pod, and every partly used GPU for a whole-GPU pod.
-
-A pod type may be limited to some GPU models (the trace's `gpu_spec`, the view's `gpu_mix_models`): on
-a node of another model it fits nowhere, so all of that node's free GPU is a fragment for it.  This
-keeps the nodes of a model that constrained pods need free for them, as FGD's pod types (which carry
-the model) do.  FGD's measure only sees a model's GPUs being fragmented, not being used up: when
-the constrained pods need more of a model than its share of the cluster, pods that could go
-anywhere still fill it.  So, given the cluster's GPUs per model (`supply`), topolet prices each GPU
-thousandth a pod takes from a model at `reserve * pressure(model)`, the constrained demand that falls
-on that model's GPUs (spread over the models each type allows, by their supply) relative to the
-workload's demand per GPU of the cluster.  On the trace's `gpuspec33` workload this leaves about 5%
-of GPUs unallocated where FGD leaves 12%.
-
-A node's fragmentation is the expectation over the target workload, `sum(popularity(m) * F(m))`.
-Placing a pod is scored by how much it raises that expectation (FGD's gradient): lower is better.
-
-topolet adds one term FGD lacks (`stranding`): the free GPU that the node's free CPU cannot feed at
-the GPU pods' CPU per GPU.  FGD sees CPU only once a pod type no longer fits, so it lets CPU-hungry
-pods drain a node's CPU while its GPUs are free, and those GPUs are lost later; on the Alibaba trace
-(bench/fgd.py) the term cuts unallocated GPU from about 4.8% to about 4.2%.  A CPU-only pod is held
-to the whole workload's CPU per GPU (CPU-only pods' CPU included) rather than the GPU pods' alone:
-the CPU it takes is CPU the node's free GPUs will lack; on the CPU-heavy `cpu250` workload this
-moves 6.8% to 6.6%.  When the workload asks more CPU per GPU than the cluster has
-(`cluster_cpu_per_milli`, from the nodes' capacity), CPU-only pods want every spare core, so every
-pod is held to the whole workload's CPU per GPU: on a node whose CPU cannot feed its free GPUs at
-that ratio, a pod is credited the GPU it takes and charged the CPU, so pods light on CPU fill the
-CPU-poor nodes, CPU-hungry ones go where CPU is plentiful, and CPU-rich nodes keep their cores for
-the CPU-only pods.  On `cpu250` (the only reported workload that asks more CPU than the cluster has)
-this moves 6.4% to about 5.3%.  Below that point the rule is off: nodes with fewer CPUs per GPU than
-that ratio would look stranded even when empty, and pods would spread onto them (`multigpu40` 2.9%
--> 10%).
-
-Public API:
-- `GpuMix`: a target workload, (request, popularity) pairs and optionally each type's GPU models, the
-  cluster's GPUs per model and its CPU per GPU, compiled for fast scoring;
-- `gpu_supply(nodes)`: the GPUs per model of a cluster;
-- `cluster_cpu_per_milli(nodes)`: a cluster's CPU millicores per GPU thousandth, as when empty;
-- `fragmentation(cpu_milli, memory, gpu_free_milli, mix, model="")`: a node state's expected fragment;
-- `gpu_choice(node, request, mix, models=(), supply=None, cluster_cpu=0.0)`: None when the
-  request does not fit the node, else `(score, gpu_index)`, the rise in fragmentation (plus the price
-  above) and the GPU a shared pod should take.
-
-Everything is pure; `GpuMix` memoises fragmentation by node state because a cluster has few distinct
-node states and the engine scores every node for every pod.
+FGD (USENIX ATC '23) plus topolet's terms: a price on GPU models that constrained pods need, and CPU
+stranding.  Public API: `GpuMix` (a target workload compiled for scoring), `gpu_supply(nodes)`,
+`cluster_cpu_per_milli(nodes)`, `fragmentation(cpu_milli, memory, gpu_free_milli, mix, model="")` (a
+node state's expected fragment) and `gpu_choice(node, request, mix, models=(), supply=None,
+cluster_cpu=0.0)`: None when the request does not fit, else `(score, gpu_index)`, lower is better.
+Pure; `GpuMix` memoises by node state.  The measure, its terms and their effect: README.md beside this module.
 """
 
 from __future__ import annotations

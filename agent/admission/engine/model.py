@@ -1,17 +1,10 @@
 """The admission engine's values: what a gang asks for, what the cluster has free, and the answer.
 
-Everything here is an immutable value with no I/O, so the engine (`agent.admission.engine.place.place`)
-is a pure function of `(ClusterView, Gang)`.  Quantities are integers in base units: CPU in
-millicores, memory and hugepages in bytes, GPU shares in thousandths of one GPU (`gpu_milli`),
-devices of every other device plugin resource (`devices`: NICs, RDMA HCAs, SR-IOV VFs...) in counts.
-
-A device resource a node's zones list (the NRT publishes it per zone) is placed per zone with the
-pod's CPUs under single-numa-node and restricted; one no zone of the node lists is counted at node
-level only.
-
-A zone is one NUMA node as the node's NodeResourceTopology reports it (`node-<N>`, type Node); the
-view's zone figures are what is *available* there now, after the view subtracted the controller's
-own ledger (placements the NRT does not show yet).
+Immutable values with no I/O, so `place.place` is a pure function of `(ClusterView, Gang)`.  Quantities
+are integers in base units: CPU in millicores, memory and hugepages in bytes, GPU shares in thousandths
+of one GPU (`gpu_milli`), other device plugin resources (`devices`) in counts.  A zone's figures are
+what is available now, after the controller's own ledger; what a zone is and which devices are placed
+per zone: README.md beside this module.
 """
 
 from __future__ import annotations

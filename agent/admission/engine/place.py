@@ -1,57 +1,12 @@
 """The placement engine: `place(view, gang) -> Placement | Refusal`, a pure function.
 
-Public API:
+- `place(view, gang)`: every pod of every pod set of `gang` on a node (and, by NUMA policy, a zone) of
+  `view`, or a refusal naming the binding constraint ("never" when the gang does not fit `view.empty`
+  either, else "not-now").  No I/O, no clock, no randomness: the same view and gang give the same answer.
+- `commit(view, gang, placement) -> ClusterView`: `view` less the placed pods, exactly as `place` counted.
 
-- `place(view, gang) -> Placement | Refusal`: every pod of every pod set of `gang` on a node (and, by
-  NUMA policy, a zone) of `view`, or a refusal naming the binding constraint.  No I/O, no clock, no
-  randomness: the same view and gang give the same answer.
-- `commit(view, gang, placement) -> ClusterView`: `view` with the placed pods' requests taken off
-  their nodes and zones, exactly as `place` counted them (the next gang of one pass sees this).
-
-Rules per pod: the node is schedulable, its NoSchedule/NoExecute taints are tolerated
-(PreferNoSchedule only ranks it lower), its labels match the nodeSelector and the required node
-affinity, it admits one more pod, and its node-level free resources hold the request.  Then by policy:
-
-- `single-numa-node`: CPU, memory, hugepages, whole GPUs, MIG devices and every device plugin
-  resource the node's zones list from one zone (devices no zone lists from the node's totals); the
-  pod's `PodPlacement.zone` is that zone.  CPU is compared in millicores as the NRT reports whole
-  CPUs.  A pod set that is not `cpu_aligned` (Burstable, BestEffort) takes only its devices from the
-  zone, its CPU and memory from the node's totals.
-- `restricted`: the zones the node would use must be as few as an empty node would need (the fewest
-  zones whose `cpu_capacity_milli` hold the CPU request, kubelet's "preferred" hint).  The pod's
-  zone is recorded only when that is one zone (then it pins exactly like single-numa-node); a
-  multi-zone pod gets zone None, and the view takes its CPUs from the chosen zones tightest first
-  (`commit` chooses those zones again on the state it counts: the same number of zones, possibly
-  other ones than `place` counted, which only the NRT settles).
-- The node's Topology Manager scope (`Node.topology_scope`): under "pod" a single-numa-node pod
-  takes one zone whole; under "container" (the kubelet's default) too where a zone holds it whole,
-  else its containers may be split over zones (`agent.admission.engine.scope`:
-  each container in a zone that holds it; pods with devices are never split).  A split pod's zone
-  is None and `PodPlacement.zones` names each container's (the node's agent pins each there).
-- `best-effort` / `none`: node totals only, zone None.  Nodes without zones take only these.
-- `node` (`model.NODE_POLICY`, a pod that names no policy): on each node, that node's kubelet
-  Topology Manager policy (`Node.topology_policy`), one of the above.
-- GPUs: a shared-GPU pod (`gpu_milli`) takes one physical GPU of `Node.gpu_free_milli` (its
-  `gpu_index`); whole GPUs come from the zone for single-numa-node, else from the node's whole free
-  GPUs (the first entries at 1000, as `agent.admission.engine.fragmentation.taken` counts them).
-
-`Placement.score` sums, per pod, the GPU score plus the share of the zone left over plus one per
-whole zone broken.
-
-A refusal is "never" when the gang does not fit `view.empty` either (the same nodes, nothing
-running), else "not-now"; with no `view.empty` it is always "not-now".
-
-Each pod compares a few dozen candidates however large the cluster, and the index a decision
-searches is cached per view object and carried over by `commit`, so one pass's decisions build it
-once.  The cache is per process and not shared between threads: call `place`/`commit` from one
-thread.
-
-How it is built, each part importing only the ones after it: `search` (the gang, all or nothing:
-greedy, bounded backtracking, colocation domains), `refusals` (the one-line constraint of a refusal),
-`candidates` (where one pod can go and the scoring that keeps the cluster less fragmented than best
-fit), `filters` (taints, nodeSelector, node affinity), `policies` (one row per NUMA policy: what its
-pods take and its candidate function) and `viewindex` (per-node free figures, the zones sorted by
-free CPU, the cache).
+Call both from one thread: the index they search is cached per process, per view object.  The rules
+per pod and NUMA policy, the score and how the parts stack: README.md beside this module.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Refusal texts: the one constraint that stops one more pod of a pod set, said in one line.
 
-Public API:
-
-- `explain(work, pod_set, allowed) -> str`: the binding constraint on the nodes `allowed` (None: all)
-  as `work` sees them, checked in order: the node filters, room for another pod, each node-level
-  resource ("pod needs 16 CPUs on one node; most free on a node is 12 CPUs (node n3)"), then for
-  single-numa-node and restricted pods (on every node left, by `PodSet.policy_on`) each zone-level
-  one ("pod needs 16 CPUs in one NUMA zone; largest free zone has 12 CPUs (node n3)"; on nodes of the
-  container scope that split the pod, its largest container: "a container needs 8 CPUs in one NUMA
-  zone; ..."), then the GPUs;
-- `cpus(millicores) -> str`: a CPU amount as these texts write it ("1 CPU", "16 CPUs", "0.5 CPUs").
-
+Public API: `explain(work, pod_set, allowed) -> str`, the binding constraint on the nodes `allowed`
+(None: all) as `work` sees them (the order of the checks and the texts: README.md beside this module);
+`cpus(millicores) -> str`, a CPU amount as these texts write it ("1 CPU", "16 CPUs", "0.5 CPUs").
 This is the slow path of a refusal: it runs only once the search has found no place.
 """
 

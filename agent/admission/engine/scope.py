@@ -1,14 +1,9 @@
 """The container scope: where a pod's containers go on a node that aligns each container on its own.
 
-Pure: plain integers in, no I/O.
-
-Under the kubelet's default `topologyManagerScope: container` (`Node.topology_scope`), each
-container of a pod is aligned by itself: a single-numa-node pod whose containers each fit a zone,
-though their sum fits none, is admissible there.  The engine places such a pod whole in one zone
-where one holds it (its `PodPlacement.zone`, as under the pod scope); only where none does, it splits
-the pod's containers over zones (`split`) and the placement names a zone per container
-(`PodPlacement.zones`), which the node's agent pins each container in (`topolet.io/numa-zone:
-"<N>,<M>,..."`, `agent.api.placements.parse_numa_zone`), so the engine counts exactly what the agent takes.
+Pure: plain integers in, no I/O.  `split` puts each container of a single-numa-node pod in a zone that
+holds it; the engine uses it only where no zone holds the pod whole, and the node's agent pins each
+container in the zone the placement names (`PodPlacement.zones`), so the engine counts exactly what the
+agent takes.  Why, and the annotation that carries the zones: README.md beside this module.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """The search: every pod of a gang on the index, all or nothing, with the first failure when it fails.
 
-Public API:
-
-- `attempt(index, mix, gang, models) -> (placed, "") | (None, why)`: `placed` lists each pod as
-  (pod set, index in the set, `choice.Choice`); `why` is the first pod that found no place,
-  prefixed with its pod set, and the binding constraint (`refusals.explain`).
-
-Pod sets go largest request first, greedy on the score; if that strands a pod, a bounded depth-first
-search over each pod's few best candidates.  A greedy placement over several nodes is replaced by one
-on a single node when a node holds the whole gang and breaks no more whole zones (zone-aligned pods
-without GPUs or colocation only).  A pod set with `colocate_label` is placed within one value
-(domain) of that label: domains whose totals cannot hold the gang are skipped, the rest are tried
-least free first (best fit at the domain level) until four placed it or 64 were tried, and the
-best-scored placement wins.  Each pod compares a few dozen candidates however large the cluster.
-Pod sets of NODE_POLICY take the nodes' one policy when all report the same; across several, each
-node's (the one-node shortcut and the domains' zone check then leave them out).
+Public API: `attempt(index, mix, gang, models) -> (placed, "") | (None, why)`: `placed` lists each pod
+as (pod set, index in the set, `choice.Choice`); `why` names the first pod that found no place and the
+binding constraint (`refusals.explain`).  Greedy largest first, then bounded backtracking, a one-node
+shortcut and colocation domains: README.md beside this module.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """The index of a cluster view that the placement engine searches, and the free figures it holds.
 
-Public API:
-
-- `NodeState`: one node's free figures (node totals and per zone) during a decision, cloned before
-  any change; `NodeState.of(node)` and `state.to_node(node)` convert from and to `model.Node`;
-- `node_holds(state, request)` / `zone_holds(state, zone, request)`: whether the node's totals (one
-  more pod, CPU, memory, hugepages, MIG, whole GPUs, a GPU share, devices) or one zone (its devices:
-  those of the names the node's zones list) hold a request;
-  `minus(have, want)`: a resource map less a request;
-- `Index`: a view's nodes and their states, its zones and nodes sorted by free CPU (so a search
-  bisects at the request), the GPU nodes, the nodes' Topology Manager policies, and memos the search
-  fills (`kmin`, `dead`, `cpu_per_gpu`) that stay true while the index lives because its states only
-  shrink;
-- `index_of(view, nodes)`: the index of a view, cached per view object; `carry(old, new, ix,
-  changed)` moves an index to the view `commit` made from `old`, so the next decision of a pass
-  does not rebuild it.
-
-The cache keeps the last few views' indexes and the states of the nodes they were built from (by
-node identity: a caller that builds each view from the unchanged Node objects of the last one does
-not work them out again).  It is per process and not shared between threads.
+Public API: `NodeState` (one node's free figures, cloned before any change), `node_holds` /
+`zone_holds` / `minus`, `Index` (states, zones and nodes sorted by free CPU, memos that stay true
+because states only shrink), `index_of(view, nodes)` (cached per view object) and `carry` (moves an
+index to the view `commit` made).  The cache is per process and not shared between threads.
+Details: README.md beside this module.
 """
 
 from __future__ import annotations
