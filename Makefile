@@ -8,8 +8,8 @@ HWLOC_DATA := tests/data/hwloc
 FUZZ_SECONDS ?= 30
 NATIVE_SRC := $(wildcard csrc/*.c csrc/*.h) csrc/Makefile agent/_native_build.py setup.py pyproject.toml
 
-.PHONY: run test deps install lint typecheck native-check fuzz conformance pytest unit integration bench clean \
-        controlplane peers vm
+.PHONY: run test setup deps install lint typecheck native-check fuzz conformance pytest unit integration bench \
+        clean controlplane controlplane-kubernetes controlplane-others peers vm
 
 $(STAMP): $(NATIVE_SRC)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -66,15 +66,28 @@ conformance: install
 	$(BIN)/python $(HWLOC_DATA)/hwloc_conformance.py --data $(HWLOC_DATA) -- \
 	  $(BIN)/topolet discover --fsroot {root} --format conformance
 
-# etcd + kube-apiserver for tests/kube and tests/controlplane, built from the Go module proxy once and
-# cached under ~/.cache/topolet/controlplane (a cold build takes about 10 minutes on 2 cores).
-controlplane:
+# The Go builds of tests/controlplane/build.sh (the control plane, the kubelet, Kueue, containerd, Helm),
+# from the Go module proxy once and cached under ~/.cache/topolet/controlplane (cold, about 15 minutes
+# of 2 cores). Two chains that share few Go packages, for `make -j` to run side by side: the components
+# of k8s.io/kubernetes, and the others (Helm 4, which shares k8s.io/api with the first chain, last, when
+# Go's build cache holds those packages). `controlplane` then lists every component's binary, building
+# any component neither chain names.
+KUBERNETES_COMPONENTS := kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet
+OTHER_COMPONENTS := etcd kueue containerd containerd-shim-runc-v2 helm3 helm
+
+controlplane-kubernetes:
+	tests/controlplane/build.sh $(KUBERNETES_COMPONENTS) >/dev/null
+
+controlplane-others:
+	tests/controlplane/build.sh $(OTHER_COMPONENTS) >/dev/null
+
+controlplane: controlplane-kubernetes controlplane-others
 	tests/controlplane/build.sh
 
 # The benchmarks' peers (third_party/: kube-scheduler with scheduler-plugins' NodeResourceTopologyMatch
-# and Coscheduling), cached under ~/.cache/topolet/peers; about a minute once the control plane's Go
-# build cache is warm, so after it.
-peers: controlplane
+# and Coscheduling), cached under ~/.cache/topolet/peers; about a minute once the Kubernetes chain has
+# filled Go's build cache, so after it.
+peers: controlplane-kubernetes
 	third_party/build.sh
 
 # The throwaway cgroup-v2 guest for tests/vm (Debian's kernel + a minbase root file system), cached under
@@ -82,20 +95,36 @@ peers: controlplane
 vm: deps
 	tests/vm/build.sh
 
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
+
 pytest: install controlplane peers vm image
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(PYTEST) tests
 
 # The test tiers (CONTRIBUTING.md, "Test tiers"; tests/conftest.py marks `integration`): `unit` needs only
 # the venv (no root, cgroups, control plane, guest, image, real node, network or tool of `make deps`) and
 # leaves out the `slow` sweeps over real machines; `integration` is the rest, on the real parts `pytest`
-# builds. Together they are `pytest`.
+# builds. Together they are `pytest`. `unit` runs Hypothesis' "unit" profile (tests/conftest.py): a quarter
+# of each property test's examples, all of which `pytest`, `integration` and `test` run.
 unit: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not integration and not slow" tests
+	$(PYTEST) --hypothesis-profile=unit -m "not integration and not slow" tests
 
 integration: deps install controlplane peers vm image
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "integration or slow" tests
+	$(PYTEST) -m "integration or slow" tests
 
-test: deps install lint typecheck native-check fuzz conformance pytest
+# `make test` = `setup`, SETUP_JOBS targets at a time, then pytest. The two Go chains start first and
+# take two jobs for most of the set-up; the third runs the rest beside them (apt, the venv, the checks,
+# the fuzzer, the guest's and the image's debootstrap). Each target's output is printed whole when it
+# ends; a failed target fails the run once the jobs already running end, and pytest never starts.
+SETUP_JOBS ?= 3
+
+setup: controlplane-kubernetes controlplane-others deps install lint typecheck native-check fuzz conformance \
+       peers controlplane vm image
+
+test:
+	@$(MAKE) -j$(SETUP_JOBS) --output-sync=target --no-print-directory setup \
+	  || { echo "make test: the set-up failed (the make error above names the target); no pytest run" >&2; \
+	       exit 1; }
+	$(PYTEST) tests
 
 bench: install
 	$(BIN)/python bench/discover.py

@@ -24,6 +24,7 @@ from agent.errors import AllocationError
 from agent.gpu.model import GPU
 from agent.topology.cpuset import CPUSet
 from agent.topology.model import Topology
+from tests.conftest import examples
 
 
 @cache
@@ -151,7 +152,7 @@ def test_bad_counts(count: object) -> None:
 _layouts = st.lists(st.sampled_from([-1, 0, 1, 2, 3]), min_size=0, max_size=10).map(tuple)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(layout=_layouts, held_bits=st.integers(0, 1023), count=st.integers(0, 11),
        policy=st.sampled_from(ALLOC_NUMA_POLICIES), smt=st.sampled_from(["any", "full-cores"]),
        cpus=st.sampled_from([0, 1, 2, 4]), free_bits=st.integers(0, 0xFFFF),

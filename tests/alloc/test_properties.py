@@ -15,6 +15,7 @@ from agent.api.policies import ALLOC_NUMA_POLICIES, SMT_POLICIES
 from agent.errors import AllocationError
 from agent.topology.cpuset import CPUSet
 from agent.topology.model import Topology
+from tests.conftest import examples
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def expect_success(topo: Topology, free: CPUSet, request: Request) -> bool:
     return True
 
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
@@ -154,7 +155,7 @@ def test_same_inputs_same_answer(case: tuple[Shape, CPUSet, Request]) -> None:
     assert run(shape.build()) == run(shape.build())
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(shapes(), st.lists(st.tuples(st.integers(1, 12), st.sampled_from(ALLOC_NUMA_POLICIES),
                                     st.sampled_from(SMT_POLICIES)), min_size=1, max_size=20))
 def test_successive_allocations_never_share_a_cpu(shape: Shape,
@@ -193,7 +194,7 @@ def tiny_cases(draw: st.DrawFn) -> tuple[Topology, CPUSet, int]:
     return topo, free, rnd.randint(1, len(free)) if free else 1
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(tiny_cases())
 def test_best_effort_matches_exhaustive_search_on_tiny_machines(case: tuple[Topology, CPUSet, int]) -> None:
     topo, free, n = case

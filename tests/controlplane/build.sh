@@ -6,6 +6,7 @@
 # the NFD coexistence tests under both Helm majors) from the Go module proxy, once per version.
 #
 # Usage: tests/controlplane/build.sh [COMPONENT...]   (every component when none named)
+# (`make controlplane` runs it as two chains side by side, KUBERNETES_COMPONENTS and OTHER_COMPONENTS.)
 # Prints one `<component>=<absolute path of the binary>` line per component on stdout; progress and
 # compiler output go to stderr. A binary is cached under
 #   ${TOPOLET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/topolet}/controlplane/<component>-<version>-<hash>/
@@ -78,7 +79,7 @@ build_one() {
             elif [[ "$component" == containerd* ]]; then
                 # As upstream's Makefile stamps it (`containerd --version`, the CRI version the kubelet
                 # logs). cgo as Go defaults it and no btrfs snapshotter (it needs the btrfs headers):
-                # the build shared/recipes/containerd-2.4-nri.md ran pods with.
+                # the build docs/recipes/containerd-2.4-nri.md ran pods with.
                 ldflags+=" -X github.com/containerd/containerd/v2/version.Version=$version"
                 cgo="$(go env CGO_ENABLED)" tags=no_btrfs
             elif [[ "$component" == helm ]]; then

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from agent.api.podplan import PodError, plan_pod, qos_of
 from agent.api.qos import QOSClass
 from agent.api.resources import parse_quantity
+from tests.conftest import examples
 
 CID = "containerd://" + "ab" * 32
 
@@ -149,7 +150,7 @@ json_values = st.recursive(
     max_leaves=12)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(spec=json_values, status=json_values, annotations=json_values)
 def test_garbage_never_raises_anything_but_pod_error_and_never_pins(spec: object, status: object,
                                                                     annotations: object) -> None:
@@ -162,7 +163,7 @@ def test_garbage_never_raises_anything_but_pod_error_and_never_pins(spec: object
         assert x.cpus >= 0 and isinstance(x.container_id, str)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(value=st.text(max_size=12))
 def test_any_bad_annotation_value_keeps_the_pod_shared(value: str) -> None:
     obj = pod([g(cpu="2")], qos="Guaranteed", annotations={"topolet.io/smt": value})

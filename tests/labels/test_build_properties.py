@@ -18,6 +18,7 @@ from agent.topology.model import (
     PCIDevice,
     Topology,
 )
+from tests.conftest import examples
 
 _text = st.text(max_size=70)
 _int = st.integers(min_value=-(2**40), max_value=2**40)
@@ -49,7 +50,7 @@ _topology = st.builds(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(_topology, st.booleans())
 def test_any_topology_gives_valid_labels(topology: Topology, gfd: bool) -> None:
     result = build_label_set(topology, gfd_compat=gfd)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from agent.api.validate import is_label_key, is_label_value
 from agent.labels import RawFeature, make_labels
 from agent.labels.registry import GFD_NAMESPACE, NFD_NAMESPACE, TOPOLET_NAMESPACE
+from tests.conftest import examples
 
 NFD, TOPO = NFD_NAMESPACE, TOPOLET_NAMESPACE
 
@@ -81,7 +82,7 @@ _namespace = st.one_of(_text, st.sampled_from([NFD, TOPO, GFD_NAMESPACE, "sub.nv
 _feature = st.builds(RawFeature, _namespace, _text, _value)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.lists(_feature, max_size=30), st.booleans())
 def test_any_features_give_only_valid_labels(features: list[RawFeature], gfd: bool) -> None:
     out = make_labels(features, gfd_compat=gfd)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -11,29 +10,23 @@ import pytest
 from agent.topology import native
 from agent.topology.cpuset import CPUSet
 from agent.topology.raw import RawScan
+from tests.conftest import unpacked_dump
 
 REPO = Path(__file__).resolve().parents[2]
 _DATA = REPO / "tests" / "data" / "hwloc"
 DATA = _DATA if (_DATA / "dumps").is_dir() else Path("/work/shared/hwloc")
 DUMPS = sorted(p.name.removesuffix(".tar.bz2") for p in (DATA / "dumps").glob("*.tar.bz2"))
 
-_ROOTS: dict[str, Path] = {}
-
 
 @pytest.fixture(scope="module")
-def extracted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("native-dumps")
+def extracted(dumps_dir: Path) -> Path:
+    return dumps_dir
 
 
 def dump_root(name: str, dest: Path) -> Path:
-    """Unpack a dump once per module; the tarball's one top folder is the file-system root."""
-    if name not in _ROOTS:
-        out = dest / name
-        with tarfile.open(DATA / "dumps" / f"{name}.tar.bz2") as tar:
-            tar.extractall(out, filter="tar")
-        (root,) = [p for p in out.iterdir() if p.is_dir()]
-        _ROOTS[name] = root
-    return _ROOTS[name]
+    """Unpack a dump once per session (tests/conftest.py, shared with the `dump_root` fixture); the
+    tarball's one top folder is the file-system root."""
+    return unpacked_dump(name, dest)
 
 
 def expected(name: str) -> dict[str, list[dict[str, object]]] | None:

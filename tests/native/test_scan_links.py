@@ -88,10 +88,10 @@ LINKED_DUMPS = ["32em64t-2n8c+dax+nvme+mic+dimms", "fakememinitiators-1np2c+1npp
 
 
 @pytest.mark.slow  # four real machines unpacked, each scanned both ways (CONTRIBUTING.md, Test tiers)
-def test_fallback_reads_dumps_as_openat2_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fallback_reads_dumps_as_openat2_does(dumps_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert set(LINKED_DUMPS) <= set(DUMPS)
     for name in LINKED_DUMPS:
-        root = str(dump_root(name, tmp_path))
+        root = str(dump_root(name, dumps_dir))
         monkeypatch.delenv(FORCE, raising=False)
         want = native.scan(root, parts=1)
         monkeypatch.setenv(FORCE, "1")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,8 @@ PARTS = (2, 3, 4, 16)
 
 
 @pytest.fixture(scope="module")
-def extracted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("parts-dumps")
+def extracted(dumps_dir: Path) -> Path:
+    return dumps_dir
 
 
 @pytest.mark.parametrize("name", DUMPS)
@@ -119,8 +120,8 @@ def test_stray_entries_keep_their_place_among_the_errors(tmp_path: Path) -> None
     per_l3=st.sampled_from([1, 3, 8]),
     gaps=st.sets(st.integers(0, 71), max_size=6),
 )
-def test_parts_alike_on_any_machine(tmp_path_factory: pytest.TempPathFactory, ncpus: int, smt: int,
-                                    halves: bool, per_l3: int, gaps: set[int]) -> None:
+def test_parts_alike_on_any_machine(scratch_dir: Path, ncpus: int, smt: int, halves: bool, per_l3: int,
+                                    gaps: set[int]) -> None:
     ids = [c for c in range(ncpus) if c not in gaps or c == ncpus - 1]
-    root = make_machine(tmp_path_factory.mktemp("machine"), ids, smt, halves, per_l3)
-    assert_parts_alike(root)
+    with tempfile.TemporaryDirectory(dir=scratch_dir) as machine:
+        assert_parts_alike(make_machine(Path(machine), ids, smt, halves, per_l3))

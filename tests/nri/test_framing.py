@@ -24,6 +24,7 @@ from agent.nri.framing import (
     NRIProtocolError,
     encode_message,
 )
+from tests.conftest import examples
 
 # Conn 2, 8 + 13 bytes: ttrpc header (length 3, stream 1, request, no flags) then "abc".
 REQUEST_ON_RUNTIME_CONN = bytes.fromhex("00000002" "0000000d" "00000003" "00000001" "01" "00") + b"abc"
@@ -150,7 +151,7 @@ messages = st.builds(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(messages, max_size=6), st.lists(st.integers(1, 5000), max_size=20))
 def test_round_trip_under_any_read_split(sent: list[Message], cuts: list[int]) -> None:
     wire = b"".join(encode_message(m.conn, m.stream_id, m.type, m.flags, m.payload) for m in sent)
@@ -170,7 +171,7 @@ def _check_bounded(demux: Demultiplexer) -> None:
     assert demux.buffered < (8 + MUX_PAYLOAD_MAX) + 2 * (10 + TTRPC_MESSAGE_MAX)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.lists(st.binary(max_size=300), max_size=8))
 def test_arbitrary_bytes_give_messages_or_the_protocol_error(chunks: list[bytes]) -> None:
     demux = Demultiplexer()
@@ -191,7 +192,7 @@ plausible_frames = st.lists(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(plausible_frames, st.integers(1, 64))
 def test_plausible_garbage_gives_messages_or_the_protocol_error(frames: list[tuple[int, bytes, bool]],
                                                                  step: int) -> None:

@@ -9,6 +9,7 @@ from agent.render.layout import layout
 from agent.render.svg import render_svg
 from agent.topology.cpuset import CPUSet
 from agent.topology.model import Cache, Core, CPUInfo, NumaNode, Package, PCIDevice, Topology
+from tests.conftest import examples
 from tests.render.test_pictures import read_svg
 
 _cpus = st.builds(CPUSet, st.lists(st.integers(0, 23), max_size=12))
@@ -37,7 +38,7 @@ def topologies(draw: st.DrawFn) -> Topology:
         numa_nodes=numa, kinds=(), pci_devices=devices, cpu_info=_info)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(topologies())
 def test_any_topology_draws_nested_boxes_that_never_overlap(topo: Topology) -> None:
     text = render_svg(layout(topo))
