@@ -43,13 +43,15 @@ def lstopo_reads(lstopo: str, root: Path) -> bool:
 
 
 def extract_all(dest: Path, lstopo: str) -> list[tuple[int, str, Path]]:
-    """(online CPU count, name, root) for every dump that both discovery and lstopo read."""
+    """(online CPU count, name, root) for every dump that both discovery and lstopo read (a dump already
+    unpacked under `dest` is read where it is)."""
     found = []
     for tarball in sorted(DUMPS.glob("*.tar.bz2")):
         name = tarball.name[: -len(".tar.bz2")]
         out = dest / name
-        with tarfile.open(tarball) as tar:
-            tar.extractall(out, filter="tar")
+        if not out.exists():
+            with tarfile.open(tarball) as tar:
+                tar.extractall(out, filter="tar")
         roots = [p for p in out.iterdir() if p.is_dir()]
         if len(roots) != 1:
             continue
@@ -142,6 +144,8 @@ def main() -> int:
     ap.add_argument("--scans-per-round", type=int, default=3, help="in-process scans per round")
     ap.add_argument("--numa-scale", action="store_true",
                     help="time discovery of trees with 1,000-3,000 memory-only NUMA nodes instead")
+    ap.add_argument("--dumps", type=Path, default=None,
+                    help="where to unpack the hwloc dumps (kept between runs); default: a temp folder")
     a = ap.parse_args()
     if a.numa_scale:
         return numa_scale(min(a.rounds, 5))
@@ -156,7 +160,7 @@ def main() -> int:
     if not os.path.exists(topolet):
         topolet = shutil.which("topolet") or "topolet"
     with tempfile.TemporaryDirectory() as tmp:
-        subjects = sorted(extract_all(Path(tmp), lstopo), reverse=True)[:5]
+        subjects = sorted(extract_all(a.dumps or Path(tmp), lstopo), reverse=True)[:5]
         roots = [(name, str(root), n) for n, name, root in subjects] + [("/", "/", len(discover("/").cpus))]
         print(f"{'root':<34} {'cpus':>5} {'scan ms':>9} {'lstopo ms':>10} {'speedup':>8}"
               f" {'topolet proc ms':>16} {'proc/lstopo':>11}")

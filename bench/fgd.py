@@ -27,7 +27,8 @@ Beside them: the paper's own figures for the workload (`fgd-results/analysis_all
 Ends with `fgd trace unallocated GPU at 100% arrived: topolet X.XX% | FGD (same run) Y.YY% |
 paper FGD Z.ZZ%`.  `--all` replays every workload the paper reports (FGD and topolet unless
 `--policies` says otherwise), one `topolet | FGD (same run) | paper FGD` line each, and ends with how
-many of them topolet leaves at or below the paper's FGD.
+many of them topolet leaves at or below the paper's FGD.  `--nodes N` replays on the trace's first N
+nodes only: a quick run (tests/bench), not the paper's cluster.
 """
 
 from __future__ import annotations
@@ -522,13 +523,15 @@ def main() -> None:
     ap.add_argument("--traces", type=Path, help="folder of the trace CSVs (default: bench/data, then "
                     "../shared/traces/alibaba-gpu-v2023/csv)")
     ap.add_argument("--direct", action="store_true", help="topolet column through gpu_choice, not the engine")
+    ap.add_argument("--nodes", type=int, help="the trace's first N nodes only (default: all): a quick run, "
+                    "not the paper's cluster")
     ap.add_argument("-v", "--verbose", action="store_true", help="per-seed figures")
     args = ap.parse_args()
     dirs = (args.traces,) if args.traces else TRACE_DIRS
     seeds = parse_seeds(args.seeds)
     chosen = args.policies or ("FGD,topolet" if args.all else ",".join(POLICIES))
     policies = [p.strip() for p in chosen.split(",") if p.strip()]
-    hosts = load_nodes(dirs)
+    hosts = load_nodes(dirs)[:args.nodes]
     direct = args.direct
     if "topolet" in policies and not direct:
         try:

@@ -64,9 +64,10 @@ def print_install() -> None:
     from tests.controlplane.harness import build_components
 
     tools = build_components("helm", "kubectl")
-    # As on an API server that serves MutatingAdmissionPolicy v1, where the chart renders what the base has.
+    # As on an API server that serves MutatingAdmissionPolicy v1, where the chart renders what the base has;
+    # the chart refuses to render without an image, so it names the base's placeholder (tests/chart/helm.py).
     chart = rendered_kinds([str(tools["helm"]), "template", "topolet", "charts/topolet",
-                            "--namespace", "topolet-system",
+                            "--namespace", "topolet-system", "--set", "image.repository=topolet",
                             "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"])
     base = rendered_kinds([str(tools["kubectl"]), "kustomize", "daemonset"])
     print(f"install: chart (default values) {sum(chart.values())} objects, kustomize base "
