@@ -1,14 +1,10 @@
 """Resource names and Kubernetes quantities, as both halves read and write them.
 
-Public API:
-- `GPU_RESOURCE` (`nvidia.com/gpu`), `MIG_RESOURCE_PREFIX` (`nvidia.com/mig-`, the device plugin's
-  "mixed" strategy: one resource per profile), `mig_resource_name(profile)`, `HUGEPAGES_PREFIX`,
-  `hugepages_resource_name(size_bytes)` (2 MiB → "hugepages-2Mi").
-- `parse_quantity(text) -> Fraction | None`: a quantity ("2", "1500m", "1Gi", "1e3") exactly, None
-  when malformed; `format_quantity(value) -> str`: a whole number or Fraction as a quantity
-  `parse_quantity` reads back exactly (whole, else milli, else nano).
-- `pod_level_resource(name)`, `pod_level_resources(spec)`: what pod-level resources cover, and
-  whether a pod spec sets them.
+`GPU_RESOURCE`, `MIG_RESOURCE_PREFIX` (the device plugin's "mixed" strategy) and
+`mig_resource_name(profile)`, `hugepages_resource_name(size_bytes)` (2 MiB → "hugepages-2Mi");
+`parse_quantity(text) -> Fraction | None` (exact, None when malformed) and `format_quantity(value)`
+(whole, else milli, else nano: read back exactly); `pod_level_resource(name)` and
+`pod_level_resources(spec)`: what pod-level resources cover, and whether a spec sets them.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""`topolet` subcommands.  Imports nothing heavy at module level: each subcommand loads what it needs.
+"""`topolet` subcommands: `parser.py` (options), `values.py` (their checks), `commands.py` (what each
+runs), `mode.py` (the agent's mode), `logging_setup.py`.  Nothing heavy is imported at module level.
 
-The package: `parser.py` (every option, `build_parser`), `values.py` (the options' checks),
-`commands.py` (what each subcommand runs), `mode.py` (the agent's mode and why), `logging_setup.py`
-(`--log-level`).  This module reads the command line and turns every error into one line on stderr
-and a non-zero exit: a TopoletError (2), an OSError that no boundary named (1), never a traceback;
-a path denied to `agent`, `exec` or `cleanup` run as another user than root says they need root.
-
-`topolet discover` is timed as a whole process against `lstopo`, so a plainly spelled `discover`
-command line is read without argparse (its import and the parser tree cost about as much as the
-scan); anything else, help and every error included, goes through the full argparse parser.
+This module turns every error into one line on stderr and a non-zero exit: a TopoletError (2), an
+OSError no boundary named (1), never a traceback; a path denied to `agent`, `exec` or `cleanup` run
+as another user says they need root.  A plainly spelled `topolet discover` command line is read
+without argparse (it is timed as a whole process against `lstopo`, and argparse costs about as much
+as the scan); anything else goes through the full parser.
 """
 
 from __future__ import annotations

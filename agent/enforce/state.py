@@ -1,14 +1,10 @@
 """The allocation state's values: who holds what (`Owner`, `Allocation`) and the whole record (`State`).
 
 Each value checks itself when built and raises StateError: clean ids and cgroup paths, no CPU in two
-allocations or reserved, no GPU in two allocations.  Where the state is kept: `agent.enforce.state_file`
-(the crash-safe file, its lock and the commit-first protocol), `agent.enforce.state_codec` (its bytes),
-`agent.enforce.state_live` (a state held against, or rebuilt from, the live machine).
-
-Public API: `Owner` (`.of_process(pid)`, `.process_alive()`), `Allocation`, `State` (`.get(id)`,
-`.allocated()`, `.held_gpus()`, `.with_allocation(a)`, `.without(id)`), `ALLOCATION_ID` (the pattern
-of an allocation id, which is also its workload cgroup's name) and `printable(text)` (a state's text
-made safe to show on a terminal).
+allocations or reserved, no GPU in two allocations.  `State` (`.get`, `.allocated()`,
+`.held_gpus()`, `.with_allocation(a)`, `.without(id)`), `ALLOCATION_ID` (an allocation id's pattern,
+also its cgroup's name), `printable(text)` (safe to show on a terminal).  Where the state is kept:
+`state_file` (crash-safe file, lock, commit-first), `state_codec` (its bytes), `state_live`.
 """
 
 from __future__ import annotations

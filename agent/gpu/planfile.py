@@ -1,14 +1,10 @@
 """`mig-plan.json`: the MIG plan the applier intends, written before it acts so a restart can finish it.
 
-The body says what was asked (`desired`), the plan's `status` ("in-progress", "rolling-back",
-"rolled-back", "done", "failed"), each GPU's steps (`gpus`: index, create, destroy, layout; absent
-when no plan was made) and the `error`, if any.  Written atomically (temp file, fsync, rename, fsync
-the folder) with a SHA-256 of its body; a file that fails its checksum reads as absent (the applier
-re-plans from live NVML state, never trusts it).
-
-Public API: `write_plan_file(state_dir, body)`, `read_plan_file(state_dir)`; the body:
-`plan_body(desired, plan, status, error)`, `with_status(body, status, error)`,
-`recorded_gpus(body) -> [RecordedGPU]` (ConfigError when the record is not one we wrote).
+`write_plan_file(state_dir, body)` writes it atomically with a SHA-256 of its body;
+`read_plan_file(state_dir)` reads a file that fails its checksum as absent (the applier re-plans from
+live NVML state).  The body: `plan_body(desired, plan, status, error)`, `with_status`,
+`recorded_gpus(body)` (ConfigError when the record is not one we wrote).  Its fields: README.md, "The
+plan file".
 """
 
 from __future__ import annotations

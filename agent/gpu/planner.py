@@ -1,15 +1,9 @@
 """The MIG planner: a pure, deterministic function from (model, instances per GPU, demand) to a plan.
 
-Per GPU the search is exhaustive: every valid layout of a model (non-overlapping placements from the
-profile table, per-profile maxima, compute slices ≤ 7) is enumerated once and cached; a GPU's
-candidates are the layouts that keep all of its in-use instances.  Across GPUs a memoized search over
-the remaining demand picks one layout per GPU so the node holds exactly the demanded instances.
-
-Ranking (lexicographic, smaller wins): GPUs used, operations (creates + destroys), then the most
-contiguous free memory slices left, then the canonical order of the layouts (for determinism).
-
-The demand is the desired total on the node: in-use instances count towards it and are never
-touched; idle instances that the chosen layout does not contain are destroyed.
+Every valid layout of a model is enumerated once and cached; a memoized search across GPUs picks one
+layout per GPU so the node holds exactly the demand, ranked by GPUs used, then operations, then the
+contiguous free slices left.  In-use instances count towards the demand and are never touched
+(README.md, "The planner").
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """`--enforcement off`: a pinning engine that decides and records allocations but writes no cgroup.
 
-`RecordingEngine` is a `PinningEngine` whose cgroup side is switched off: the same allocator, the
-same state file and lock, the same reserved CPUs, so what it records is exactly what an enforcing
-agent would have pinned — and the NodeResourceTopology and labels published from that state are the
-same.  It reads no cpuset hierarchy (every CPU and memory node of the discovered topology is
-allowed) and needs none, so an agent can run on a hardware dump (`--fsroot`) of another machine.
-
-Its layout names a cgroup root that does not exist: every cgroup lookup of the parent class finds
-nothing, a missing or corrupt state file rebuilds to an empty state (the pod watch then allocates
-again for every running container), and no method writes under it.
+`RecordingEngine` is a `PinningEngine` with its cgroup side off: the same allocator, state file,
+lock and reserved CPUs, so it records exactly what an enforcing agent would pin, and publishes the
+same NRT and labels.  It reads no cpuset hierarchy (every CPU and memory node is allowed), so an
+agent can run on another machine's hardware dump (`--fsroot`).  Its layout names a cgroup root that
+does not exist: no cgroup is found or written, and a missing or corrupt state file rebuilds empty.
 """
 
 from __future__ import annotations

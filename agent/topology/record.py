@@ -1,14 +1,11 @@
 """`record`: frozen value classes declared by annotated fields, like `@dataclass(frozen=True, slots=True)`.
 
-`topolet discover` runs as a whole process, and `dataclasses` costs it more than the scan: importing
-it pulls in `inspect` and `ast`, and each class compiles its methods at import time (about 1.5 ms a
-class; the raw records and the model are thirteen).  A record class is built in microseconds and
-behaves the same way for every use topolet makes: construction by position or keyword with
-defaults, `==` and `hash` over the fields in order, the dataclass `repr`, immutability, pickling and
-`copy`.  `fields_of(value)`, `is_record(value)` and `replace(value, **changes)` stand in for their
-`dataclasses` namesakes.  A class holding a `cached_property` (this module's: `functools.cached_property`
-without importing functools, which pulls in `collections`) keeps an instance `__dict__` for it and can be
-weakly referenced (caches key on it), like a dataclass without slots.  Type checkers see a frozen
+`topolet discover` runs as a whole process, and importing `dataclasses` (with `inspect` and `ast`)
+plus compiling each class's methods costs it more than the scan.  A record class is built in
+microseconds and behaves as topolet uses dataclasses: construction by position or keyword,
+`==`/`hash` over the fields, the dataclass `repr`, immutability, pickling, `copy`; `fields_of`,
+`is_record` and `replace` stand in for their namesakes.  A class with a `cached_property` (this
+module's) keeps an instance `__dict__` and can be weakly referenced.  Type checkers see a frozen
 dataclass (PEP 681).
 """
 
