@@ -38,7 +38,7 @@ python3 "$(ls "$ctx"/wheels/pip-*.whl)/pip" install -q --no-index --find-links "
     --disable-pip-version-check "topolet[gpu,kube]"
 
 # The asynchronous client (kubernetes.aio, 64 MiB, half the package) and the aiohttp stack only it
-# imports: the agent and the controller use the synchronous client (agent/kube/client.py), and
+# imports: the agent and the controller use the synchronous client (agent/kubeapi/client.py), and
 # tests/image imports every agent module inside the image to prove nothing else needs them.
 rm -rf "$site/kubernetes/aio"
 python3 "$(ls "$ctx"/wheels/pip-*.whl)/pip" uninstall -q -y --break-system-packages \
