@@ -88,9 +88,10 @@ class ApiRun:
 
 
 def timing_line(name: str, created_s: float, last_pod_s: float, wall_s: float) -> str:
-    """A run's first line once binding ends (bench/admission_combine.py reads it back)."""
+    """A run's first line once binding ends (bench/admission_combine.py reads it back, so the wall to the
+    millisecond: a small run binds within a tenth of a second)."""
     return (f"# {name}: Jobs created after {created_s:.1f} s, the last pod after {last_pod_s:.1f} s, "
-            f"the last bind after {wall_s:.1f} s")
+            f"the last bind after {wall_s:.3f} s")
 
 
 def usage_line(name: str, cpu: Mapping[str, float], rss: Mapping[str, float]) -> str:
