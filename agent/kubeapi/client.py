@@ -79,7 +79,8 @@ def api_call(what: str, server: str = "") -> Iterator[None]:
         raise KubeAPIError(f"{what}: {where} unreachable: {_unreachable_reason(exc)}") from exc
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """An error as one line of log or message text (its whitespace runs made one space)."""
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
@@ -125,7 +126,7 @@ def load_api_client(kubeconfig: str | None, environ: Mapping[str, str] = os.envi
             load_kubeconfig(config_file=paths, client_configuration=conf)
     except Exception as exc:  # noqa: BLE001 - a malformed file fails in YAML, KeyError, TypeError...
         raise ConfigError(f"cannot load Kubernetes client configuration from {where}: "
-                          f"{_one_line(exc)}") from exc
+                          f"{one_line(exc)}") from exc
     conf.retries = CONNECT_RETRIES
     return k8s.ApiClient(conf)
 

@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 from agent.api.objects import as_list, metadata_of
 from agent.errors import KubeAPIError
 from agent.kubeapi.backoff import API_BACKOFF, Backoff, Outage
-from agent.kubeapi.client import KubeClient, WatchStream
+from agent.kubeapi.client import KubeClient, WatchStream, one_line
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -149,7 +149,7 @@ class Reflector(Generic[T]):
                     self.log.info("%s: resourceVersion %s expired: relisting", self.what,
                                   self.resource_version)
                     continue
-                self._stop.wait(self.outage.failed(_one_line(exc)))
+                self._stop.wait(self.outage.failed(one_line(exc)))
 
     # -- list and watch ------------------------------------------------------------------------
 
@@ -257,8 +257,3 @@ class Reflector(Generic[T]):
         if self.on_invalid is not None:
             self.on_invalid()
         self.log.warning("%s: skipping an object: %s", self.what, why)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:200]
