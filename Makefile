@@ -96,9 +96,14 @@ vm: deps
 	tests/vm/build.sh
 
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
+# Both cores: TEST_JOBS pytest-xdist workers, each taking one group of tests at a time (a file, or a lane
+# of tests sharing a part of the machine; tests/lanes.py), the longest first; the slowest tests listed.
+TEST_JOBS ?= 2
+PYTEST_PAR := $(PYTEST) -n $(TEST_JOBS) --no-loadscope-reorder
+PYTEST_ALL := $(PYTEST_PAR) --durations=30
 
 pytest: install controlplane peers vm image
-	$(PYTEST) tests
+	$(PYTEST_ALL) tests
 
 # The test tiers (CONTRIBUTING.md, "Test tiers"; tests/conftest.py marks `integration`): `unit` needs only
 # the venv (no root, cgroups, control plane, guest, image, real node, network or tool of `make deps`) and
@@ -106,10 +111,10 @@ pytest: install controlplane peers vm image
 # builds. Together they are `pytest`. `unit` runs Hypothesis' "unit" profile (tests/conftest.py): a quarter
 # of each property test's examples, all of which `pytest`, `integration` and `test` run.
 unit: install
-	$(PYTEST) --hypothesis-profile=unit -m "not integration and not slow" tests
+	$(PYTEST_PAR) --hypothesis-profile=unit -m "not integration and not slow" tests
 
 integration: deps install controlplane peers vm image
-	$(PYTEST) -m "integration or slow" tests
+	$(PYTEST_ALL) -m "integration or slow" tests
 
 # `make test` = `setup`, SETUP_JOBS targets at a time, then pytest. The two Go chains start first and
 # take two jobs for most of the set-up; the third runs the rest beside them (apt, the venv, the checks,
@@ -124,7 +129,7 @@ test:
 	@$(MAKE) -j$(SETUP_JOBS) --output-sync=target --no-print-directory setup \
 	  || { echo "make test: the set-up failed (the make error above names the target); no pytest run" >&2; \
 	       exit 1; }
-	$(PYTEST) tests
+	$(PYTEST_ALL) tests
 
 bench: install
 	$(BIN)/python bench/discover.py

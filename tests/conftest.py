@@ -21,6 +21,7 @@ import pytest
 from hypothesis import settings
 
 from agent.cli.commands import register_label_sources
+from tests.lanes import lane_of, ordered
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -256,6 +257,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         if item.nodeid.partition("[")[0] in sweeps:
             item.add_marker(pytest.mark.slow)
+    # The long lanes first (tests/lanes.py): xdist's workers hand the scheduler this order.
+    items[:] = [items[i] for i in ordered([lane_of(item.nodeid) for item in items])]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`make test`'s scheduler: xdist's by-scope scheduling, a scope being the test's lane or file."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane_of(nodeid)
+
+    return LaneScheduling(config, log)  # type: ignore[arg-type]
 
 
 _running: list[pytest.Item] = []

@@ -199,6 +199,18 @@ def chart(real_node: RealNode, namespace_free: None,
         controllers.stop()
 
 
+def lease_holder(api: Any, namespace: str, name: str) -> str | None:
+    """The Lease's holder; None while it has none or does not exist yet (a Running pod has not led yet)."""
+    try:
+        lease = api.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}")
+    except KubeAPIError as exc:
+        if exc.status == 404:
+            return None
+        raise
+    holder = lease.get("spec", {}).get("holderIdentity")
+    return str(holder) if holder else None
+
+
 def test_chart_brings_up_agent_and_controller_and_its_uninstall_cleans_the_node(
         real_node: RealNode, chart: Helm) -> None:
     done = chart.run("install", RELEASE, str(CHART), "-n", AGENT_NS, "--create-namespace",
@@ -215,8 +227,7 @@ def test_chart_brings_up_agent_and_controller_and_its_uninstall_cleans_the_node(
     assert numa_nodes == "1"
     wait(lambda: agent_pods(real_node, "controller"), "the chart's controller pod Running", timeout=240)
     with real_node.api() as api:
-        wait(lambda: (api.get(f"/apis/coordination.k8s.io/v1/namespaces/{AGENT_NS}/leases/topolet-controller")
-                      .get("spec", {}).get("holderIdentity")), "the controller to lead")
+        wait(lambda: lease_holder(api, AGENT_NS, "topolet-controller"), "the controller to lead")
     milestone("chart controller leading")
     tree = real_node.cpuset_root / "topolet"
     assert tree.is_dir()

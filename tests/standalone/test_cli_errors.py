@@ -40,7 +40,10 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def topolet(tmp_path: Path, *words: str, env: dict[str, str] | None = None,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([topolet_bin(), *words], capture_output=True, text=True, timeout=timeout,
+    argv = [topolet_bin(), *words]
+    if words[:1] in (("agent",), ("controller",)) and not any(w.startswith("--listen") for w in words):
+        argv += ["--listen", "127.0.0.1:0"]  # any free port: never a default another test's process holds
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                           env=env or clean_env(tmp_path), cwd=tmp_path, check=False)
 
 
