@@ -66,17 +66,20 @@ conformance: install
 	$(BIN)/python $(HWLOC_DATA)/hwloc_conformance.py --data $(HWLOC_DATA) -- \
 	  $(BIN)/topolet discover --fsroot {root} --format conformance
 
-# The Go builds of tests/controlplane/build.sh (the control plane, the kubelet, Kueue, containerd, Helm),
-# from the Go module proxy once and cached under ~/.cache/topolet/controlplane (cold, about 15 minutes
-# of 2 cores). Two chains that share few Go packages, for `make -j` to run side by side: the components
-# of k8s.io/kubernetes, and the others (Helm 4, which shares k8s.io/api with the first chain, last, when
-# Go's build cache holds those packages). `controlplane` then lists every component's binary, building
-# any component neither chain names.
+# The Go builds of tests/controlplane/build.sh (the control plane, the kubelet, Kueue, the training
+# operators, containerd, Helm), from the Go module proxy once and cached under
+# ~/.cache/topolet/controlplane (cold, about 20 minutes of 2 cores). Two chains that share few Go
+# packages, for `make -j` to run side by side: the components of k8s.io/kubernetes, and the others (Helm
+# 4, which shares k8s.io/api with the first chain, last, when Go's build cache holds those packages).
+# `controlplane` then lists every component's binary, building any component neither chain names.
 KUBERNETES_COMPONENTS := kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet
-OTHER_COMPONENTS := etcd kueue containerd containerd-shim-runc-v2 helm3 helm
+OTHER_COMPONENTS := etcd kueue mpi-operator lws containerd containerd-shim-runc-v2 helm3 helm
+# The training operators Kueue's tests start (tests/controlplane/operators.py), split so that the chains
+# stay about as long: JobSet and Trainer (which builds on JobSet's API) end the Kubernetes chain.
+KUBERNETES_CHAIN := $(KUBERNETES_COMPONENTS) jobset trainer
 
 controlplane-kubernetes:
-	tests/controlplane/build.sh $(KUBERNETES_COMPONENTS) >/dev/null
+	tests/controlplane/build.sh $(KUBERNETES_CHAIN) >/dev/null
 
 controlplane-others:
 	tests/controlplane/build.sh $(OTHER_COMPONENTS) >/dev/null

@@ -16,10 +16,13 @@ from collections.abc import Sequence
 # /var/lib/kubelet/device-plugins (tests/realnode/node.py); a TCG guest takes a whole core, and two at once
 # would starve the host's API server each one's node talks to (tests/vm).  A test elsewhere that starts
 # either gets a line here (`test_every_test_has_one_group_and_real_nodes_share_a_lane` checks the first).
-REALNODE, GUEST = "realnode", "guest"
+# The MPI operator binds port 8080 on every interface (tests/controlplane/operators.py): one session at a
+# time runs the training operators.
+REALNODE, GUEST, OPERATORS = "realnode", "guest", "operators"
 LANES: tuple[tuple[str, str], ...] = (
     ("tests/vm/", GUEST),
     ("tests/realnode/", REALNODE),
+    ("tests/controlplane/test_operators.py", OPERATORS),
     ("tests/bench/test_bench_smoke.py::test_bench_runs_at_its_smallest_size[kube.py--real-node]", REALNODE),
 )
 

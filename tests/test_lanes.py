@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.lanes import GUEST, LONG_FIRST, REALNODE, lane_of, ordered, rank
+from tests.lanes import GUEST, LONG_FIRST, OPERATORS, REALNODE, lane_of, ordered, rank
 
 
 @pytest.mark.parametrize(("nodeid", "group"), [
@@ -54,6 +54,12 @@ def test_every_test_that_starts_a_real_node_is_in_its_lane(request: pytest.Fixtu
     for item in request.session.items:
         if REALNODE_FIXTURES & set(getattr(item, "fixturenames", ())):
             assert lane_of(item.nodeid) == REALNODE, item.nodeid
+
+
+def test_every_test_that_starts_the_operators_is_in_their_lane(request: pytest.FixtureRequest) -> None:
+    users = [item.nodeid for item in request.session.items
+             if "operators" in getattr(item, "fixturenames", ())]
+    assert all(lane_of(nodeid) == OPERATORS for nodeid in users), users
 
 
 def test_the_real_node_bench_is_in_the_real_node_lane() -> None:

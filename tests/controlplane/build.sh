@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the test control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), its client
 # (kubectl, kustomize built in), the real node's kubelet (tests/realnode/), Kueue's manager (kueue,
-# tests/controlplane/kueue.py) and containerd 2 with its runc shim (the real node's NRI runtime,
+# tests/controlplane/kueue.py), the training operators Kueue's tests start beside it (jobset, trainer,
+# mpi-operator, lws; tests/controlplane/operators.py) and containerd 2 with its runc shim (the real node's NRI runtime,
 # tests/realnode/containerd.py) and Helm (the chart's tests, tests/chart/; helm3 is the last Helm 3, for
 # the NFD coexistence tests under both Helm majors) from the Go module proxy, once per version.
 #
@@ -23,7 +24,8 @@ go_version="$(go env GOVERSION)"
 # component -> module dir, Go package to build, module whose version names the cache entry.
 declare -A module_dir=([etcd]=etcd [kube-apiserver]=apiserver [kubectl]=kubectl
                        [kube-controller-manager]=apiserver [kube-scheduler]=apiserver
-                       [kubelet]=kubelet [kueue]=kueue
+                       [kubelet]=kubelet [kueue]=kueue [jobset]=jobset [trainer]=trainer
+                       [mpi-operator]=mpi-operator [lws]=lws
                        [containerd]=containerd [containerd-shim-runc-v2]=containerd [helm]=helm [helm3]=helm3)
 declare -A package=([etcd]=. [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
                     [kubectl]=k8s.io/kubernetes/cmd/kubectl
@@ -31,13 +33,18 @@ declare -A package=([etcd]=. [kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserv
                     [kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
                     [kubelet]=k8s.io/kubernetes/cmd/kubelet
                     [kueue]=sigs.k8s.io/kueue/cmd/kueue
+                    [jobset]=sigs.k8s.io/jobset
+                    [trainer]=github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager
+                    [mpi-operator]=github.com/kubeflow/mpi-operator/cmd/mpi-operator [lws]=sigs.k8s.io/lws/cmd
                     [containerd]=github.com/containerd/containerd/v2/cmd/containerd
                     [containerd-shim-runc-v2]=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
                     [helm]=helm.sh/helm/v4/cmd/helm [helm3]=helm.sh/helm/v3/cmd/helm)
 declare -A version_of=([etcd]=go.etcd.io/etcd/server/v3 [kube-apiserver]=k8s.io/kubernetes
                        [kubectl]=k8s.io/kubernetes [kube-controller-manager]=k8s.io/kubernetes
                        [kube-scheduler]=k8s.io/kubernetes [kubelet]=k8s.io/kubernetes
-                       [kueue]=sigs.k8s.io/kueue
+                       [kueue]=sigs.k8s.io/kueue [jobset]=sigs.k8s.io/jobset
+                       [trainer]=github.com/kubeflow/trainer/v2
+                       [mpi-operator]=github.com/kubeflow/mpi-operator [lws]=sigs.k8s.io/lws
                        [containerd]=github.com/containerd/containerd/v2
                        [containerd-shim-runc-v2]=github.com/containerd/containerd/v2
                        [helm]=helm.sh/helm/v4 [helm3]=helm.sh/helm/v3)
@@ -76,6 +83,11 @@ build_one() {
             elif [[ "$component" == kueue ]]; then
                 # What Kueue logs at start; upstream's Makefile stamps the same variable.
                 ldflags+=" -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version"
+            elif [[ "$component" == jobset || "$component" == lws ]]; then
+                # The version each logs at start, as their Makefiles stamp it (Trainer's stamps none).
+                ldflags+=" -X ${version_of[$component]}/pkg/version.GitVersion=$version"
+            elif [[ "$component" == mpi-operator ]]; then
+                ldflags+=" -X github.com/kubeflow/mpi-operator/pkg/version.Version=$version"
             elif [[ "$component" == containerd* ]]; then
                 # As upstream's Makefile stamps it (`containerd --version`, the CRI version the kubelet
                 # logs). cgo as Go defaults it and no btrfs snapshotter (it needs the btrfs headers):
@@ -111,7 +123,7 @@ build_one() {
 
 components=("$@")
 [[ ${#components[@]} -gt 0 ]] || components=(etcd kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kueue
-                                              containerd containerd-shim-runc-v2 helm helm3)
+                                              jobset trainer mpi-operator lws containerd containerd-shim-runc-v2 helm helm3)
 for c in "${components[@]}"; do
     [[ -n "${module_dir[$c]:-}" ]] || { echo "build.sh: unknown component '$c'" >&2; exit 2; }
     build_one "$c"

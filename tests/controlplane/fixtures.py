@@ -13,6 +13,7 @@ import pytest
 from tests.controlplane.cluster import Cluster, start_cluster
 from tests.controlplane.harness import ControlPlane, ControlPlaneError, build_binaries
 from tests.controlplane.kueue import Kueue, KueueScope, start_kueue
+from tests.controlplane.operators import Operators, start_operators
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -203,3 +204,34 @@ def kueue(kueue_session: Kueue) -> Iterator[KueueScope]:
         scope.close()
         for name in set(cluster.nodes) - before:
             cluster.remove_node(name)
+
+
+# The training operators on the session's Kueue cluster, started by the first test that asks (Kueue
+# itself only needs their CRDs, which it installs); their webhook configurations go when they stop.
+_operators: Operators | None = None
+_operators_failure: str | None = None
+
+
+@pytest.fixture(scope="session")
+def operators(kueue_session: Kueue, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operators]:
+    """JobSet, Trainer, the MPI operator and LWS on the Kueue test cluster (tests/controlplane/operators.py):
+    .running(name), .log_tail(name), .logs(), .ready_seconds."""
+    global _operators, _operators_failure
+    from tests.conftest import require
+
+    if _operators is None and _operators_failure is None:
+        try:
+            started = time.monotonic()
+            _operators = start_operators(kueue_session.cluster, tmp_path_factory.mktemp("operators"))
+            print(f"operators: up in {time.monotonic() - started:.1f} s ({_operators.ready_seconds})",
+                  file=sys.stderr)
+        except ControlPlaneError as exc:
+            _operators_failure = str(exc)
+    require(_operators is not None,
+            f"the training operators could not be built or started: {_operators_failure}")
+    assert _operators is not None
+    mine = _operators
+    yield mine
+    if _operators is mine:
+        mine.stop()
+        _operators = None

@@ -18,7 +18,8 @@ builders return the bodies alone.
 What `Kueue.start()` puts on the cluster (idempotent, so a restart reuses it):
 
 - Kueue's CRDs from the fetched module's `config/components/crd/bases`, with the conversion webhooks
-  `config/components/crd/kustomization.yaml` patches in, pointed at Kueue's webhook Service;
+  `config/components/crd/kustomization.yaml` patches in, pointed at Kueue's webhook Service, and
+  the training operators' CRDs (`operators.py`);
 - Kueue's own RBAC (`manager_rbac()`): what upstream's `config/components/rbac` ships, named and
   namespaced as its `config/default` renders it, so the manager runs as the service account
   `kueue-system/kueue-controller-manager` with its ClusterRole `kueue-manager-role` and its Roles in
@@ -41,27 +42,23 @@ kubelet to mount it at its cert dir; `SecretVolume` (a thread of the test proces
 The webhook route was proven both ways: without `--enable-aggregator-routing` the API server dials the
 Service's ClusterIP, which nothing here serves, and Kueue never becomes ready.
 
-Kueue runs with the `batch/job` integration only, its webhooks on the address above, leader election
-off unless asked (then on a Lease in `kueue-system`), the visibility API server off, metrics and
-probes on free loopback ports, and in its kubeconfig a token of its service account (with `as_admin`,
+Kueue runs with the `batch/job` integration and those of the training operators (`operators.py`:
+JobSet, Trainer's TrainJob, MPIJob, LeaderWorkerSet, which brings Kueue's `pod` integration), whose
+CRDs it installs before it starts; its webhooks on the address above, leader election off unless
+asked (then on a Lease in `kueue-system`), the visibility API server off, metrics and probes on free
+loopback ports, and in its kubeconfig a token of its service account (with `as_admin`,
 the admin's: system:masters, which every policy skips).  Its client limit is `api_qps` (burst twice
 that) and its reconcilers per kind upstream's manager config's, unless `concurrency` raises them.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import fcntl
-import ipaddress
 import json
 import os
 import shutil
-import socket
 import ssl
-import struct
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -76,6 +73,15 @@ import yaml
 
 from tests.controlplane.cluster import Cluster, start_cluster
 from tests.controlplane.harness import HERE, ControlPlaneError, _Process, build_components, free_port
+from tests.controlplane.operators import FRAMEWORKS, operator_crds
+from tests.controlplane.webhooks import (
+    SecretVolume,
+    create_or_keep,
+    install_webhook_endpoint,
+    load_yaml_docs,
+    wait_crds_established,
+    webhook_address,
+)
 
 MODULE = "sigs.k8s.io/kueue"
 MODULE_DIR = HERE / "kueue"  # the Go module that pins Kueue's version
@@ -103,8 +109,6 @@ GROUP_KIND_CONCURRENCY = {
     "Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 5, "LocalQueue.kueue.x-k8s.io": 1,
     "Cohort.kueue.x-k8s.io": 1, "ClusterQueue.kueue.x-k8s.io": 1, "ResourceFlavor.kueue.x-k8s.io": 1,
 }
-# netdevice(7): an interface's flags and its (first) IPv4 address.
-_SIOCGIFFLAGS, _SIOCGIFADDR, _IFF_UP = 0x8913, 0x8915, 0x1
 # A bench queues thousands of Jobs; Kueue's default client limit (20/s) would measure the limiter.
 DEFAULT_API_QPS = 500
 
@@ -130,40 +134,19 @@ def module_dir() -> Path:
     return path
 
 
-def webhook_address() -> str:
-    """A non-loopback, non-link-local IPv4 address of an interface of this host that is up: where Kueue
-    serves its webhooks. The API server refuses loopback and link-local addresses in EndpointSlices."""
-    for _index, name in socket.if_nameindex():
-        request = struct.pack("256s", name.encode()[:15])
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            try:
-                flags = struct.unpack_from("H", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, request), 16)[0]
-                packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
-            except OSError:  # no IPv4 address on this interface
-                continue
-        address = ipaddress.IPv4Address(packed[20:24])
-        if flags & _IFF_UP and not (address.is_loopback or address.is_link_local or address.is_unspecified):
-            return str(address)
-    raise ControlPlaneError("this host has no non-loopback IPv4 address for Kueue's webhook endpoint")
-
-
-def _load_yaml_docs(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
 def crds(source: Path) -> list[dict[str, Any]]:
     """Kueue's CRDs from `source`'s config, with the conversion webhooks upstream's kustomization adds."""
     crd_dir = source / "config" / "components" / "crd"
     kustomization = yaml.safe_load((crd_dir / "kustomization.yaml").read_text())
     conversion: dict[str, dict[str, Any]] = {}
     for patch in kustomization.get("patches") or []:
-        for doc in _load_yaml_docs(crd_dir / patch["path"]):
+        for doc in load_yaml_docs(crd_dir / patch["path"]):
             spec = doc.get("spec", {}).get("conversion")
             if spec and spec.get("strategy") == "Webhook":
                 conversion[doc["metadata"]["name"]] = spec
     out = []
     for resource in kustomization["resources"]:
-        for doc in _load_yaml_docs(crd_dir / resource):
+        for doc in load_yaml_docs(crd_dir / resource):
             spec = conversion.get(doc["metadata"]["name"])
             if spec is not None:
                 spec = json.loads(json.dumps(spec))
@@ -184,7 +167,7 @@ def webhook_configurations(source: Path) -> list[dict[str, Any]]:
         for hook in doc.get("webhooks") or []:
             fields_of[(doc["kind"], hook["name"])] = {k: v for k, v in hook.items() if k != "name"}
     out = []
-    for doc in _load_yaml_docs(hook_dir / "manifests.yaml"):
+    for doc in load_yaml_docs(hook_dir / "manifests.yaml"):
         doc["metadata"] = {"name": NAME_PREFIX + doc["metadata"]["name"]}
         for hook in doc["webhooks"]:
             hook.update(fields_of.get((doc["kind"], hook["name"]), {}))
@@ -201,7 +184,7 @@ def manager_rbac(source: Path) -> list[dict[str, Any]]:
     kustomization = yaml.safe_load((rbac_dir / "kustomization.yaml").read_text())
     out = []
     for resource in kustomization["resources"]:
-        for doc in _load_yaml_docs(rbac_dir / resource):
+        for doc in load_yaml_docs(rbac_dir / resource):
             meta = doc["metadata"]
             meta["name"] = NAME_PREFIX + meta["name"]
             if "namespace" in meta:
@@ -223,73 +206,6 @@ def _rbac_path(doc: Mapping[str, Any]) -> str:
     if kind == "ServiceAccount":
         return resource_path("", "v1", "serviceaccounts", namespace=namespace)
     return resource_path("rbac.authorization.k8s.io", "v1", kind.lower() + "s", namespace=namespace)
-
-
-def _create_or_keep(api: Any, path: str, body: Mapping[str, Any]) -> None:
-    from agent.errors import KubeAPIError
-
-    try:
-        api.create(path, body)
-    except KubeAPIError as exc:
-        if exc.status != 409:
-            raise
-
-
-class SecretVolume:
-    """The kubelet's secret volume for Kueue's serving cert: the Secret's keys as files in a directory.
-
-    Kueue's internal cert management writes its CA and serving cert to a Secret and waits until a
-    kubelet has mounted that Secret at its cert dir (`tls.crt` there); with no kubelet, this thread
-    copies the Secret's data there (each file written aside, then renamed, as the kubelet swaps its
-    atomic-writer directory) whenever it changes.
-    """
-
-    def __init__(self, plane: Any, namespace: str, name: str, directory: Path,
-                 interval_s: float = 0.25) -> None:
-        self.plane = plane
-        self.path = f"/api/v1/namespaces/{namespace}/secrets/{name}"
-        self.directory = directory
-        self.interval_s = interval_s
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kueue-secret-volume", daemon=True)
-
-    def start(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        from agent.errors import KubeAPIError
-        from agent.kubeapi.client import KubeClient
-
-        api = KubeClient(self.plane.client())
-        seen = ""
-        try:
-            while not self._stop.is_set():
-                try:
-                    secret = api.get(self.path)
-                    version = secret["metadata"]["resourceVersion"]
-                    if version != seen and secret.get("data"):
-                        self._write(secret["data"])
-                        seen = version
-                except KubeAPIError as exc:
-                    if not self._stop.is_set():
-                        self.errors.append(str(exc))
-                self._stop.wait(self.interval_s)
-        finally:
-            api.close()
-
-    def _write(self, data: Mapping[str, str]) -> None:
-        for key, value in data.items():
-            target = self.directory / key
-            aside = self.directory / f".{key}.tmp"
-            aside.write_bytes(base64.b64decode(value))
-            aside.chmod(0o600)
-            os.replace(aside, target)
 
 
 @dataclass
@@ -415,7 +331,7 @@ class Kueue:
                                        "webhookSecretName": WEBHOOK_SECRET},
             "clientConnection": {"qps": self.api_qps, "burst": 2 * self.api_qps},
             "controller": {"groupKindConcurrency": {**GROUP_KIND_CONCURRENCY, **self.concurrency}},
-            "integrations": {"frameworks": ["batch/job"]},
+            "integrations": {"frameworks": ["batch/job", *FRAMEWORKS]},
             # The on-demand visibility API is an aggregated API server of its own: nothing here reads it.
             "featureGates": {"VisibilityOnDemand": False},
         }
@@ -428,58 +344,27 @@ class Kueue:
         api = self._api()
         try:
             crd_path = resource_path("apiextensions.k8s.io", "v1", "customresourcedefinitions")
-            for crd in crds(source):
-                _create_or_keep(api, crd_path, crd)
-            _create_or_keep(api, "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+            # The training operators' CRDs too: Kueue sets up an integration only for a kind it finds
+            # served when it starts (operators.py starts the operators themselves).
+            every_crd = crds(source) + operator_crds()
+            for crd in every_crd:
+                create_or_keep(api, crd_path, crd)
+            create_or_keep(api, "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
             for doc in manager_rbac(source):
-                _create_or_keep(api, _rbac_path(doc), doc)
-            _create_or_keep(api, resource_path("", "v1", "secrets", namespace=NAMESPACE),
+                create_or_keep(api, _rbac_path(doc), doc)
+            create_or_keep(api, resource_path("", "v1", "secrets", namespace=NAMESPACE),
                             {"metadata": {"name": WEBHOOK_SECRET}})
             self._install_webhook_endpoint(api)
             for doc in webhook_configurations(source):
                 plural = doc["kind"].lower() + "s"
-                _create_or_keep(api, resource_path("admissionregistration.k8s.io", "v1", plural), doc)
-            self._wait_crds_established(api, [c["metadata"]["name"] for c in crds(source)])
+                create_or_keep(api, resource_path("admissionregistration.k8s.io", "v1", plural), doc)
+            wait_crds_established(api, [c["metadata"]["name"] for c in every_crd], READY_TIMEOUT_S)
         finally:
             api.close()
 
     def _install_webhook_endpoint(self, api: Any) -> None:
         """The webhook Service (no selector) and its EndpointSlice at address:webhook_port (replaced)."""
-        from agent.errors import KubeAPIError
-        from agent.kubeapi.client import resource_path
-
-        _create_or_keep(api, resource_path("", "v1", "services", namespace=NAMESPACE), {
-            "metadata": {"name": WEBHOOK_SERVICE},
-            # Unnamed port: the API server matches it to the EndpointSlice port named "".
-            "spec": {"ports": [{"port": 443, "protocol": "TCP", "targetPort": self.webhook_port}]},
-        })
-        slices = resource_path("discovery.k8s.io", "v1", "endpointslices", namespace=NAMESPACE)
-        body = {
-            "metadata": {"name": WEBHOOK_SERVICE, "labels": {
-                "kubernetes.io/service-name": WEBHOOK_SERVICE,
-                "endpointslice.kubernetes.io/managed-by": "tests.topolet.io"}},
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": [self.address], "conditions": {"ready": True}}],
-            "ports": [{"name": "", "port": self.webhook_port, "protocol": "TCP"}],
-        }
-        with contextlib.suppress(KubeAPIError):
-            api.request("DELETE", f"{slices}/{WEBHOOK_SERVICE}")
-        api.create(slices, body)
-
-    @staticmethod
-    def _wait_crds_established(api: Any, names: Sequence[str]) -> None:
-        from agent.kubeapi.client import resource_path
-
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        for name in names:
-            while True:
-                crd = api.get(resource_path("apiextensions.k8s.io", "v1", "customresourcedefinitions", name))
-                conditions = {c["type"]: c["status"] for c in crd.get("status", {}).get("conditions") or []}
-                if conditions.get("Established") == "True":
-                    break
-                if time.monotonic() > deadline:
-                    raise ControlPlaneError(f"CRD {name} not established: {conditions}")
-                time.sleep(0.1)
+        install_webhook_endpoint(api, NAMESPACE, WEBHOOK_SERVICE, self.address, self.webhook_port)
 
     # ---- readiness -------------------------------------------------------------------------------
 
