@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
 
 from agent.api.qos import QOSClass
 from agent.enforce.state_file import StateFile
@@ -37,6 +38,18 @@ def reasons(node: KubeNode, uid: str) -> list[str]:
     return [e.reason for e in node.events(uid)]
 
 
+def resized(core: k8s.CoreV1Api, name: str, namespace: str, body: dict[str, Any]) -> bool:
+    """Ask for a resize; False while the API server refuses it for a Node capacity it has not yet seen
+    (its resize admission reads Nodes from an informer's cache, which trails a status patch)."""
+    try:
+        core.patch_namespaced_pod_resize(name, namespace, body)
+    except ApiException as e:
+        if e.status == 403 and "NodeCapacity" in (e.body or ""):
+            return False
+        raise
+    return True
+
+
 def test_a_deferred_resize_keeps_the_granted_cpus(kube_node: KubeNode) -> None:
     node = kube_node
     node.start_agent()
@@ -55,8 +68,8 @@ def test_a_deferred_resize_keeps_the_granted_cpus(kube_node: KubeNode) -> None:
     core.patch_node_status(node.name, {"status": {"capacity": room, "allocatable": room}})
     # The user asks for 2 CPUs; the kubelet defers it (no room) and keeps the 1 CPU it granted.
     two = {"cpu": "2", "memory": "64Mi"}
-    core.patch_namespaced_pod_resize(pod.name, node.namespace, {"spec": {"containers": [
-        {"name": "c0", "resources": {"requests": two, "limits": two}}]}})
+    resize = {"spec": {"containers": [{"name": "c0", "resources": {"requests": two, "limits": two}}]}}
+    wait_for(lambda: resized(core, pod.name, node.namespace, resize), "the API server to see the Node's room")
     status["status"]["conditions"].append({"type": "PodResizePending", "status": "True", "reason": "Deferred",
                                            "message": "Node didn't have enough capacity"})
     core.patch_namespaced_pod_status(pod.name, node.namespace, status)
