@@ -18,7 +18,7 @@ from agent.admission.gangs.job import HOSTNAME_LABEL, NUMA_ZONE_ANNOTATION, JobS
 from agent.admission.gangs.record import AdmissionRecord, SlotPlacement, decode_record, placements_value
 from agent.admission.gangs.slots import pod_target
 from agent.admission.jobs.patches import one_node_template, pod_patch
-from agent.admission.kueue.workloads import pod_set_updates
+from agent.admission.kueue.workloads import NOT_INDEXED, pod_set_updates
 from tests.admission.test_engine import node, pods
 
 # (zones' free CPU, containers' CPU, the zone each goes to or None: no split)
@@ -233,7 +233,7 @@ def test_a_split_slot_reaches_its_pod_by_the_zone_annotation() -> None:
 def test_the_kueue_route_splits_only_a_pod_set_of_one_pod() -> None:
     ps = two()
     placement = Placement("ns/w", (PodPlacement("p", 0, "n1", None, zones=(0, 1)),))
-    (update,) = pod_set_updates(Gang("ns/w", (ps,)), placement, lambda _: False)
+    (update,) = pod_set_updates(Gang("ns/w", (ps,)), placement, lambda _: NOT_INDEXED)
     assert update["annotations"] == {NUMA_ZONE_ANNOTATION: "0,1"}
 
 

@@ -27,11 +27,17 @@ from agent.admission.gangs.slots import (
 from agent.admission.jobs.jobread import JobReader
 from agent.admission.jobs.queues import parse_queues
 from agent.admission.kueue.holds import PODSET_LABEL, Holds
-from agent.admission.kueue.workloads import gang_from_workload, pod_set_updates, ready_state
+from agent.admission.kueue.workloads import (
+    BY_COMPLETION_INDEX,
+    gang_from_workload,
+    pod_set_updates,
+    ready_state,
+)
 from agent.admission.report.metrics import AdmissionMetrics
 from tests.admission.test_hostile import JSON, RESOURCES
 
 REQ = {"cpu": "12", "memory": "64Mi"}
+INDEXED = BY_COMPLETION_INDEX  # the rule of an Indexed Job's pod sets
 
 
 def container(res: dict[str, str] | None = None, name: str = "c") -> dict[str, Any]:
@@ -330,7 +336,7 @@ def ready_workload(owner: dict[str, Any] | None = None) -> dict[str, Any]:
                                    "podSetAssignments": [{"name": "main", "flavors": {"cpu": "default"}}]}}}
     gang = gang_from_workload(wl, {})
     placement = Placement(gang.key, (PodPlacement("main", 0, "n1", 0), PodPlacement("main", 1, "n1", 1)))
-    state = ready_state("fit", gang, placement, pod_set_updates(gang, placement, lambda _: True),
+    state = ready_state("fit", gang, placement, pod_set_updates(gang, placement, lambda _: INDEXED),
                         "2026-12-02T10:00:00Z")
     wl["status"]["admissionChecks"] = [state]
     return wl

@@ -11,8 +11,10 @@ import pytest
 from agent.admission.engine.model import Gang, Placement, PodPlacement, PodSet, Resources, Toleration
 from agent.admission.gangs.record import SlotPlacement
 from agent.admission.kueue.workloads import (
+    BY_COMPLETION_INDEX,
     CONTROLLER_NAME,
     FAILSAFE_LABEL,
+    NOT_INDEXED,
     WorkloadSpecError,
     active_status,
     check_active,
@@ -26,9 +28,11 @@ from agent.admission.kueue.workloads import (
     records_of_state,
     retry_after,
     retry_state,
+    slot_rule,
     status_apply,
     to_decide,
 )
+from agent.api.ranks import RankRule
 
 GiB = 1024**3
 
@@ -160,21 +164,103 @@ def _placement(slots: Sequence[tuple[str, int | None]], pod_set: str = "main") -
 
 def test_one_slot_pins_through_the_node_selector_and_needs_no_policy() -> None:
     gang = gang_from_workload(workload(3), {})
-    updates = pod_set_updates(gang, _placement([("n1", 2)] * 3), lambda _: False)
+    updates = pod_set_updates(gang, _placement([("n1", 2)] * 3), lambda _: NOT_INDEXED)
     assert updates == [{"name": "main", "nodeSelector": {"kubernetes.io/hostname": "n1"},
                         "annotations": {"topolet.io/numa-zone": "2"}}]
-    node_only = pod_set_updates(gang, _placement([("n1", None)] * 3), lambda _: False)
+    node_only = pod_set_updates(gang, _placement([("n1", None)] * 3), lambda _: NOT_INDEXED)
     assert node_only == [{"name": "main", "nodeSelector": {"kubernetes.io/hostname": "n1"}}]
 
 
 def test_many_slots_go_by_completion_index_behind_the_failsafe_selector() -> None:
     gang = gang_from_workload(workload(3), {})
     slots = [("n1", 0), ("n2", 1), ("n1", 1)]
-    updates = pod_set_updates(gang, _placement(slots), lambda _: True)
+    updates = pod_set_updates(gang, _placement(slots), lambda _: BY_COMPLETION_INDEX)
     assert updates == [{"name": "main", "annotations": {"topolet.io/placements": "n1:0,n2:1,n1:1"},
                         "nodeSelector": {FAILSAFE_LABEL[0]: FAILSAFE_LABEL[1]}}]
     with pytest.raises(WorkloadSpecError, match="make it an Indexed Job"):
-        pod_set_updates(gang, _placement(slots), lambda _: False)
+        pod_set_updates(gang, _placement(slots), lambda _: NOT_INDEXED)
+
+
+JOBSET_REQUEST = {"podIndexLabel": "batch.kubernetes.io/job-completion-index",
+                  "subGroupIndexLabel": "jobset.sigs.k8s.io/job-index", "subGroupCount": 2}
+
+
+def owned_by(wl: dict[str, Any], api_version: str, kind: str, request: dict[str, Any] | None = None,
+             admitted: int | None = None) -> dict[str, Any]:
+    """`wl` as Kueue writes it for an owner of `kind`, its pod set's topologyRequest `request`."""
+    wl["metadata"]["ownerReferences"] = [{"apiVersion": api_version, "kind": kind, "name": "a", "uid": "o-1",
+                                          "controller": True}]
+    if request is not None:
+        wl["spec"]["podSets"][0]["topologyRequest"] = request
+    if admitted is not None:
+        wl["status"]["admission"]["podSetAssignments"][0]["count"] = admitted
+    return wl
+
+
+def never(_: object = None) -> bool:
+    raise AssertionError("a JobSet's Workload needs no Job read")
+
+
+@pytest.mark.parametrize(("api_version", "kind", "request_", "count", "expected"), [
+    # A JobSet's pods by job index x pods per Job + completion index, as Kueue's TAS ranks them.
+    ("jobset.x-k8s.io/v1alpha2", "JobSet", JOBSET_REQUEST, 6,
+     RankRule("batch.kubernetes.io/job-completion-index", "jobset.sigs.k8s.io/job-index", 3)),
+    ("jobset.x-k8s.io/v1alpha2", "JobSet", {"podIndexLabel": "batch.kubernetes.io/job-completion-index"}, 6,
+     RankRule("batch.kubernetes.io/job-completion-index")),
+    # What Kueue wrote does not tell the pods apart: the message names what is missing.
+    ("jobset.x-k8s.io/v1alpha2", "JobSet", None, 6,
+     "its pods cannot be told apart: its topologyRequest names no podIndexLabel"),
+    ("jobset.x-k8s.io/v1alpha2", "JobSet", {**JOBSET_REQUEST, "subGroupCount": 4}, 6,
+     "its pods cannot be told apart: its 6 pods do not split into 4 equal sub-groups"),
+    ("jobset.x-k8s.io/v1alpha2", "JobSet", {**JOBSET_REQUEST, "podIndexLabel": "bad key!"}, 6,
+     "its pods cannot be told apart: its index labels"),
+    # An owner whose operator is not trusted to copy placements: refused by kind, whatever Kueue wrote.
+    ("kubeflow.org/v2beta1", "MPIJob", {"podIndexLabel": "training.kubeflow.org/replica-index"}, 6,
+     "its owner is a MPIJob (kubeflow.org/v2beta1), whose pods topolet does not tell apart"),
+    ("jobset.x-k8s.io/v1", "JobSet", JOBSET_REQUEST, 6, "its owner is a JobSet (jobset.x-k8s.io/v1)"),
+])
+def test_slot_rule_reads_the_topology_request_of_a_trusted_owner(
+        api_version: str, kind: str, request_: dict[str, Any] | None, count: int,
+        expected: RankRule | str) -> None:
+    wl = owned_by(workload(count), api_version, kind, request_)
+    rule = slot_rule(wl, "main", never)
+    if isinstance(expected, RankRule):
+        assert rule == expected
+    else:
+        assert isinstance(rule, str) and rule.startswith(expected), rule
+
+
+def test_slot_rule_of_a_job_is_its_completion_index_when_indexed() -> None:
+    assert slot_rule(workload(3), "main", lambda: True) == BY_COMPLETION_INDEX
+    assert slot_rule(workload(3), "main", lambda: False) == NOT_INDEXED
+    no_owner = workload(3)
+    no_owner["metadata"].pop("ownerReferences")
+    assert str(slot_rule(no_owner, "main", never)).startswith("its owner is no owner")
+
+
+def test_slot_rule_splits_the_admitted_count() -> None:
+    """Partial admission: the sub-groups split the count Kueue admitted, not the one asked."""
+    wl = owned_by(workload(8), "jobset.x-k8s.io/v1alpha2", "JobSet", JOBSET_REQUEST, admitted=6)
+    assert slot_rule(wl, "main", never) == RankRule("batch.kubernetes.io/job-completion-index",
+                                                    "jobset.sigs.k8s.io/job-index", 3)
+    assert "no pod set 'other'" in str(slot_rule(wl, "other", never))
+
+
+def test_a_ranked_pod_set_carries_its_rule_beside_its_slots() -> None:
+    wl = owned_by(workload(4), "jobset.x-k8s.io/v1alpha2", "JobSet", {**JOBSET_REQUEST, "subGroupCount": 2})
+    gang = gang_from_workload(wl, {})
+    placement = _placement([("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)])
+    updates = pod_set_updates(gang, placement, lambda name: slot_rule(wl, name, never))
+    assert updates == [{"name": "main", "annotations": {
+        "topolet.io/placements": "n1:0,n1:1,n2:0,n2:1",
+        "topolet.io/placement-rank":
+            "jobset.sigs.k8s.io/job-index*2+batch.kubernetes.io/job-completion-index"},
+        "nodeSelector": {FAILSAFE_LABEL[0]: FAILSAFE_LABEL[1]}}]
+    (record,) = records_of_state(wl, ready_state("fit", gang, placement, updates, "t")).values()
+    assert record.slots[2] == SlotPlacement("n2", 0)  # slot = rank: job 1's first pod
+    mpi = owned_by(workload(4), "kubeflow.org/v2beta1", "MPIJob", {"podIndexLabel": "x"})
+    with pytest.raises(WorkloadSpecError, match=r"over 4 node/zone slots \(n1, n2\) and its owner is a"):
+        pod_set_updates(gang, placement, lambda name: slot_rule(mpi, name, never))
 
 
 @pytest.mark.parametrize("slots", [[("n1", 0), ("n2", 1), ("n1", None)], [("n1", 3)] * 4])
@@ -182,8 +268,8 @@ def test_the_record_comes_back_from_the_ready_state(slots: list[tuple[str, int |
     wl = workload(len(slots), checks={"fit": "Pending"})
     gang = gang_from_workload(wl, {})
     placement = _placement(slots)
-    state = ready_state("fit", gang, placement, pod_set_updates(gang, placement, lambda _: True),
-                        "2026-01-01T00:00:00Z")
+    updates = pod_set_updates(gang, placement, lambda _: BY_COMPLETION_INDEX)
+    state = ready_state("fit", gang, placement, updates, "2026-01-01T00:00:00Z")
     (record,) = records_of_state(wl, state).values()
     assert record.slots == {i: SlotPlacement(n, z) for i, (n, z) in enumerate(slots)}
     assert record.time == "2026-01-01T00:00:00Z"

@@ -22,10 +22,16 @@ from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults, wit
 from agent.admission.gangs.record import PLACEMENTS_ANNOTATION
 from agent.admission.kueue.check import KueueCheck
 from agent.admission.kueue.holds import PODSET_LABEL, Holds, ready_entries
-from agent.admission.kueue.workloads import gang_from_workload, pod_set_updates, ready_state
+from agent.admission.kueue.workloads import (
+    BY_COMPLETION_INDEX,
+    gang_from_workload,
+    pod_set_updates,
+    ready_state,
+)
 from agent.admission.report.metrics import AdmissionMetrics
 
 GiB = 1024**3
+INDEXED = BY_COMPLETION_INDEX  # the rule of an Indexed Job's pod sets
 MiB = 1024**2
 # A namespace's LimitRange: `defaultRequest` cpu 1, memory 256Mi (filled where a container has neither
 # the request nor its limit).
@@ -90,7 +96,7 @@ def ready(wl: dict[str, Any], defaults: ContainerDefaults) -> dict[str, Any]:
     gang = gang_from_workload(wl, {}, limit_defaults=defaults)
     placement = Placement(gang.key, (PodPlacement("main", 0, "n1", 0), PodPlacement("main", 1, "n1", 1)))
     wl["status"]["admissionChecks"] = [ready_state("fit", gang, placement,
-                                                   pod_set_updates(gang, placement, lambda _: True),
+                                                   pod_set_updates(gang, placement, lambda _: INDEXED),
                                                    "2026-12-02T10:00:00Z")]
     return wl
 

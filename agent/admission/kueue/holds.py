@@ -139,7 +139,7 @@ def ready_entries(wl: Mapping[str, Any], check: str, gang: Gang, placement: Plac
     """The ledger entries the Ready state for `placement` will carry once written (the same records
     `records_of_state` reads back from it); none when it cannot be written (Rejected instead)."""
     try:
-        updates = workloads.pod_set_updates(gang, placement, lambda _: True)
+        updates = workloads.pod_set_updates(gang, placement, lambda _: workloads.BY_COMPLETION_INDEX)
         state = workloads.ready_state(check, gang, placement, updates, now)
         return entries(wl, workloads.records_of_state(wl, state), limit_defaults)
     except WorkloadSpecError:

@@ -25,8 +25,10 @@ from agent.admission.gangs.record import (
     SlotPlacement,
     placements_value,
 )
+from agent.api.names import COMPLETION_INDEX
 from agent.api.objects import as_dict, as_list, metadata_of, namespaced_name
 from agent.api.placements import parse_numa_zone, parse_placement
+from agent.api.ranks import RANK_ANNOTATION, RankRule, rank_rule
 
 CONTROLLER_NAME = "topolet.io/topology-fit"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -41,6 +43,16 @@ LEGACY_FAILSAFE_KEY = "topolet.io/awaiting-placement"
 RETRY_BASE_SECONDS = 5
 RETRY_MAX_SECONDS = 300
 MESSAGE_MAX = 1024  # ours are one line; the API allows 32768
+JOB_OWNER = ("batch/v1", "Job")
+# An Indexed Job's pods are told apart by their completion index: the placement policy's default rule.
+BY_COMPLETION_INDEX = RankRule(COMPLETION_INDEX)
+NOT_INDEXED = ("its pods have no completion index to tell them apart: make it an Indexed Job "
+               "(spec.completionMode: Indexed)")
+# The owners whose pods are placed one slot each by the rank rule Kueue writes in each pod set's
+# topologyRequest: their operators set the index labels, and the fields policy trusts them to copy a
+# Ready state's placements from their templates into the objects that make the pods
+# (daemonset/controller/fields-policy.yaml).  A pod set of any other owner over several slots is refused.
+RANKED_OWNERS = {("jobset.x-k8s.io/v1alpha2", "JobSet")}
 
 
 class WorkloadSpecError(JobSpecError):
@@ -61,6 +73,38 @@ def owner_uid(wl: Mapping[str, Any]) -> str | None:
         if ref.get("controller") and isinstance(ref.get("uid"), str):
             return str(ref["uid"])
     return None
+
+
+def owner_kind(wl: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(apiVersion, kind) of the Workload's controlling owner (Kueue's reference), None without one."""
+    for ref in as_list(metadata_of(wl).get("ownerReferences")):
+        ref = as_dict(ref)
+        if ref.get("controller") is True:
+            return str(ref.get("apiVersion")), str(ref.get("kind"))
+    return None
+
+
+def slot_rule(wl: Mapping[str, Any], pod_set: str, job_indexed: Callable[[], bool]) -> RankRule | str:
+    """How the pods of the Workload's `pod_set` are told apart, to give each its own slot: the rank rule,
+    or why they cannot be.  A batch/v1 Job's pods by their completion index (`job_indexed()`: the Job is
+    Indexed); a RANKED_OWNERS kind's by the pod set's `topologyRequest` (`agent.api.ranks`)."""
+    owner = owner_kind(wl)
+    if owner == JOB_OWNER:
+        return BY_COMPLETION_INDEX if job_indexed() else NOT_INDEXED
+    if owner not in RANKED_OWNERS:
+        kind = "no owner" if owner is None else f"a {owner[1][:63]} ({owner[0][:63]})"
+        return (f"its owner is {kind}, whose pods topolet does not tell apart (one slot each: batch/v1 Job, "
+                f"{', '.join(k for _, k in sorted(RANKED_OWNERS))})")
+    assignments = _assignments(wl)
+    for raw in as_list(as_dict(wl.get("spec")).get("podSets")):
+        raw = as_dict(raw)
+        if raw.get("name") == pod_set:
+            count = assignments.get(pod_set, {}).get("count", raw.get("count"))
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                break
+            rule = rank_rule(raw.get("topologyRequest"), count)
+            return rule if isinstance(rule, RankRule) else f"its pods cannot be told apart: {rule}"
+    return f"the Workload has no pod set {pod_set[:63]!r} with a count"
 
 
 def condition_true(obj: Mapping[str, Any], kind: str) -> bool:
@@ -223,11 +267,13 @@ def _slots_by_set(placement: Placement) -> dict[str, list[SlotPlacement]]:
     return {name: [s for _, s in sorted(slots, key=lambda x: x[0])] for name, slots in by_set.items()}
 
 
-def pod_set_updates(gang: Gang, placement: Placement, indexed: Callable[[str], bool]) -> list[dict[str, Any]]:
+def pod_set_updates(gang: Gang, placement: Placement, rule: Callable[[str], RankRule | str]
+                    ) -> list[dict[str, Any]]:
     """The podSetUpdates that put `placement` on the pods (see README.md beside this module).
 
-    `indexed(pod_set)` says whether that pod set's pods carry completion indexes; a pod set over
-    several slots without them cannot be pinned per pod (WorkloadSpecError)."""
+    `rule(pod_set)` says how that pod set's pods are told apart (`slot_rule`), or why they cannot be:
+    then a pod set over several slots cannot be pinned per pod (WorkloadSpecError).  A rule other than
+    the completion index travels with the slots as `topolet.io/placement-rank`."""
     slots = _slots_by_set(placement)
     updates = []
     for ps in gang.pod_sets:
@@ -240,17 +286,20 @@ def pod_set_updates(gang: Gang, placement: Placement, indexed: Callable[[str], b
                 update["annotations"] = {NUMA_ZONE_ANNOTATION: value}
             updates.append(update)
             continue
-        if not indexed(ps.name):
+        told = rule(ps.name)
+        if isinstance(told, str):
             nodes = sorted({s.node for s in mine})
             raise WorkloadSpecError(
                 f"pod set {ps.name} fits only over {len(set(mine))} node/zone slots ({', '.join(nodes[:4])}"
-                f"{', ...' if len(nodes) > 4 else ''}) and its pods have no completion index to tell "
-                f"them apart: make it an Indexed Job (spec.completionMode: Indexed)")
+                f"{', ...' if len(nodes) > 4 else ''}) and {told}")
         record = AdmissionRecord("admitted", "-", "-", dict(enumerate(mine)))
         value = placements_value(record, indexed=True)
         if value is None:
             raise WorkloadSpecError(f"pod set {ps.name}: {len(mine)} slots do not fit one annotation")
-        updates.append({"name": ps.name, "annotations": {PLACEMENTS_ANNOTATION: value},
+        notes = {PLACEMENTS_ANNOTATION: value}
+        if told != BY_COMPLETION_INDEX:
+            notes[RANK_ANNOTATION] = told.value()
+        updates.append({"name": ps.name, "annotations": notes,
                         "nodeSelector": {FAILSAFE_LABEL[0]: FAILSAFE_LABEL[1]}})
     return updates
 

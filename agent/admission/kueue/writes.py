@@ -173,7 +173,8 @@ class CheckWrites:
               now: str) -> None:
         """Write Ready with the podSetUpdates; Rejected when they cannot pin the pods (runs on a writer)."""
         try:
-            updates = workloads.pod_set_updates(gang, placement, lambda _: self._owner_indexed(wl))
+            updates = workloads.pod_set_updates(
+                gang, placement, lambda name: workloads.slot_rule(wl, name, lambda: self._owner_indexed(wl)))
         except WorkloadSpecError as exc:
             self.refuse(wl, [workloads.rejected_state(c, str(exc), now) for c in checks],
                         "rejected", str(exc))
