@@ -216,7 +216,14 @@ def never(_: object = None) -> bool:
      "its pods cannot be told apart: its index labels"),
     # An owner whose operator is not trusted to copy placements: refused by kind, whatever Kueue wrote.
     ("kubeflow.org/v2beta1", "MPIJob", {"podIndexLabel": "training.kubeflow.org/replica-index"}, 6,
-     "its owner is a MPIJob (kubeflow.org/v2beta1), whose pods topolet does not tell apart"),
+     RankRule("training.kubeflow.org/replica-index")),
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob", {**JOBSET_REQUEST, "subGroupCount": 1}, 6,
+     RankRule("batch.kubernetes.io/job-completion-index", "jobset.sigs.k8s.io/job-index", 6)),
+    # A LeaderWorkerSet's pods come from StatefulSets, whose controller runs under a name all of
+    # kube-controller-manager's share: no chain the fields policy could trust.
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet",
+     {"podIndexLabel": "leaderworkerset.sigs.k8s.io/worker-index"}, 3,
+     "its owner is a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1), whose pods topolet does not tell"),
     ("jobset.x-k8s.io/v1", "JobSet", JOBSET_REQUEST, 6, "its owner is a JobSet (jobset.x-k8s.io/v1)"),
 ])
 def test_slot_rule_reads_the_topology_request_of_a_trusted_owner(
@@ -258,9 +265,9 @@ def test_a_ranked_pod_set_carries_its_rule_beside_its_slots() -> None:
         "nodeSelector": {FAILSAFE_LABEL[0]: FAILSAFE_LABEL[1]}}]
     (record,) = records_of_state(wl, ready_state("fit", gang, placement, updates, "t")).values()
     assert record.slots[2] == SlotPlacement("n2", 0)  # slot = rank: job 1's first pod
-    mpi = owned_by(workload(4), "kubeflow.org/v2beta1", "MPIJob", {"podIndexLabel": "x"})
+    lws = owned_by(workload(4), "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", {"podIndexLabel": "x"})
     with pytest.raises(WorkloadSpecError, match=r"over 4 node/zone slots \(n1, n2\) and its owner is a"):
-        pod_set_updates(gang, placement, lambda name: slot_rule(mpi, name, never))
+        pod_set_updates(gang, placement, lambda name: slot_rule(lws, name, never))
 
 
 @pytest.mark.parametrize("slots", [[("n1", 0), ("n2", 1), ("n1", None)], [("n1", 3)] * 4])
@@ -310,3 +317,18 @@ def test_retry_names_the_constraint_and_the_apply_body_carries_the_version() -> 
     body = status_apply(workload(), [state])
     assert body["metadata"] == {"name": "job-a-1", "namespace": "ns", "resourceVersion": "7"}
     assert body["status"] == {"admissionChecks": [state]}
+
+
+def test_every_ranked_owner_has_a_trusted_operator_in_the_fields_policy() -> None:
+    """A kind ranked here but whose operator the fields policy does not trust would be Ready with pods
+    that are refused (or stay Pending) forever: the policy's byOperator table names every such owner."""
+    import yaml
+
+    from agent.admission.kueue.workloads import RANKED_OWNERS
+    from tests.conftest import REPO
+
+    text = (REPO / "daemonset" / "controller" / "fields-policy.yaml").read_text()
+    doc = yaml.safe_load(text.split("\n---")[0])
+    (table,) = [v["expression"] for v in doc["spec"]["variables"] if v["name"] == "byOperator"]
+    for api_version, kind in RANKED_OWNERS:
+        assert f"'{api_version}', '{kind}']" in table, (api_version, kind)

@@ -49,10 +49,13 @@ BY_COMPLETION_INDEX = RankRule(COMPLETION_INDEX)
 NOT_INDEXED = ("its pods have no completion index to tell them apart: make it an Indexed Job "
                "(spec.completionMode: Indexed)")
 # The owners whose pods are placed one slot each by the rank rule Kueue writes in each pod set's
-# topologyRequest: their operators set the index labels, and the fields policy trusts them to copy a
-# Ready state's placements from their templates into the objects that make the pods
-# (daemonset/controller/fields-policy.yaml).  A pod set of any other owner over several slots is refused.
-RANKED_OWNERS = {("jobset.x-k8s.io/v1alpha2", "JobSet")}
+# topologyRequest: their operators set the index labels, and the fields policy trusts them (its table
+# byOperator) to copy a Ready state's placements from their templates into the objects that make the
+# pods (daemonset/controller/fields-policy.yaml).  A pod set of any other owner over several slots is
+# refused.
+RANKED_OWNERS = frozenset({("jobset.x-k8s.io/v1alpha2", "JobSet"),
+                           ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+                           ("kubeflow.org/v2beta1", "MPIJob")})
 
 
 class WorkloadSpecError(JobSpecError):

@@ -1,0 +1,163 @@
+"""Training gangs placed pod by pod through Kueue, end to end: real Kueue v0.17.0 and the real
+operators (tests/controlplane/operators.py: JobSet v0.11.1, Kubeflow Trainer v2.2.0, the MPI operator
+v0.8.0), the `topolet.io/topology-fit` check decided by `topolet controller --kueue on`, the kueue
+component's placement policy, the real kube-scheduler and the nodes' agents.
+
+Each node of DUMP has 4 NUMA zones of 16 CPUs: single-numa-node pods of 12 CPUs take a zone each, so
+a gang of 6 such pods (a JobSet of 2 Jobs x 3, a TrainJob of 6 nodes, an MPIJob of 6 workers and its
+launcher) spans both nodes by construction.  The check's Ready state carries each pod set's slots by
+rank and the rank rule Kueue's topologyRequest gives; Kueue copies both onto the object's template,
+the operators into their children, and the placement policy pins each pod to its rank's slot.
+Deleting the object frees every slot: a second one, Retried while the first holds its zones, is then
+placed.  The operators run with the cluster's admin credentials here; the fields policy's trust in
+their own identities is tests/kueue/test_training_fields.py's."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.api.ranks import RankRule, parse_rank_rule
+from tests.controlplane.fixtures import kueue, kueue_session, operators
+from tests.controlplane.kueue import KueueScope, kueue_path
+from tests.controlplane.operators import Operators, collection_path, jobset, mpijob, trainjob
+from tests.kube.kubelet_standin import wait_for
+from tests.kueue.test_check import FAILSAFE
+from tests.kueue.test_check_e2e import NUMA, Setup
+
+__all__ = ["kueue", "kueue_session", "operators"]
+
+pytestmark = pytest.mark.integration
+
+REQUESTS = {"cpu": "12", "memory": "64Mi"}
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+PODSET_LABEL = "kueue.x-k8s.io/podset"
+
+
+def _jobset(name: str) -> dict[str, Any]:
+    body = jobset(name, "lq", replicas=2, pods=3, requests=REQUESTS)
+    body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"] = {"annotations": NUMA}
+    return body
+
+
+def _trainjob(name: str) -> dict[str, Any]:
+    body = trainjob(name, "lq", nodes=6, requests=REQUESTS)
+    body["spec"]["trainer"]["resourcesPerNode"]["limits"] = dict(REQUESTS)
+    # The tenant's own runtime patch: the NUMA policy for the nodes' pods (no placement field).
+    body["spec"]["runtimePatches"] = [{"manager": "tests.topolet.io/numa", "trainingRuntimeSpec": {
+        "template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
+            "metadata": {"annotations": NUMA}}}}}]}}}}]
+    return body
+
+
+def _mpijob(name: str) -> dict[str, Any]:
+    body = mpijob(name, "lq", workers=6, requests=REQUESTS)
+    for replica in body["spec"]["mpiReplicaSpecs"].values():
+        replica["template"]["metadata"] = {"annotations": NUMA}
+    return body
+
+
+@dataclass(frozen=True)
+class Kind:
+    kind: str
+    body: Callable[[str], dict[str, Any]]
+    pod_selector: str  # `{name}` formatted
+    pods: int
+    spread: str  # the pod set over several slots, placed by rank
+
+
+KINDS = [
+    Kind("JobSet", _jobset, "jobset.sigs.k8s.io/jobset-name={name}", 6, "workers"),
+    Kind("TrainJob", _trainjob, "jobset.sigs.k8s.io/jobset-name={name}", 6, "node"),
+    Kind("MPIJob", _mpijob, "training.kubeflow.org/job-name={name}", 7, "worker"),
+]
+
+
+def state_of(s: Setup, uid: str) -> dict[str, Any]:
+    """Our check's state on the object's Workload ({} before there is one)."""
+    listed = s.api.list(kueue_path("workloads", namespace=s.ns),
+                        {"labelSelector": f"kueue.x-k8s.io/job-uid={uid}"})
+    for wl in listed.get("items") or []:
+        for entry in wl.get("status", {}).get("admissionChecks") or []:
+            if entry["name"] == s.check:
+                return dict(entry)
+    return {}
+
+
+def pods_of(s: Setup, kind: Kind, name: str) -> list[dict[str, Any]]:
+    listed = s.api.list(f"/api/v1/namespaces/{s.ns}/pods",
+                        {"labelSelector": kind.pod_selector.format(name=name)})
+    return [p for p in listed.get("items") or [] if not p["metadata"].get("deletionTimestamp")]
+
+
+def slot_of(update: dict[str, Any], meta: dict[str, Any]) -> tuple[tuple[str, str], int | None]:
+    """The (node, zone) a pod set's update gives the pod with `meta`, and the pod's rank (None: the pod
+    set has one slot)."""
+    text = (update.get("annotations") or {}).get("topolet.io/placements")
+    if text is None:
+        return (update["nodeSelector"]["kubernetes.io/hostname"],
+                update["annotations"]["topolet.io/numa-zone"]), None
+    assert update["nodeSelector"] == {FAILSAFE: "true"}
+    rule = parse_rank_rule(update["annotations"].get("topolet.io/placement-rank", COMPLETION_INDEX))
+    assert isinstance(rule, RankRule), update
+    rank = rule.rank(meta)
+    assert rank is not None, meta
+    node, zone = text.split(",")[rank].split(":")
+    return (node, zone), rank
+
+
+def placed_by_rank(s: Setup, kind: Kind, name: str, uid: str) -> bool:
+    """Every pod bound on its rank's slot, in its zone, and pinned there by the node's agent."""
+    state = state_of(s, uid)
+    pods = pods_of(s, kind, name)
+    if (state.get("state") != "Ready" or len(pods) != kind.pods
+            or not all(p["spec"].get("nodeName") for p in pods)):
+        return False
+    updates = {u["name"]: u for u in state["podSetUpdates"]}
+    assert "topolet.io/placements" in updates[kind.spread]["annotations"], updates
+    ranks, nodes = [], set()
+    for pod in pods:
+        meta = pod["metadata"]
+        pod_set = meta["labels"][PODSET_LABEL]
+        (node, zone), rank = slot_of(updates[pod_set], meta)
+        if pod_set == kind.spread:
+            ranks.append(rank)
+        nodes.add(node)
+        assert pod["spec"]["nodeName"] == node and meta["annotations"]["topolet.io/numa-zone"] == zone
+        assert FAILSAFE not in pod["spec"]["nodeSelector"]
+        assert not {"topolet.io/placements", "topolet.io/placement-rank"} & set(meta["annotations"])
+        sim = s.kueue.cluster.nodes[node]
+        allocs = [a for a in sim.state().allocations if a.owner.pod_uid == meta["uid"]]
+        if not allocs:
+            return False
+        assert {sim.topology.numa_of(c) for c in allocs[0].cpus} == {int(zone)}
+    assert sorted(ranks) == list(range(6)), ranks  # one pod a slot
+    assert len(nodes) == 2  # both nodes: the gang cannot fit one
+    return True
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[k.kind for k in KINDS])
+def test_a_training_gang_lands_pod_by_pod_and_frees_its_slots(
+        kueue: KueueScope, operators: Operators, dump_root: Callable[[str], Path], kind: Kind) -> None:
+    assert all(operators.running(n) for n in ("jobset", "trainer", "mpi-operator"))
+    # Quota for two such gangs (84 CPUs at most each): only the zones keep the second out.
+    s = Setup(kueue, dump_root, 200)
+    path = collection_path(kind.kind, s.ns)
+    first = s.api.create(path, kind.body(f"a-{uuid.uuid4().hex[:4]}"))
+    name, uid = first["metadata"]["name"], first["metadata"]["uid"]
+    wait_for(lambda: placed_by_rank(s, kind, name, uid), f"the {kind.kind}'s pods on their ranks' slots",
+             timeout=180)
+
+    second = s.api.create(path, kind.body("b"))
+    wait_for(lambda: state_of(s, second["metadata"]["uid"]).get("state") == "Retry",
+             f"the second {kind.kind} Retried while the first holds its zones", timeout=120)
+    assert "pod needs 12 CPUs" in state_of(s, second["metadata"]["uid"])["message"]
+    s.api.request("DELETE", f"{path}/{name}", body={"propagationPolicy": "Foreground"},
+                  content_type="application/json")
+    wait_for(lambda: placed_by_rank(s, kind, "b", second["metadata"]["uid"]),
+             f"the second {kind.kind} placed once the first is deleted", timeout=240)
