@@ -8,7 +8,6 @@ JobSet's own Job and nowhere else.  Dry runs: nothing is created."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -63,26 +62,37 @@ def service_account(kueue: KueueScope, ns: str, name: str, rules: list[dict[str,
     return kueue.cluster.plane.mint_token(ns, name)
 
 
+# (operator, its identity as its own manifests install it, the kind it copies templates from, the
+# collections of the children it may carry placements into): the fields policy's byOperator table.
+OPERATOR_ROWS: list[tuple[str, tuple[str, str], str, tuple[str, ...]]] = [
+    ("the JobSet controller", ("jobset-system", "jobset-controller-manager"), "JobSet", ("jobs",)),
+    ("Kubeflow Trainer", ("kubeflow-system", "kubeflow-trainer-controller-manager"), "TrainJob",
+     ("jobsets",)),
+    ("the MPI operator", ("mpi-operator", "mpi-operator"), "MPIJob", ("jobs", "pods")),
+]
+VERBS = ["get", "list", "create", "update", "patch"]
+CHILDREN = [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": VERBS},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": VERBS},
+            {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": VERBS}]
+
+
 @pytest.fixture
-def actors(kueue: KueueScope, operators: Operators, shipped: Any) -> Iterator[tuple[Who, Who]]:
-    """(the tenant, the JobSet controller's identity) of a fresh namespace, once the policy refuses."""
+def actors(kueue: KueueScope, operators: Operators, shipped: Any) -> Iterator[tuple[Who, dict[str, Who]]]:
+    """(the tenant, each operator's identity by kind) of a fresh namespace, once the policy refuses."""
     assert all(operators.running(n) for n in ("jobset", "trainer", "mpi-operator", "lws"))
     ns = kueue.namespace("tf")
-    verbs = ["get", "list", "create", "update", "patch"]
     tenant = Who(kueue, service_account(kueue, ns, "tenant", [
-        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": verbs},
-        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": verbs},
-        {"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": verbs},
-        {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": verbs},
-        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": verbs},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": verbs}], ns), ns)
-    controller = Who(kueue, service_account(kueue, *JOBSET_SA, [
-        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": verbs},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": verbs}], ns), ns)
+        *CHILDREN,
+        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": VERBS},
+        {"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": VERBS},
+        {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": VERBS}],
+        ns), ns)
+    identities = {kind: Who(kueue, service_account(kueue, *sa, CHILDREN, ns), ns)
+                  for _, sa, kind, _ in OPERATOR_ROWS}
     zoned = jobset_with("probe", {"topolet.io/numa-zone": "0"})
     wait_for(lambda: refused_by_policy(*tenant.create(collection_path("JobSet", ns), zoned)),
              "the policy to refuse a tenant's JobSet", timeout=POLICY_TIMEOUT_S)
-    yield tenant, controller
+    yield tenant, identities
 
 
 def jobset_with(name: str, notes: dict[str, str]) -> dict[str, Any]:
@@ -116,22 +126,52 @@ KINDS: list[tuple[str, Callable[[str, dict[str, str]], dict[str, Any]]]] = [
     ("LeaderWorkerSet", lws_with)]
 
 
-def job_of(owner: dict[str, Any] | None, notes: dict[str, str]) -> dict[str, Any]:
-    """A Job whose template carries `notes`, controlled by `owner` (an object) if any."""
-    spec = {"restartPolicy": "Never", "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}
-    job: dict[str, Any] = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"generateName": "child-"},
-                           "spec": {"suspend": True, "template": {"metadata": {"annotations": notes},
-                                                                  "spec": spec}}}
+def owned(body: dict[str, Any], owner: dict[str, Any] | None) -> dict[str, Any]:
+    """`body` with `owner` (an object) as its controller, if any, and a generated name."""
+    meta = body["metadata"]
+    meta.pop("name", None)
+    meta["generateName"] = "child-"
     if owner is not None:
-        job["metadata"]["ownerReferences"] = [{
+        meta["ownerReferences"] = [{
             "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
             "uid": owner["metadata"]["uid"], "controller": True}]
-    return job
+    return body
+
+
+def child(collection: str, notes: dict[str, str]) -> dict[str, Any]:
+    """A child an operator makes, carrying `notes` where its pods will: a Job, a pod or a JobSet."""
+    spec = {"restartPolicy": "Never", "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}
+    if collection == "pods":
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"annotations": notes}, "spec": spec}
+    if collection == "jobsets":
+        body = jobset_with("x", notes)
+        body["spec"]["suspend"] = True
+        return body
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {},
+            "spec": {"suspend": True, "template": {"metadata": {"annotations": notes}, "spec": spec}}}
+
+
+def children_path(collection: str, ns: str) -> str:
+    return {"jobs": f"/apis/batch/v1/namespaces/{ns}/jobs", "pods": f"/api/v1/namespaces/{ns}/pods",
+            "jobsets": collection_path("JobSet", ns)}[collection]
+
+
+def owner_of_kind(kueue: KueueScope, kind: str, ns: str) -> dict[str, Any]:
+    """A real, suspended object of `kind` (Kueue's webhooks read a child's owner)."""
+    body = {"JobSet": jobset_with("owner", {}), "TrainJob": trainjob_with("owner", {}),
+            "MPIJob": mpijob_with("owner", {})}[kind]
+    if kind == "MPIJob":
+        body["spec"]["runPolicy"]["suspend"] = True
+    else:
+        body["spec"]["suspend"] = True
+    made: dict[str, Any] = kueue.api.create(collection_path(kind, ns), body)
+    return made
 
 
 @pytest.mark.parametrize(("kind", "build"), KINDS, ids=[k for k, _ in KINDS])
 def test_a_tenant_places_no_pod_of_a_training_kind(
-        actors: tuple[Who, Who], kind: str, build: Callable[[str, dict[str, str]], dict[str, Any]]) -> None:
+        actors: tuple[Who, dict[str, Who]], kind: str,
+        build: Callable[[str, dict[str, str]], dict[str, Any]]) -> None:
     tenant, _ = actors
     path = collection_path(kind, tenant.ns)
     status, made = tenant.create(path, build("plain", {}))
@@ -142,25 +182,25 @@ def test_a_tenant_places_no_pod_of_a_training_kind(
         assert "only topolet-controller places pods" in answer["message"]
 
 
-def test_only_the_jobset_controller_carries_placements_into_a_jobsets_own_job(
-        kueue: KueueScope, actors: tuple[Who, Who]) -> None:
-    tenant, controller = actors
-    jobs = f"/apis/batch/v1/namespaces/{tenant.ns}/jobs"
-    pods = f"/api/v1/namespaces/{tenant.ns}/pods"
-    # Real owners (Kueue's Job webhook reads a Job's owner): a suspended JobSet, and a ConfigMap.
-    owned = jobset("owner", None)
-    owned["spec"]["suspend"] = True
-    js = kueue.api.create(collection_path("JobSet", tenant.ns), owned)
+@pytest.mark.parametrize(("operator", "kind", "collections"), [(o, k, c) for o, _, k, c in OPERATOR_ROWS],
+                         ids=[r[2] for r in OPERATOR_ROWS])
+def test_an_operator_carries_placements_only_into_its_own_objects_children(
+        kueue: KueueScope, actors: tuple[Who, dict[str, Who]], operator: str, kind: str,
+        collections: tuple[str, ...]) -> None:
+    tenant, identities = actors
+    me = identities[kind]
+    mine = owner_of_kind(kueue, kind, tenant.ns)
     other = kueue.api.create(f"/api/v1/namespaces/{tenant.ns}/configmaps", {"metadata": {"name": "owner"}})
     other.update(apiVersion="v1", kind="ConfigMap")
     for what, notes in FIELDS:
-        status, answer = controller.create(jobs, job_of(js, notes))
-        assert status == 201, (what, answer.get("message"))
-        for who, body in ((controller, job_of(None, notes)), (controller, job_of(other, notes)),
-                          (tenant, job_of(js, notes))):
-            status, answer = who.create(jobs, body)
-            assert refused_by_policy(status, answer), (what, body["metadata"], answer.get("message"))
-        pod = copy.deepcopy(job_of(js, notes)["spec"]["template"])
-        status, answer = controller.create(pods, {"apiVersion": "v1", "kind": "Pod", **pod,
-                                                  "metadata": {"generateName": "p-", **pod["metadata"]}})
-        assert refused_by_policy(status, answer), (what, answer.get("message"))
+        for collection in ("jobs", "pods", "jobsets"):
+            path = children_path(collection, tenant.ns)
+            status, answer = me.create(path, owned(child(collection, notes), mine))
+            if collection in collections:
+                assert status == 201, (operator, collection, what, answer.get("message"))
+            else:
+                assert refused_by_policy(status, answer), (operator, collection, what, answer.get("message"))
+            for who, owner in ((me, None), (me, other), (tenant, mine)):
+                status, answer = who.create(path, owned(child(collection, notes), owner))
+                assert refused_by_policy(status, answer), (operator, collection, what, owner is None,
+                                                           answer.get("message"))
