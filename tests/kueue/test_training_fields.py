@@ -2,9 +2,9 @@
 webhooks (tests/controlplane/operators.py) and the base's `topolet-admission-fields` as the kueue
 component ships it: a tenant (a service account of its namespace, RBAC for the training kinds, Jobs
 and pods) is refused the placement fields in every pod template of a JobSet, a TrainJob's runtime
-patch, an MPIJob and a LeaderWorkerSet, and the JobSet controller's service account
-(`jobset-system:jobset-controller-manager`, as JobSet's own manifests name it) may carry them into a
-JobSet's own Job and nowhere else.  Dry runs: nothing is created."""
+patch, an MPIJob and a LeaderWorkerSet, and only a training operator's own identity (as its
+manifests install it: the JobSet controller, Kubeflow Trainer, the MPI operator) may carry them, only
+into the children of an object of its own kind it makes.  Dry runs: nothing is created."""
 
 from __future__ import annotations
 
