@@ -8,12 +8,13 @@ a gang of 6 such pods (a JobSet of 2 Jobs x 3, a TrainJob of 6 nodes, an MPIJob 
 launcher) spans both nodes by construction.  The check's Ready state carries each pod set's slots by
 rank and the rank rule Kueue's topologyRequest gives; Kueue copies both onto the object's template,
 the operators into their children, and the placement policy pins each pod to its rank's slot.
-Deleting the object frees every slot: a second one, Retried while the first holds its zones, is then
-placed.  The operators run with the cluster's admin credentials here; the fields policy's trust in
+A kill -9 of the controller right after its first decision books nothing twice; eviction and deletion
+free every slot.  The operators run with the cluster's admin credentials here; the fields policy's trust in
 their own identities is tests/kueue/test_training_fields.py's."""
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -144,20 +145,41 @@ def placed_by_rank(s: Setup, kind: Kind, name: str, uid: str) -> bool:
 @pytest.mark.parametrize("kind", KINDS, ids=[k.kind for k in KINDS])
 def test_a_training_gang_lands_pod_by_pod_and_frees_its_slots(
         kueue: KueueScope, operators: Operators, dump_root: Callable[[str], Path], kind: Kind) -> None:
+    """Two gangs queued with quota for both and zones for one; the controller is killed right after its
+    first Ready write.  After the restart one runs placed by rank, the other is told Retry (never both
+    Ready); evicting the first (deactivating its Workload) lets the second run; deleting the second
+    lets the first, reactivated, run again on a fresh decision."""
     assert all(operators.running(n) for n in ("jobset", "trainer", "mpi-operator"))
-    # Quota for two such gangs (84 CPUs at most each): only the zones keep the second out.
-    s = Setup(kueue, dump_root, 200)
+    s = Setup(kueue, dump_root, 200, "--crash-at", "after-decision")
     path = collection_path(kind.kind, s.ns)
-    first = s.api.create(path, kind.body(f"a-{uuid.uuid4().hex[:4]}"))
-    name, uid = first["metadata"]["name"], first["metadata"]["uid"]
-    wait_for(lambda: placed_by_rank(s, kind, name, uid), f"the {kind.kind}'s pods on their ranks' slots",
-             timeout=180)
+    made = [s.api.create(path, kind.body(f"{x}-{uuid.uuid4().hex[:4]}")) for x in "ab"]
+    gangs = {m["metadata"]["name"]: m["metadata"]["uid"] for m in made}
 
-    second = s.api.create(path, kind.body("b"))
-    wait_for(lambda: state_of(s, second["metadata"]["uid"]).get("state") == "Retry",
-             f"the second {kind.kind} Retried while the first holds its zones", timeout=120)
-    assert "pod needs 12 CPUs" in state_of(s, second["metadata"]["uid"])["message"]
-    s.api.request("DELETE", f"{path}/{name}", body={"propagationPolicy": "Foreground"},
+    def ready() -> list[str]:
+        return [n for n, uid in gangs.items() if state_of(s, uid).get("state") == "Ready"]
+
+    wait_for(lambda: s.controller.popen.poll() is not None,
+             "the controller to kill itself after a Ready write", timeout=120)
+    assert s.controller.popen.returncode == -signal.SIGKILL
+    (first,) = wait_for(ready, "one gang Ready")
+    decided = state_of(s, gangs[first])
+    s.kueue.cluster.start_controller("--resync-seconds", "2", "--kueue", "on")
+    (second,) = [n for n in gangs if n != first]
+
+    def one_runs_the_other_retries() -> bool:
+        assert ready() == [first], "both gangs Ready at once: double-booked"
+        return (state_of(s, gangs[second]).get("state") == "Retry"
+                and placed_by_rank(s, kind, first, gangs[first]))
+
+    wait_for(one_runs_the_other_retries, f"{first} placed by rank, {second} told Retry", timeout=180)
+    assert state_of(s, gangs[first]) == decided, "the Ready gang was decided again after the restart"
+    assert "pod needs 12 CPUs" in state_of(s, gangs[second])["message"]
+
+    s.set_active(gangs[first], False)  # Kueue evicts it: suspends the object, its pods go
+    wait_for(lambda: placed_by_rank(s, kind, second, gangs[second]),
+             f"{second} placed once {first} is evicted", timeout=240)
+    s.api.request("DELETE", f"{path}/{second}", body={"propagationPolicy": "Foreground"},
                   content_type="application/json")
-    wait_for(lambda: placed_by_rank(s, kind, "b", second["metadata"]["uid"]),
-             f"the second {kind.kind} placed once the first is deleted", timeout=240)
+    s.set_active(gangs[first], True)
+    wait_for(lambda: placed_by_rank(s, kind, first, gangs[first]) and state_of(s, gangs[first]) != decided,
+             f"{first} placed again, on a fresh decision, once {second} is deleted", timeout=240)
