@@ -9,8 +9,9 @@ launcher) spans both nodes by construction.  The check's Ready state carries eac
 rank and the rank rule Kueue's topologyRequest gives; Kueue copies both onto the object's template,
 the operators into their children, and the placement policy pins each pod to its rank's slot.
 A kill -9 of the controller right after its first decision books nothing twice; eviction and deletion
-free every slot.  The operators run with the cluster's admin credentials here; the fields policy's trust in
-their own identities is tests/kueue/test_training_fields.py's."""
+free every slot.  The TrainJob's and the MPIJob's templates carry forged index labels, which their
+operators overwrite: they move no pod.  The operators run with the cluster's admin credentials here;
+the fields policy's trust in their own identities is tests/kueue/test_training_fields.py's."""
 
 from __future__ import annotations
 
@@ -40,6 +41,15 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 PODSET_LABEL = "kueue.x-k8s.io/podset"
 
 
+# Index labels written into the templates, to steer every pod into slot 0: Trainer and the MPI operator
+# overwrite them on what they make, so each pod still gets its own rank (placed_by_rank checks).  The
+# JobSet controller keeps a job index its JobSet's template came with: the fields policy refuses
+# tenants these labels in every training kind's templates (tests/kueue/test_training_fields.py), and
+# the JobSet here is written without them.
+FORGED = {"jobset.sigs.k8s.io/job-index": "0", COMPLETION_INDEX: "0",
+          "training.kubeflow.org/replica-index": "0"}
+
+
 def _jobset(name: str) -> dict[str, Any]:
     body = jobset(name, "lq", replicas=2, pods=3, requests=REQUESTS)
     body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"] = {"annotations": NUMA}
@@ -52,14 +62,14 @@ def _trainjob(name: str) -> dict[str, Any]:
     # The tenant's own runtime patch: the NUMA policy for the nodes' pods (no placement field).
     body["spec"]["runtimePatches"] = [{"manager": "tests.topolet.io/numa", "trainingRuntimeSpec": {
         "template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
-            "metadata": {"annotations": NUMA}}}}}]}}}}]
+            "metadata": {"annotations": {**NUMA, **FORGED}, "labels": FORGED}}}}}]}}}}]
     return body
 
 
 def _mpijob(name: str) -> dict[str, Any]:
     body = mpijob(name, "lq", workers=6, requests=REQUESTS)
     for replica in body["spec"]["mpiReplicaSpecs"].values():
-        replica["template"]["metadata"] = {"annotations": NUMA}
+        replica["template"]["metadata"] = {"annotations": {**NUMA, **FORGED}, "labels": FORGED}
     return body
 
 

@@ -180,6 +180,29 @@ def test_a_tenant_places_no_pod_of_a_training_kind(
         status, answer = tenant.create(path, build(f"with-{what}", notes))
         assert refused_by_policy(status, answer), (kind, what, status, answer.get("message"))
         assert "only topolet-controller places pods" in answer["message"]
+    # The index labels pods are ranked by, which a tenant would set to share another pod's slot.
+    for key in ("jobset.sigs.k8s.io/job-index", "batch.kubernetes.io/job-completion-index",
+                "training.kubeflow.org/replica-index", "kueue.x-k8s.io/pod-index-offset"):
+        for where in ("labels", "annotations"):
+            body = build(f"forged-{where}", {})
+            template = templates_of(kind, body)[-1]
+            template.setdefault("metadata", {})[where] = {key: "0"}
+            status, answer = tenant.create(path, body)
+            assert refused_by_policy(status, answer), (kind, key, where, status, answer.get("message"))
+            assert "only the training operators set the index labels" in answer["message"]
+
+
+def templates_of(kind: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod templates of a training kind's object (a TrainJob: its runtime patch's)."""
+    spec = body["spec"]
+    if kind == "JobSet":
+        return [r["template"]["spec"]["template"] for r in spec["replicatedJobs"]]
+    if kind == "TrainJob":
+        patch = spec["runtimePatches"][0]["trainingRuntimeSpec"]
+        return [r["template"]["spec"]["template"] for r in patch["template"]["spec"]["replicatedJobs"]]
+    if kind == "MPIJob":
+        return [spec["mpiReplicaSpecs"][k]["template"] for k in ("Launcher", "Worker")]
+    return [spec["leaderWorkerTemplate"]["workerTemplate"]]
 
 
 @pytest.mark.parametrize(("operator", "kind", "collections"), [(o, k, c) for o, _, k, c in OPERATOR_ROWS],
