@@ -3,8 +3,8 @@
 Pure: no I/O, no clock.  `gang_from_workload` (`WorkloadSpecError`), `to_decide`, `checks_to_decide`,
 `holding`, `our_checks`, `active_status`, `pod_set_updates`, `records_of_state`, the state bodies
 (`ready_state`, `retry_state`, `rejected_state`, `status_apply`) and the names (`CONTROLLER_NAME`,
-`KUEUE_GROUP`/`KUEUE_VERSION`, `FAILSAFE_LABEL`).  A pod set spread over several slots needs
-completion indexes: its pods stay Pending unless the placement policy pins them.
+`KUEUE_GROUP`/`KUEUE_VERSION`, `FAILSAFE_LABEL`); `slot_rule` (`RANKED_OWNERS`).  A pod set spread
+over several slots needs a rank rule: its pods stay Pending unless the placement policy pins them.
 How a Ready Workload's pods land on their slots: agent/admission/kueue/README.md.
 """
 
