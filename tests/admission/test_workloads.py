@@ -332,3 +332,16 @@ def test_every_ranked_owner_has_a_trusted_operator_in_the_fields_policy() -> Non
     (table,) = [v["expression"] for v in doc["spec"]["variables"] if v["name"] == "byOperator"]
     for api_version, kind in RANKED_OWNERS:
         assert f"'{api_version}', '{kind}']" in table, (api_version, kind)
+
+
+def test_a_tas_assignment_is_refused_not_overruled() -> None:
+    """Kueue's TAS ungater pins each pod to its assignment's node: a Workload TAS placed is refused with
+    the reason (Rejected by the check) rather than given slots on other nodes, which would leave its
+    pods unschedulable."""
+    wl = workload(4)
+    wl["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"] = {
+        "levels": ["kubernetes.io/hostname"],
+        "slices": [{"domainCount": 1, "valuesPerLevel": [{"universal": "n1"}],
+                    "podCounts": {"universal": 4}}]}
+    with pytest.raises(WorkloadSpecError, match="has a Topology Aware Scheduling assignment"):
+        gang_from_workload(wl, {})

@@ -235,6 +235,13 @@ def gang_from_workload(wl: Mapping[str, Any], flavor_labels: Mapping[str, Mappin
         if not isinstance(name, str) or not name:
             raise WorkloadSpecError(f"podSets[{i}] has no name")
         assignment = assignments.get(name, {})
+        if assignment.get("topologyAssignment") is not None:
+            # Kueue's TAS ungater pins each pod to the node its assignment names; a slot of ours on
+            # another node would leave the pod unschedulable, so the two are not combined yet.
+            raise WorkloadSpecError(
+                f"podSets[{i}] ({name}) has a Topology Aware Scheduling assignment: Kueue's TAS already "
+                f"chose its pods' nodes, and topolet does not place inside a TAS assignment yet; list the "
+                f"topology-fit check on a ClusterQueue whose flavors have no topologyName")
         count = assignment.get("count", raw.get("count"))
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise WorkloadSpecError(f"podSets[{i}] ({name}): count must be a positive integer, got {count!r}")
