@@ -334,14 +334,51 @@ def test_every_ranked_owner_has_a_trusted_operator_in_the_fields_policy() -> Non
         assert f"'{api_version}', '{kind}']" in table, (api_version, kind)
 
 
-def test_a_tas_assignment_is_refused_not_overruled() -> None:
-    """Kueue's TAS ungater pins each pod to its assignment's node: a Workload TAS placed is refused with
-    the reason (Rejected by the check) rather than given slots on other nodes, which would leave its
-    pods unschedulable."""
-    wl = workload(4)
+def test_a_tas_assignment_is_placed_inside() -> None:
+    """Kueue's TAS ungater pins the pod of rank r to the r-th pod place of its assignment's domains: the
+    pod set is placed as one part per domain, each on its domain's nodes, and the slots come back in
+    rank order."""
+    wl = owned_by(workload(5), "jobset.x-k8s.io/v1alpha2", "JobSet", {**JOBSET_REQUEST, "subGroupCount": 1})
     wl["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"] = {
-        "levels": ["kubernetes.io/hostname"],
-        "slices": [{"domainCount": 1, "valuesPerLevel": [{"universal": "n1"}],
-                    "podCounts": {"universal": 4}}]}
-    with pytest.raises(WorkloadSpecError, match="has a Topology Aware Scheduling assignment"):
+        "levels": ["block", "kubernetes.io/hostname"],
+        "slices": [{"domainCount": 2,
+                    "valuesPerLevel": [{"universal": "b1"},
+                                       {"individual": {"prefix": "n", "roots": ["2", "1"]}}],
+                    "podCounts": {"individual": [3, 2]}}]}
+    gang = gang_from_workload(wl, {})
+    assert [(p.name, p.count, dict(p.node_selector)) for p in gang.pod_sets] == [
+        ("main/tas0", 3, {"block": "b1", "kubernetes.io/hostname": "n2"}),
+        ("main/tas3", 2, {"block": "b1", "kubernetes.io/hostname": "n1"})]
+    placement = Placement(gang.key, (
+        PodPlacement("main/tas3", 1, "n1", 1), PodPlacement("main/tas0", 0, "n2", 0),
+        PodPlacement("main/tas0", 1, "n2", 1), PodPlacement("main/tas0", 2, "n2", 2),
+        PodPlacement("main/tas3", 0, "n1", 0)))
+    (update,) = pod_set_updates(gang, placement, lambda name: slot_rule(wl, name, never))
+    assert update["name"] == "main"
+    assert update["annotations"]["topolet.io/placements"] == "n2:0,n2:1,n2:2,n1:0,n1:1"
+    (record,) = records_of_state(wl, ready_state("fit", gang, placement, [update], "t")).values()
+    assert record.slots[3] == SlotPlacement("n1", 0)
+
+
+@pytest.mark.parametrize(("assignment", "message"), [
+    ({}, "its levels are not node label keys"),
+    ({"levels": ["kubernetes.io/hostname"]}, "it has no domains"),
+    ({"levels": ["kubernetes.io/hostname"], "slices": [{"domainCount": 1, "valuesPerLevel": [],
+                                                        "podCounts": {"universal": 5}}]}, "slice 0"),
+    ({"levels": ["kubernetes.io/hostname"], "slices": [{"domainCount": 2, "valuesPerLevel": [
+        {"individual": {"roots": ["a"]}}], "podCounts": {"universal": 2}}]}, "no value for domain 1"),
+    ({"levels": ["kubernetes.io/hostname"], "slices": [{"domainCount": 1, "valuesPerLevel": [
+        {"universal": "a"}], "podCounts": {"individual": [-1]}}]}, "no pod count for domain 0"),
+    ({"levels": ["kubernetes.io/hostname"], "slices": [{"domainCount": 1, "valuesPerLevel": [
+        {"universal": "a"}], "podCounts": {"universal": 4}}]}, "its domains hold 4 pods, the pod set 5"),
+    ({"levels": ["pool"], "slices": [{"domainCount": 1, "valuesPerLevel": [
+        {"universal": "b"}], "podCounts": {"universal": 5}}]},
+     "its domain {'pool': 'b'} contradicts the pod set's node selector on pool"),
+])
+def test_a_tas_assignment_that_cannot_be_read_is_refused(assignment: dict[str, Any], message: str) -> None:
+    wl = workload(5, extra_spec={"nodeSelector": {"pool": "a"}})
+    wl["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"] = assignment
+    with pytest.raises(WorkloadSpecError) as raised:
         gang_from_workload(wl, {})
+    assert str(raised.value).startswith("podSets[0] (main): its topologyAssignment: "), raised.value
+    assert message in str(raised.value)

@@ -25,6 +25,7 @@ from agent.admission.gangs.record import (
     SlotPlacement,
     placements_value,
 )
+from agent.admission.kueue import tas
 from agent.api.names import COMPLETION_INDEX
 from agent.api.objects import as_dict, as_list, metadata_of, namespaced_name
 from agent.api.placements import parse_numa_zone, parse_placement
@@ -235,13 +236,6 @@ def gang_from_workload(wl: Mapping[str, Any], flavor_labels: Mapping[str, Mappin
         if not isinstance(name, str) or not name:
             raise WorkloadSpecError(f"podSets[{i}] has no name")
         assignment = assignments.get(name, {})
-        if assignment.get("topologyAssignment") is not None:
-            # Kueue's TAS ungater pins each pod to the node its assignment names; a slot of ours on
-            # another node would leave the pod unschedulable, so the two are not combined yet.
-            raise WorkloadSpecError(
-                f"podSets[{i}] ({name}) has a Topology Aware Scheduling assignment: Kueue's TAS already "
-                f"chose its pods' nodes, and topolet does not place inside a TAS assignment yet; list the "
-                f"topology-fit check on a ClusterQueue whose flavors have no topologyName")
         count = assignment.get("count", raw.get("count"))
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise WorkloadSpecError(f"podSets[{i}] ({name}): count must be a positive integer, got {count!r}")
@@ -262,7 +256,15 @@ def gang_from_workload(wl: Mapping[str, Any], flavor_labels: Mapping[str, Mappin
             raise WorkloadSpecError(f"podSets[{i}] ({name}): {exc}") from exc
         # One podSetUpdate carries a pod set's zone: a set of several pods, which may take several
         # slots, is never split per container (the placements format holds one zone a slot).
-        out.append(replace(pod_set, name=name, containers=pod_set.containers if count == 1 else ()))
+        pod_set = replace(pod_set, name=name, containers=pod_set.containers if count == 1 else ())
+        if assignment.get("topologyAssignment") is None:
+            out.append(pod_set)
+            continue
+        # Kueue's TAS chose each rank's domain, and its ungater pins the pod there: placed inside it.
+        try:
+            out.extend(tas.split(pod_set, tas.tas_domains(assignment["topologyAssignment"])))
+        except tas.TASError as exc:
+            raise WorkloadSpecError(f"podSets[{i}] ({name}): its topologyAssignment: {exc}") from exc
     priority = spec.get("priority", 0)
     return Gang(key=gang_key(wl), pod_sets=tuple(out),
                 priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)
@@ -271,9 +273,11 @@ def gang_from_workload(wl: Mapping[str, Any], flavor_labels: Mapping[str, Mappin
 # -- the decision on the Workload -------------------------------------------------------------------
 
 def _slots_by_set(placement: Placement) -> dict[str, list[SlotPlacement]]:
+    """Each Workload pod set's slots by rank (the parts of one TAS split joined again)."""
     by_set: dict[str, list[tuple[int, SlotPlacement]]] = {}
     for p in placement.pods:
-        by_set.setdefault(p.pod_set, []).append((p.index, SlotPlacement(p.node, p.zone, p.zones)))
+        name, offset = tas.whole(p.pod_set)
+        by_set.setdefault(name, []).append((offset + p.index, SlotPlacement(p.node, p.zone, p.zones)))
     return {name: [s for _, s in sorted(slots, key=lambda x: x[0])] for name, slots in by_set.items()}
 
 
@@ -286,30 +290,30 @@ def pod_set_updates(gang: Gang, placement: Placement, rule: Callable[[str], Rank
     the completion index travels with the slots as `topolet.io/placement-rank`."""
     slots = _slots_by_set(placement)
     updates = []
-    for ps in gang.pod_sets:
-        mine = slots.get(ps.name, [])
+    for name in dict.fromkeys(tas.whole(ps.name)[0] for ps in gang.pod_sets):
+        mine = slots.get(name, [])
         if len(set(mine)) == 1:
             (one,) = set(mine)
-            update: dict[str, Any] = {"name": ps.name, "nodeSelector": {HOSTNAME_LABEL: one.node}}
+            update: dict[str, Any] = {"name": name, "nodeSelector": {HOSTNAME_LABEL: one.node}}
             value = one.zone_value()
             if value is not None:
                 update["annotations"] = {NUMA_ZONE_ANNOTATION: value}
             updates.append(update)
             continue
-        told = rule(ps.name)
+        told = rule(name)
         if isinstance(told, str):
             nodes = sorted({s.node for s in mine})
             raise WorkloadSpecError(
-                f"pod set {ps.name} fits only over {len(set(mine))} node/zone slots ({', '.join(nodes[:4])}"
+                f"pod set {name} fits only over {len(set(mine))} node/zone slots ({', '.join(nodes[:4])}"
                 f"{', ...' if len(nodes) > 4 else ''}) and {told}")
         record = AdmissionRecord("admitted", "-", "-", dict(enumerate(mine)))
         value = placements_value(record, indexed=True)
         if value is None:
-            raise WorkloadSpecError(f"pod set {ps.name}: {len(mine)} slots do not fit one annotation")
+            raise WorkloadSpecError(f"pod set {name}: {len(mine)} slots do not fit one annotation")
         notes = {PLACEMENTS_ANNOTATION: value}
         if told != BY_COMPLETION_INDEX:
             notes[RANK_ANNOTATION] = told.value()
-        updates.append({"name": ps.name, "annotations": notes,
+        updates.append({"name": name, "annotations": notes,
                         "nodeSelector": {FAILSAFE_LABEL[0]: FAILSAFE_LABEL[1]}})
     return updates
 
