@@ -511,7 +511,7 @@ def kueue_path(plural: str, name: str | None = None, *, namespace: str | None = 
 
 
 _PLURAL = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues",
-           "AdmissionCheck": "admissionchecks"}
+           "AdmissionCheck": "admissionchecks", "Topology": "topologies"}
 
 
 class KueueObjects:

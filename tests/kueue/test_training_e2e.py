@@ -26,7 +26,7 @@ import pytest
 
 from agent.api.ranks import RankRule, parse_rank_rule
 from tests.controlplane.fixtures import kueue, kueue_session, operators
-from tests.controlplane.kueue import KueueScope, kueue_path
+from tests.controlplane.kueue import KueueScope, kueue_path, resource_flavor
 from tests.controlplane.operators import Operators, collection_path, jobset, mpijob, trainjob
 from tests.kube.kubelet_standin import wait_for
 from tests.kueue.test_check import FAILSAFE
@@ -50,8 +50,8 @@ FORGED = {"jobset.sigs.k8s.io/job-index": "0", COMPLETION_INDEX: "0",
           "training.kubeflow.org/replica-index": "0"}
 
 
-def _jobset(name: str) -> dict[str, Any]:
-    body = jobset(name, "lq", replicas=2, pods=3, requests=REQUESTS)
+def _jobset(name: str, cpu: str = "12") -> dict[str, Any]:
+    body = jobset(name, "lq", replicas=2, pods=3, requests={**REQUESTS, "cpu": cpu})
     body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"] = {"annotations": NUMA}
     return body
 
@@ -82,8 +82,9 @@ class Kind:
     spread: str  # the pod set over several slots, placed by rank
 
 
+JOBSET = Kind("JobSet", _jobset, "jobset.sigs.k8s.io/jobset-name={name}", 6, "workers")
 KINDS = [
-    Kind("JobSet", _jobset, "jobset.sigs.k8s.io/jobset-name={name}", 6, "workers"),
+    JOBSET,
     Kind("TrainJob", _trainjob, "jobset.sigs.k8s.io/jobset-name={name}", 6, "node"),
     Kind("MPIJob", _mpijob, "training.kubeflow.org/job-name={name}", 7, "worker"),
 ]
@@ -193,3 +194,66 @@ def test_a_training_gang_lands_pod_by_pod_and_frees_its_slots(
     s.set_active(gangs[first], True)
     wait_for(lambda: placed_by_rank(s, kind, first, gangs[first]) and state_of(s, gangs[first]) != decided,
              f"{first} placed again, on a fresh decision, once {second} is deleted", timeout=240)
+
+
+def tas_queue(s: Setup, quota_cpu: int) -> tuple[str, str]:
+    """A Kueue TAS ClusterQueue with the check beside the setup's: a Topology of a block level (both
+    nodes in one block) over `kubernetes.io/hostname`, a flavor of the setup's nodes with that
+    topology, and a LocalQueue "tas" in the setup's namespace; (the block label, the flavor)."""
+    tag = s.check.removeprefix("fit-")
+    block = f"test.topolet.io/block-{tag}"
+    for node in s.nodes:
+        s.api.patch(f"/api/v1/nodes/{node}", {"metadata": {"labels": {block: "b1"}}},
+                    "application/merge-patch+json")
+    s.kueue.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology",
+                    "metadata": {"name": f"topo-{tag}"},
+                    "spec": {"levels": [{"nodeLabel": block}, {"nodeLabel": "kubernetes.io/hostname"}]}})
+    flavor = resource_flavor(f"rf-tas-{tag}", {s.label: "true"})
+    flavor["spec"]["topologyName"] = f"topo-{tag}"
+    s.kueue.create(flavor)
+    s.kueue.cluster_queue(f"cq-tas-{tag}", f"rf-tas-{tag}", {"cpu": str(quota_cpu), "memory": "64Gi"},
+                          admission_checks=[s.check])
+    s.kueue.local_queue(s.ns, "tas", f"cq-tas-{tag}")
+    return block, f"rf-tas-{tag}"
+
+
+def test_a_jobset_under_kueue_tas_is_placed_inside_its_assignment(
+        kueue: KueueScope, operators: Operators, dump_root: Callable[[str], Path]) -> None:
+    """Kueue's Topology Aware Scheduling and the check on one ClusterQueue.  TAS assigns each rank a
+    node at quota reservation (its ungater pins the pod there) by node totals: 6 pods of 12 CPUs go 5
+    on one 64-CPU node, where only 4 fit a zone each, so the check answers Retry with that constraint.
+    6 pods of 15 CPUs go 4 and 2, and the check places each rank on the node TAS chose, in a zone of
+    its own: the two agree and every pod runs pinned in its zone."""
+    from agent.admission.kueue.tas import tas_domains
+
+    assert operators.running("jobset")
+    s = Setup(kueue, dump_root, 200)
+    block, _ = tas_queue(s, 200)
+
+    def submit(cpu: str) -> tuple[str, str]:
+        body = _jobset(f"t{cpu}-{uuid.uuid4().hex[:4]}", cpu)
+        body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "tas"
+        template = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+        template["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"] = block
+        made = s.api.create(collection_path("JobSet", s.ns), body)
+        return made["metadata"]["name"], made["metadata"]["uid"]
+
+    name, uid = submit("12")
+    retry = wait_for(lambda: state_of(s, uid) if state_of(s, uid).get("state") == "Retry" else None,
+                     "the 12-CPU JobSet Retried inside its TAS assignment", timeout=120)
+    assert "inside its Topology Aware Scheduling assignment" in retry["message"], retry
+    assert "pod needs 12 CPUs in one NUMA zone" in retry["message"], retry
+    s.api.request("DELETE", f"{collection_path('JobSet', s.ns)}/{name}",
+                  body={"propagationPolicy": "Foreground"}, content_type="application/json")
+
+    name, uid = submit("15")
+    wait_for(lambda: placed_by_rank(s, JOBSET, name, uid), "the 15-CPU JobSet's pods on their ranks' slots",
+             timeout=180)
+    (wl,) = s.api.list(kueue_path("workloads", namespace=s.ns),
+                       {"labelSelector": f"kueue.x-k8s.io/job-uid={uid}"})["items"]
+    (assignment,) = wl["status"]["admission"]["podSetAssignments"]
+    tas_nodes = [dict(d.selector)["kubernetes.io/hostname"]
+                 for d in tas_domains(assignment["topologyAssignment"]) for _ in range(d.count)]
+    (update,) = state_of(s, uid)["podSetUpdates"]
+    ours = [entry.split(":")[0] for entry in update["annotations"]["topolet.io/placements"].split(",")]
+    assert ours == tas_nodes  # rank by rank, the node TAS chose

@@ -22,7 +22,7 @@ from agent.admission.cluster.store import Reflector
 from agent.admission.engine.model import Gang, Placement, Refusal
 from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults
 from agent.admission.gangs.slots import pods_by_owner
-from agent.admission.kueue import workloads
+from agent.admission.kueue import tas, workloads
 from agent.admission.kueue.holds import Held, Holds, Refused, ready_entries
 from agent.admission.kueue.workloads import CONTROLLER_NAME, KUEUE_GROUP, KUEUE_VERSION, WorkloadSpecError
 from agent.admission.kueue.writes import CheckWrites
@@ -245,12 +245,14 @@ class KueueCheck:
             self.writes.write(p.workload, ready_entries(p.workload, p.checks[0], p.gang, result, now,
                                                         p.limit_defaults),
                               self.writes.ready, p.workload, p.checks, p.gang, result, now)
-        elif result.kind == "never" and not left_out:
+        elif result.kind == "never" and not left_out and not tas.placed_by_tas(p.gang):
             why = result.reason
             self._send(p, "rejected", [workloads.rejected_state(c, why, now) for c in p.checks], why)
         else:
             reason = result.reason
-            if result.kind == "never":
+            if result.kind == "never" and tas.placed_by_tas(p.gang):
+                reason = f"{reason} inside its Topology Aware Scheduling assignment"
+            elif result.kind == "never":
                 # "Never" counts only the usable nodes: one left out may come back.
                 reason = f"{reason}; {len(left_out)} nodes are left out now"
             states = [workloads.retry_state(c, reason, workloads.retry_count(p.workload, c), now)

@@ -1,9 +1,9 @@
 """Kueue's Topology Aware Scheduling assignment of a pod set, read so that the check places inside it.
 
-Pure: no I/O.  `tas_domains(topologyAssignment)` -> [`Domain`] in Kueue's order (WorkloadSpecError when
-it cannot be read); `split(pod_set, domains)` -> one pod set per domain, named `part_name`;
-`whole(name)` -> (the Workload pod set's name, the rank its part starts at).  Kueue's ungater gives the
-pod of rank r the r-th pod place of the domains in order, so a part's pod i is rank offset + i.
+Pure: no I/O.  `tas_domains(topologyAssignment)` -> [`Domain`] in Kueue's order (TASError when it
+cannot be read); `split(pod_set, domains)` -> one pod set per domain, named `part_name`; `whole(name)`
+-> (the Workload pod set's name, the rank its part starts at); `placed_by_tas(gang)`.  Kueue's ungater
+gives the pod of rank r the r-th pod place of the domains in order, so a part's pod i is rank offset + i.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agent.admission.engine.model import PodSet
+from agent.admission.engine.model import Gang, PodSet
 from agent.api.objects import as_dict, as_list, json_int
 
 MAX_DOMAINS = 100_000  # past any cluster's nodes
@@ -113,3 +113,9 @@ def split(pod_set: PodSet, domains: list[Domain]) -> list[PodSet]:
                                  node_selector={**pod_set.node_selector, **dict(d.selector)}))
         offset += d.count
     return parts
+
+
+def placed_by_tas(gang: Gang) -> bool:
+    """Whether some pod set of `gang` was split by a TAS assignment: a gang that never fits inside it
+    may fit inside the next one Kueue's TAS chooses, so it is told Retry, not Rejected."""
+    return any(whole(ps.name)[0] != ps.name for ps in gang.pod_sets)
