@@ -95,7 +95,8 @@ def decode_jwt_payload(token: str) -> dict[str, Any]:
     return claims
 
 
-def _openssl(*args: str) -> None:
+def openssl(*args: str) -> None:
+    """Run the `openssl` command with `args`; ControlPlaneError with its stderr when it fails."""
     done = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise ControlPlaneError(f"openssl {' '.join(args[:2])} failed: {done.stderr.strip()}")
@@ -108,11 +109,11 @@ def generate_pki(pki: Path) -> None:
     pki.mkdir(parents=True, exist_ok=True)
     ca_key, ca_crt = pki / "ca.key", pki / "ca.crt"
     key, csr, crt = pki / "apiserver.key", pki / "apiserver.csr", pki / "apiserver.crt"
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
              "-keyout", str(ca_key), "-out", str(ca_crt), "-days", "30", "-subj", "/CN=topolet-test-ca",
              "-addext", "basicConstraints=critical,CA:TRUE",
              "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
              "-keyout", str(key), "-out", str(csr), "-subj", "/CN=kube-apiserver")
     ext = pki / "apiserver.ext"
     ext.write_text(
@@ -121,10 +122,10 @@ def generate_pki(pki: Path) -> None:
         "extendedKeyUsage=serverAuth\n"
         "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
     )
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca_crt), "-CAkey", str(ca_key),
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca_crt), "-CAkey", str(ca_key),
              "-CAcreateserial", "-out", str(crt), "-days", "30", "-extfile", str(ext))
     # The API server signs service-account tokens with this key and verifies them with the same file.
-    _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
+    openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
              "-out", str(pki / "sa.key"))
 
 

@@ -21,7 +21,6 @@ import os
 import shutil
 import socket
 import struct
-import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -30,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from tests.controlplane.harness import ControlPlaneError
+from tests.controlplane.harness import ControlPlaneError, openssl
 
 # netdevice(7): an interface's flags and its (first) IPv4 address.
 _SIOCGIFFLAGS, _SIOCGIFADDR, _IFF_UP = 0x8913, 0x8915, 0x1
@@ -156,12 +155,6 @@ def wait_crds_established(api: Any, names: Sequence[str], timeout_s: float) -> N
             time.sleep(0.1)
 
 
-def _openssl(*args: str) -> None:
-    done = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise ControlPlaneError(f"openssl {' '.join(args[:2])} failed: {done.stderr.strip()}")
-
-
 def webhook_ca(directory: Path) -> Path:
     """A CA for webhook serving certificates in `directory` (ca.crt, ca.key), made once; ca.crt's path."""
     if shutil.which("openssl") is None:
@@ -169,7 +162,7 @@ def webhook_ca(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     ca_crt = directory / "ca.crt"
     if not ca_crt.exists():
-        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
                  "-keyout", str(directory / "ca.key"), "-out", str(ca_crt), "-days", "30",
                  "-subj", "/CN=topolet-test-webhook-ca",
                  "-addext", "basicConstraints=critical,CA:TRUE",
@@ -182,12 +175,12 @@ def serving_certificate(ca_crt: Path, cert_dir: Path, dns_name: str) -> None:
     the API server checks when it calls a webhook Service), signed by the CA of webhook_ca()."""
     cert_dir.mkdir(parents=True, exist_ok=True)
     key, csr, crt = cert_dir / "tls.key", cert_dir / "tls.csr", cert_dir / "tls.crt"
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
              "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={dns_name}")
     ext = cert_dir / "tls.ext"
     ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
                    f"extendedKeyUsage=serverAuth\nsubjectAltName=DNS:{dns_name}\n")
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca_crt), "-CAkey", str(ca_crt.with_suffix(".key")),
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca_crt), "-CAkey", str(ca_crt.with_suffix(".key")),
              "-CAcreateserial", "-out", str(crt), "-days", "30", "-extfile", str(ext))
     key.chmod(0o600)
 
