@@ -182,7 +182,7 @@ class KubeAgent:
                         self.mig.inventory if self.mig is not None else None, self.route_name,
                         None if self.kubelet.static_cpus is None
                         else KubeletCPUs(self.kubelet.static_cpus, self.kubelet.pinned_cpus),
-                        self.kubelet.offered_devices, self.kubelet.held_devices)
+                        self.kubelet.offered_devices, self.kubelet.held_devices, self.engine.reserved)
 
     def _after_changes(self) -> None:
         """Bring the pod cgroups to the pins; tell the publisher when the allocation state moved."""

@@ -305,6 +305,20 @@ def test_daemon_nrt_reports_gpus_per_zone_less_those_held() -> None:
     assert all(not k.startswith("nvidia.com/") for z in without.values() for k in resources(z))
 
 
+def test_the_first_nrt_keeps_the_reserved_cpus_before_the_state_records_them() -> None:
+    """A fresh node's first NRT is published before the engine's first commit writes the state file:
+    the agent's --reserved-cpus (`reserved`) are kept out all the same (a simulated node's first NRT
+    offered its reserved CPU under load: tests/controlplane/test_cluster.py)."""
+    from agent.kube.publish.nrt_build import build_nrt
+    from agent.topology.cpuset import CPUSet
+
+    first = CPUSet([min(TWO_SOCKETS_AND_CXL.numa_nodes[0].cpus)])
+    unrecorded = build_nrt(("w", "u"), TWO_SOCKETS_AND_CXL, State(), (), reserved=first)
+    recorded = build_nrt(("w", "u"), TWO_SOCKETS_AND_CXL, State(reserved=first), ())
+    assert unrecorded == recorded
+    assert unrecorded != build_nrt(("w", "u"), TWO_SOCKETS_AND_CXL, State(), ())  # it is kept out
+
+
 # ---- the pod fingerprint -------------------------------------------------------------------------
 
 # XXH64 digests the hand-written hash the fingerprint used before the `xxhash` package computed, for

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from agent.api.policies import Scope
 from agent.enforce.state import State
+from agent.topology.cpuset import EMPTY as EMPTY_CPUS
+from agent.topology.cpuset import CPUSet
 from agent.topology.model import Topology
 
 if TYPE_CHECKING:
@@ -39,6 +41,9 @@ class Snapshot:
     kubelet_cpus: KubeletCPUs | None = None  # the kubelet's static CPU manager's CPUs, where it runs
     offered_devices: tuple[Device, ...] = ()  # device plugin devices the kubelet can hand out (not GPUs)
     held_devices: tuple[Device, ...] = ()  # those of them containers hold
+    # The agent's --reserved-cpus: kept from exclusive use even before the state file records them
+    # (a fresh node's first NRT is published before the engine's first commit).
+    reserved: CPUSet = EMPTY_CPUS
 
 
 def zone_memory_held(topology: Topology, state: State, requests: MemoryRequests) -> dict[int, dict[str, int]]:
@@ -71,7 +76,7 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
               assigned_gpus: Collection[str] = (), *, memory: MemoryRequests | None = None,
               mig: MigInventory | None = None, route: str | None = None,
               kubelet_cpus: KubeletCPUs | None = None, offered_devices: Iterable[Device] = (),
-              held_devices: Iterable[Device] = (),
+              held_devices: Iterable[Device] = (), reserved: CPUSet = EMPTY_CPUS,
               scope: str = Scope.CONTAINER.value) -> dict[str, Any]:
     """The node's NRT: CPUs and GPUs less what `state` holds, GPUs less those the kubelet assigned
     (`assigned_gpus`: PCI addresses or UUIDs), memory and hugepages less what memory-bound
@@ -82,7 +87,8 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
     MIG resource is published (instances unknown).  `route` becomes the `topolet.io/pinning-route`
     attribute; `kubelet_cpus` (the kubelet's static CPU manager) replaces the state's CPUs;
     `offered_devices` less `held_devices` are the device plugin resources per zone (`zone_devices`);
-    `scope` (`topolet agent --numa-scope`) becomes the `topologyManagerScope` attribute."""
+    `scope` (`topolet agent --numa-scope`) becomes the `topologyManagerScope` attribute; `reserved`
+    CPUs are never available, whether or not `state` records them yet."""
     from agent.api.fingerprint import pod_set_fingerprint
     from agent.kube.publish.nrt import nrt_object
 
@@ -96,7 +102,7 @@ def build_nrt(node_ref: tuple[str, str], topology: Topology, state: State,
         pods_fingerprint=pod_set_fingerprint(pinned),
         pods_fingerprint_method="with-exclusive-resources",
         memory_held=zone_memory_held(topology, state, memory or {}), pinning_route=route,
-        kubelet_cpus=kubelet_cpus, topology_manager_scope=scope,
+        kubelet_cpus=kubelet_cpus, topology_manager_scope=scope, reserved=reserved,
         devices=zone_devices(offered_devices, held_devices, {n.id for n in topology.numa_nodes}))
     return obj
 

@@ -232,7 +232,7 @@ class Publisher:
         return build_nrt(self._node_ref, snap.topology, snap.state, snap.pinned, self.gpus,
                          snap.assigned_gpus, memory=snap.memory, mig=snap.mig, route=snap.route,
                          kubelet_cpus=snap.kubelet_cpus, offered_devices=snap.offered_devices,
-                         held_devices=snap.held_devices,
+                         held_devices=snap.held_devices, reserved=snap.reserved,
                          scope=self.config.numa_scope)
 
 
