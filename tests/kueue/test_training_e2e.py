@@ -26,7 +26,7 @@ import pytest
 
 from agent.api.ranks import RankRule, parse_rank_rule
 from tests.controlplane.fixtures import kueue, kueue_session, operators
-from tests.controlplane.kueue import KueueScope, kueue_path, resource_flavor
+from tests.controlplane.kueue import KueueScope, resource_flavor
 from tests.controlplane.operators import Operators, collection_path, jobset, mpijob, trainjob
 from tests.kube.kubelet_standin import wait_for
 from tests.kueue.test_check import FAILSAFE
@@ -90,17 +90,6 @@ KINDS = [
 ]
 
 
-def state_of(s: Setup, uid: str) -> dict[str, Any]:
-    """Our check's state on the object's Workload ({} before there is one)."""
-    listed = s.api.list(kueue_path("workloads", namespace=s.ns),
-                        {"labelSelector": f"kueue.x-k8s.io/job-uid={uid}"})
-    for wl in listed.get("items") or []:
-        for entry in wl.get("status", {}).get("admissionChecks") or []:
-            if entry["name"] == s.check:
-                return dict(entry)
-    return {}
-
-
 def pods_of(s: Setup, kind: Kind, name: str) -> list[dict[str, Any]]:
     listed = s.api.list(f"/api/v1/namespaces/{s.ns}/pods",
                         {"labelSelector": kind.pod_selector.format(name=name)})
@@ -125,7 +114,7 @@ def slot_of(update: dict[str, Any], meta: dict[str, Any]) -> tuple[tuple[str, st
 
 def placed_by_rank(s: Setup, kind: Kind, name: str, uid: str) -> bool:
     """Every pod bound on its rank's slot, in its zone, and pinned there by the node's agent."""
-    state = state_of(s, uid)
+    state = s.state(uid)
     pods = pods_of(s, kind, name)
     if (state.get("state") != "Ready" or len(pods) != kind.pods
             or not all(p["spec"].get("nodeName") for p in pods)):
@@ -167,24 +156,24 @@ def test_a_training_gang_lands_pod_by_pod_and_frees_its_slots(
     gangs = {m["metadata"]["name"]: m["metadata"]["uid"] for m in made}
 
     def ready() -> list[str]:
-        return [n for n, uid in gangs.items() if state_of(s, uid).get("state") == "Ready"]
+        return [n for n, uid in gangs.items() if s.state(uid).get("state") == "Ready"]
 
     wait_for(lambda: s.controller.popen.poll() is not None,
              "the controller to kill itself after a Ready write", timeout=120)
     assert s.controller.popen.returncode == -signal.SIGKILL
     (first,) = wait_for(ready, "one gang Ready")
-    decided = state_of(s, gangs[first])
+    decided = s.state(gangs[first])
     s.kueue.cluster.start_controller("--resync-seconds", "2", "--kueue", "on")
     (second,) = [n for n in gangs if n != first]
 
     def one_runs_the_other_retries() -> bool:
         assert ready() == [first], "both gangs Ready at once: double-booked"
-        return (state_of(s, gangs[second]).get("state") == "Retry"
+        return (s.state(gangs[second]).get("state") == "Retry"
                 and placed_by_rank(s, kind, first, gangs[first]))
 
     wait_for(one_runs_the_other_retries, f"{first} placed by rank, {second} told Retry", timeout=180)
-    assert state_of(s, gangs[first]) == decided, "the Ready gang was decided again after the restart"
-    assert "pod needs 12 CPUs" in state_of(s, gangs[second])["message"]
+    assert s.state(gangs[first]) == decided, "the Ready gang was decided again after the restart"
+    assert "pod needs 12 CPUs" in s.state(gangs[second])["message"]
 
     s.set_active(gangs[first], False)  # Kueue evicts it: suspends the object, its pods go
     wait_for(lambda: placed_by_rank(s, kind, second, gangs[second]),
@@ -192,7 +181,7 @@ def test_a_training_gang_lands_pod_by_pod_and_frees_its_slots(
     s.api.request("DELETE", f"{path}/{second}", body={"propagationPolicy": "Foreground"},
                   content_type="application/json")
     s.set_active(gangs[first], True)
-    wait_for(lambda: placed_by_rank(s, kind, first, gangs[first]) and state_of(s, gangs[first]) != decided,
+    wait_for(lambda: placed_by_rank(s, kind, first, gangs[first]) and s.state(gangs[first]) != decided,
              f"{first} placed again, on a fresh decision, once {second} is deleted", timeout=240)
 
 
@@ -239,7 +228,7 @@ def test_a_jobset_under_kueue_tas_is_placed_inside_its_assignment(
         return made["metadata"]["name"], made["metadata"]["uid"]
 
     name, uid = submit("12")
-    retry = wait_for(lambda: state_of(s, uid) if state_of(s, uid).get("state") == "Retry" else None,
+    retry = wait_for(lambda: s.state(uid) if s.state(uid).get("state") == "Retry" else None,
                      "the 12-CPU JobSet Retried inside its TAS assignment", timeout=120)
     assert "inside its Topology Aware Scheduling assignment" in retry["message"], retry
     assert "pod needs 12 CPUs in one NUMA zone" in retry["message"], retry
@@ -249,11 +238,9 @@ def test_a_jobset_under_kueue_tas_is_placed_inside_its_assignment(
     name, uid = submit("15")
     wait_for(lambda: placed_by_rank(s, JOBSET, name, uid), "the 15-CPU JobSet's pods on their ranks' slots",
              timeout=180)
-    (wl,) = s.api.list(kueue_path("workloads", namespace=s.ns),
-                       {"labelSelector": f"kueue.x-k8s.io/job-uid={uid}"})["items"]
-    (assignment,) = wl["status"]["admission"]["podSetAssignments"]
+    (assignment,) = s.workload(uid)["status"]["admission"]["podSetAssignments"]
     tas_nodes = [dict(d.selector)["kubernetes.io/hostname"]
                  for d in tas_domains(assignment["topologyAssignment"]) for _ in range(d.count)]
-    (update,) = state_of(s, uid)["podSetUpdates"]
+    (update,) = s.state(uid)["podSetUpdates"]
     ours = [entry.split(":")[0] for entry in update["annotations"]["topolet.io/placements"].split(",")]
     assert ours == tas_nodes  # rank by rank, the node TAS chose

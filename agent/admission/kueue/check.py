@@ -245,12 +245,15 @@ class KueueCheck:
             self.writes.write(p.workload, ready_entries(p.workload, p.checks[0], p.gang, result, now,
                                                         p.limit_defaults),
                               self.writes.ready, p.workload, p.checks, p.gang, result, now)
-        elif result.kind == "never" and not left_out and not tas.placed_by_tas(p.gang):
+            return
+        # A gang that never fits inside its TAS assignment may fit inside the next one.
+        by_tas = result.kind == "never" and tas.placed_by_tas(p.gang)
+        if result.kind == "never" and not left_out and not by_tas:
             why = result.reason
             self._send(p, "rejected", [workloads.rejected_state(c, why, now) for c in p.checks], why)
         else:
             reason = result.reason
-            if result.kind == "never" and tas.placed_by_tas(p.gang):
+            if by_tas:
                 reason = f"{reason} inside its Topology Aware Scheduling assignment"
             elif result.kind == "never":
                 # "Never" counts only the usable nodes: one left out may come back.

@@ -70,22 +70,24 @@ def gang_key(wl: Mapping[str, Any]) -> str:
     return f"workload:{namespaced_name(wl)}"
 
 
+def _controller_ref(wl: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The Workload's controlling owner reference (Kueue's: the object whose pods it admits)."""
+    for ref in as_list(metadata_of(wl).get("ownerReferences")):
+        if as_dict(ref).get("controller") is True:
+            return as_dict(ref)
+    return None
+
+
 def owner_uid(wl: Mapping[str, Any]) -> str | None:
     """The uid of the Workload's controlling owner (the Job whose pods it admits), None without one."""
-    for ref in as_list(metadata_of(wl).get("ownerReferences")):
-        ref = as_dict(ref)
-        if ref.get("controller") and isinstance(ref.get("uid"), str):
-            return str(ref["uid"])
-    return None
+    uid = as_dict(_controller_ref(wl)).get("uid")
+    return uid if isinstance(uid, str) else None
 
 
 def owner_kind(wl: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(apiVersion, kind) of the Workload's controlling owner (Kueue's reference), None without one."""
-    for ref in as_list(metadata_of(wl).get("ownerReferences")):
-        ref = as_dict(ref)
-        if ref.get("controller") is True:
-            return str(ref.get("apiVersion")), str(ref.get("kind"))
-    return None
+    """(apiVersion, kind) of the Workload's controlling owner, None without one."""
+    ref = _controller_ref(wl)
+    return None if ref is None else (str(ref.get("apiVersion")), str(ref.get("kind")))
 
 
 def slot_rule(wl: Mapping[str, Any], pod_set: str, job_indexed: Callable[[], bool]) -> RankRule | str:
