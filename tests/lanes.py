@@ -16,8 +16,8 @@ from collections.abc import Sequence
 # /var/lib/kubelet/device-plugins (tests/realnode/node.py); a TCG guest takes a whole core, and two at once
 # would starve the host's API server each one's node talks to (tests/vm).  A test elsewhere that starts
 # either gets a line here (`test_every_test_has_one_group_and_real_nodes_share_a_lane` checks the first).
-# The MPI operator binds port 8080 on every interface (tests/controlplane/operators.py): one session at a
-# time runs the training operators.
+# The MPI operator binds port 8080 on every interface (tests/controlplane/operators.py): one worker at a
+# time runs the training operators (other test sessions on the machine wait for their turn on its lock).
 REALNODE, GUEST, OPERATORS = "realnode", "guest", "operators"
 LANES: tuple[tuple[str, str], ...] = (
     ("tests/vm/", GUEST),

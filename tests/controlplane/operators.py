@@ -12,6 +12,7 @@ and the test `ClusterTrainingRuntime`; `stop()` removes the webhook configuratio
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -46,8 +47,11 @@ FRAMEWORKS = ("jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob", "kubefl
               "leaderworkerset.x-k8s.io/leaderworkerset")
 TEST_RUNTIME = "topolet-test-torch"
 IMAGE = "busybox"  # never pulled: the test cluster's nodes run no kubelet
-# The MPI operator serves /healthz on this fixed port on every interface (cmd/mpi-operator/app).
+# The MPI operator serves /healthz on this fixed port on every interface (cmd/mpi-operator/app): two test
+# sessions on one machine take turns through this lock, held while it runs.
 MPI_HEALTH_PORT = 8080
+MPI_LOCK = Path("/tmp/topolet-mpi-operator.lock")
+MPI_LOCK_WAIT_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,21 @@ def _require_free_port(port: int, who: str) -> None:
                                     "(another test session running it?)") from exc
 
 
+def _take_turn(lock: Path, wait_s: float, who: str) -> int:
+    """An fd holding the exclusive flock on `lock`, waiting up to `wait_s` for another session's turn."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise ControlPlaneError(f"{who}: another test session held {lock} for {wait_s:.0f} s") from None
+            time.sleep(1.0)
+
+
 def _webhook_plural(kind: str) -> str:
     return f"/apis/admissionregistration.k8s.io/v1/{kind.lower()}s"
 
@@ -150,6 +169,7 @@ class Operators:
     ready_seconds: dict[str, float] = field(default_factory=dict)
     _processes: dict[str, _Process] = field(default_factory=dict)
     _ports: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (webhook, health)
+    _mpi_lock: int | None = None  # the fd holding MPI_LOCK while the MPI operator runs
 
     @property
     def specs(self) -> list[OperatorSpec]:
@@ -178,6 +198,9 @@ class Operators:
         for proc in self._processes.values():
             proc.stop(STOP_TIMEOUT_S)
         self._processes.clear()
+        if self._mpi_lock is not None:
+            os.close(self._mpi_lock)  # releases the lock
+            self._mpi_lock = None
         if not self.ca_crt.exists():  # install() never got as far as the webhooks
             return
         api = self._api()
@@ -272,6 +295,8 @@ class Operators:
         env = {"KUBECONFIG": kubeconfig, "TMPDIR": str(workdir / "tmp")}
         (workdir / "tmp").mkdir(exist_ok=True)
         if spec.name == "mpi-operator":
+            if self._mpi_lock is None:
+                self._mpi_lock = _take_turn(MPI_LOCK, MPI_LOCK_WAIT_S, spec.name)
             _require_free_port(MPI_HEALTH_PORT, spec.name)
             argv = [binary, "--kubeConfig", kubeconfig, "--lock-namespace", spec.namespace,
                     "--kube-api-qps", "50", "--kube-api-burst", "100"]
