@@ -20,8 +20,10 @@ from agent.admission.kueue.workloads import (
     check_active,
     checks_to_decide,
     gang_from_workload,
+    group_owner,
     holding,
     our_checks,
+    owner_notes,
     parse_placements,
     pod_set_updates,
     ready_state,
@@ -219,11 +221,9 @@ def never(_: object = None) -> bool:
      RankRule("training.kubeflow.org/replica-index")),
     ("trainer.kubeflow.org/v1alpha1", "TrainJob", {**JOBSET_REQUEST, "subGroupCount": 1}, 6,
      RankRule("batch.kubernetes.io/job-completion-index", "jobset.sigs.k8s.io/job-index", 6)),
-    # A LeaderWorkerSet's pods come from StatefulSets, whose controller runs under a name all of
-    # kube-controller-manager's share: no chain the fields policy could trust.
-    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet",
-     {"podIndexLabel": "leaderworkerset.sigs.k8s.io/worker-index"}, 3,
-     "its owner is a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1), whose pods topolet does not tell"),
+    # A kind topolet has no table entry for: refused by kind, whatever Kueue wrote.
+    ("ray.io/v1", "RayCluster", {"podIndexLabel": "ray.io/index"}, 3,
+     "its owner is a RayCluster (ray.io/v1), whose pods topolet does not tell"),
     ("jobset.x-k8s.io/v1", "JobSet", JOBSET_REQUEST, 6, "its owner is a JobSet (jobset.x-k8s.io/v1)"),
 ])
 def test_slot_rule_reads_the_topology_request_of_a_trusted_owner(
@@ -235,6 +235,93 @@ def test_slot_rule_reads_the_topology_request_of_a_trusted_owner(
         assert rule == expected
     else:
         assert isinstance(rule, str) and rule.startswith(expected), rule
+
+
+def group_owned(wl: dict[str, Any], owners: Sequence[tuple[str, str]], request: dict[str, Any] | None,
+                pod_sets: Sequence[tuple[str, int]] = ()) -> dict[str, Any]:
+    """`wl` as Kueue's pod integration writes a pod group's: owners without `controller` (the
+    LeaderWorkerSet or StatefulSet, then its pods), the group annotation, each pod set's `request`."""
+    wl["metadata"]["ownerReferences"] = [{"apiVersion": a, "kind": k, "name": f"o{i}", "uid": f"o-{i}"}
+                                         for i, (a, k) in enumerate(owners)]
+    wl["metadata"]["annotations"] = {"kueue.x-k8s.io/is-group-workload": "true"}
+    template = wl["spec"]["podSets"][0]
+    if pod_sets:
+        wl["spec"]["podSets"] = [{**template, "name": n, "count": c} for n, c in pod_sets]
+        wl["status"]["admission"]["podSetAssignments"] = [{"name": n, "flavors": {"cpu": "default"}}
+                                                          for n, _ in pod_sets]
+    for ps in wl["spec"]["podSets"]:
+        if request is not None:
+            ps["topologyRequest"] = request
+    return wl
+
+
+LWS = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
+STS = ("apps/v1", "StatefulSet")
+POD = ("v1", "Pod")
+WORKER_INDEX = {"podIndexLabel": "leaderworkerset.sigs.k8s.io/worker-index"}
+
+
+@pytest.mark.parametrize(("owners", "request_", "pod_sets", "pod_set", "expected"), [
+    # A LeaderWorkerSet's group: leader and workers are pod sets of their own; the workers by their
+    # worker index (less the offset 1 Kueue's webhook writes into their template: agent.api.ranks).
+    ([LWS, POD, POD], WORKER_INDEX, [("leader", 1), ("worker", 3)], "worker",
+     RankRule("leaderworkerset.sigs.k8s.io/worker-index")),
+    ([LWS], WORKER_INDEX, [("main", 4)], "main", RankRule("leaderworkerset.sigs.k8s.io/worker-index")),
+    # A StatefulSet's pods by their ordinal.
+    ([STS, POD, POD, POD], {"podIndexLabel": "apps.kubernetes.io/pod-index"}, [], "main",
+     RankRule("apps.kubernetes.io/pod-index")),
+    # A plain pod group of one role, by Kueue's index label; of several roles the index runs across them.
+    ([POD, POD], {"podIndexLabel": "kueue.x-k8s.io/pod-group-pod-index"}, [("a1b2", 2)], "a1b2",
+     RankRule("kueue.x-k8s.io/pod-group-pod-index")),
+    ([POD, POD, POD], {"podIndexLabel": "kueue.x-k8s.io/pod-group-pod-index"}, [("a1b2", 2), ("c3d4", 1)],
+     "a1b2", "its pods cannot be told apart: its pod group has 2 roles"),
+    # Without a pod index label: the message names what is missing.
+    ([STS], {}, [], "main", "its pods cannot be told apart: its topologyRequest names no podIndexLabel"),
+    # A pod set group (TAS ranks leader and workers together): not by the pod set's labels alone.
+    ([LWS], {**WORKER_INDEX, "podSetGroupName": "g"}, [("leader", 1), ("worker", 3)], "worker",
+     "its pods cannot be told apart: its pod set is ranked with others in the pod set group 'g'"),
+    # Two owners that are not pods: no one owner to trust.
+    ([LWS, STS], WORKER_INDEX, [], "main", "its owner is no owner"),
+])
+def test_slot_rule_of_a_pod_group_reads_its_owner_without_controller(
+        owners: list[tuple[str, str]], request_: dict[str, Any], pod_sets: list[tuple[str, int]],
+        pod_set: str, expected: RankRule | str) -> None:
+    wl = group_owned(workload(4), owners, request_, pod_sets)
+    rule = slot_rule(wl, pod_set, never)
+    if isinstance(expected, RankRule):
+        assert rule == expected
+    else:
+        assert isinstance(rule, str) and rule.startswith(expected), rule
+
+
+def test_a_pod_groups_numa_policy_comes_from_its_owners_templates() -> None:
+    """Kueue writes a LeaderWorkerSet's and a StatefulSet's pod sets without their templates'
+    annotations: they are read from the owner object, and the Workload's own win."""
+    lws = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "spec": {
+        "leaderWorkerTemplate": {"leaderTemplate": {"metadata": {"annotations": {"a": "leader"}}},
+                                 "workerTemplate": {"metadata": {"annotations": {
+                                     "topolet.io/numa-policy": "restricted", "n": 1}}}}}}
+    assert owner_notes(lws) == {"leader": {"a": "leader"}, "worker": {"topolet.io/numa-policy": "restricted"},
+                                "main": {"topolet.io/numa-policy": "restricted"}}
+    sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "spec": {"template": {}}}
+    assert owner_notes(sts) == {"main": {}}
+    assert owner_notes({"apiVersion": "v1", "kind": "Pod"}) == {}
+    wl = group_owned(workload(2, policy=None), [STS, POD], {"podIndexLabel": "apps.kubernetes.io/pod-index"})
+    assert group_owner(wl) == wl["metadata"]["ownerReferences"][0]
+    restricted = {"main": {"topolet.io/numa-policy": "restricted"}}
+    (plain,) = gang_from_workload(wl, {}).pod_sets
+    (read,) = gang_from_workload(wl, {}, template_notes=restricted).pod_sets
+    assert (plain.numa_policy, read.numa_policy) == ("node", "restricted")
+    own = group_owned(workload(2), [STS], None)
+    (kept,) = gang_from_workload(own, {}, template_notes=restricted).pod_sets
+    assert kept.numa_policy == "single-numa-node"
+    assert group_owner(workload(2)) is None  # a Job's: its controlling owner
+
+
+def test_only_kueues_group_workloads_are_read_by_owners_without_controller() -> None:
+    wl = group_owned(workload(3), [STS], {"podIndexLabel": "apps.kubernetes.io/pod-index"})
+    del wl["metadata"]["annotations"]
+    assert str(slot_rule(wl, "main", never)).startswith("its owner is no owner")
 
 
 def test_slot_rule_of_a_job_is_its_completion_index_when_indexed() -> None:
@@ -265,9 +352,9 @@ def test_a_ranked_pod_set_carries_its_rule_beside_its_slots() -> None:
         "nodeSelector": {FAILSAFE_LABEL[0]: FAILSAFE_LABEL[1]}}]
     (record,) = records_of_state(wl, ready_state("fit", gang, placement, updates, "t")).values()
     assert record.slots[2] == SlotPlacement("n2", 0)  # slot = rank: job 1's first pod
-    lws = owned_by(workload(4), "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", {"podIndexLabel": "x"})
+    ray = owned_by(workload(4), "ray.io/v1", "RayCluster", {"podIndexLabel": "x"})
     with pytest.raises(WorkloadSpecError, match=r"over 4 node/zone slots \(n1, n2\) and its owner is a"):
-        pod_set_updates(gang, placement, lambda name: slot_rule(lws, name, never))
+        pod_set_updates(gang, placement, lambda name: slot_rule(ray, name, never))
 
 
 @pytest.mark.parametrize("slots", [[("n1", 0), ("n2", 1), ("n1", None)], [("n1", 3)] * 4])
@@ -319,18 +406,20 @@ def test_retry_names_the_constraint_and_the_apply_body_carries_the_version() -> 
     assert body["status"] == {"admissionChecks": [state]}
 
 
-def test_every_ranked_owner_has_a_trusted_operator_in_the_fields_policy() -> None:
-    """A kind ranked here but whose operator the fields policy does not trust would be Ready with pods
-    that are refused (or stay Pending) forever: the policy's byOperator table names every such owner."""
+def test_every_operator_owner_has_a_trusted_operator_in_the_fields_policy() -> None:
+    """A kind whose operator carries the placements (OPERATOR_OWNERS) but whose operator the fields
+    policy does not trust would be Ready with pods that are refused (or stay Pending) forever: the
+    policy's byOperator table names every such owner.  The pod integration's kinds (UNGATED_OWNERS) get
+    them from Kueue's manager, which the kueue component trusts."""
     import yaml
 
-    from agent.admission.kueue.workloads import RANKED_OWNERS
+    from agent.admission.kueue.workloads import OPERATOR_OWNERS
     from tests.conftest import REPO
 
     text = (REPO / "daemonset" / "controller" / "fields-policy.yaml").read_text()
     doc = yaml.safe_load(text.split("\n---")[0])
     (table,) = [v["expression"] for v in doc["spec"]["variables"] if v["name"] == "byOperator"]
-    for api_version, kind in RANKED_OWNERS:
+    for api_version, kind in OPERATOR_OWNERS:
         assert f"'{api_version}', '{kind}']" in table, (api_version, kind)
 
 

@@ -59,6 +59,7 @@ CONTROLLERS = (
     "namespace-controller",
     "pod-garbage-collector-controller",  # deletes the pods of a removed simulated node
     "root-ca-certificate-publisher-controller",
+    "statefulset-controller",  # a LeaderWorkerSet's pods and a StatefulSet's (tests/kueue/)
 )
 NRT_GROUP, NRT_VERSION, NRT_PLURAL = "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies"
 HOSTNAME_LABEL = "kubernetes.io/hostname"

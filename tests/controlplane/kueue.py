@@ -42,13 +42,14 @@ kubelet to mount it at its cert dir; `SecretVolume` (a thread of the test proces
 The webhook route was proven both ways: without `--enable-aggregator-routing` the API server dials the
 Service's ClusterIP, which nothing here serves, and Kueue never becomes ready.
 
-Kueue runs with the `batch/job` integration and those of the training operators (`operators.py`:
-JobSet, Trainer's TrainJob, MPIJob, LeaderWorkerSet, which brings Kueue's `pod` integration), whose
-CRDs it installs before it starts; its webhooks on the address above, leader election off unless
-asked (then on a Lease in `kueue-system`), the visibility API server off, metrics and probes on free
-loopback ports, and in its kubeconfig a token of its service account (with `as_admin`,
-the admin's: system:masters, which every policy skips).  Its client limit is `api_qps` (burst twice
-that) and its reconcilers per kind upstream's manager config's, unless `concurrency` raises them.
+Kueue runs with the `batch/job` and `statefulset` integrations and those of the training operators
+(`operators.py`: JobSet, Trainer's TrainJob, MPIJob, LeaderWorkerSet; the StatefulSet's and the
+LeaderWorkerSet's bring Kueue's `pod` integration), whose CRDs it installs before it starts; its
+webhooks on the address above, leader election off unless asked (then on a Lease in `kueue-system`),
+the visibility API server off, metrics and probes on free loopback ports, and in its kubeconfig a
+token of its service account (with `as_admin`, the admin's: system:masters, which every policy skips).
+Its client limit is `api_qps` (burst twice that) and its reconcilers per kind upstream's manager
+config's, unless `concurrency` raises them.
 """
 
 from __future__ import annotations
@@ -331,7 +332,8 @@ class Kueue:
                                        "webhookSecretName": WEBHOOK_SECRET},
             "clientConnection": {"qps": self.api_qps, "burst": 2 * self.api_qps},
             "controller": {"groupKindConcurrency": {**GROUP_KIND_CONCURRENCY, **self.concurrency}},
-            "integrations": {"frameworks": ["batch/job", *FRAMEWORKS]},
+            # StatefulSets too (through Kueue's pod integration, which the LeaderWorkerSet's brings).
+            "integrations": {"frameworks": ["batch/job", "statefulset", *FRAMEWORKS]},
             # The on-demand visibility API is an aggregated API server of its own: nothing here reads it.
             "featureGates": {"VisibilityOnDemand": False},
         }

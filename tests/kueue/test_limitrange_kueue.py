@@ -209,6 +209,9 @@ def check_over(workloads: Sequence[dict[str, Any]]) -> KueueCheck:
         def read_ahead(self, _wl: Any) -> None:
             pass
 
+        def known_notes(self, _wl: Any) -> dict[str, dict[str, str]]:
+            return {}
+
     check.writes = _Writes()  # type: ignore[assignment]
     return check
 

@@ -3,7 +3,9 @@ API server: dry-run creates of the pods a JobSet's Jobs (and an Indexed Job, and
 offset workers) would make, each with the slots and the rule Kueue copied from the Ready state, come
 back pinned to their rank's slot, or, where an index cannot be read, still behind the fail-safe
 selector (Pending, never placed elsewhere).  The rank is `agent.api.ranks.RankRule.rank`'s, so the
-table checks the policy against it."""
+table checks the policy against it.  A pod of Kueue's pod integration (a LeaderWorkerSet's, a
+StatefulSet's, a pod group's) gets the slots as Kueue ungates it: that update is pinned the same way,
+and an update the API server would refuse to pin (the old pod not gated) is left as it is."""
 
 from __future__ import annotations
 
@@ -85,3 +87,61 @@ def test_the_policy_pins_each_pod_to_its_rank(api: Any, namespace: str, what: st
     assert selector == {"pool": "a", "kubernetes.io/hostname": node}, what
     assert got.get("topolet.io/numa-zone") == zone, what
     assert "topolet.io/placements" not in got and "topolet.io/placement-rank" not in got, what
+
+
+def _gated_pod(api: Any, namespace: str, labels: dict[str, str], notes: dict[str, str]) -> dict[str, Any]:
+    return api.create(f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "ungated-", "labels": labels, "annotations": notes},
+        "spec": {"nodeSelector": {"pool": "a"}, "automountServiceAccountToken": False,
+                 "schedulingGates": [{"name": "kueue.x-k8s.io/admission"}],
+                 "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}})
+
+
+def _ungate(api: Any, pod: dict[str, Any], rule: str) -> dict[str, Any]:
+    """Kueue's pod integration starting the pod: its gate lifted and the podSetUpdates merged in."""
+    pod["spec"]["schedulingGates"] = []
+    pod["spec"]["nodeSelector"][FAILSAFE] = "true"
+    pod["metadata"].setdefault("annotations", {}).update(
+        {"topolet.io/placements": SLOTS, "topolet.io/placement-rank": rule})
+    meta = pod["metadata"]
+    out: dict[str, Any] = api.request("PUT", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                                      body=pod, content_type="application/json")
+    return out
+
+
+@pytest.mark.parametrize(("what", "labels", "notes", "rule", "expected"), [
+    ("a LeaderWorkerSet's worker 2, indexed from 1", {WORKER_INDEX: "2"},
+     {"kueue.x-k8s.io/pod-index-offset": "1"}, WORKER_INDEX, ("n0", "1")),
+    ("a StatefulSet's pod 3", {"apps.kubernetes.io/pod-index": "3"}, {}, "apps.kubernetes.io/pod-index",
+     ("n1", "0")),
+    ("a pod group's pod 5: a slot without a zone", {"kueue.x-k8s.io/pod-group-pod-index": "5"}, {},
+     "kueue.x-k8s.io/pod-group-pod-index", ("n1", None)),
+    ("no index", {}, {}, "apps.kubernetes.io/pod-index", None),
+])
+def test_the_policy_pins_each_pod_as_kueue_ungates_it(
+        api: Any, namespace: str, what: str, labels: dict[str, str], notes: dict[str, str], rule: str,
+        expected: tuple[str, str | None] | None) -> None:
+    install_policy(api)
+    pod = _ungate(api, _gated_pod(api, namespace, labels, notes), rule)
+    selector, got = pod["spec"]["nodeSelector"], pod["metadata"].get("annotations", {})
+    assert not pod["spec"].get("schedulingGates"), what
+    if expected is None:
+        assert selector == {FAILSAFE: "true", "pool": "a"}, what
+        assert got["topolet.io/placements"] == SLOTS, what
+        return
+    node, zone = expected
+    assert selector == {"pool": "a", "kubernetes.io/hostname": node}, what
+    assert got.get("topolet.io/numa-zone") == zone, what
+    assert "topolet.io/placements" not in got and "topolet.io/placement-rank" not in got, what
+
+
+def test_an_update_of_a_pod_left_behind_the_failsafe_is_not_pinned(api: Any, namespace: str) -> None:
+    """Its node selector is the API server's to keep once it has no gate: a later update (a label, a
+    finalizer removed) goes through as written, and the pod stays Pending."""
+    install_policy(api)
+    name = _ungate(api, _gated_pod(api, namespace, {}, {}), "apps.kubernetes.io/pod-index")["metadata"]["name"]
+    again = api.patch(f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"labels": {"later": "yes"}}},
+                      "application/merge-patch+json")
+    assert again["metadata"]["labels"]["later"] == "yes"
+    assert again["spec"]["nodeSelector"] == {FAILSAFE: "true", "pool": "a"}

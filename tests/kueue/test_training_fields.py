@@ -4,7 +4,11 @@ component ships it: a tenant (a service account of its namespace, RBAC for the t
 and pods) is refused the placement fields in every pod template of a JobSet, a TrainJob's runtime
 patch, an MPIJob and a LeaderWorkerSet, and only a training operator's own identity (as its
 manifests install it: the JobSet controller, Kubeflow Trainer, the MPI operator) may carry them, only
-into the children of an object of its own kind it makes.  Dry runs: nothing is created."""
+into the children of an object of its own kind it makes.  The index labels pods are ranked by are
+refused the tenant in those templates and a StatefulSet's, in any pod it creates where only the
+StatefulSet controller sets them (a StatefulSet's ordinal, a LeaderWorkerSet's worker index), and in
+every pod once it exists: Kueue's pod integration pins a pod by what it carries as it ungates it.
+Dry runs: nothing is created (but the pod a tenant tries to change)."""
 
 from __future__ import annotations
 
@@ -40,6 +44,9 @@ class Who:
 
     def create(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return api_request(self.plane, "POST", f"{path}?dryRun=All", self.token, body)
+
+    def update(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return api_request(self.plane, "PUT", f"{path}?dryRun=All", self.token, body)
 
 
 def service_account(kueue: KueueScope, ns: str, name: str, rules: list[dict[str, Any]],
@@ -85,7 +92,8 @@ def actors(kueue: KueueScope, operators: Operators, shipped: Any) -> Iterator[tu
         *CHILDREN,
         {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": VERBS},
         {"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": VERBS},
-        {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": VERBS}],
+        {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"], "verbs": VERBS},
+        {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": VERBS}],
         ns), ns)
     identities = {kind: Who(kueue, service_account(kueue, *sa, CHILDREN, ns), ns)
                   for _, sa, kind, _ in OPERATOR_ROWS}
@@ -180,16 +188,73 @@ def test_a_tenant_places_no_pod_of_a_training_kind(
         status, answer = tenant.create(path, build(f"with-{what}", notes))
         assert refused_by_policy(status, answer), (kind, what, status, answer.get("message"))
         assert "only topolet-controller places pods" in answer["message"]
-    # The index labels pods are ranked by, which a tenant would set to share another pod's slot.
+    # The index labels pods are ranked by, which a tenant would set to share another pod's slot (not
+    # the offset: one for a whole template shifts every rank alike, and Kueue's webhooks write it).
     for key in ("jobset.sigs.k8s.io/job-index", "batch.kubernetes.io/job-completion-index",
-                "training.kubeflow.org/replica-index", "kueue.x-k8s.io/pod-index-offset"):
+                "training.kubeflow.org/replica-index", "leaderworkerset.sigs.k8s.io/worker-index",
+                "kueue.x-k8s.io/role-hash"):
         for where in ("labels", "annotations"):
             body = build(f"forged-{where}", {})
             template = templates_of(kind, body)[-1]
             template.setdefault("metadata", {})[where] = {key: "0"}
             status, answer = tenant.create(path, body)
             assert refused_by_policy(status, answer), (kind, key, where, status, answer.get("message"))
-            assert "only the training operators set the index labels" in answer["message"]
+            assert "only the operators set the index labels" in answer["message"]
+    body = build("offset", {"kueue.x-k8s.io/pod-index-offset": "1"})
+    status, answer = tenant.create(path, body)
+    assert status == 201, answer.get("message")
+
+
+PAUSE = "registry.k8s.io/pause:3.10"
+
+
+def statefulset(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name},
+            "spec": {"replicas": 2, "serviceName": name, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name, **labels}},
+                                  "spec": {"containers": [{"name": "c", "image": PAUSE}]}}}}
+
+
+def pod(labels: dict[str, str], gated: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": PAUSE}]}
+    if gated:
+        spec["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "p-", "labels": labels},
+            "spec": spec}
+
+
+def test_a_tenant_sets_no_ordinal_and_changes_no_index_of_a_pod(actors: tuple[Who, dict[str, Who]],
+                                                                 kueue: KueueScope) -> None:
+    """A StatefulSet's template may not carry a pod index; a tenant's pod may not carry a StatefulSet's
+    ordinal or a LeaderWorkerSet's worker index (only the StatefulSet controller's pods do), but may
+    carry a plain pod group's index (the tenant makes those pods); no index a pod carries may change."""
+    tenant, _ = actors
+    sets = f"/apis/apps/v1/namespaces/{tenant.ns}/statefulsets"
+    status, answer = tenant.create(sets, statefulset("plain", {}))
+    assert status == 201, answer.get("message")
+    for key in ("apps.kubernetes.io/pod-index", "kueue.x-k8s.io/role-hash"):
+        status, answer = tenant.create(sets, statefulset("forged", {key: "0"}))
+        assert refused_by_policy(status, answer), (key, status, answer.get("message"))
+        assert "only the operators set the index labels" in answer["message"]
+    pods = f"/api/v1/namespaces/{tenant.ns}/pods"
+    for key in ("apps.kubernetes.io/pod-index", "leaderworkerset.sigs.k8s.io/worker-index"):
+        status, answer = tenant.create(pods, pod({key: "1"}))
+        assert refused_by_policy(status, answer), (key, status, answer.get("message"))
+        assert "only the StatefulSet controller creates a pod with a StatefulSet ordinal" in answer["message"]
+    status, answer = tenant.create(pods, pod({"kueue.x-k8s.io/pod-group-pod-index": "1"}))
+    assert status == 201, answer.get("message")
+    made = kueue.api.create(pods, pod({"kueue.x-k8s.io/pod-group-pod-index": "1"}, gated=True))
+    path = f"{pods}/{made['metadata']['name']}"
+    for key, value in (("kueue.x-k8s.io/pod-group-pod-index", "0"), ("apps.kubernetes.io/pod-index", "0"),
+                       ("kueue.x-k8s.io/role-hash", "leader"), ("kueue.x-k8s.io/pod-index-offset", "1")):
+        labels = {**made["metadata"]["labels"], key: value}
+        changed = {**made, "metadata": {**made["metadata"], "labels": labels}}
+        status, answer = tenant.update(path, changed)
+        assert refused_by_policy(status, answer), (key, status, answer.get("message"))
+        assert "a pod keeps the index labels it is ranked by" in answer["message"]
+    other = {**made, "metadata": {**made["metadata"], "labels": {**made["metadata"]["labels"], "mine": "x"}}}
+    status, answer = tenant.update(path, other)
+    assert status == 200, answer.get("message")  # any other label is the tenant's
 
 
 def templates_of(kind: str, body: dict[str, Any]) -> list[dict[str, Any]]:

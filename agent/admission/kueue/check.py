@@ -148,7 +148,9 @@ class KueueCheck:
         live = {(str(metadata_of(wl).get("uid")), str(metadata_of(wl).get("resourceVersion")))
                 for wl in every}
         self.holds.end_pass(live)
-        self.writes.retain({uid for uid, _ in live}, {workloads.owner_uid(wl) for wl in every})
+        self.writes.retain({uid for uid, _ in live},
+                           {workloads.owner_uid(wl) for wl in every}
+                           | {str(as_dict(workloads.group_owner(wl)).get("uid")) for wl in every})
         # First come, first served among those Kueue already gave quota to.
         round_.pending.sort(key=lambda p: (_quota_time(p.workload), object_key(p.workload)))
         return round_
@@ -179,8 +181,12 @@ class KueueCheck:
             if any(workloads.check_state(wl, name) is not None for name in names):
                 self.writes.read_ahead(wl)
             return
+        notes = self.writes.known_notes(wl)
+        if notes is None:  # a pod group's owner being read (its NUMA policy): decided on the next pass
+            return
         try:
-            gang = workloads.gang_from_workload(wl, flavors, limit_defaults=limit_defaults)
+            gang = workloads.gang_from_workload(wl, flavors, limit_defaults=limit_defaults,
+                                                template_notes=notes)
             round_.pending.append(Pending(wl, ours, gang, limit_defaults=limit_defaults))
         except WorkloadSpecError as exc:
             round_.pending.append(Pending(wl, ours, None, str(exc), limit_defaults))

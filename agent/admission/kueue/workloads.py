@@ -3,7 +3,8 @@
 Pure: no I/O, no clock.  `gang_from_workload` (`WorkloadSpecError`), `to_decide`, `checks_to_decide`,
 `holding`, `our_checks`, `active_status`, `pod_set_updates`, `records_of_state`, the state bodies
 (`ready_state`, `retry_state`, `rejected_state`, `status_apply`) and the names (`CONTROLLER_NAME`,
-`KUEUE_GROUP`/`KUEUE_VERSION`, `FAILSAFE_LABEL`); `slot_rule` (`RANKED_OWNERS`).  A pod set spread
+`KUEUE_GROUP`/`KUEUE_VERSION`, `FAILSAFE_LABEL`); `owner_kind`, `slot_rule` (`RANKED_OWNERS`:
+`OPERATOR_OWNERS`, `UNGATED_OWNERS`).  A pod set spread
 over several slots needs a rank rule: its pods stay Pending unless the placement policy pins them.
 How a Ready Workload's pods land on their slots: agent/admission/kueue/README.md.
 """
@@ -50,13 +51,26 @@ BY_COMPLETION_INDEX = RankRule(COMPLETION_INDEX)
 NOT_INDEXED = ("its pods have no completion index to tell them apart: make it an Indexed Job "
                "(spec.completionMode: Indexed)")
 # The owners whose pods are placed one slot each by the rank rule Kueue writes in each pod set's
-# topologyRequest: their operators set the index labels, and the fields policy trusts them (its table
-# byOperator) to copy a Ready state's placements from their templates into the objects that make the
-# pods (daemonset/controller/fields-policy.yaml).  A pod set of any other owner over several slots is
-# refused.
-RANKED_OWNERS = frozenset({("jobset.x-k8s.io/v1alpha2", "JobSet"),
-                           ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
-                           ("kubeflow.org/v2beta1", "MPIJob")})
+# topologyRequest.  An explicit table, not every owner whose pod sets name a podIndexLabel: each kind's
+# index labels must be set by something a tenant cannot steer (the fields policy guards them, see
+# daemonset/controller/fields-policy.yaml), and each kind's pods must get the placements from a writer
+# that policy trusts.  A pod set of any other owner over several slots is refused.
+# - OPERATOR_OWNERS: Kueue copies a Ready state's placements onto the object's templates, and its
+#   operator (trusted by the fields policy's table byOperator) copies them into the objects that make
+#   the pods: pinned as each pod is created.
+# - UNGATED_OWNERS: Kueue's pod integration creates their pods behind its scheduling gate and applies
+#   the podSetUpdates to each pod as it ungates it (a pod UPDATE by Kueue's manager): pinned on that
+#   update.  Their Workloads name the owner without `controller` (the LeaderWorkerSet or StatefulSet,
+#   and the pods; a plain pod group only its pods).
+OPERATOR_OWNERS = frozenset({("jobset.x-k8s.io/v1alpha2", "JobSet"),
+                             ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+                             ("kubeflow.org/v2beta1", "MPIJob")})
+POD_OWNER = ("v1", "Pod")
+UNGATED_OWNERS = frozenset({("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
+                            ("apps/v1", "StatefulSet"), POD_OWNER})
+RANKED_OWNERS = OPERATOR_OWNERS | UNGATED_OWNERS
+# Kueue marks the Workload of a pod group (a LeaderWorkerSet's group, a StatefulSet, plain pods).
+GROUP_ANNOTATION = ("kueue.x-k8s.io/is-group-workload", "true")
 
 
 class WorkloadSpecError(JobSpecError):
@@ -84,10 +98,56 @@ def owner_uid(wl: Mapping[str, Any]) -> str | None:
     return uid if isinstance(uid, str) else None
 
 
+def _kind_of(ref: Mapping[str, Any]) -> tuple[str, str]:
+    return str(ref.get("apiVersion")), str(ref.get("kind"))
+
+
+def group_owner(wl: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The owner reference of a pod group's Workload (GROUP_ANNOTATION, no controlling owner) that is not
+    a pod: its LeaderWorkerSet or StatefulSet; None for any other Workload, or with no one such owner."""
+    if (_controller_ref(wl) is not None
+            or as_dict(metadata_of(wl).get("annotations")).get(GROUP_ANNOTATION[0]) != GROUP_ANNOTATION[1]):
+        return None
+    others = [as_dict(r) for r in as_list(metadata_of(wl).get("ownerReferences"))
+              if _kind_of(as_dict(r)) != POD_OWNER]
+    return others[0] if len({_kind_of(r) for r in others}) == 1 and len(others) == 1 else None
+
+
 def owner_kind(wl: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(apiVersion, kind) of the Workload's controlling owner, None without one."""
-    ref = _controller_ref(wl)
-    return None if ref is None else (str(ref.get("apiVersion")), str(ref.get("kind")))
+    """(apiVersion, kind) of the Workload's owner, None without one: its controlling owner, else for a
+    pod group's Workload (GROUP_ANNOTATION) the one owner that is not a pod (`group_owner`: a
+    LeaderWorkerSet, a StatefulSet), or POD_OWNER when only pods own it."""
+    ref = _controller_ref(wl) or group_owner(wl)
+    if ref is not None:
+        return _kind_of(ref)
+    if as_dict(metadata_of(wl).get("annotations")).get(GROUP_ANNOTATION[0]) != GROUP_ANNOTATION[1]:
+        return None
+    owners = {_kind_of(as_dict(r)) for r in as_list(metadata_of(wl).get("ownerReferences"))}
+    return POD_OWNER if owners == {POD_OWNER} else None
+
+
+# Where Kueue's pod integration leaves a pod set's template annotations out of the Workload, the
+# owner's templates they come from: (apiVersion, kind) -> pod set name -> path of the template.
+OWNER_TEMPLATES: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): {
+        "leader": ("spec", "leaderWorkerTemplate", "leaderTemplate"),
+        "worker": ("spec", "leaderWorkerTemplate", "workerTemplate"),
+        "main": ("spec", "leaderWorkerTemplate", "workerTemplate")},
+    ("apps/v1", "StatefulSet"): {"main": ("spec", "template")},
+}
+
+
+def owner_notes(owner: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """The annotations of each pod set's template in the Workload's owner object `owner` (a
+    LeaderWorkerSet, a StatefulSet: OWNER_TEMPLATES), by pod set name; none for another kind."""
+    out: dict[str, dict[str, str]] = {}
+    for pod_set, path in OWNER_TEMPLATES.get(_kind_of(owner), {}).items():
+        template: Any = owner
+        for key in path:
+            template = as_dict(template).get(key)
+        notes = as_dict(metadata_of(as_dict(template)).get("annotations"))
+        out[pod_set] = {str(k): v for k, v in notes.items() if isinstance(v, str)}
+    return out
 
 
 def slot_rule(wl: Mapping[str, Any], pod_set: str, job_indexed: Callable[[], bool]) -> RankRule | str:
@@ -100,15 +160,26 @@ def slot_rule(wl: Mapping[str, Any], pod_set: str, job_indexed: Callable[[], boo
     if owner not in RANKED_OWNERS:
         kind = "no owner" if owner is None else f"a {owner[1][:63]} ({owner[0][:63]})"
         return (f"its owner is {kind}, whose pods topolet does not tell apart (one slot each: batch/v1 Job, "
-                f"{', '.join(k for _, k in sorted(RANKED_OWNERS))})")
+                f"{', '.join('pod group' if o == POD_OWNER else o[1] for o in sorted(RANKED_OWNERS))})")
     assignments = _assignments(wl)
-    for raw in as_list(as_dict(wl.get("spec")).get("podSets")):
-        raw = as_dict(raw)
+    pod_sets = [as_dict(raw) for raw in as_list(as_dict(wl.get("spec")).get("podSets"))]
+    for raw in pod_sets:
         if raw.get("name") == pod_set:
             count = assignments.get(pod_set, {}).get("count", raw.get("count"))
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 break
-            rule = rank_rule(raw.get("topologyRequest"), count)
+            request = as_dict(raw.get("topologyRequest"))
+            # Kueue's TAS ranks a pod set group (a LeaderWorkerSet's leader and workers, an MPIJob's
+            # launcher and workers, so marked) across its pod sets: not by this pod set's labels alone.
+            if request.get("podSetGroupName") is not None:
+                return (f"its pods cannot be told apart: its pod set is ranked with others in the pod set "
+                        f"group {str(request['podSetGroupName'])[:63]!r}")
+            # A plain pod group's index (Kueue's kueue.x-k8s.io/pod-group-pod-index) runs across the
+            # whole group, whatever role (pod set) a pod has.
+            if owner == POD_OWNER and len(pod_sets) > 1:
+                return (f"its pods cannot be told apart: its pod group has {len(pod_sets)} roles, and a "
+                        f"pod group's index runs across them all")
+            rule = rank_rule(request, count)
             return rule if isinstance(rule, RankRule) else f"its pods cannot be told apart: {rule}"
     return f"the Workload has no pod set {pod_set[:63]!r} with a count"
 
@@ -212,7 +283,8 @@ def _flavor_selector(assignment: Mapping[str, Any], flavor_labels: Mapping[str, 
 
 def gang_from_workload(wl: Mapping[str, Any], flavor_labels: Mapping[str, Mapping[str, str]],
                        guaranteed_policy: str = NODE_POLICY,
-                       limit_defaults: ContainerDefaults = NO_DEFAULTS) -> Gang:
+                       limit_defaults: ContainerDefaults = NO_DEFAULTS,
+                       template_notes: Mapping[str, Mapping[str, str]] | None = None) -> Gang:
     """The Workload as a gang: one pod set per Workload PodSet, named as it.
 
     count: the admitted count (partial admission), else the PodSet's; requests, NUMA policy (template
@@ -222,7 +294,9 @@ def gang_from_workload(wl: Mapping[str, Any], flavor_labels: Mapping[str, Mappin
     (`gang_from_job`), with `limit_defaults` (the namespace's LimitRange container defaults) filled
     in as the API server fills them in each pod: Kueue stores the Job's template as written, without
     them; the node labels of the assigned ResourceFlavors join the node selector;
-    priority: spec.priority (Kueue orders the queue; kept for the record)."""
+    priority: spec.priority (Kueue orders the queue; kept for the record).  `template_notes` (pod set
+    -> annotations; `owner_notes`) stand in for the template annotations Kueue left out of the
+    Workload; those it kept win."""
     meta = metadata_of(wl)
     if not meta.get("name") or not meta.get("namespace"):
         raise WorkloadSpecError("the Workload has no namespace or name")
@@ -242,6 +316,11 @@ def gang_from_workload(wl: Mapping[str, Any], flavor_labels: Mapping[str, Mappin
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise WorkloadSpecError(f"podSets[{i}] ({name}): count must be a positive integer, got {count!r}")
         template = dict(as_dict(raw.get("template")))
+        notes = as_dict((template_notes or {}).get(name))
+        if notes:
+            meta_of = dict(as_dict(template.get("metadata")))
+            meta_of["annotations"] = {**notes, **as_dict(meta_of.get("annotations"))}
+            template["metadata"] = meta_of
         pod_spec = dict(as_dict(template.get("spec")))
         # Kueue resolved the priority already (spec.priority); the class need not exist here.
         pod_spec.pop("priorityClassName", None)

@@ -3,8 +3,8 @@
 `CheckWrites(kube, metrics, workload_store, check_store, changed, check_leader, clock, crash_point,
 identity)`: `.write(wl, held, work, *args)` runs a write on the check's pool, counting `held` in the
 ledger until it returns; the works `.ready`, `.refuse`, `.apply`, `.activate`; `.read_ahead`,
-`.known_indexed`, `.in_flight()`, `.writing(uid)`, `.due_at`, `.retain`, `.stop()`.  A 404 or 409
-leaves the Workload to the next pass; another failure is decided again after a pause.
+`.known_indexed`, `.known_notes`, `.in_flight()`, `.writing(uid)`, `.due_at`, `.retain`, `.stop()`.
+A 404 or 409 leaves the Workload to the next pass; another failure is decided again after a pause.
 agent/admission/kueue/README.md, "Writes".
 """
 
@@ -53,6 +53,9 @@ class CheckWrites:
         self.due_at: dict[str, float] = {}  # Workload uid -> when (monotonic) it became due (logged)
         self._indexed: dict[str, bool] = {}  # owner Job uid -> completionMode Indexed (immutable)
         self._fetching: set[str] = set()  # owner Job uids being read ahead (read_ahead)
+        # A pod group's LeaderWorkerSet or StatefulSet uid -> its templates' annotations by pod set
+        # (workloads.owner_notes); being read: in _fetching.
+        self._notes: dict[str, dict[str, dict[str, str]]] = {}
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="kueue-write")
         # Workload uid -> the ledger entries of the decision being written for it ([] for Retry and
         # Rejected); entries leave only after the write's response is in the store (see write).
@@ -87,17 +90,64 @@ class CheckWrites:
         """Whether the Workload's owner Job is known to be Indexed (False while unknown)."""
         return self._indexed.get(workloads.owner_uid(wl) or "", False)
 
+    def known_notes(self, wl: Mapping[str, Any]) -> dict[str, dict[str, str]] | None:
+        """The annotations of the owner's templates that Kueue left out of a pod group's Workload
+        (`workloads.owner_notes`, by pod set): {} for any other Workload or an owner that could not be
+        read, None while it is being read (started here; a pass follows when it is in)."""
+        ref = workloads.group_owner(wl)
+        if ref is None or workloads.owner_kind(wl) not in workloads.OWNER_TEMPLATES:
+            return {}
+        uid = str(ref.get("uid"))
+        notes = self._notes.get(uid)
+        if notes is None:
+            self._read_owner(wl, ref)
+        return notes
+
+    def _read_owner(self, wl: Mapping[str, Any], ref: Mapping[str, Any]) -> None:
+        uid = str(ref.get("uid"))
+        if uid in self._fetching:
+            return
+        self._fetching.add(uid)
+        group, _, version = str(ref.get("apiVersion")).rpartition("/")
+        path = resource_path(group, version, str(ref.get("kind")).lower() + "s", str(ref.get("name")),
+                             namespace=str(metadata_of(wl).get("namespace")))
+
+        def run() -> None:
+            notes: dict[str, dict[str, str]] = {}
+            try:
+                owner = self.kube.get(path, what=f"read the owner of Workload {object_key(wl)}")
+                # Another object of that name (the owner deleted and made again) is not this one.
+                notes = workloads.owner_notes(owner) if metadata_of(owner).get("uid") == uid else {}
+            except Exception as exc:  # noqa: BLE001 - decided without them rather than never
+                log.warning("Workload %s: reading its %s failed, its pods take the nodes' own NUMA "
+                            "policy: %s", object_key(wl), ref.get("kind"), exc)
+            finally:
+                self._notes[uid] = notes
+                self._fetching.discard(uid)
+                self.changed.set()
+
+        try:
+            self._pool.submit(run)
+        except RuntimeError:  # stopping
+            self._fetching.discard(uid)
+
     def retain(self, uids: set[str], owners: set[str | None]) -> None:
-        """Forget what is kept about Workloads not among `uids` and owner Jobs not among `owners`."""
+        """Forget what is kept about Workloads not among `uids` and owners (Jobs, pod groups'
+        LeaderWorkerSets and StatefulSets) not among `owners`."""
         for uid in [u for u in list(self.due_at) if u not in uids]:
             self.due_at.pop(uid, None)
         self._told.retain(uids)
         for uid in [u for u in list(self._indexed) if u not in owners]:
             self._indexed.pop(uid, None)
+        for uid in [u for u in list(self._notes) if u not in owners]:
+            self._notes.pop(uid, None)
 
     def read_ahead(self, wl: Mapping[str, Any]) -> None:
-        """Read the owner Job's completion mode on a writer while the Workload waits for its quota, so
-        the Ready write that follows needs no Job GET first (see _owner_indexed)."""
+        """Read the owner Job's completion mode (or a pod group's owner's templates) on a writer while
+        the Workload waits for its quota, so the Ready write that follows needs no Job GET first (see
+        _owner_indexed) and the decision no owner read."""
+        if not workloads.condition_true(wl, "Finished"):
+            self.known_notes(wl)
         uid = workloads.owner_uid(wl)
         if (uid is None or uid in self._indexed or uid in self._fetching
                 or workloads.condition_true(wl, "Finished")):
