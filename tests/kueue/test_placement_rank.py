@@ -140,8 +140,8 @@ def test_an_update_of_a_pod_left_behind_the_failsafe_is_not_pinned(api: Any, nam
     """Its node selector is the API server's to keep once it has no gate: a later update (a label, a
     finalizer removed) goes through as written, and the pod stays Pending."""
     install_policy(api)
-    name = _ungate(api, _gated_pod(api, namespace, {}, {}), "apps.kubernetes.io/pod-index")["metadata"]["name"]
-    again = api.patch(f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"labels": {"later": "yes"}}},
-                      "application/merge-patch+json")
+    pod = _ungate(api, _gated_pod(api, namespace, {}, {}), "apps.kubernetes.io/pod-index")
+    again = api.patch(f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}",
+                      {"metadata": {"labels": {"later": "yes"}}}, "application/merge-patch+json")
     assert again["metadata"]["labels"]["later"] == "yes"
     assert again["spec"]["nodeSelector"] == {FAILSAFE: "true", "pool": "a"}
