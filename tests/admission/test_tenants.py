@@ -83,7 +83,7 @@ def refused_by_policy(status: int, body: dict[str, Any]) -> bool:
     message = str(body.get("message", ""))
     _, _, reason = message.partition("denied request: ")
     return (status == 403 and f"ValidatingAdmissionPolicy '{POLICY}'" in message
-            and reason.startswith(("only topolet-controller", "a Job queued", "an admitted Job",
+            and reason.startswith(("only topolet-controller", "a Job or JobSet queued", "an admitted Job",
                                    "only the training operators")))
 
 

@@ -25,6 +25,7 @@ from agent.admission.cluster.capacity import Capacity
 from agent.admission.cluster.heap import Heap
 from agent.admission.cluster.store import Reflector, VersionCache
 from agent.admission.controller.intake import JobIntake
+from agent.admission.controller.jobsets import JobSetRoute
 from agent.admission.controller.writes import JobWrites, crash_point
 from agent.admission.engine.model import ClusterView, Gang, Placement, Refusal
 from agent.admission.engine.place import commit, place
@@ -36,6 +37,7 @@ from agent.admission.gangs.job import (
     job_suspended,
     priority_classes,
 )
+from agent.admission.gangs.jobset import JOBSET
 from agent.admission.gangs.limitrange import (
     ContainerDefaults,
     LimitRangeError,
@@ -104,6 +106,9 @@ class Controller:
         # The pass's writes and the Events about each Job (agent.admission.controller.writes).
         self.writes = JobWrites(kube, self.jobs, self.pods, metrics, self.identity, leader, self.changed,
                                 clock)
+        # Queued JobSets, the native route's second kind (none where JobSets are not served).
+        self.jobsets = JobSetRoute(kube, self.changed, metrics, self.writes, config.queues)
+        self.reflectors += self.jobsets.reflectors
         self.kueue: KueueCheck | None = None
         if config.kueue:
             self.kueue = KueueCheck(kube, self.changed, metrics, self.writes.submit, self.writes.check_leader,
@@ -199,8 +204,8 @@ class Controller:
         by_owner = pods_by_owner(pods)
         nodes = frozenset(str(metadata_of(n).get("name")) for n in self.nodes.snapshot())
         limit_defaults = self._limit_defaults()  # both routes size gangs as their pods are created
-        jobs = self.intake.sort(all_jobs, priority_classes(self.priorities.snapshot()), nodes,
-                                limit_defaults)
+        priorities = priority_classes(self.priorities.snapshot())
+        jobs = self.intake.sort(all_jobs, priorities, nodes, limit_defaults)
         admitted, pending, jobs_by_key = jobs.admitted, jobs.pending, jobs.by_key
 
         # With no gang to decide, a pass only hands gated pods their slots: rebuilding the whole view
@@ -211,6 +216,11 @@ class Controller:
         build = (bool(pending) or bool(kueue and kueue.pending) or self._view_at is None
                  or t_view - self._view_at >= VIEW_REFRESH_SECONDS)
         self._pod_slots = dict(kueue.pod_slots) if kueue is not None else {}
+        jobsets = self.jobsets.collect(pods, priorities, limit_defaults)
+        build = build or bool(jobsets.pending)
+        self._pod_slots.update(jobsets.pod_slots)
+        pending = pending + jobsets.pending  # one queue order over Jobs and JobSets
+        jobs_by_key = {**jobs_by_key, **jobsets.by_key}
         refused = list(kueue.refused) if kueue is not None else []  # pods naming a Job, not its own
         for job, read, record in admitted:
             try:
@@ -229,6 +239,7 @@ class Controller:
         if build:
             holding = [(read.key, record, self.intake.requests_of(job, read.limit_defaults))
                        for job, read, record in admitted]
+            holding += jobsets.held
             holding += kueue.admitted if kueue is not None else []
             view = self.capacity.view(holding, pods, self._slot_of)
             self.intake.report_pods(self.capacity.unreadable_pods())
@@ -262,23 +273,27 @@ class Controller:
         for outcome in admission_pass(pending, self.config.queues, timed):
             job = jobs_by_key[outcome.pending.gang.key]
             result = outcome.result
+            route = self.jobsets if outcome.pending.gang.key in jobsets.by_key else None
+            involved = JOBSET if route is not None else None
             if isinstance(result, Placement):
                 self.writes.check_leader()
-                decided.append((outcome.pending.queue, self.writes.submit(self.writes.admit, job, result)))
+                decided.append((outcome.pending.queue, self.writes.submit(
+                    route.admit if route is not None else self.writes.admit, job, result)))
             elif isinstance(result, Refusal) and result.kind == "never" and self.capacity.left_out:
                 # "Never" counts only the usable nodes: with some left out (NotReady, stale NRT) the
                 # gang may fit once they are back, so it waits instead of being rejected for good.
                 self.writes.wait(job,
-                                 f"{result.reason}; {len(self.capacity.left_out)} nodes are left out now")
+                                 f"{result.reason}; {len(self.capacity.left_out)} nodes are left out now",
+                                 involved)
             elif isinstance(result, Refusal) and result.kind == "never":
                 self.writes.check_leader()
-                decided.append((outcome.pending.queue,
-                                self.writes.submit(self.writes.reject, job, result.reason)))
+                decided.append((outcome.pending.queue, self.writes.submit(
+                    route.reject if route is not None else self.writes.reject, job, result.reason)))
             elif isinstance(result, Refusal):
-                self.writes.wait(job, result.reason)
+                self.writes.wait(job, result.reason, involved)
             elif isinstance(result, Blocked):
                 self.writes.wait(job, f"behind {result.head}, the head of StrictFIFO queue "
-                                      f"{outcome.pending.queue}")
+                                      f"{outcome.pending.queue}", involved)
             if outcome.pending.gang.key in started:
                 self.metrics.decision_seconds.observe(time.perf_counter() - started[outcome.pending.gang.key])
         if self.kueue is not None and kueue is not None:
@@ -292,7 +307,7 @@ class Controller:
         self.metrics.set_queue_depths(depths)
         # Forget what was said about Jobs that are gone, so the memory stays bounded by the queue.
         uids = {str(metadata_of(job).get("uid")) for job in all_jobs}
-        self.writes.retain(uids)
+        self.writes.retain(uids | jobsets.uids)
         self.reader.retain(uids)
         self.metrics.last_pass.set(self.clock())
 

@@ -134,7 +134,7 @@ class JobWrites:
 
     # -- one write ----------------------------------------------------------------------------------
 
-    def _patch(self, store: Reflector, path: str, body: Mapping[str, Any], what: str,
+    def patch(self, store: Reflector, path: str, body: Mapping[str, Any], what: str,
                again: Callable[[dict[str, Any]], Mapping[str, Any] | None] | None = None,
                ) -> dict[str, Any] | None:
         """A merge patch as the leader; the response goes into the store.  None on a vanished object
@@ -186,7 +186,7 @@ class JobWrites:
     def admit(self, job: dict[str, Any], placement: Placement) -> bool:
         pods = sorted(placement.pods, key=lambda p: (p.pod_set, p.index))
         record = admitted_record(placement, uuid.uuid4().hex, timestamp(self.clock()), job_shape(job))
-        out = self._patch(self.jobs, _job_path(job), decision_patch(job, record),
+        out = self.patch(self.jobs, _job_path(job), decision_patch(job, record),
                           f"record the admission of Job {namespaced_name(job)}",
                           again=lambda fresh: _still_pending(job, fresh, decision_patch, record))
         if out is None:
@@ -205,7 +205,7 @@ class JobWrites:
     def requeue(self, job: dict[str, Any], why: str) -> bool:
         """Remove an admission record not trusted (`why`) from a suspended Job, which is then decided
         again like any queued Job; a Warning Event says so."""
-        out = self._patch(self.jobs, _job_path(job), requeue_patch(job),
+        out = self.patch(self.jobs, _job_path(job), requeue_patch(job),
                           f"remove the untrusted admission record of Job {namespaced_name(job)}")
         if out is None:
             return False
@@ -216,7 +216,7 @@ class JobWrites:
     def requeue_lost(self, job: dict[str, Any], gone: list[str]) -> bool:
         """Suspend an admitted Job whose pods cannot be placed, its record naming nodes that are gone,
         and remove the record (`lost_patch`); a Warning Event says so."""
-        out = self._patch(self.jobs, _job_path(job), lost_patch(job),
+        out = self.patch(self.jobs, _job_path(job), lost_patch(job),
                           f"queue Job {namespaced_name(job)} again (its node is gone)")
         if out is None:
             return False
@@ -229,17 +229,17 @@ class JobWrites:
         """Make a Job queued again (after `requeue_lost`) decidable: clear its start time, then remove
         what our earlier decision left in its template (one write a pass)."""
         if job_started(job):
-            out = self._patch(self.jobs, _job_path(job) + "/status", restart_patch(job),
+            out = self.patch(self.jobs, _job_path(job) + "/status", restart_patch(job),
                               f"clear the start time of Job {namespaced_name(job)}")
         else:
             body = unpin_patch(job, nodes)
-            out = None if body is None else self._patch(
+            out = None if body is None else self.patch(
                 self.jobs, _job_path(job), body, f"restore the template of Job {namespaced_name(job)}")
         return out is not None
 
     def reject(self, job: dict[str, Any], reason: str) -> bool:
         record = AdmissionRecord("rejected", uuid.uuid4().hex, timestamp(self.clock()), reason=reason)
-        out = self._patch(self.jobs, _job_path(job), reject_patch(job, record),
+        out = self.patch(self.jobs, _job_path(job), reject_patch(job, record),
                           f"record the rejection of Job {namespaced_name(job)}",
                           again=lambda fresh: _still_pending(job, fresh, reject_patch, record))
         if out is None:
@@ -280,7 +280,7 @@ class JobWrites:
     def _place_pod(self, pod: Mapping[str, Any], slot: int, place: SlotPlacement) -> None:
         meta = metadata_of(pod)
         try:
-            out = self._patch(self.pods, resource_path("", "v1", "pods", str(meta.get("name")),
+            out = self.patch(self.pods, resource_path("", "v1", "pods", str(meta.get("name")),
                                                        namespace=str(meta.get("namespace"))),
                               pod_patch(pod, place.node, place.zone_value()),
                               f"place pod {object_key(pod)} (slot {slot}) on {place.node}")
@@ -293,27 +293,31 @@ class JobWrites:
 
     # -- Events -------------------------------------------------------------------------------------
 
-    def wait(self, job: dict[str, Any], reason: str) -> None:
-        """Count a "not now" decision; a Waiting Event when its reason is not the one last told."""
+    def wait(self, job: dict[str, Any], reason: str, involved: tuple[str, str] | None = None) -> None:
+        """Count a "not now" decision; a Waiting Event when its reason is not the one last told
+        (on a Job, or the kind `involved` names)."""
         self.metrics.decisions.labels(result="waiting").inc()
         uid = str(metadata_of(job).get("uid"))
         if not self._waiting.changed(uid, reason):
             return
         self.check_leader()
-        self.events.record(job, "Normal", "Waiting", reason)
+        self.events.record(job, "Normal", "Waiting", reason, involved=involved)
 
-    def invalid(self, job: Mapping[str, Any], reason: str, message: str) -> None:
-        """A Warning Event once per Job version; the Job itself is left as it is."""
+    def invalid(self, job: Mapping[str, Any], reason: str, message: str,
+                involved: tuple[str, str] | None = None) -> None:
+        """A Warning Event once per Job version (or version of the kind `involved` names); the object
+        itself is left as it is."""
         meta = metadata_of(job)
         key = (str(meta.get("uid")), str(meta.get("resourceVersion")))
         if key in self._invalid:
             return
         self._invalid.add(key)
-        log.warning("Job %s: %s: %s", namespaced_name(job), reason, message)
+        kind = involved[1] if involved else "Job"
+        log.warning("%s %s: %s: %s", kind, namespaced_name(job), reason, message)
         self.metrics.decisions.labels(result="error").inc()
-        self.metrics.invalid_objects.labels(kind="Job").inc()
+        self.metrics.invalid_objects.labels(kind=kind).inc()
         self.check_leader()
-        self.events.record(job, "Warning", reason, message)
+        self.events.record(job, "Warning", reason, message, involved=involved)
 
     def retain(self, uids: set[str]) -> None:
         """Forget what was said about Jobs not among `uids`, so the memory stays bounded by the queue."""

@@ -10,7 +10,7 @@ Why, and slot order: agent/admission/gangs/README.md, "Which pod holds a slot".
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -252,7 +252,8 @@ def _creation(pod: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def assign_slots(slots: Mapping[int, SlotPlacement], pods: Sequence[Mapping[str, Any]],
-                 indexed: bool) -> SlotAssignment:
+                 indexed: bool, index_of: Callable[[Mapping[str, Any]], int | None] | None = None,
+                 ) -> SlotAssignment:
     """Which slot each live pod of an admitted Job holds, and which free slot each gated one gets;
     `pods` are the Job's own (`claim_pods`: `job_slots` is both steps).
 
@@ -260,7 +261,9 @@ def assign_slots(slots: Mapping[int, SlotPlacement], pods: Sequence[Mapping[str,
     matches, else the lowest free slot that does.  A gated pod gets its completion index's slot when
     that is free, else the lowest free slot, oldest pod first; more gated pods than free slots (an old
     pod still terminating) wait.  A replacement pod therefore gets the slot of the pod it replaces.
+    `index_of` reads a pod's own slot where it is not its completion index (a JobSet's pod: by rank).
     """
+    index_of = index_of or completion_index
     live = sorted((p for p in pods if pod_live(p)), key=_creation)
     free = dict(sorted(slots.items()))
     held: dict[str, int] = {}
@@ -268,7 +271,7 @@ def assign_slots(slots: Mapping[int, SlotPlacement], pods: Sequence[Mapping[str,
         target = pod_target(pod)
         if target is None:
             continue
-        index = completion_index(pod) if indexed else None
+        index = index_of(pod) if indexed else None
         slot = index if index in free and free[index] == target else next(
             (i for i, p in free.items() if p == target), None)
         if slot is not None:
@@ -278,7 +281,7 @@ def assign_slots(slots: Mapping[int, SlotPlacement], pods: Sequence[Mapping[str,
     chosen: dict[str, int] = {}
     if indexed:  # own index first, so a pod beyond the slots does not take another pod's index
         for pod in gated:
-            index = completion_index(pod)
+            index = index_of(pod)
             if index is not None and index in free:
                 chosen[str(metadata_of(pod).get("uid"))] = index
                 del free[index]

@@ -19,7 +19,7 @@ from agent.api.resources import GPU_RESOURCE
 from agent.metrics.registry import new_registry
 
 DECISION_RESULTS = ("admitted", "waiting", "rejected", "error")
-INVALID_KINDS = ("Job", "Pod", "Workload")
+INVALID_KINDS = ("Job", "JobSet", "Pod", "Workload")
 NODE_STATES = ("usable", "stale", "not_ready")
 FREE_RESOURCES = ("cpu", "memory", GPU_RESOURCE)
 DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
