@@ -250,6 +250,7 @@ def test_the_api_server_lists_exactly_the_issues_grants(setup: Setup, where: str
 GRID_RESOURCES: list[tuple[str, str, bool]] = [
     ("batch", "jobs", True), ("batch", "jobs/status", True), ("batch", "cronjobs", True),
     ("jobset.x-k8s.io", "jobsets", True), ("jobset.x-k8s.io", "jobsets/status", True),
+    ("trainer.kubeflow.org", "trainjobs", True), ("trainer.kubeflow.org", "trainjobs/status", True),
     ("", "pods", True), ("", "pods/status", True), ("", "pods/binding", True), ("", "pods/eviction", True),
     ("", "pods/exec", True), ("", "pods/log", True), ("", "pods/ephemeralcontainers", True),
     ("", "nodes", False), ("", "nodes/status", False), ("", "nodes/proxy", False),

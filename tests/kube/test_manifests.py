@@ -59,8 +59,10 @@ CONTROLLER_GRANTS: frozenset[tuple[str, str, str, str, str]] = frozenset({
     *(("*", "batch", "jobs", v, "") for v in (*_READ, "patch")),
     # A Job queued again after its node was gone: its status.startTime cleared (admission-policy.yaml).
     ("*", "batch", "jobs/status", "patch", ""),
-    # Queued JobSets: admitted by one patch (admission-policy.yaml narrows it to the decision's fields).
+    # Queued JobSets and TrainJobs: admitted by one patch (admission-policy.yaml narrows it to the
+    # decision's fields).
     *(("*", "jobset.x-k8s.io", "jobsets", v, "") for v in (*_READ, "patch")),
+    *(("*", "trainer.kubeflow.org", "trainjobs", v, "") for v in (*_READ, "patch")),
     *(("*", "", "pods", v, "") for v in (*_READ, "patch")),
     *(("*", "", "nodes", v, "") for v in _READ),
     *(("*", "topology.node.k8s.io", "noderesourcetopologies", v, "") for v in _READ),
