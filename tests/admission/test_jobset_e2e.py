@@ -185,11 +185,11 @@ def test_a_gang_queued_natively_is_admitted_whole_and_placed_by_rank(
 
     wait_for(one_runs_the_other_waits, f"{first} placed by rank, {second} waiting", timeout=180)
     assert s.record(first) == decided, "the admitted gang was decided again after the restart"
-    assert "Admitted" in s.events(uids[first])
 
     # Suspended again: its pods go, its slots are released, and the second runs.
     s.api.patch(f"{s.path}/{first}", {"spec": {"suspend": True}}, "application/merge-patch+json")
     wait_for(lambda: s.placed_by_rank(second), f"{second} placed once {first} is suspended", timeout=240)
+    assert "Admitted" in s.events(uids[second])  # (the first was killed before its Event)
     assert "SuspendedAfterAdmission" in s.events(uids[first])
     assert s.get(first)["spec"]["suspend"] is True  # never unsuspended but by its admitting write
 
@@ -203,8 +203,8 @@ def test_a_gang_queued_natively_is_admitted_whole_and_placed_by_rank(
 
 def test_a_jobset_that_can_never_fit_is_rejected_and_stays_suspended(
         kueue: KueueScope, operators: Operators, dump_root: Callable[[str], Path]) -> None:
-    """A JobSet whose pods fit no zone anywhere gets a rejected record and a Warning Event; one that
-    is not Indexed is told why and left alone."""
+    """A JobSet whose pods fit no zone anywhere gets a rejected record and a Warning Event; one whose
+    pods would run in waves (parallelism under completions) is told why and left alone."""
     assert operators.running("jobset")
     s = Native(kueue, dump_root)
     big = jobset("big", None, replicas=1, pods=1, requests={"cpu": "20", "memory": "64Mi"})
@@ -220,9 +220,9 @@ def test_a_jobset_that_can_never_fit_is_rejected_and_stays_suspended(
     plain = jobset("plain", None, replicas=1, pods=2, requests=REQUESTS)
     plain["metadata"]["labels"] = {"topolet.io/queue": "default"}
     plain["spec"]["suspend"] = True
-    plain["spec"]["replicatedJobs"][0]["template"]["spec"].pop("completionMode")
+    plain["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = 1  # its pods in two waves
     uid = str(s.api.create(s.path, plain)["metadata"]["uid"])
-    wait_for(lambda: "InvalidJobSet" in s.events(uid), "the non-Indexed JobSet told why")
+    wait_for(lambda: "InvalidJobSet" in s.events(uid), "the JobSet of pods in waves told why")
     assert s.record("plain") is None and s.get("plain")["spec"]["suspend"] is True
 
 

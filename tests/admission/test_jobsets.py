@@ -40,6 +40,7 @@ from agent.admission.jobs.jobset_patches import (
     jobset_decision_patch,
     jobset_still_undecided,
     trainjob_decision_patch,
+    trainjob_placement_patch,
     trainjob_still_undecided,
 )
 from agent.admission.jobs.patches import BY_INDEX_LABEL
@@ -369,7 +370,9 @@ def trainjob(patches: list[dict[str, Any]] | None = None) -> dict[str, Any]:
                      "runtimePatches": list(patches or [])}}
 
 
-def test_a_trainjob_is_admitted_through_a_runtime_patch_of_ours_beside_the_tenants() -> None:
+def test_a_trainjob_is_placed_by_a_runtime_patch_of_ours_then_recorded_and_unsuspended() -> None:
+    """Two writes (Trainer's webhook takes a runtime patch only on a suspended TrainJob): our runtime
+    patch beside the tenant's, then the record and the unsuspend together."""
     js = jobset(rjob("node", 1, 6))
     tenant = {"manager": "tenant.example.com/mine", "time": "2026-12-07T10:00:00Z",
               "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{"name": "node"}]}}}}
@@ -378,10 +381,13 @@ def test_a_trainjob_is_admitted_through_a_runtime_patch_of_ours_beside_the_tenan
     slots: list[tuple[str, int | None]] = [("n1", 0), ("n1", 1), ("n1", 2),
                                            ("n2", 0), ("n2", 1), ("n2", 2)]
     record = admitted_record(placed(js, {"node": slots}), "d", "t", jobset_shape(js))
-    body = trainjob_decision_patch(tj, js, record)
-    assert body["metadata"] == {"resourceVersion": "9",
-                                "annotations": {ADMISSION_ANNOTATION: record.encode()}}
-    assert body["spec"]["suspend"] is False
+    body = trainjob_placement_patch(tj, js, record)
+    assert body["metadata"] == {"resourceVersion": "9"}
+    assert set(body["spec"]) == {"runtimePatches"}  # still suspended, no record yet
+    after = {**tj, "metadata": {**tj["metadata"], "resourceVersion": "10"}}
+    assert trainjob_decision_patch(after, js, record) == {
+        "metadata": {"resourceVersion": "10", "annotations": {ADMISSION_ANNOTATION: record.encode()}},
+        "spec": {"suspend": False}}
     mine, ours = body["spec"]["runtimePatches"]
     assert mine == tenant  # kept as it was; our stale one replaced
     assert ours == {"manager": "topolet.io/controller", "trainingRuntimeSpec": {"template": {"spec": {
@@ -398,7 +404,8 @@ UNDECIDED_TRAINJOB: list[tuple[str, Callable[[dict[str, Any]], Any], bool]] = [
      lambda tj: tj["metadata"].update(annotations={ADMISSION_ANNOTATION: "{}"}), False),
     ("unsuspended by someone", lambda tj: tj["spec"].update(suspend=False), False),
     ("re-created under the name", lambda tj: tj["metadata"].update(uid="new"), False),
-    ("a runtime patch added", lambda tj: tj["spec"]["runtimePatches"].append({"manager": "x"}), False),
+    ("our runtime patch written", lambda tj: tj["spec"]["runtimePatches"].append({"manager": "x"}), True),
+    ("its trainer changed", lambda tj: tj["spec"]["trainer"].update(numNodes=8), False),
 ]
 
 

@@ -60,6 +60,7 @@ from agent.admission.jobs.jobset_patches import (
     jobset_decision_patch,
     jobset_still_undecided,
     trainjob_decision_patch,
+    trainjob_placement_patch,
     trainjob_still_undecided,
 )
 from agent.admission.jobs.patches import reject_patch, requeue_patch
@@ -84,6 +85,8 @@ class Front:
     finished: Callable[[Mapping[str, Any]], bool]
     decision: Callable[[Mapping[str, Any], Mapping[str, Any], AdmissionRecord], dict[str, Any]]
     undecided: Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
+    # A write before the decision's, on the still suspended object (a TrainJob's runtime patch).
+    prepare: Callable[[Mapping[str, Any], Mapping[str, Any], AdmissionRecord], dict[str, Any]] | None = None
 
     @property
     def name(self) -> str:
@@ -98,7 +101,8 @@ JOBSET_FRONT = Front(JOBSET, (JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL), jobs
                      jobset_finished, lambda js, _body, record: jobset_decision_patch(js, record),
                      jobset_still_undecided)
 TRAINJOB_FRONT = Front(TRAINJOB, (TRAINJOB_GROUP, TRAINJOB_VERSION, TRAINJOB_PLURAL), trainjob_key,
-                       trainjob_finished, trainjob_decision_patch, trainjob_still_undecided)
+                       trainjob_finished, trainjob_decision_patch, trainjob_still_undecided,
+                       trainjob_placement_patch)
 FRONTS = (JOBSET_FRONT, TRAINJOB_FRONT)
 
 
@@ -266,6 +270,15 @@ class JobSetRoute:
         record = admitted_record(placement, uuid.uuid4().hex, timestamp(self.writes.clock()),
                                  jobset_shape(js))
         what = f"record the admission of {front.name} {namespaced_name(obj)}"
+        prepare = front.prepare
+        if prepare is not None:
+            prepared = self.writes.patch(self._store(front), front.path(obj), prepare(obj, js, record),
+                                         f"place the pods of {front.name} {namespaced_name(obj)}",
+                                         again=lambda fresh: (prepare(fresh, js, record)
+                                                              if front.undecided(obj, fresh) else None))
+            if prepared is None:
+                return False
+            obj = prepared
         out = self.writes.patch(self._store(front), front.path(obj), front.decision(obj, js, record), what,
                                 again=lambda fresh: (front.decision(fresh, js, record)
                                                      if front.undecided(obj, fresh) else None))

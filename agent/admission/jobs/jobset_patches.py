@@ -1,7 +1,8 @@
 """The JobSet and TrainJob admitting writes as bodies, and whether each may still be written after a conflict.
 
 Pure: no I/O, no clock.  `jobset_decision_patch(js, record)`, `jobset_still_undecided(js, fresh)`,
-`trainjob_decision_patch(tj, js, record)`, `trainjob_still_undecided(tj, fresh)`.
+`trainjob_placement_patch(tj, js, record)` then `trainjob_decision_patch(tj, js, record)`,
+`trainjob_still_undecided(tj, fresh)`.
 The rejecting and re-queueing writes are the Job route's (`reject_patch`, `requeue_patch`: metadata
 only).  How a JobSet's pods land on their slots: agent/admission/jobs/README.md, "JobSets".
 """
@@ -74,13 +75,14 @@ def jobset_still_undecided(js: Mapping[str, Any], fresh: Mapping[str, Any]) -> b
 RUNTIME_PATCH_MANAGER = "topolet.io/controller"
 
 
-def trainjob_decision_patch(tj: Mapping[str, Any], js: Mapping[str, Any],
-                            record: AdmissionRecord) -> dict[str, Any]:
-    """Record the decision on the suspended TrainJob, hold and place its pods, and unsuspend it, in one
-    write: our runtime patch (`RUNTIME_PATCH_MANAGER`) gives each replicated Job of `js`, the JobSet
-    Kubeflow Trainer made for it, our gate and, where the placement policy can pin its pods, its slots
-    and rank rule (as `jobset_decision_patch` writes them into a JobSet); Trainer merges it into the
-    JobSet as it resumes it, the JobSet controller into its Jobs.  Other managers' patches are kept."""
+def trainjob_placement_patch(tj: Mapping[str, Any], js: Mapping[str, Any],
+                             record: AdmissionRecord) -> dict[str, Any]:
+    """The first of a TrainJob's two admitting writes, while it stays suspended (Trainer's webhook
+    takes a runtime patch only then): our runtime patch (`RUNTIME_PATCH_MANAGER`) gives each replicated
+    Job of `js`, the JobSet Kubeflow Trainer made for it, our gate and, where the placement policy can
+    pin its pods, its slots and rank rule (as `jobset_decision_patch` writes them into a JobSet);
+    Trainer merges it into the JobSet as it resumes it, the JobSet controller into its Jobs.  Other
+    managers' patches are kept.  No record yet: a TrainJob left here by a crash is decided again."""
     spans = blocks(replicated_jobs(js))
     entries = []
     for name, (base, rjob) in spans.items():
@@ -95,16 +97,29 @@ def trainjob_decision_patch(tj: Mapping[str, Any], js: Mapping[str, Any],
             "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": entries}}}}
     patches = [p for p in as_list(as_dict(tj.get("spec")).get("runtimePatches"))
                if as_dict(p).get("manager") != RUNTIME_PATCH_MANAGER]
+    return {"metadata": {"resourceVersion": metadata_of(tj).get("resourceVersion")},
+            "spec": {"runtimePatches": [*patches, ours]}}
+
+
+def trainjob_decision_patch(tj: Mapping[str, Any], js: Mapping[str, Any],
+                            record: AdmissionRecord) -> dict[str, Any]:
+    """The second: record the decision and unsuspend the TrainJob, in one write (a recorded decision
+    always has its TrainJob running, as a Job's)."""
+    del js
     return {"metadata": {"resourceVersion": metadata_of(tj).get("resourceVersion"),
                          "annotations": {ADMISSION_ANNOTATION: record.encode()}},
-            "spec": {"suspend": False, "runtimePatches": [*patches, ours]}}
+            "spec": {"suspend": False}}
 
 
 def trainjob_still_undecided(tj: Mapping[str, Any], fresh: Mapping[str, Any]) -> bool:
-    """`fresh` (the TrainJob re-read after a conflict) is still the one decided on: same uid and spec,
-    suspended, no admission record (Trainer writes its status meanwhile)."""
+    """`fresh` (the TrainJob re-read after a conflict) is still the one decided on: same uid, the same
+    spec but for the runtime patches (ours is written first), suspended, no admission record (Trainer
+    writes its status and each patch's time meanwhile)."""
     if metadata_of(fresh).get("uid") != metadata_of(tj).get("uid") or not job_suspended(fresh):
         return False
     if as_dict(metadata_of(fresh).get("annotations")).get(ADMISSION_ANNOTATION) is not None:
         return False
-    return as_dict(fresh.get("spec")) == as_dict(tj.get("spec"))
+
+    def rest(obj: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in as_dict(obj.get("spec")).items() if k != "runtimePatches"}
+    return rest(fresh) == rest(tj)
