@@ -8,7 +8,7 @@ A JobSet is queued on itself; a TrainJob on itself, shaped by the JobSet Kubeflo
 (`FRONTS`).  Either is admitted whole, in one write (record, templates or runtime patch, unsuspend);
 its pods are placed by rank (`agent.admission.gangs.jobset`); it is released when it finishes, is
 suspended again or is deleted.  One object that cannot be read costs only itself.
-agent/admission/jobs/README.md, "JobSets".
+agent/admission/jobs/README.md, "JobSets and TrainJobs".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Pure: no I/O, no clock.  `jobset_decision_patch(js, record)`, `jobset_still_unde
 `trainjob_placement_patch(tj, js, record)` then `trainjob_decision_patch(tj, js, record)`,
 `trainjob_still_undecided(tj, fresh)`.
 The rejecting and re-queueing writes are the Job route's (`reject_patch`, `requeue_patch`: metadata
-only).  How a JobSet's pods land on their slots: agent/admission/jobs/README.md, "JobSets".
+only).  How a JobSet's pods land on their slots: agent/admission/jobs/README.md, "JobSets and TrainJobs".
 """
 
 from __future__ import annotations
