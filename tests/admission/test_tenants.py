@@ -84,8 +84,8 @@ def refused_by_policy(status: int, body: dict[str, Any]) -> bool:
     _, _, reason = message.partition("denied request: ")
     return (status == 403 and f"ValidatingAdmissionPolicy '{POLICY}'" in message
             and reason.startswith(("only topolet-controller", "a Job or JobSet queued", "an admitted Job",
-                                   "only the training operators", "only the operators", "a pod keeps the index",
-                                   "only the StatefulSet controller")))
+                                   "only the training operators", "only the operators",
+                                   "a pod keeps the index", "only the StatefulSet controller")))
 
 
 def until_enforced(t: Tenant) -> None:

@@ -1,16 +1,24 @@
 """Training gangs placed pod by pod through Kueue, end to end: real Kueue v0.17.0 and the real
 operators (tests/controlplane/operators.py: JobSet v0.11.1, Kubeflow Trainer v2.2.0, the MPI operator
-v0.8.0), the `topolet.io/topology-fit` check decided by `topolet controller --kueue on`, the kueue
+v0.8.0, LeaderWorkerSet v0.8.0; StatefulSets through Kueue's own integration and the real StatefulSet
+controller), the `topolet.io/topology-fit` check decided by `topolet controller --kueue on`, the kueue
 component's placement policy, the real kube-scheduler and the nodes' agents.
 
 Each node of DUMP has 4 NUMA zones of 16 CPUs: single-numa-node pods of 12 CPUs take a zone each, so
 a gang of 6 such pods (a JobSet of 2 Jobs x 3, a TrainJob of 6 nodes, an MPIJob of 6 workers and its
 launcher) spans both nodes by construction.  The check's Ready state carries each pod set's slots by
 rank and the rank rule Kueue's topologyRequest gives; Kueue copies both onto the object's template,
-the operators into their children, and the placement policy pins each pod to its rank's slot.
+the operators into their children, and the placement policy pins each pod to its rank's slot.  A
+LeaderWorkerSet's group (a leader and 5 workers: Kueue makes one Workload per group) and a StatefulSet
+of 6 are Kueue's pod integration's: their pods are created behind Kueue's gate and the policy pins each
+as Kueue ungates it with the podSetUpdates.  Kueue writes their pod sets without the template's
+annotations: the check reads their NUMA policy from the LeaderWorkerSet's or StatefulSet's own
+templates.
 A kill -9 of the controller right after its first decision books nothing twice; eviction and deletion
 free every slot.  The TrainJob's and the MPIJob's templates carry forged index labels, which their
-operators overwrite: they move no pod.  The operators run with the cluster's admin credentials here;
+operators overwrite: they move no pod; so do the StatefulSet's (its controller sets each pod's
+ordinal) and the LeaderWorkerSet's (a worker index as an annotation: the label its pod webhook sets
+wins).  The operators run with the cluster's admin credentials here;
 the fields policy's trust in their own identities is tests/kueue/test_training_fields.py's."""
 
 from __future__ import annotations
@@ -27,7 +35,15 @@ import pytest
 from agent.api.ranks import RankRule, parse_rank_rule
 from tests.controlplane.fixtures import kueue, kueue_session, operators
 from tests.controlplane.kueue import KueueScope, resource_flavor
-from tests.controlplane.operators import Operators, collection_path, jobset, mpijob, trainjob
+from tests.controlplane.operators import (
+    QUEUE_LABEL,
+    Operators,
+    collection_path,
+    jobset,
+    leaderworkerset,
+    mpijob,
+    trainjob,
+)
 from tests.kube.kubelet_standin import wait_for
 from tests.kueue.test_check import FAILSAFE
 from tests.kueue.test_check_e2e import NUMA, Setup
@@ -73,6 +89,30 @@ def _mpijob(name: str) -> dict[str, Any]:
     return body
 
 
+def _lws(name: str) -> dict[str, Any]:
+    body = leaderworkerset(name, "lq", replicas=1, size=6, requests=REQUESTS)
+    group = body["spec"]["leaderWorkerTemplate"]
+    worker = group["workerTemplate"]
+    worker["metadata"] = {"annotations": {**NUMA, "leaderworkerset.sigs.k8s.io/worker-index": "0"}}
+    group["leaderTemplate"] = {"metadata": {"annotations": dict(NUMA)}, "spec": dict(worker["spec"])}
+    return body
+
+
+def _statefulset(name: str) -> dict[str, Any]:
+    res = dict(REQUESTS)
+    container = {"name": "main", "image": "busybox", "command": ["sleep", "3600"],
+                 "resources": {"requests": res, "limits": res}}
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": name, "labels": {QUEUE_LABEL: "lq"}},
+            "spec": {"replicas": 6, "serviceName": name, "podManagementPolicy": "Parallel",
+                     "selector": {"matchLabels": {"app": name}},
+                     "template": {
+                         "metadata": {"labels": {"app": name, "apps.kubernetes.io/pod-index": "0"},
+                                      "annotations": dict(NUMA)},
+                         "spec": {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0,
+                                  "containers": [container]}}}}
+
+
 @dataclass(frozen=True)
 class Kind:
     kind: str
@@ -80,13 +120,21 @@ class Kind:
     pod_selector: str  # `{name}` formatted
     pods: int
     spread: str  # the pod set over several slots, placed by rank
+    operator: str  # the operator that must run ("": none besides Kueue)
+    path: Callable[[str], str] = lambda ns: ""  # its collection in a namespace ("": the operators')
+
+    def collection(self, ns: str) -> str:
+        return self.path(ns) or collection_path(self.kind, ns)
 
 
-JOBSET = Kind("JobSet", _jobset, "jobset.sigs.k8s.io/jobset-name={name}", 6, "workers")
+JOBSET = Kind("JobSet", _jobset, "jobset.sigs.k8s.io/jobset-name={name}", 6, "workers", "jobset")
 KINDS = [
     JOBSET,
-    Kind("TrainJob", _trainjob, "jobset.sigs.k8s.io/jobset-name={name}", 6, "node"),
-    Kind("MPIJob", _mpijob, "training.kubeflow.org/job-name={name}", 7, "worker"),
+    Kind("TrainJob", _trainjob, "jobset.sigs.k8s.io/jobset-name={name}", 6, "node", "trainer"),
+    Kind("MPIJob", _mpijob, "training.kubeflow.org/job-name={name}", 7, "worker", "mpi-operator"),
+    Kind("LeaderWorkerSet", _lws, "leaderworkerset.sigs.k8s.io/name={name}", 6, "worker", "lws"),
+    Kind("StatefulSet", _statefulset, "app={name}", 6, "main", "",
+         lambda ns: f"/apis/apps/v1/namespaces/{ns}/statefulsets"),
 ]
 
 
@@ -102,7 +150,7 @@ def slot_of(update: dict[str, Any], meta: dict[str, Any]) -> tuple[tuple[str, st
     text = (update.get("annotations") or {}).get("topolet.io/placements")
     if text is None:
         return (update["nodeSelector"]["kubernetes.io/hostname"],
-                update["annotations"]["topolet.io/numa-zone"]), None
+                (update.get("annotations") or {}).get("topolet.io/numa-zone", "")), None
     assert update["nodeSelector"] == {FAILSAFE: "true"}
     rule = parse_rank_rule(update["annotations"].get("topolet.io/placement-rank", COMPLETION_INDEX))
     assert isinstance(rule, RankRule), update
@@ -121,6 +169,7 @@ def placed_by_rank(s: Setup, kind: Kind, name: str, uid: str) -> bool:
         return False
     updates = {u["name"]: u for u in state["podSetUpdates"]}
     assert "topolet.io/placements" in updates[kind.spread]["annotations"], updates
+    spread = len(updates[kind.spread]["annotations"]["topolet.io/placements"].split(","))
     ranks, nodes = [], set()
     for pod in pods:
         meta = pod["metadata"]
@@ -129,15 +178,17 @@ def placed_by_rank(s: Setup, kind: Kind, name: str, uid: str) -> bool:
         if pod_set == kind.spread:
             ranks.append(rank)
         nodes.add(node)
-        assert pod["spec"]["nodeName"] == node and meta["annotations"]["topolet.io/numa-zone"] == zone
+        assert pod["spec"]["nodeName"] == node and meta["annotations"].get("topolet.io/numa-zone", "") == zone
         assert FAILSAFE not in pod["spec"]["nodeSelector"]
         assert not {"topolet.io/placements", "topolet.io/placement-rank"} & set(meta["annotations"])
         sim = s.kueue.cluster.nodes[node]
         allocs = [a for a in sim.state().allocations if a.owner.pod_uid == meta["uid"]]
         if not allocs:
             return False
+        assert zone, meta  # single-numa-node: each slot a zone (the pod integration's kinds: read
+        # from the owner's templates, which Kueue leaves out of the Workload)
         assert {sim.topology.numa_of(c) for c in allocs[0].cpus} == {int(zone)}
-    assert sorted(ranks) == list(range(6)), ranks  # one pod a slot
+    assert sorted(ranks) == list(range(spread)), ranks  # one pod a slot
     assert len(nodes) == 2  # both nodes: the gang cannot fit one
     return True
 
@@ -149,9 +200,9 @@ def test_a_training_gang_lands_pod_by_pod_and_frees_its_slots(
     first Ready write.  After the restart one runs placed by rank, the other is told Retry (never both
     Ready); evicting the first (deactivating its Workload) lets the second run; deleting the second
     lets the first, reactivated, run again on a fresh decision."""
-    assert all(operators.running(n) for n in ("jobset", "trainer", "mpi-operator"))
+    assert not kind.operator or operators.running(kind.operator)
     s = Setup(kueue, dump_root, 200, "--crash-at", "after-decision")
-    path = collection_path(kind.kind, s.ns)
+    path = kind.collection(s.ns)
     made = [s.api.create(path, kind.body(f"{x}-{uuid.uuid4().hex[:4]}")) for x in "ab"]
     gangs = {m["metadata"]["name"]: m["metadata"]["uid"] for m in made}
 
