@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import signal
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,12 +91,7 @@ class Native:
     def __init__(self, kueue: KueueScope, dump_root: Callable[[str], Path], kind: Kind = KINDS[0],
                  *controller_args: str) -> None:
         self.kueue, self.api, self.kind = kueue, kueue.api, kind
-        tag = uuid.uuid4().hex[:8]
-        self.label = f"test.topolet.io/{tag}"
-        self.nodes = [kueue.cluster.add_node(f"js-{tag}-{i}", dump_root(DUMP),
-                                             labels={self.label: "true"}).name for i in range(2)]
-        for name in self.nodes:
-            wait_for(lambda n=name: kueue.cluster.nrt(n), f"the NRT of {name}")
+        self.label, self.nodes = kueue.cluster.labelled_nodes("js", dump_root(DUMP))
         self.ns = kueue.namespace("js")
         self.path = collection_path(kind.kind, self.ns)
         self.controller = self.start(*controller_args)

@@ -218,13 +218,6 @@ UNDECIDED: list[tuple[str, Callable[[dict[str, Any]], Any], bool]] = [
 ]
 
 
-@pytest.mark.parametrize(("what", "change", "still"), UNDECIDED, ids=[u[0] for u in UNDECIDED])
-def test_a_conflict_is_retried_only_on_the_jobset_decided_on(
-        what: str, change: Callable[[dict[str, Any]], Any], still: bool) -> None:
-    js = jobset()
-    fresh = copy.deepcopy(js)
-    change(fresh)
-    assert jobset_still_undecided(js, fresh) is still
 
 
 # -- which pod holds which slot ---------------------------------------------------------------------
@@ -409,14 +402,18 @@ UNDECIDED_TRAINJOB: list[tuple[str, Callable[[dict[str, Any]], Any], bool]] = [
 ]
 
 
-@pytest.mark.parametrize(("what", "change", "still"), UNDECIDED_TRAINJOB,
-                         ids=[u[0] for u in UNDECIDED_TRAINJOB])
-def test_a_trainjob_conflict_is_retried_only_on_the_one_decided_on(
-        what: str, change: Callable[[dict[str, Any]], Any], still: bool) -> None:
-    tj = trainjob()
-    fresh = copy.deepcopy(tj)
+CONFLICTS = [("JobSet", *row) for row in UNDECIDED] + [("TrainJob", *row) for row in UNDECIDED_TRAINJOB]
+
+
+@pytest.mark.parametrize(("kind", "what", "change", "still"), CONFLICTS,
+                         ids=[f"{c[0]}: {c[1]}" for c in CONFLICTS])
+def test_a_conflict_is_retried_only_on_the_object_decided_on(
+        kind: str, what: str, change: Callable[[dict[str, Any]], Any], still: bool) -> None:
+    obj, undecided = ((jobset(), jobset_still_undecided) if kind == "JobSet"
+                      else (trainjob(), trainjob_still_undecided))
+    fresh = copy.deepcopy(obj)
     change(fresh)
-    assert trainjob_still_undecided(tj, fresh) is still
+    assert undecided(obj, fresh) is still
 
 
 @pytest.mark.parametrize(("status", "finished"), [
