@@ -1,50 +1,61 @@
 #!/usr/bin/env python3
-"""Kueue with and without the `topolet.io/topology-fit` check: the same gangs through real Kueue, twice.
+"""Training gangs through real Kueue in four arms: with the `topolet.io/topology-fit` check, Kueue alone,
+Kueue's Topology Aware Scheduling, and a no-op check.
 
-Each run gets a fresh test cluster (tests/controlplane/cluster.py: etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler) with real Kueue v0.17.0 on it (tests/controlplane/kueue.py:
-its manager, webhooks and batch/Job integration).  Both runs hold the same objects from
-`bench/admission_workload.py`: `--nodes` Node objects with their NRTs and the bound filler pods that
-hold the NRTs' allocations (as bench/admission_api.py sets them up; no agent processes at this
-scale), and `--gangs` Indexed Jobs of single-numa-node pods in Kueue's tas pod-count mix, queued on
-a LocalQueue whose ClusterQueue has quota for all of them (quota never holds a gang back here, so
-what differs is only the check):
+The arms run one after another on one fresh test cluster (tests/controlplane/cluster.py: etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler) with real Kueue v0.17.0 on it
+(tests/controlplane/kueue.py) and the real operators the kinds need (tests/controlplane/operators.py:
+JobSet v0.11.1, Kubeflow Trainer v2.2.0, the MPI operator v0.8.0, LeaderWorkerSet v0.8.0), cleaned
+between arms: every gang object, child, pod and Workload deleted and gone, then the arm's Kueue objects
+(queues, flavor, check, Topology), the controller stopped, the stand-in agents' NRTs back to what the
+fillers alone hold.  Starting the cluster, Kueue and the operators takes most of a minute on 2 cores
+(and the MPI operator may wait its turn on a lock another test session holds), so one start instead
+of four makes the run shorter by minutes; the arms then differ only in what ran before them on the
+same processes.  The order (Kueue alone, TAS, no-op check, topology-fit) puts the topology-fit arm last,
+so its controller and placement policy never run beside another arm.  The nodes are the same in every
+arm: `--nodes` Node objects with their NRTs and the bound filler pods that hold the NRTs' allocations
+(from `bench/admission_workload.py`, all labelled `BLOCK_LABEL`, one block), and `--gangs` gangs of
+single-numa-node Guaranteed pods in Kueue's tas pod-count mix, each one object of a kind of `--kinds`
+(bench/kueue_kinds.py: Indexed Job, JobSet, TrainJob, MPIJob, LeaderWorkerSet), created at once on a
+LocalQueue whose ClusterQueue has quota for all of them (quota never holds a gang back here):
 
-- without the check: Kueue admits on quota, the kube-scheduler binds the pods on node totals;
-- with the check: the ClusterQueue also lists the AdmissionCheck `topology-fit`, and
-  `topolet controller --kueue on` decides it; the kueue component's placement policy pins each pod
-  to the node and zone the check chose, and the scheduler binds it there.
+- Kueue + topology-fit: the ClusterQueue lists the AdmissionCheck `topology-fit`, decided by
+  `topolet controller --kueue on`; the kueue component's placement policy pins each pod to the node
+  and zone the check chose for its rank, and the scheduler binds it there;
+- Kueue alone: Kueue admits on quota, the kube-scheduler binds the pods on node totals;
+- Kueue TAS: the flavor names a Topology of levels `BLOCK_LABEL`, `topolet.io/rack`,
+  `kubernetes.io/hostname`, and every pod set asks `kueue.x-k8s.io/podset-required-topology` at the
+  block level (as Kueue's docs tell training users to); TAS assigns each pod a node on node totals,
+  its ungater pins the pod there;
+- Kueue + no-op check: `NoopCheck` (bench/kueue_workloads.py, in this process) answers the check
+  Ready, with no podSetUpdates, the moment it sees it Pending: what Kueue's own flow costs any check
+  (two more Workload status writes), so the ratio against it is what topolet's decision adds.
 
-Per run: admission latency per Workload (from just before its Job's create call until a watch sees
-the Workload's Admitted condition true), p50 and p99 over the Workloads admitted in both runs (so
-the two figures cover the same gangs; the count is printed), and the p50 and p99 seconds of each step
-(STEPS: create -> QuotaReserved -> our check Pending -> Ready -> Admitted, as the same watch sees
-them) to show where the check's time goes; the pods bound; and the share of bound pods their node
-pinned in one zone.  The nodes' kubelets and agents are bench/admission_agents.py's stand-ins, as in
-bench/admission_api.py: each bound pod is pinned by the agent's allocator (inside the zone the check
-named, when it named one), reported Running, and its node's NRT republished, so the controller runs
-with its default ledger timeout.
+The nodes' kubelets and agents are bench/admission_agents.py's stand-ins in every arm: each bound pod
+is pinned by the agent's allocator (inside the zone the check named, when it named one), reported
+Running, and its node's NRT republished.
 
-A third run puts a no-op check in topolet's place (`NoopCheck`, in this process: Ready, with no
-podSetUpdates, the moment its watch sees the check Pending), so the figure beside Kueue alone is what
-Kueue's own flow costs any admission check (two more Workload status writes) and the ratio against it
-is what topolet's decision adds.
+Per arm: gangs wholly admitted (every pod bound) and partly running (some pods bound, not all, when
+the arm ends), gangs spread over several nodes, the pods bound and the share of them their node pinned
+in one zone, admission latency p50/p99 (from just before the object's create call until a watch sees
+its Workload Admitted) over the Workloads admitted in every arm, the arm's wall seconds (first create
+until the last admission or bind) and the CPU seconds every process spent in them (this one included;
+2 cores here), and the seconds of each of STEPS.  Last line: `workloads: aligned 100.0% with check vs
+X.X% Kueue alone vs Y.Y% Kueue TAS; kinds K; p99 with/no-op check = Q.QQ` (the p99 ratio over the
+Workloads admitted in both of those arms).
 
-Last line: `kueue: aligned 100.0% with check vs X.X% without; admission p99 with/without = R.RR,
-with/no-op check = Q.QQ`.
-Equal work: the default 40 nodes and 80 gangs are sized so that every gang fits NUMA-wise on the
-static NRTs (the engine places 100 of these gangs in creation order, so Kueue's order of quota
-reservation does not matter), as bench/admission_api.py sizes its 1000/3000: the check never has to
-answer Retry and both runs admit every Workload.  The bench replays the gangs through the engine on
-the static NRTs first and says how many fit.  About three gangs per node (`--gangs 120`) leave some
-gangs that never fit with the check (Retry until the run stalls), so the latency compares unequal
-work there.  A larger queue at the same two gangs per node: `--nodes 150 --gangs 300` (all fit).
-Quick run: `--nodes 20 --gangs 40`.
+Equal work: the default 40 nodes and 100 gangs (320 pods) are sized so that every gang fits NUMA-wise on
+the static NRTs (the bench replays the gangs through the engine in creation order first and says how
+many fit; 110 gangs would leave 2 out), so the check need never answer Retry, while the nodes are full
+enough that placing on node totals puts some pods where no zone holds them (at 60 gangs the
+scheduler's spreading aligned every pod).  Quick run: `--nodes 20 --gangs 40`; one kind without the
+operators: `--kinds job`; the smoke test's: `--nodes 2 --gangs 5` (one gang of each kind).  A gang
+the check rejects (a pod set it cannot place pod by pod) counts as not admitted; the arm prints why.
 
-Kueue runs as upstream's manager config has it in both runs (5 reconcilers each for Jobs and
-Workloads); `--kueue-workers` changes that for both.  With `--keep-logs`, `workloads.json` holds each
-Workload's step times (Unix seconds) to set beside the controller's log, whose decision lines say
-how long each Workload waited for us ("due N s ago, written in M s").
+Kueue runs as upstream's manager config has it (5 reconcilers each for Jobs and Workloads);
+`--kueue-workers` changes that for every arm.  With `--keep-logs`, each arm's Kueue, operator,
+controller and cluster logs are copied there, and `workloads.json` holds each gang's step times (Unix
+seconds) to set beside the controller's log.
 """
 
 from __future__ import annotations
@@ -57,7 +68,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,375 +78,461 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import admission_workload as workload  # noqa: E402
+import kueue_kinds as kinds  # noqa: E402
 from admission import percentile  # noqa: E402
 from admission_agents import NodeAgents  # noqa: E402
-from admission_api import FILLER_NAMESPACE, NAMESPACE, BindWatch, _job, _parallel, _populate  # noqa: E402
+from admission_api import FILLER_NAMESPACE, NAMESPACE, BindWatch, _parallel, _populate  # noqa: E402
+from admission_report import cpu_by_component  # noqa: E402
+from kueue_workloads import CHECK, NOOP_CONTROLLER, AdmitWatch, NoopCheck  # noqa: E402
 
 from agent.admission.cluster.ledger import Ledger  # noqa: E402
 from agent.admission.cluster.view import build_view  # noqa: E402
-from agent.admission.engine.model import Gang, Placement  # noqa: E402
+from agent.admission.engine.model import Placement  # noqa: E402
 from agent.admission.engine.place import commit, place  # noqa: E402
 from agent.errors import KubeAPIError  # noqa: E402
 from agent.kubeapi.client import KubeClient  # noqa: E402
 from agent.topology.model import Topology  # noqa: E402
 from tests.controlplane.kueue import (  # noqa: E402
     DEFAULT_API_QPS,
-    QUEUE_LABEL,
+    Kueue,
     KueueObjects,
     kueue_path,
+    resource_flavor,
     start_kueue,
 )
+from tests.controlplane.operators import Operators, start_operators  # noqa: E402
 from tests.kueue.test_check import install_policy  # noqa: E402
 
-CHECK = "topology-fit"
 # A Workload's way to Admitted, as the bench's watch sees it: quota reserved (Kueue's scheduler), our
 # check's state Pending with that quota (Kueue's Workload controller adds it), Ready (us), Admitted
-# (Kueue's Workload controller).  Without the check, Kueue's scheduler writes QuotaReserved and
-# Admitted at once, so the later steps take no time.
+# (Kueue's Workload controller).  Without a check, Kueue's scheduler writes QuotaReserved and Admitted
+# at once, so the later steps take no time.
 STEPS = ("create->QuotaReserved", "->check Pending", "->check Ready", "->Admitted")
-# The reconcilers `--kueue-workers` sets: the Job reconciler makes each Job's Workload and unsuspends
-# it; the Workload reconciler adds the checks' Pending states and, once every check is Ready, writes
-# Admitted.  Each of those writes waits a round trip through the API server and Kueue's webhook, so
-# their rate is at most the workers over that round trip; but more Workload workers also race Kueue's
-# scheduler more often (its Pending-state update conflicts with the quota reservation, and the retries
-# wait in controller-runtime's default rate limiter, 10/s after a burst of 100).  The default is
-# upstream's manager config: the bench tunes nothing.
+# The reconcilers `--kueue-workers` sets (see daemonset/components/kueue/README.md, "Latency").
 WORKER_KINDS = ("Job.batch", "Workload.kueue.x-k8s.io")
 DEFAULT_WORKERS = 5
-STALL_S = 120.0  # no admission or bind for this long ends a run (some gangs never get in)
+STALL_S = 120.0  # no admission, rejection or bind for this long ends an arm (some gangs never get in)
+CLEAN_S = 180.0  # the most an arm's objects may take to go
 PROGRESS_S = 15.0
-KEEP_LOGS: Path | None = None  # --keep-logs: copy each run's logs here
+BLOCK_LABEL = "bench.topolet.io/block"  # every node in block-0: the level TAS pod sets ask for
+TOPOLOGY_LEVELS = (BLOCK_LABEL, workload.RACK_LABEL, "kubernetes.io/hostname")
+QUEUE = "lq"
+KEEP_LOGS: Path | None = None  # --keep-logs: copy each arm's logs here
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One way through Kueue: `check` "" (none), "topolet" (topology-fit) or "noop"; `tas`: Kueue TAS."""
+
+    name: str
+    key: str  # its folder under --keep-logs
+    check: str = ""
+    tas: bool = False
+
+
+WITH_CHECK = Arm("Kueue + topology-fit", "check", "topolet")
+ALONE = Arm("Kueue alone", "alone")
+TAS = Arm("Kueue TAS", "tas", tas=True)
+NOOP = Arm("Kueue + no-op check", "noop", "noop")
+ARMS = (ALONE, TAS, NOOP, WITH_CHECK)  # the order they run in
 
 
 @dataclass(frozen=True)
 class Run:
-    """One run through Kueue."""
+    """One arm's figures."""
 
-    name: str
-    workloads: int
-    admitted: int
-    latencies: dict[str, float]  # seconds, per admitted Workload, by its Job's name
-    steps: dict[str, tuple[float, ...]]  # seconds of each of STEPS
+    arm: Arm
+    gangs: int
+    latencies: dict[str, float]  # seconds, per admitted gang
+    steps: dict[str, tuple[float, ...]]  # seconds of each of STEPS, per admitted gang
+    rejected: dict[str, str]  # gang -> the check's message
+    waiting: dict[str, str]  # gang neither admitted nor rejected -> the check's latest state and message
     pods: int
     bound: int
     aligned: int
+    whole: int  # gangs every pod of which is bound
+    partial: int  # gangs some but not all pods of which are bound
+    spread: int  # gangs wholly bound over more than one node
+    wall_s: float
+    cpu_s: float
+    unaligned: Counter[str]  # pods pinned across zones, by kind
 
     @property
     def aligned_share(self) -> float:
         return self.aligned / self.bound if self.bound else 1.0
 
     def p(self, q: float, among: set[str]) -> float:
-        """The q-quantile of the admission latency over the Workloads in `among`."""
+        """The q-quantile of the admission latency over the gangs in `among`."""
         values = [v for k, v in self.latencies.items() if k in among]
         return percentile(values, q) if values else float("nan")
 
 
-class AdmitWatch:
-    """When each Workload of NAMESPACE was first seen with QuotaReserved, with it and our check
-    Pending, with our check Ready and Admitted (monotonic), by its Job's name."""
-
-    def __init__(self, api: KubeClient) -> None:
-        self.api = api
-        self.admitted: dict[str, float] = {}
-        self.reserved: dict[str, float] = {}
-        self.pending: dict[str, float] = {}
-        self.ready: dict[str, float] = {}
-        self.last = time.monotonic()
-        self._stop = threading.Event()
-        self._stream: Any = None
-        self._rv = api.list(kueue_path("workloads", namespace=NAMESPACE))["metadata"]["resourceVersion"]
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with self.api.watch(kueue_path("workloads", namespace=NAMESPACE),
-                                    {"resourceVersion": self._rv, "allowWatchBookmarks": True,
-                                     "timeoutSeconds": 60}, timeout=(5.0, 90.0)) as stream:
-                    self._stream = stream
-                    for event in stream:
-                        obj = (event or {}).get("object") or {}
-                        self._rv = (obj.get("metadata") or {}).get("resourceVersion", self._rv)
-                        owners = (obj.get("metadata") or {}).get("ownerReferences") or []
-                        status = obj.get("status") or {}
-                        true = {c.get("type") for c in status.get("conditions") or []
-                                if c.get("status") == "True"}
-                        if not owners:
-                            continue
-                        now, job = time.monotonic(), owners[0]["name"]
-                        states = {a.get("name"): a.get("state") for a in status.get("admissionChecks") or []}
-                        if "QuotaReserved" in true:
-                            self.reserved.setdefault(job, now)
-                            if states.get(CHECK) == "Pending":
-                                self.pending.setdefault(job, now)
-                        if states.get(CHECK) == "Ready":
-                            self.ready.setdefault(job, now)
-                        if "Admitted" in true:
-                            self.admitted.setdefault(job, now)
-                            self.last = now
-            except KubeAPIError:
-                time.sleep(0.2)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._stream is not None:
-            self._stream.shutdown()
-
-
-NOOP_CONTROLLER = "bench.topolet.io/noop"
-
-
-class NoopCheck:
-    """An admission check controller that decides nothing: it sets CHECK Ready, with no podSetUpdates,
-    the moment its watch sees a Workload of NAMESPACE with quota reserved and CHECK Pending, from a small
-    writer pool (as topolet's check writes off its watch).  What Kueue's own flow costs any check."""
-
-    def __init__(self, api_factory: Any, writers: int = 4) -> None:
-        self._api = api_factory()
-        self._local = threading.local()
-        self._factory = api_factory
-        self._pool = ThreadPoolExecutor(writers, thread_name_prefix="noop-check")
-        self._done: set[str] = set()  # Workloads answered (or being answered)
-        self._done_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._rv = self._api.list(kueue_path("workloads", namespace=NAMESPACE))["metadata"]["resourceVersion"]
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _write(self, name: str) -> None:
-        if not hasattr(self._local, "api"):
-            self._local.api = self._factory()
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        body = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
-                "metadata": {"name": name, "namespace": NAMESPACE},
-                "status": {"admissionChecks": [{"name": CHECK, "state": "Ready", "message": "no-op",
-                                                "lastTransitionTime": now}]}}
-        try:
-            self._local.api.apply(kueue_path("workloads", name, namespace=NAMESPACE, subresource="status"),
-                                  body, NOOP_CONTROLLER)
-        except KubeAPIError as exc:  # seen again on its next event
-            with self._done_lock:
-                self._done.discard(name)
-            print(f"# no-op check: {name}: {exc}", flush=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with self._api.watch(kueue_path("workloads", namespace=NAMESPACE),
-                                     {"resourceVersion": self._rv, "allowWatchBookmarks": True,
-                                      "timeoutSeconds": 60}, timeout=(5.0, 90.0)) as stream:
-                    for event in stream:
-                        obj = (event or {}).get("object") or {}
-                        meta = obj.get("metadata") or {}
-                        self._rv = meta.get("resourceVersion", self._rv)
-                        status = obj.get("status") or {}
-                        reserved = any(c.get("type") == "QuotaReserved" and c.get("status") == "True"
-                                       for c in status.get("conditions") or [])
-                        states = {a.get("name"): a.get("state") for a in status.get("admissionChecks") or []}
-                        name = meta.get("name")
-                        if reserved and states.get(CHECK) == "Pending" and name:
-                            with self._done_lock:
-                                if name in self._done:
-                                    continue
-                                self._done.add(name)
-                            self._pool.submit(self._write, name)
-                        if self._stop.is_set():
-                            return
-            except KubeAPIError:
-                if self._stop.is_set():
-                    return
-                time.sleep(0.2)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _wait(what: str, done: Any, last: Any, start: float) -> None:
-    """Until `done()`, or until `last()` (the monotonic time of the latest progress) is STALL_S old."""
+def _wait(what: Any, done: Any, last: Any, start: float) -> None:
+    """Until `done()`, or until `last()` (the monotonic time of the latest progress) is STALL_S old;
+    `what()` says how far it got."""
     progress = time.monotonic()
     while not done():
         now = time.monotonic()
         if now - max(last(), start) > STALL_S:
-            print(f"# {what}: no progress for {STALL_S:.0f} s, stopped waiting", flush=True)
+            print(f"# {what()}: no progress for {STALL_S:.0f} s, stopped waiting", flush=True)
             return
         if now - progress >= PROGRESS_S:
             progress = now
-            print(f"# {what} after {now - start:.0f} s", flush=True)
+            print(f"# {what()} after {now - start:.0f} s", flush=True)
         time.sleep(0.1)
 
 
-def run(name: str, workdir: Path, objects: workload.Cluster, topos: list[tuple[str, Topology]],
-        stream: list[Gang], *, check: str, workers: int) -> Run:
-    """One run: `check` is "" (Kueue alone), "topolet" (topology-fit) or "noop" (NoopCheck)."""
+def _queues(api: KubeClient, arm: Arm, cpus: int) -> KueueObjects:
+    """The arm's flavor (with its Topology for TAS), check, ClusterQueue and LocalQueue."""
+    objects = KueueObjects(api)
+    flavor = resource_flavor("default")
+    if arm.tas:
+        objects.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology",
+                        "metadata": {"name": "bench"},
+                        "spec": {"levels": [{"nodeLabel": level} for level in TOPOLOGY_LEVELS]}})
+        flavor = resource_flavor("default", {BLOCK_LABEL: "block-0"})
+        flavor["spec"]["topologyName"] = "bench"
+    objects.create(flavor)
+    if arm.check == "topolet":
+        install_policy(api)
+        objects.admission_check(CHECK)
+    elif arm.check == "noop":
+        objects.admission_check(CHECK, NOOP_CONTROLLER)
+        objects.set_check_active(CHECK, field_manager=NOOP_CONTROLLER)
+    objects.cluster_queue("cq", "default", {"cpu": str(cpus), "memory": f"{cpus}Gi"},
+                          admission_checks=[CHECK] if arm.check else [])
+    objects.local_queue(NAMESPACE, QUEUE, "cq")
+    return objects
+
+
+def _wait_active(objects: KueueObjects, arm: Arm) -> None:
+    """Until the ClusterQueue is Active (with a check: once its controller set the check Active)."""
+    deadline = time.monotonic() + 120
+    while not any(c["type"] == "Active" and c["status"] == "True"
+                  for c in objects.get("clusterqueues", "cq").get("status", {}).get("conditions") or []):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{arm.name}: the ClusterQueue never became Active")
+        time.sleep(0.2)
+
+
+def _gang_pods(api: KubeClient, stream: list[kinds.KindGang]) -> tuple[int, int, int]:
+    """(gangs wholly bound, gangs partly bound, gangs wholly bound over several nodes), from the pods now."""
+    nodes: dict[str, list[str]] = defaultdict(list)
+    for pod in api.list(f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]:
+        if not pod["metadata"].get("deletionTimestamp"):
+            nodes[kinds.gang_of(pod["metadata"]["name"])].append(pod["spec"].get("nodeName") or "")
+    whole = partial = spread = 0
+    for gang in stream:
+        bound = [n for n in nodes.get(gang.name, ()) if n]
+        whole += len(bound) >= gang.pods
+        partial += 0 < len(bound) < gang.pods
+        spread += len(bound) >= gang.pods and len(set(bound)) > 1
+    return whole, partial, spread
+
+
+@dataclass
+class Stage:
+    """The one cluster every arm runs on: Kueue, the operators, the nodes with their fillers."""
+
+    kueue: Kueue
+    operators: Operators | None
+    objects: workload.Cluster
+    topos: list[tuple[str, Topology]]
+
+    @property
+    def cluster(self) -> Any:
+        return self.kueue.cluster
+
+    def api(self) -> KubeClient:
+        return KubeClient(self.cluster.plane.client())
+
+    def logs(self) -> str:
+        out = f"--- kueue ---\n{self.kueue.log_tail(2000)}\n{self.cluster.logs(2000)}"
+        return out + (f"\n{self.operators.logs(2000)}" if self.operators is not None else "")
+
+    def keep_logs(self, dest: Path) -> None:
+        """Copy Kueue's, the operators', the controller's and the cluster's logs (so far) to `dest`."""
+        dest.mkdir(parents=True, exist_ok=True)
+        for log in [*self.cluster.workdir.glob("*.log"), self.kueue.workdir / "kueue.log",
+                    *(self.kueue.workdir.parent / "operators").glob("*/*.log")]:
+            if log.exists():
+                shutil.copy(log, dest / log.name)
+
+    def stop(self) -> None:
+        if self.operators is not None:
+            self.operators.stop()
+        self.kueue.stop_all()
+
+
+def stage(workdir: Path, objects: workload.Cluster, topos: list[tuple[str, Topology]],
+          kind_names: tuple[str, ...], workers: int) -> Stage:
+    """A fresh cluster with Kueue, the operators `kind_names` need, the nodes, NRTs and filler pods."""
+    began = time.monotonic()
     kueue = start_kueue(workdir, concurrency={kind: workers for kind in WORKER_KINDS})
-    cluster = kueue.cluster
-    api = KubeClient(cluster.plane.client())
-    agents: NodeAgents | None = None
+    up = f"cluster and Kueue up in {time.monotonic() - began:.0f} s"
+    operators: Operators | None = None
     try:
-        _populate(cluster, objects)
-        # The nodes' kubelets and agents, as in bench/admission_api.py: each bound pod pinned, reported
-        # Running and its node's NRT republished, so the controller's ledger settles (default timeout).
-        agents = NodeAgents(cluster, objects, lambda node: topos[int(node.split("-")[1]) % len(topos)][1],
-                            "pod", NAMESPACE, FILLER_NAMESPACE)
-        agents.prime()
-        kueue_objects = KueueObjects(api)
-        kueue_objects.resource_flavor("default")
-        noop: NoopCheck | None = None
-        if check == "topolet":
-            install_policy(api)
-            kueue_objects.admission_check(CHECK)
+        names = kinds.operators(kind_names)
+        if names:
+            operators = start_operators(kueue.cluster, workdir / "operators", names)
+            up += f", operators {time.monotonic() - began:.0f} s (with any wait for the MPI operator's turn)"
+        _populate(kueue.cluster, objects)
+    except BaseException:
+        print(f"--- kueue ---\n{kueue.log_tail(2000)}\n{kueue.cluster.logs(2000)}")
+        if operators is not None:
+            operators.stop()
+        kueue.stop_all()
+        raise
+    print(f"# {up}, nodes {time.monotonic() - began:.0f} s", flush=True)
+    return Stage(kueue, operators, objects, topos)
+
+
+def run(arm: Arm, on: Stage, stream: list[kinds.KindGang]) -> Run:
+    """One arm on the stage: its queues (and check), the gangs created at once, until every one is in;
+    then the stage cleaned for the next arm."""
+    cluster = on.cluster
+    api = on.api()
+    topos = on.topos
+    agents = NodeAgents(cluster, on.objects, lambda node: topos[int(node.split("-")[1]) % len(topos)][1],
+                        "pod", NAMESPACE, FILLER_NAMESPACE)
+    try:
+        agents.prime()  # the fillers Running, every NRT as they alone hold it
+        queues = _queues(api, arm, sum(workload.gang_cpus(g.gang) for g in stream))
+        noop = NoopCheck(on.api, NAMESPACE) if arm.check == "noop" else None
+        if arm.check == "topolet":
             cluster.start_controller("--kueue", "on")
-        elif check == "noop":
-            kueue_objects.admission_check(CHECK, NOOP_CONTROLLER)
-            kueue_objects.set_check_active(CHECK, field_manager=NOOP_CONTROLLER)
-            noop = NoopCheck(lambda: KubeClient(cluster.plane.client()))
-        cpus = sum(workload.gang_cpus(g) for g in stream)
-        kueue_objects.cluster_queue("cq", "default", {"cpu": str(cpus), "memory": f"{cpus}Gi"},
-                                    admission_checks=[CHECK] if check else [])
-        kueue_objects.local_queue(NAMESPACE, "lq", "cq")
-
-        def cq_active() -> bool:
-            cq = kueue_objects.get("clusterqueues", "cq")
-            return any(c["type"] == "Active" and c["status"] == "True"
-                       for c in cq.get("status", {}).get("conditions") or [])
-
-        deadline = time.monotonic() + 120
-        while not cq_active():
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{name}: the ClusterQueue never became Active\n{kueue.log_tail()}")
-            time.sleep(0.2)
-
+        _wait_active(queues, arm)
         agents.start()
-        admits = AdmitWatch(KubeClient(cluster.plane.client()))
+        admits = AdmitWatch(on.api(), NAMESPACE)
         binds = BindWatch(cluster)
         created: dict[str, float] = {}
         local = threading.local()
+        required = BLOCK_LABEL if arm.tas else None
 
-        def create(item: tuple[int, Gang]) -> None:
+        def create(gang: kinds.KindGang) -> None:
             if not hasattr(local, "api"):
-                local.api = KubeClient(cluster.plane.client())
-            body = _job(item[1], item[0], queued=False)
-            body["metadata"]["labels"] = {QUEUE_LABEL: "lq"}
-            body["spec"]["suspend"] = True
-            created[body["metadata"]["name"]] = time.monotonic()
-            local.api.create(f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs", body)
+                local.api = on.api()
+            body = kinds.body(gang, QUEUE, required)
+            created[gang.name] = time.monotonic()
+            local.api.create(kinds.path(gang, NAMESPACE), body)
 
-        want = sum(ps.count for g in stream for ps in g.pod_sets)
+        def want() -> int:  # the pods of the gangs not rejected
+            return sum(g.pods for g in stream if g.name not in admits.rejected)
+
+        cpu_before = sum(cpu_by_component({}).values())
+        start = time.monotonic()
         try:
-            start = time.monotonic()
-            _parallel(list(enumerate(stream)), create)
-            _wait(f"{name}: {len(admits.admitted)}/{len(stream)} Workloads admitted",
-                  lambda: len(admits.admitted) >= len(stream), lambda: admits.last, start)
-            _wait(f"{name}: {len(binds.bound)}/{want} pods bound",
-                  lambda: len(binds.bound) >= want, lambda: binds.last_bind, start)
+            _parallel(stream, create)
+            _wait(lambda: f"{arm.name}: {len(admits.admitted)}/{len(stream)} admitted, "
+                          f"{len(admits.rejected)} rejected",
+                  lambda: len(admits.admitted) + len(admits.rejected) >= len(stream), lambda: admits.last,
+                  start)
+            _wait(lambda: f"{arm.name}: {len(binds.bound)}/{want()} pods bound",
+                  lambda: len(binds.bound) >= want(), lambda: binds.last_bind, start)
+            end = max([binds.last_bind, *admits.admitted.values(), start])
+            cpu_s = sum(cpu_by_component({}).values()) - cpu_before
         finally:
             admits.close()
             binds.close()
             if noop is not None:
                 noop.close()
-        latencies = {j: admits.admitted[j] - created[j] for j in admits.admitted if j in created}
-        steps: dict[str, tuple[float, ...]] = {}
-        for j in latencies:
-            reserved = admits.reserved.get(j, admits.admitted[j])
-            # Without the check (or a state the watch missed between two events): no time on that step.
-            pending = admits.pending.get(j, reserved)
-            ready = admits.ready.get(j, pending)
-            steps[j] = (reserved - created[j], pending - reserved, ready - pending,
-                        admits.admitted[j] - ready)
-        if KEEP_LOGS is not None:  # each Workload's times (Unix seconds), to set beside the logs
-            wall = time.time() - time.monotonic()
-            dest = KEEP_LOGS / workdir.name
-            dest.mkdir(parents=True, exist_ok=True)
-            (dest / "workloads.json").write_text(json.dumps({
-                j: {"created": created[j] + wall, **{step: seen[j] + wall for step, seen in (
-                    ("reserved", admits.reserved), ("pending", admits.pending), ("ready", admits.ready),
-                    ("admitted", admits.admitted)) if j in seen}} for j in latencies}, indent=1))
+            cluster.stop_controllers()
         agents.settle(set(binds.bound))
-        aligned = agents.aligned()
-        return Run(name, len(stream), len(latencies), latencies, steps, want, len(binds.bound), aligned)
+        whole, partial, spread = _gang_pods(api, stream)
+        if KEEP_LOGS is not None:
+            _keep(on, arm, created, admits)
+        latencies = {g: admits.admitted[g] - created[g] for g in admits.admitted if g in created}
+        kind_of = {g.name: g.kind for g in stream}
+        result = Run(arm, len(stream), latencies, _steps(created, admits, latencies), dict(admits.rejected),
+                     {g.name: admits.said.get(g.name, "") for g in stream
+                      if g.name not in admits.admitted and g.name not in admits.rejected},
+                     sum(g.pods for g in stream), len(binds.bound), agents.aligned(), whole, partial, spread,
+                     end - start, cpu_s, Counter(kind_of.get(kinds.gang_of(key.partition("/")[2]), "?")
+                                                 for key, _, _, aligned in agents.placements if not aligned))
     except BaseException:
-        print(f"--- kueue ---\n{kueue.log_tail(2000)}\n{cluster.logs(2000)}")
+        print(on.logs())
         raise
     finally:
+        agents.stop()
+    try:
+        _clean(api, queues, arm)
+    finally:
         api.close()
-        if agents is not None:
-            agents.stop()
-        kueue.stop_all()
-        if KEEP_LOGS is not None:  # Kueue's and the controller's logs, for profiling
-            dest = KEEP_LOGS / workdir.name
-            dest.mkdir(parents=True, exist_ok=True)
-            for log in [*cluster.workdir.glob("*.log"), kueue.workdir / "kueue.log"]:
-                if log.exists():
-                    shutil.copy(log, dest / log.name)
+    return result
 
 
-def _fit(objects: workload.Cluster, stream: list[Gang]) -> int:
+def _steps(created: dict[str, float], admits: AdmitWatch, among: dict[str, float]
+           ) -> dict[str, tuple[float, ...]]:
+    """The seconds of each of STEPS, per gang of `among`."""
+    out: dict[str, tuple[float, ...]] = {}
+    for g in among:
+        reserved = admits.reserved.get(g, admits.admitted[g])
+        # Without a check (or a state the watch missed between two events): no time on that step.
+        pending = admits.pending.get(g, reserved)
+        ready = admits.ready.get(g, pending)
+        out[g] = (reserved - created[g], pending - reserved, ready - pending, admits.admitted[g] - ready)
+    return out
+
+
+def _keep(on: Stage, arm: Arm, created: dict[str, float], admits: AdmitWatch) -> None:
+    """The logs so far, and each gang's step times (Unix seconds) to set beside them, under KEEP_LOGS."""
+    assert KEEP_LOGS is not None
+    dest = KEEP_LOGS / arm.key
+    on.keep_logs(dest)
+    wall = time.time() - time.monotonic()
+    steps = (("reserved", admits.reserved), ("pending", admits.pending), ("ready", admits.ready),
+             ("admitted", admits.admitted))
+    (dest / "workloads.json").write_text(json.dumps({
+        g: {"created": created[g] + wall, **{step: seen[g] + wall for step, seen in steps if g in seen}}
+        for g in admits.admitted if g in created}, indent=1))
+
+
+def _clean(api: KubeClient, queues: KueueObjects, arm: Arm) -> None:
+    """Leave the stage as the arm found it: every gang object, child, pod and Workload of NAMESPACE gone
+    (pods deleted at once: no kubelet is there to confirm), then the arm's Kueue objects."""
+    deadline = time.monotonic() + CLEAN_S
+    namespaced = [*kinds.collections(NAMESPACE), f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets",
+                  f"/api/v1/namespaces/{NAMESPACE}/pods", kueue_path("workloads", namespace=NAMESPACE)]
+    left = _delete_until_gone(api, namespaced, deadline)
+    queues.delete_created()
+    cluster_scoped = ("clusterqueues", "resourceflavors", "admissionchecks", "topologies")
+    kueue_objects = [kueue_path("localqueues", namespace=NAMESPACE), *(kueue_path(p) for p in cluster_scoped)]
+    left += _delete_until_gone(api, kueue_objects, deadline)
+    if left:
+        raise SystemExit(f"{arm.name}: {len(left)} objects still there {CLEAN_S:.0f} s after the arm: "
+                         f"{', '.join(left[:10])}")
+
+
+def _delete_until_gone(api: KubeClient, collections: list[str], deadline: float) -> list[str]:
+    """Delete every object of `collections` (in that order, again each second) until they are empty or
+    `deadline` passes; what is left."""
+    while True:
+        left = []
+        for path in collections:
+            try:
+                items = api.list(path).get("items") or []
+                if items:
+                    left += [f"{path}/{i['metadata']['name']}" for i in items]
+                    api.request("DELETE", path, query={"gracePeriodSeconds": 0,
+                                                       "propagationPolicy": "Background"})
+            except KubeAPIError as exc:
+                if exc.status != 404:  # a kind no operator serves here
+                    raise
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1.0)
+
+
+def _fit(objects: workload.Cluster, stream: list[kinds.KindGang]) -> int:
     """How many of the gangs the engine places on the static NRTs, one after another in creation order."""
     view, _ = build_view(objects.nodes, objects.nrts, objects.pods, Ledger(), 0.0)
     fit = 0
     for gang in stream:
-        result = place(view, gang)
+        result = place(view, gang.gang)
         if isinstance(result, Placement):
-            view = commit(view, gang, result)
+            view = commit(view, gang.gang, result)
             fit += 1
     return fit
+
+
+def report(runs: dict[Arm, Run], stream: list[kinds.KindGang], kind_names: tuple[str, ...]) -> None:
+    """The arms side by side, the steps, the rejections and the last line."""
+    every = set.intersection(*(set(r.latencies) for r in runs.values()))
+    shown = [runs[a] for a in (WITH_CHECK, ALONE, TAS, NOOP)]
+    print(f"{'arm':<22} {'admitted':>9} {'whole':>9} {'partly':>6} {'spread':>6} {'p50 s':>6} {'p99 s':>6} "
+          f"{'pods':>5} {'bound':>5} {'aligned':>7} {'wall s':>7} {'CPU s':>7}")
+    for r in shown:
+        print(f"{r.arm.name:<22} {len(r.latencies):>4}/{r.gangs:<4} {r.whole:>4}/{r.gangs:<4} {r.partial:>6} "
+              f"{r.spread:>6} {r.p(0.5, every):>6.2f} {r.p(0.99, every):>6.2f} {r.pods:>5} {r.bound:>5} "
+              f"{r.aligned_share * 100:>6.1f}% {r.wall_s:>7.1f} {r.cpu_s:>7.1f}")
+    print(f"# whole: gangs with every pod bound; partly: some pods bound, not all, at the end; spread: whole "
+          f"gangs over several nodes; p50/p99 over the {len(every)} Workloads admitted in every arm; wall: "
+          f"first create to last admission or bind, CPU: every process in it (2 cores)")
+    print("# seconds per step, p50/p99:")
+    for r in shown:
+        cells = []
+        for k, step in enumerate(STEPS):
+            values = [r.steps[g][k] for g in every]
+            p50, p99 = (percentile(values, 0.5), percentile(values, 0.99)) if values else (math.nan, math.nan)
+            cells.append(f"{step} {p50:.2f}/{p99:.2f}")
+        print(f"#   {r.arm.name:<22} {', '.join(cells)}")
+    by_kind = Counter(g.kind for g in stream)
+    for r in shown:
+        missed = Counter(g.kind for g in stream if g.name not in r.latencies)
+        if r.unaligned:
+            print(f"# {r.arm.name}: pods pinned across zones by kind: "
+                  + ", ".join(f"{k} {r.unaligned[k]}" for k in kind_names if r.unaligned[k]))
+        if missed:
+            print(f"# {r.arm.name}: not admitted by kind: "
+                  + ", ".join(f"{k} {missed[k]}/{by_kind[k]}" for k in kind_names if missed[k]))
+        for gang, message in sorted(r.rejected.items())[:3]:
+            print(f"#   rejected {gang}: {message}")
+        for gang, message in sorted(r.waiting.items())[:3]:
+            print(f"#   still waiting {gang}: {message or 'no word from a check'}")
+    ours, noop = runs[WITH_CHECK], runs[NOOP]
+    both = set(ours.latencies) & set(noop.latencies)
+    over_noop = ours.p(0.99, both) / noop.p(0.99, both) if both else float("nan")
+    print(f"# p99 with/no-op check over the {len(both)} Workloads admitted in both: "
+          f"{ours.p(0.99, both):.2f} / {noop.p(0.99, both):.2f} s")
+    alone, tas = runs[ALONE].aligned_share * 100, runs[TAS].aligned_share * 100
+    print(f"workloads: aligned {ours.aligned_share * 100:.1f}% with check vs {alone:.1f}% Kueue alone vs "
+          f"{tas:.1f}% Kueue TAS; kinds {','.join(kind_names)}; p99 with/no-op check = {over_noop:.2f}")
+
+
+def _kinds(text: str) -> tuple[str, ...]:
+    names = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in names if k not in kinds.KINDS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"kinds are some of {','.join(kinds.KINDS)}, not {text!r}")
+    return tuple(dict.fromkeys(names))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--nodes", type=int, default=40, help="Node objects with NRTs (default 40)")
-    parser.add_argument("--gangs", type=int, default=80,
-                        help="Indexed Jobs queued (default 80: every one fits on the default 40 nodes)")
+    parser.add_argument("--gangs", type=int, default=100,
+                        help="gangs queued (default 100: every one fits on the default 40 nodes)")
+    parser.add_argument("--kinds", type=_kinds, default=kinds.KINDS,
+                        help=f"the gangs' kinds, taken in turn (default {','.join(kinds.KINDS)})")
     parser.add_argument("--seed", type=int, default=42, help="workload seed (default 42)")
     parser.add_argument("--dumps", type=Path, default=None, help="where the hwloc dumps are extracted")
     parser.add_argument("--kueue-workers", type=int, default=DEFAULT_WORKERS,
-                        help=f"Kueue's Job and Workload reconcilers, both runs (default {DEFAULT_WORKERS}, "
+                        help=f"Kueue's Job and Workload reconcilers, every arm (default {DEFAULT_WORKERS}, "
                              "as upstream's manager config)")
     parser.add_argument("--keep-logs", type=Path, default=None,
-                        help="copy each run's Kueue, controller and cluster logs here, and each "
-                             "Workload's step times (workloads.json)")
+                        help="copy each arm's Kueue, operator, controller and cluster logs here, and each "
+                             "gang's step times (workloads.json)")
     args = parser.parse_args(argv)
     global KEEP_LOGS
     KEEP_LOGS = args.keep_logs
+    kind_names: tuple[str, ...] = args.kinds
     with tempfile.TemporaryDirectory(prefix="topolet-kueue-") as tmp:
         topos = workload.topologies(args.dumps or Path(tmp) / "dumps")
         objects = workload.cluster(args.nodes, topos, args.seed)
-        stream = workload.gangs(args.gangs, args.seed + 1)
-        print(f"# through Kueue: {args.nodes} nodes, {len(objects.pods)} filler pods, {args.gangs} gangs "
-              f"({sum(ps.count for g in stream for ps in g.pod_sets)} pods)", flush=True)
+        for node in objects.nodes:
+            node["metadata"]["labels"][BLOCK_LABEL] = "block-0"
+        stream = kinds.gangs(args.gangs, args.seed + 1, kind_names)
+        mix = Counter(g.kind for g in stream)
+        print(f"# through Kueue: {args.nodes} nodes, {len(objects.pods)} filler pods, {len(stream)} gangs "
+              f"({sum(g.pods for g in stream)} pods; " + ", ".join(f"{k} {mix[k]}" for k in kind_names) + ")",
+              flush=True)
         fit = _fit(objects, stream)
         print(f"# {fit}/{len(stream)} gangs fit NUMA-wise on the static NRTs in creation order"
               + ("" if fit == len(stream) else ": the check will answer Retry to the rest"), flush=True)
-        print(f"# Kueue in both runs: client qps {DEFAULT_API_QPS}, {args.kueue_workers} workers each for "
-              f"{', '.join(WORKER_KINDS)}", flush=True)
-        plain = run("Kueue alone", Path(tmp) / "plain", objects, topos, stream, check="",
-                    workers=args.kueue_workers)
-        noop = run("Kueue + no-op check", Path(tmp) / "noop", objects, topos, stream, check="noop",
-                   workers=args.kueue_workers)
-        ours = run("Kueue + topology-fit", Path(tmp) / "check", objects, topos, stream, check="topolet",
-                   workers=args.kueue_workers)
-    print(f"{'run':<22} {'admitted':>9} {'p50 s':>7} {'p99 s':>7} {'pods':>6} {'bound':>6} {'aligned':>8}")
-    both = set(ours.latencies) & set(plain.latencies) & set(noop.latencies)
-    for r in (ours, noop, plain):
-        print(f"{r.name:<22} {r.admitted:>4}/{r.workloads:<4} {r.p(0.5, both):>7.2f} {r.p(0.99, both):>7.2f} "
-              f"{r.pods:>6} {r.bound:>6} {r.aligned_share * 100:>7.1f}%")
-    print(f"# latency over the {len(both)} Workloads admitted in both runs; seconds per step, p50/p99:")
-    for r in (ours, noop, plain):
-        cells = []
-        for k, step in enumerate(STEPS):
-            values = [r.steps[j][k] for j in both]
-            p50, p99 = (percentile(values, 0.5), percentile(values, 0.99)) if values else (math.nan, math.nan)
-            cells.append(f"{step} {p50:.2f}/{p99:.2f}")
-        print(f"#   {r.name:<22} {', '.join(cells)}")
-    if ours.admitted != plain.admitted or len(both) != len(stream):
-        print(f"# WARNING: {ours.admitted} Workloads admitted with the check, {plain.admitted} without, "
-              f"{len(both)} in both, of {len(stream)}")
-    ratio = ours.p(0.99, both) / plain.p(0.99, both) if both else float("nan")
-    over_noop = ours.p(0.99, both) / noop.p(0.99, both) if both else float("nan")
-    print(f"kueue: aligned {ours.aligned_share * 100:.1f}% with check vs {plain.aligned_share * 100:.1f}% "
-          f"without; admission p99 with/without = {ratio:.2f}, with/no-op check = {over_noop:.2f}")
+        print(f"# Kueue in every arm: client qps {DEFAULT_API_QPS}, {args.kueue_workers} workers each for "
+              f"{', '.join(WORKER_KINDS)}; operators {', '.join(kinds.operators(kind_names)) or 'none'}",
+              flush=True)
+        on = stage(Path(tmp) / "stage", objects, topos, kind_names, args.kueue_workers)
+        runs: dict[Arm, Run] = {}
+        try:
+            for arm in ARMS:
+                started = time.monotonic()
+                runs[arm] = run(arm, on, stream)
+                print(f"# {arm.name}: done in {time.monotonic() - started:.0f} s, the stage cleaned after it",
+                      flush=True)
+        finally:
+            on.stop()
+    report(runs, stream, kind_names)
     return 0
 
 

@@ -26,6 +26,7 @@ LANES: tuple[tuple[str, str], ...] = (
     ("tests/admission/test_jobset_e2e.py", OPERATORS),
     ("tests/kueue/test_training_e2e.py", OPERATORS),
     ("tests/kueue/test_training_fields.py", OPERATORS),
+    ("tests/bench/test_bench_smoke.py::test_bench_runs_at_its_smallest_size[kueue.py]", OPERATORS),
     ("tests/bench/test_bench_smoke.py::test_bench_runs_at_its_smallest_size[kube.py--real-node]", REALNODE),
 )
 

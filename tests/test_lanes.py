@@ -71,6 +71,15 @@ def test_the_real_node_bench_is_in_the_real_node_lane() -> None:
         for i in real)
 
 
+def test_the_kueue_bench_runs_the_operators_in_their_lane() -> None:
+    from tests.bench.test_bench_smoke import BENCHES
+
+    (kueue,) = [p for p in BENCHES if p.values[0].script == "kueue.py"]
+    assert "--kinds" not in kueue.values[0].args  # every kind: the operators start
+    nodeid = f"tests/bench/test_bench_smoke.py::test_bench_runs_at_its_smallest_size[{kueue.id}]"
+    assert lane_of(nodeid) == OPERATORS
+
+
 def test_two_workers_run_a_lane_on_one_of_them() -> None:
     # A real xdist run of a lane's tests beside a file's: each lane (and file) on one worker.
     lane, other = "tests/realnode/test_remote.py", "tests/labels/test_registry.py"

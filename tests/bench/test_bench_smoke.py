@@ -77,9 +77,9 @@ BENCHES = [
          rf"\(kubelet static {N}/{N}\) \| created->Running p99 with/static {N}(?: nri, {N} pod-cgroup)? "
          rf"\| create->pinned p99 {N} ms(?: nri, {N} ms pod-cgroup)? \| agent memory {N} MiB "
          rf"\| image (?:{N}|n/a) MiB", INTEGRATION, 600, name="kube.py--real-node"),
-    case("kueue.py", "--nodes 2 --gangs 2 --dumps {dumps} --keep-logs {out}/logs",
-         rf"kueue: aligned {N}% with check vs {N}% without; admission p99 with/without = {N}, "
-         rf"with/no-op check = {N}", INTEGRATION, 600),
+    case("kueue.py", "--nodes 2 --gangs 5 --dumps {dumps} --keep-logs {out}/logs",
+         rf"workloads: aligned {N}% with check vs {N}% Kueue alone vs {N}% Kueue TAS; "
+         rf"kinds job,jobset,trainjob,mpijob,lws; p99 with/no-op check = {N}", INTEGRATION, 600),
     case(API, "--nodes 2 --gangs 2 --rounds 1 --scopes pod --peer-v 2 --dumps {dumps} --keep-logs {api_logs}",
          ADMISSION, INTEGRATION, 600),
     case("admission_combine.py", "{api_out}", ADMISSION, INTEGRATION),

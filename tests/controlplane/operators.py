@@ -178,8 +178,11 @@ class Operators:
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Install what the operators need, start each, and wait until each answers through the API server."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        started = time.monotonic()
         try:
+            if "mpi-operator" in self.binaries and self._mpi_lock is None:
+                # Another session's turn is waited out before the clock of `timeout_s` starts.
+                self._mpi_lock = _take_turn(MPI_LOCK, MPI_LOCK_WAIT_S, "mpi-operator")
+            started = time.monotonic()
             self.install()
             for spec in self.specs:
                 if not self.running(spec.name):
@@ -464,3 +467,35 @@ def leaderworkerset(name: str, queue: str | None, *, replicas: int = 2, size: in
                      "leaderWorkerTemplate": {"size": size,
                                               "workerTemplate": {"spec": _pod_spec("main", requests,
                                                                                    "Always")}}}}
+
+
+def annotate_pods(body: dict[str, Any], annotations: Mapping[str, str],
+                  labels: Mapping[str, str] | None = None, *, runtime_job: str = "node",
+                  manager: str = "tests.topolet.io/pods") -> dict[str, Any]:
+    """`body` (a batch/v1 Job or one of the operators' kinds, changed in place) with `annotations` and
+    `labels` on every pod it makes: on each pod template it holds; a TrainJob's pods come from its
+    runtime's template, so there through the tenant's own runtime patch (`manager`) of the runtime's
+    replicated job `runtime_job`."""
+    meta = {"annotations": dict(annotations), **({"labels": dict(labels)} if labels else {})}
+    spec = body["spec"]
+    if body["kind"] == "TrainJob":
+        spec.setdefault("runtimePatches", []).append({"manager": manager, "trainingRuntimeSpec": {
+            "template": {"spec": {"replicatedJobs": [{"name": runtime_job, "template": {"spec": {
+                "template": {"metadata": meta}}}}]}}}})
+        return body
+    if body["kind"] == "Job":
+        templates = [spec["template"]]
+    elif body["kind"] == "JobSet":
+        templates = [r["template"]["spec"]["template"] for r in spec["replicatedJobs"]]
+    elif body["kind"] == "MPIJob":
+        templates = [r["template"] for r in spec["mpiReplicaSpecs"].values()]
+    elif body["kind"] == "LeaderWorkerSet":
+        lwt = spec["leaderWorkerTemplate"]
+        templates = [lwt[k] for k in ("leaderTemplate", "workerTemplate") if k in lwt]
+    else:
+        raise ValueError(f"no pod templates known in a {body['kind']}")
+    for template in templates:
+        mine = template.setdefault("metadata", {})
+        for key, values in meta.items():
+            mine[key] = {**(mine.get(key) or {}), **values}
+    return body
