@@ -25,6 +25,7 @@ from agent.admission.kueue.workloads import (
     our_checks,
     owner_notes,
     parse_placements,
+    pod_group_notes,
     pod_set_updates,
     ready_state,
     records_of_state,
@@ -316,6 +317,20 @@ def test_a_pod_groups_numa_policy_comes_from_its_owners_templates() -> None:
     (kept,) = gang_from_workload(own, {}, template_notes=restricted).pod_sets
     assert kept.numa_policy == "single-numa-node"
     assert group_owner(workload(2)) is None  # a Job's: its controlling owner
+
+
+def test_a_plain_pod_groups_numa_policy_comes_from_its_pods() -> None:
+    def pod(name: str, ns: str, group: str | None, role: str | None, policy: str | None) -> dict[str, Any]:
+        notes = {k: v for k, v in (("kueue.x-k8s.io/role-hash", role), ("topolet.io/numa-policy", policy),
+                                   ("other", "x")) if v is not None}
+        labels = {"kueue.x-k8s.io/pod-group-name": group} if group else {}
+        return {"metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": notes}}
+
+    pods = [pod("b", "ns", "g", "r1", "restricted"), pod("a", "ns", "g", "r1", "single-numa-node"),
+            pod("c", "ns", "g", "r2", None), pod("d", "other", "g", "r1", "restricted"),
+            pod("e", "ns", None, "r1", "restricted"), pod("f", "ns", "h", None, "restricted")]
+    assert pod_group_notes(pods) == {("ns", "g"): {"r1": {"topolet.io/numa-policy": "single-numa-node"}},
+                                     ("other", "g"): {"r1": {"topolet.io/numa-policy": "restricted"}}}
 
 
 def test_only_kueues_group_workloads_are_read_by_owners_without_controller() -> None:

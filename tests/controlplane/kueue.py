@@ -42,12 +42,12 @@ kubelet to mount it at its cert dir; `SecretVolume` (a thread of the test proces
 The webhook route was proven both ways: without `--enable-aggregator-routing` the API server dials the
 Service's ClusterIP, which nothing here serves, and Kueue never becomes ready.
 
-Kueue runs with the `batch/job` and `statefulset` integrations and those of the training operators
-(`operators.py`: JobSet, Trainer's TrainJob, MPIJob, LeaderWorkerSet; the StatefulSet's and the
-LeaderWorkerSet's bring Kueue's `pod` integration), whose CRDs it installs before it starts; its
-webhooks on the address above, leader election off unless asked (then on a Lease in `kueue-system`),
-the visibility API server off, metrics and probes on free loopback ports, and in its kubeconfig a
-token of its service account (with `as_admin`, the admin's: system:masters, which every policy skips).
+Kueue runs with the `batch/job`, `statefulset` and `pod` integrations (plain pod groups) and those of
+the training operators (`operators.py`: JobSet, Trainer's TrainJob, MPIJob, LeaderWorkerSet), whose
+CRDs it installs before it starts; its webhooks on the address above, leader election off unless
+asked (then on a Lease in `kueue-system`), the visibility API server off, metrics and probes on free
+loopback ports, and in its kubeconfig a token of its service account (with `as_admin`, the admin's:
+system:masters, which every policy skips).
 Its client limit is `api_qps` (burst twice that) and its reconcilers per kind upstream's manager
 config's, unless `concurrency` raises them.
 """
@@ -332,8 +332,10 @@ class Kueue:
                                        "webhookSecretName": WEBHOOK_SECRET},
             "clientConnection": {"qps": self.api_qps, "burst": 2 * self.api_qps},
             "controller": {"groupKindConcurrency": {**GROUP_KIND_CONCURRENCY, **self.concurrency}},
-            # StatefulSets too (through Kueue's pod integration, which the LeaderWorkerSet's brings).
-            "integrations": {"frameworks": ["batch/job", "statefulset", *FRAMEWORKS]},
+            # StatefulSets and plain pod groups too: the StatefulSet's and the LeaderWorkerSet's bring the
+            # pod integration only for their own pods (Kueue skips a pod without a parent unless `pod`
+            # is listed).
+            "integrations": {"frameworks": ["batch/job", "statefulset", "pod", *FRAMEWORKS]},
             # The on-demand visibility API is an aggregated API server of its own: nothing here reads it.
             "featureGates": {"VisibilityOnDemand": False},
         }

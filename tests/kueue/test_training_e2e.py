@@ -9,17 +9,17 @@ a gang of 6 such pods (a JobSet of 2 Jobs x 3, a TrainJob of 6 nodes, an MPIJob 
 launcher) spans both nodes by construction.  The check's Ready state carries each pod set's slots by
 rank and the rank rule Kueue's topologyRequest gives; Kueue copies both onto the object's template,
 the operators into their children, and the placement policy pins each pod to its rank's slot.  A
-LeaderWorkerSet's group (a leader and 5 workers: Kueue makes one Workload per group) and a StatefulSet
-of 6 are Kueue's pod integration's: their pods are created behind Kueue's gate and the policy pins each
-as Kueue ungates it with the podSetUpdates.  Kueue writes their pod sets without the template's
-annotations: the check reads their NUMA policy from the LeaderWorkerSet's or StatefulSet's own
-templates.
-A kill -9 of the controller right after its first decision books nothing twice; eviction and deletion
-free every slot.  The TrainJob's and the MPIJob's templates carry forged index labels, which their
-operators overwrite: they move no pod; so do the StatefulSet's (its controller sets each pod's
-ordinal) and the LeaderWorkerSet's (a worker index as an annotation: the label its pod webhook sets
-wins).  The operators run with the cluster's admin credentials here;
-the fields policy's trust in their own identities is tests/kueue/test_training_fields.py's."""
+LeaderWorkerSet's group (a leader and 5 workers: Kueue makes one Workload per group), a StatefulSet of
+6 and a plain pod group of 6 are Kueue's pod integration's: their pods are created behind Kueue's gate
+and the policy pins each as Kueue ungates it with the podSetUpdates.  Kueue writes their pod sets
+without the template's annotations: the check reads their NUMA policy from the LeaderWorkerSet's or
+StatefulSet's own templates, or from the group's pods.  A kill -9 of the controller right after its
+first decision books nothing twice; eviction and deletion free every slot.  The TrainJob's and the
+MPIJob's templates carry forged index labels, which their operators overwrite: they move no pod; so
+do the StatefulSet's (its controller sets each pod's ordinal) and the LeaderWorkerSet's (a worker
+index as an annotation: the label its pod webhook sets wins).  The operators run with the cluster's
+admin credentials here; the fields policy's trust in their own identities is
+tests/kueue/test_training_fields.py's."""
 
 from __future__ import annotations
 
@@ -160,22 +160,24 @@ def slot_of(update: dict[str, Any], meta: dict[str, Any]) -> tuple[tuple[str, st
     return (node, zone), rank
 
 
-def placed_by_rank(s: Setup, kind: Kind, name: str, uid: str) -> bool:
-    """Every pod bound on its rank's slot, in its zone, and pinned there by the node's agent."""
-    state = s.state(uid)
+def placed_by_rank(s: Setup, kind: Kind, name: str, uid: str, state: dict[str, Any] | None = None) -> bool:
+    """Every pod bound on its rank's slot, in its zone, and pinned there by the node's agent (`state`:
+    the check's, else read by the owner's `uid`; a `kind` without `spread`: its one pod set)."""
+    state = s.state(uid) if state is None else state
     pods = pods_of(s, kind, name)
     if (state.get("state") != "Ready" or len(pods) != kind.pods
             or not all(p["spec"].get("nodeName") for p in pods)):
         return False
     updates = {u["name"]: u for u in state["podSetUpdates"]}
-    assert "topolet.io/placements" in updates[kind.spread]["annotations"], updates
-    spread = len(updates[kind.spread]["annotations"]["topolet.io/placements"].split(","))
+    (spread_set,) = [kind.spread] if kind.spread else list(updates)
+    assert "topolet.io/placements" in updates[spread_set]["annotations"], updates
+    spread = len(updates[spread_set]["annotations"]["topolet.io/placements"].split(","))
     ranks, nodes = [], set()
     for pod in pods:
         meta = pod["metadata"]
         pod_set = meta["labels"][PODSET_LABEL]
         (node, zone), rank = slot_of(updates[pod_set], meta)
-        if pod_set == kind.spread:
+        if pod_set == spread_set:
             ranks.append(rank)
         nodes.add(node)
         assert pod["spec"]["nodeName"] == node and meta["annotations"].get("topolet.io/numa-zone", "") == zone
@@ -295,3 +297,70 @@ def test_a_jobset_under_kueue_tas_is_placed_inside_its_assignment(
     (update,) = s.state(uid)["podSetUpdates"]
     ours = [entry.split(":")[0] for entry in update["annotations"]["topolet.io/placements"].split(",")]
     assert ours == tas_nodes  # rank by rank, the node TAS chose
+
+
+POD_GROUP = Kind("pod group", lambda _: {}, "group={name}", 6, "", "")
+
+
+def _pod_group(s: Setup, group: str) -> None:
+    """A plain pod group of 6 pods of one role, as a tenant makes one for Kueue's pod integration: each
+    labelled with the queue, the group and its index, annotated with the group's size."""
+    res = dict(REQUESTS)
+    for i in range(POD_GROUP.pods):
+        s.api.create(f"/api/v1/namespaces/{s.ns}/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{group}-{i}",
+                         "labels": {QUEUE_LABEL: "lq", "kueue.x-k8s.io/pod-group-name": group,
+                                    "kueue.x-k8s.io/pod-group-pod-index": str(i), "group": group},
+                         "annotations": {**NUMA,
+                                         "kueue.x-k8s.io/pod-group-total-count": str(POD_GROUP.pods)}},
+            "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                     "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "3600"],
+                                     "resources": {"requests": res, "limits": res}}]}})
+
+
+def test_a_plain_pod_group_lands_pod_by_pod_and_frees_its_slots(
+        kueue: KueueScope, operators: Operators, dump_root: Callable[[str], Path]) -> None:
+    """Two pod groups of 6 (the Workload is the group, named as it, owned by its pods) with quota for
+    both and zones for one, the controller killed right after its first Ready write: one runs placed
+    by its pods' own index (Kueue's kueue.x-k8s.io/pod-group-pod-index) in the zones its pods' NUMA
+    policy asks, the other is told Retry; deleting the first group's pods lets the second run.  (The
+    simulated nodes' kubelets never move a deleted pod to a terminal phase, on which Kueue lifts its
+    finalizer from a plain group's pods: the test lifts it.)"""
+    s = Setup(kueue, dump_root, 200, "--crash-at", "after-decision")
+    groups = [f"{x}-{uuid.uuid4().hex[:4]}" for x in "ab"]
+    for group in groups:
+        _pod_group(s, group)
+
+    def state(group: str) -> dict[str, Any]:
+        try:
+            wl = s.api.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{s.ns}/workloads/{group}")
+        except Exception:  # noqa: BLE001 - not made yet, or gone
+            return {}
+        return next((dict(c) for c in wl.get("status", {}).get("admissionChecks") or []
+                     if c["name"] == s.check), {})
+
+    def ready() -> list[str]:
+        return [g for g in groups if state(g).get("state") == "Ready"]
+
+    wait_for(lambda: s.controller.popen.poll() is not None,
+             "the controller to kill itself after a Ready write", timeout=120)
+    (first,) = wait_for(ready, "one pod group Ready")
+    decided = state(first)
+    s.kueue.cluster.start_controller("--resync-seconds", "2", "--kueue", "on")
+    (second,) = [g for g in groups if g != first]
+
+    def one_runs_the_other_retries() -> bool:
+        assert ready() == [first], "both groups Ready at once: double-booked"
+        return (state(second).get("state") == "Retry"
+                and placed_by_rank(s, POD_GROUP, first, "", state(first)))
+
+    wait_for(one_runs_the_other_retries, f"{first} placed by rank, {second} told Retry", timeout=180)
+    assert state(first) == decided, "the Ready group was decided again after the restart"
+    for pod in pods_of(s, POD_GROUP, first):
+        path = f"/api/v1/namespaces/{s.ns}/pods/{pod['metadata']['name']}"
+        s.api.request("DELETE", path, body={"gracePeriodSeconds": 0}, content_type="application/json")
+        s.api.patch(path, {"metadata": {"finalizers": None}}, "application/merge-patch+json")
+    wait_for(lambda: placed_by_rank(s, POD_GROUP, second, "", state(second)),
+             f"{second} placed once {first}'s pods are deleted", timeout=240)

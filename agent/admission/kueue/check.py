@@ -131,6 +131,7 @@ class KueueCheck:
         if not names:
             return round_
         by_owner = pods_by_owner(pods)
+        groups = workloads.pod_group_notes(pods)
         flavors = {str(metadata_of(f).get("name")): as_dict(as_dict(f.get("spec")).get("nodeLabels"))
                    for f in self.flavors.snapshot()}
         # In flight first, then the store: a write that lands in between is then counted from memory
@@ -141,7 +142,7 @@ class KueueCheck:
         for wl in every:
             # One Workload that cannot be read costs only itself: logged, counted, skipped.
             try:
-                self._collect_one(wl, names, by_owner, flavors, inflight, round_,
+                self._collect_one(wl, names, by_owner, groups, flavors, inflight, round_,
                                   defaults.get(str(metadata_of(wl).get("namespace")), NO_DEFAULTS))
             except Exception as exc:  # noqa: BLE001 - whatever a tenant wrote, the pass goes on
                 self._unreadable(wl, exc)
@@ -157,6 +158,7 @@ class KueueCheck:
 
     def _collect_one(self, wl: dict[str, Any], names: tuple[str, ...],
                      by_owner: Mapping[tuple[str, str], list[Mapping[str, Any]]],
+                     groups: Mapping[tuple[str, str], dict[str, dict[str, str]]],
                      flavors: Mapping[str, Mapping[str, Any]], inflight: Mapping[str, list[Held]],
                      round_: Round, limit_defaults: ContainerDefaults) -> None:
         """One Workload into `round_`: the slots it holds, or a decision to make (its pods created where
@@ -184,6 +186,8 @@ class KueueCheck:
         notes = self.writes.known_notes(wl)
         if notes is None:  # a pod group's owner being read (its NUMA policy): decided on the next pass
             return
+        if workloads.owner_kind(wl) == workloads.POD_OWNER:  # a plain pod group's: from its pods
+            notes = groups.get((str(metadata_of(wl).get("namespace")), str(metadata_of(wl).get("name"))), {})
         try:
             gang = workloads.gang_from_workload(wl, flavors, limit_defaults=limit_defaults,
                                                 template_notes=notes)

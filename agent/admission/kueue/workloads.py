@@ -4,7 +4,8 @@ Pure: no I/O, no clock.  `gang_from_workload` (`WorkloadSpecError`), `to_decide`
 `holding`, `our_checks`, `active_status`, `pod_set_updates`, `records_of_state`, the state bodies
 (`ready_state`, `retry_state`, `rejected_state`, `status_apply`) and the names (`CONTROLLER_NAME`,
 `KUEUE_GROUP`/`KUEUE_VERSION`, `FAILSAFE_LABEL`); `owner_kind`, `slot_rule` (`RANKED_OWNERS`:
-`OPERATOR_OWNERS`, `UNGATED_OWNERS`).  A pod set spread
+`OPERATOR_OWNERS`, `UNGATED_OWNERS`); `owner_notes`, `pod_group_notes` (the template annotations Kueue
+leaves out of a pod group's Workload).  A pod set spread
 over several slots needs a rank rule: its pods stay Pending unless the placement policy pins them.
 How a Ready Workload's pods land on their slots: agent/admission/kueue/README.md.
 """
@@ -18,7 +19,13 @@ from dataclasses import replace
 from typing import Any
 
 from agent.admission.engine.model import NODE_POLICY, Gang, Placement
-from agent.admission.gangs.job import HOSTNAME_LABEL, NUMA_ZONE_ANNOTATION, JobSpecError, gang_from_job
+from agent.admission.gangs.job import (
+    HOSTNAME_LABEL,
+    NUMA_POLICY_ANNOTATION,
+    NUMA_ZONE_ANNOTATION,
+    JobSpecError,
+    gang_from_job,
+)
 from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults
 from agent.admission.gangs.record import (
     PLACEMENTS_ANNOTATION,
@@ -135,6 +142,27 @@ OWNER_TEMPLATES: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {
         "main": ("spec", "leaderWorkerTemplate", "workerTemplate")},
     ("apps/v1", "StatefulSet"): {"main": ("spec", "template")},
 }
+
+
+# A plain pod group's pods: Kueue names the group (its Workload) by this label and each pod's role (its
+# pod set) by this annotation.
+POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+ROLE_HASH_ANNOTATION = "kueue.x-k8s.io/role-hash"
+
+
+def pod_group_notes(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, dict[str, str]]]:
+    """What Kueue leaves out of a plain pod group's Workload, from the pods themselves: by (namespace,
+    group name), each role's `topolet.io/numa-policy` (of its first pod by name that carries one)."""
+    out: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
+    for pod in sorted(pods, key=lambda p: str(metadata_of(p).get("name"))):
+        meta = metadata_of(pod)
+        group = as_dict(meta.get("labels")).get(POD_GROUP_LABEL)
+        notes = as_dict(meta.get("annotations"))
+        role, policy = notes.get(ROLE_HASH_ANNOTATION), notes.get(NUMA_POLICY_ANNOTATION)
+        if isinstance(group, str) and isinstance(role, str) and isinstance(policy, str):
+            out.setdefault((str(meta.get("namespace")), group), {}).setdefault(
+                role, {NUMA_POLICY_ANNOTATION: policy})
+    return out
 
 
 def owner_notes(owner: Mapping[str, Any]) -> dict[str, dict[str, str]]:
