@@ -111,7 +111,10 @@ STEPS = ("create->QuotaReserved", "->check Pending", "->check Ready", "->Admitte
 # The reconcilers `--kueue-workers` sets (see daemonset/components/kueue/README.md, "Latency").
 WORKER_KINDS = ("Job.batch", "Workload.kueue.x-k8s.io")
 DEFAULT_WORKERS = 5
-STALL_S = 120.0  # no admission, rejection or bind for this long ends an arm (some gangs never get in)
+# No admission, rejection or bind for this long ends an arm (some gangs never get in): longer than the
+# controller's ledger timeout (120 s) plus a Retry backoff step (up to 80 s by then), so that a gang told
+# Retry while the ledger still counts slots the pods of admitted gangs hold is not taken for one.
+STALL_S = 240.0
 CLEAN_S = 180.0  # the most an arm's objects may take to go
 PROGRESS_S = 15.0
 BLOCK_LABEL = "bench.topolet.io/block"  # every node in block-0: the level TAS pod sets ask for
