@@ -23,7 +23,7 @@ from agent.admission.engine.model import Gang, Placement, Refusal
 from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults
 from agent.admission.gangs.slots import pods_by_owner
 from agent.admission.kueue import tas, workloads
-from agent.admission.kueue.holds import Held, Holds, Refused, ready_entries
+from agent.admission.kueue.holds import Held, Holds, Refused, group_members, ready_entries
 from agent.admission.kueue.workloads import CONTROLLER_NAME, KUEUE_GROUP, KUEUE_VERSION, WorkloadSpecError
 from agent.admission.kueue.writes import CheckWrites
 from agent.admission.report.events import timestamp
@@ -131,6 +131,7 @@ class KueueCheck:
         if not names:
             return round_
         by_owner = pods_by_owner(pods)
+        by_uid = {str(metadata_of(p).get("uid")): p for p in pods}
         groups = workloads.pod_group_notes(pods)
         flavors = {str(metadata_of(f).get("name")): as_dict(as_dict(f.get("spec")).get("nodeLabels"))
                    for f in self.flavors.snapshot()}
@@ -142,7 +143,7 @@ class KueueCheck:
         for wl in every:
             # One Workload that cannot be read costs only itself: logged, counted, skipped.
             try:
-                self._collect_one(wl, names, by_owner, groups, flavors, inflight, round_,
+                self._collect_one(wl, names, by_owner, by_uid, groups, flavors, inflight, round_,
                                   defaults.get(str(metadata_of(wl).get("namespace")), NO_DEFAULTS))
             except Exception as exc:  # noqa: BLE001 - whatever a tenant wrote, the pass goes on
                 self._unreadable(wl, exc)
@@ -158,6 +159,7 @@ class KueueCheck:
 
     def _collect_one(self, wl: dict[str, Any], names: tuple[str, ...],
                      by_owner: Mapping[tuple[str, str], list[Mapping[str, Any]]],
+                     by_uid: Mapping[str, Mapping[str, Any]],
                      groups: Mapping[tuple[str, str], dict[str, dict[str, str]]],
                      flavors: Mapping[str, Mapping[str, Any]], inflight: Mapping[str, list[Held]],
                      round_: Round, limit_defaults: ContainerDefaults) -> None:
@@ -171,8 +173,11 @@ class KueueCheck:
         if held is not None:
             self.writes.due_at.pop(str(metadata_of(wl).get("uid")), None)  # (a late event of its Pending)
             owner = (str(metadata_of(wl).get("namespace")), workloads.owner_uid(wl) or "")
-            entries, slots, refused = self.holds.of(wl, held, by_owner.get(owner, []),
-                                                    self.writes.known_indexed(wl), limit_defaults)
+            # A Job's pods by their controller; a pod group's, the members its Workload names.
+            members = group_members(wl)
+            mine = [by_uid[u] for u in sorted(members) if u in by_uid] if members else by_owner.get(owner, [])
+            entries, slots, refused = self.holds.of(wl, held, list(mine), self.writes.known_indexed(wl),
+                                                    limit_defaults)
             round_.admitted.extend(entries)
             round_.pod_slots.update(slots)
             round_.refused.extend(refused)

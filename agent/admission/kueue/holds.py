@@ -4,7 +4,9 @@ Pure: no I/O.  `Holds().of(wl, check, pods, indexed, limit_defaults)` -> (entrie
 refused), recomputed only when something it read changed; `.end_pass(live)`; `entries`,
 `ready_entries`; `Held`, `Refused`, `PODSET_LABEL`.  Templates are read with the namespace's
 LimitRange defaults, as on the Job route; only the pods the Job controller made from the pod set's
-template hold its slots.  agent/admission/kueue/README.md, "Templates and LimitRanges".
+template hold its slots, and of a pod group's Workload (a LeaderWorkerSet's, a StatefulSet's, plain
+pods') only its member pods (`group_members`), by rank.  agent/admission/kueue/README.md, "Templates
+and LimitRanges".
 """
 
 from __future__ import annotations
@@ -15,13 +17,23 @@ from functools import partial
 from typing import Any
 
 from agent.admission.engine.model import Gang, Placement, Resources
-from agent.admission.gangs.job import gang_requests
+from agent.admission.gangs.job import JobSpecError, gang_requests
 from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults, with_limit_range_defaults
 from agent.admission.gangs.record import AdmissionRecord
-from agent.admission.gangs.slots import JOB_API_VERSION, JOB_KIND, JobOwner, job_slots, owner_of
+from agent.admission.gangs.slots import (
+    JOB_API_VERSION,
+    JOB_KIND,
+    JobOwner,
+    PodAsks,
+    assign_slots,
+    job_slots,
+    owner_of,
+    pod_asks,
+)
 from agent.admission.kueue import workloads
 from agent.admission.kueue.workloads import WorkloadSpecError
 from agent.api.objects import as_dict, as_list, metadata_of, object_key
+from agent.api.ranks import RANK_ANNOTATION, RankRule, parse_rank_rule
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +93,9 @@ class Holds:
         slots: dict[str, tuple[str, str]] = {}
         refused: list[Refused] = []
         job = _job_of(wl)
-        if job is None:  # only a batch/v1 Job's pods are told apart from others' (see the docstring)
+        if job is None:  # a pod group's members hold by rank; no other owner's pods are told apart
+            if group_members(wl):
+                slots.update(_group_slots(wl, state, held, pods, limit_defaults))
             return held, slots, refused
         templates = _templates(wl)
         for key, record, _ in held:
@@ -95,6 +109,55 @@ class Holds:
             slots.update({uid: (key, str(slot)) for uid, slot in assignment.held.items()})
             refused += [(owner, pod, why) for pod, why in assignment.refused]
         return held, slots, refused
+
+
+def group_members(wl: Mapping[str, Any]) -> frozenset[str]:
+    """The uids of the pods of a pod group's Workload (a LeaderWorkerSet's, a StatefulSet's, plain
+    pods'): Kueue names each member pod among the Workload's owners (a tenant cannot write Workloads);
+    none for any other Workload."""
+    if workloads.owner_kind(wl) not in workloads.UNGATED_OWNERS:
+        return frozenset()
+    return frozenset(str(as_dict(r).get("uid")) for r in as_list(metadata_of(wl).get("ownerReferences"))
+                     if (as_dict(r).get("apiVersion"), as_dict(r).get("kind")) == workloads.POD_OWNER)
+
+
+def _group_slots(wl: Mapping[str, Any], state: Mapping[str, Any], held: list[Held],
+                 pods: list[Mapping[str, Any]], limit_defaults: ContainerDefaults
+                 ) -> dict[str, tuple[str, str]]:
+    """The slot each live member pod of a pod group's Workload holds (pod uid -> (ledger key, slot)): a
+    member pod of the pod set (PODSET_LABEL) that asks what its template asks, pinned to the slot of
+    its rank (the Ready state's rule), or, in a pod set of one slot, to that slot."""
+    members = group_members(wl)
+    templates = _templates(wl)
+    updates = {str(as_dict(u).get("name")): as_dict(u) for u in as_list(state.get("podSetUpdates"))}
+    out: dict[str, tuple[str, str]] = {}
+    for key, record, _ in held:
+        pod_set = key.rsplit("/", 1)[1]
+        template = as_dict(templates.get(pod_set, {}).get("spec"))
+        asks = _asks(with_limit_range_defaults(template, limit_defaults))
+        if asks is None:
+            continue
+        mine = [p for p in pods if str(metadata_of(p).get("uid")) in members
+                and as_dict(metadata_of(p).get("labels")).get(PODSET_LABEL) == pod_set
+                and _asks(as_dict(p.get("spec"))) == asks]
+        rule = parse_rank_rule(as_dict(updates.get(pod_set, {}).get("annotations")).get(RANK_ANNOTATION))
+        index_of: Callable[[Mapping[str, Any]], int | None] | None = None
+        if rule is not None:
+            index_of = partial(_rank_of, rule)
+        assignment = assign_slots(record.slots, mine, rule is not None, index_of)
+        out.update({uid: (key, str(slot)) for uid, slot in assignment.held.items()})
+    return out
+
+
+def _asks(pod_spec: Mapping[str, Any]) -> PodAsks | None:
+    try:
+        return pod_asks(pod_spec)
+    except JobSpecError:
+        return None
+
+
+def _rank_of(rule: RankRule, pod: Mapping[str, Any]) -> int | None:
+    return rule.rank(metadata_of(pod))
 
 
 def _job_of(wl: Mapping[str, Any]) -> tuple[str, str] | None:
