@@ -432,3 +432,31 @@ def test_a_trainjobs_jobset_is_found_by_its_controller_reference() -> None:
     assert controller_uid(js, TRAINJOB) == "tj-uid"
     js["metadata"]["ownerReferences"][0]["controller"] = False
     assert controller_uid(js, TRAINJOB) is None
+
+
+# -- on the Kueue route: a JobSet's pods hold the slots of its Workload's pod sets ------------------
+
+def test_a_jobsets_pods_hold_their_workloads_slots_by_rank() -> None:
+    """A Ready Workload of a JobSet (or a TrainJob's JobSet): one record per pod set (a replicated Job),
+    slots by rank; each pinned pod of the JobSet holds its rank's slot of its pod set, a forged one
+    none, and a pod set split over TAS domains (ledger keys per domain) none."""
+    from agent.admission.gangs.record import AdmissionRecord
+    from agent.admission.kueue.holds import jobset_held
+
+    js = jobset(rjob("workers", 2, 3), rjob("driver", 1, 1))
+    workers = {i: SlotPlacement(f"n{i // 3}", i % 3) for i in range(6)}
+    held = [("workload:team/wl/driver", AdmissionRecord("admitted", "d", "t", {0: SlotPlacement("n9", 0)}),
+             lambda: None),
+            ("workload:team/wl/workers", AdmissionRecord("admitted", "d", "t", workers), lambda: None)]
+    pods = [pod(js, "workers", j, i, gated=False, node=workers[3 * j + i].node, zone=workers[3 * j + i].zone)
+            for j in (0, 1) for i in range(3)]
+    pods.append(pod(js, "driver", 0, 0, gated=False, node="n9", zone=0))
+    forged = pod(js, "workers", 0, 0, gated=False, node="n0", zone=0)
+    forged["metadata"]["uid"] = "forged"
+    forged["metadata"]["labels"][JOBSET_UID_LABEL] = "other"
+    got = jobset_held(held, [*pods, forged], js)  # type: ignore[arg-type]
+    assert got == {**{f"train-workers-{j}-{i}": ("workload:team/wl/workers", str(3 * j + i))
+                      for j in (0, 1) for i in range(3)},
+                   "train-driver-0-0": ("workload:team/wl/driver", "0")}
+    split = [("workload:team/wl/workers/tas0", AdmissionRecord("admitted", "d", "t", workers), lambda: None)]
+    assert jobset_held(split, pods, js) == {}  # type: ignore[arg-type]

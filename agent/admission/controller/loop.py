@@ -211,7 +211,8 @@ class Controller:
         # With no gang to decide, a pass only hands gated pods their slots: rebuilding the whole view
         # (seconds on a big cluster) would delay those patches, so it is refreshed for the capacity
         # metrics at most every VIEW_REFRESH_SECONDS then.
-        kueue = self.kueue.collect(pods, limit_defaults) if self.kueue is not None else None
+        kueue = (self.kueue.collect(pods, limit_defaults, self.jobsets.jobsets.snapshot())
+                 if self.kueue is not None else None)
         t_view = time.perf_counter()
         build = (bool(pending) or bool(kueue and kueue.pending) or self._view_at is None
                  or t_view - self._view_at >= VIEW_REFRESH_SECONDS)

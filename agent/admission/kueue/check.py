@@ -20,6 +20,7 @@ from typing import Any
 
 from agent.admission.cluster.store import Reflector
 from agent.admission.engine.model import Gang, Placement, Refusal
+from agent.admission.gangs.jobset import JOBSET, TRAINJOB, controller_uid, pods_of_jobsets
 from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults
 from agent.admission.gangs.slots import pods_by_owner
 from agent.admission.kueue import tas, workloads
@@ -116,9 +117,11 @@ class KueueCheck:
     # -- reading --------------------------------------------------------------------------------------
 
     def collect(self, pods: Sequence[Mapping[str, Any]],
-                limit_defaults: Mapping[str, ContainerDefaults] | None = None) -> Round:
+                limit_defaults: Mapping[str, ContainerDefaults] | None = None,
+                jobsets: Sequence[Mapping[str, Any]] = ()) -> Round:
         """Activate our AdmissionChecks; read the Ready Workloads' slots and the Workloads to decide,
-        each with its namespace's `limit_defaults` (namespace -> LimitRange container defaults)."""
+        each with its namespace's `limit_defaults` (namespace -> LimitRange container defaults);
+        `jobsets`, the cluster's JobSets, tell a JobSet's or a TrainJob's pods apart."""
         checks = self.checks.snapshot()
         for ac in checks:
             if (as_dict(ac.get("spec")).get("controllerName") == CONTROLLER_NAME
@@ -132,6 +135,8 @@ class KueueCheck:
             return round_
         by_owner = pods_by_owner(pods)
         by_uid = {str(metadata_of(p).get("uid")): p for p in pods}
+        shapes = _jobsets_by_owner(jobsets)
+        by_jobset = pods_of_jobsets(pods)
         groups = workloads.pod_group_notes(pods)
         flavors = {str(metadata_of(f).get("name")): as_dict(as_dict(f.get("spec")).get("nodeLabels"))
                    for f in self.flavors.snapshot()}
@@ -143,7 +148,8 @@ class KueueCheck:
         for wl in every:
             # One Workload that cannot be read costs only itself: logged, counted, skipped.
             try:
-                self._collect_one(wl, names, by_owner, by_uid, groups, flavors, inflight, round_,
+                self._collect_one(wl, names, by_owner, by_uid, groups, flavors, inflight, round_, shapes,
+                                  by_jobset,
                                   defaults.get(str(metadata_of(wl).get("namespace")), NO_DEFAULTS))
             except Exception as exc:  # noqa: BLE001 - whatever a tenant wrote, the pass goes on
                 self._unreadable(wl, exc)
@@ -162,7 +168,10 @@ class KueueCheck:
                      by_uid: Mapping[str, Mapping[str, Any]],
                      groups: Mapping[tuple[str, str], dict[str, dict[str, str]]],
                      flavors: Mapping[str, Mapping[str, Any]], inflight: Mapping[str, list[Held]],
-                     round_: Round, limit_defaults: ContainerDefaults) -> None:
+                     round_: Round,
+                     shapes: Mapping[tuple[str, str], Mapping[str, Any]],
+                     by_jobset: Mapping[tuple[str, str], list[Mapping[str, Any]]],
+                     limit_defaults: ContainerDefaults) -> None:
         """One Workload into `round_`: the slots it holds, or a decision to make (its pods created where
         the LimitRanges fill in `limit_defaults`)."""
         if str(metadata_of(wl).get("uid")) in inflight:
@@ -176,8 +185,12 @@ class KueueCheck:
             # A Job's pods by their controller; a pod group's, the members its Workload names.
             members = group_members(wl)
             mine = [by_uid[u] for u in sorted(members) if u in by_uid] if members else by_owner.get(owner, [])
+            # A JobSet's (a TrainJob's JobSet's) pods by the JobSet they are labelled with.
+            js = shapes.get(owner) if workloads.owner_kind(wl) in (JOBSET, TRAINJOB) else None
+            if js is not None:
+                mine = by_jobset.get((owner[0], str(metadata_of(js).get("uid"))), [])
             entries, slots, refused = self.holds.of(wl, held, list(mine), self.writes.known_indexed(wl),
-                                                    limit_defaults)
+                                                    limit_defaults, js)
             round_.admitted.extend(entries)
             round_.pod_slots.update(slots)
             round_.refused.extend(refused)
@@ -281,3 +294,17 @@ class KueueCheck:
         """Write Retry (`result` waiting) or Rejected states, then say `why` in an Event on the Workload."""
         self.check_leader()
         self.writes.write(p.workload, [], self.writes.refuse, p.workload, states, result, why)
+
+
+def _jobsets_by_owner(jobsets: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """Each JobSet by (namespace, its uid) and, for a TrainJob's, by (namespace, the TrainJob's uid): the
+    owner a Workload names."""
+    out: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for js in jobsets:
+        meta = metadata_of(js)
+        ns = str(meta.get("namespace"))
+        out[(ns, str(meta.get("uid")))] = js
+        trainjob = controller_uid(js, TRAINJOB)
+        if trainjob is not None:
+            out[(ns, trainjob)] = js
+    return out

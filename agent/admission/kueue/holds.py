@@ -18,8 +18,9 @@ from typing import Any
 
 from agent.admission.engine.model import Gang, Placement, Resources
 from agent.admission.gangs.job import JobSpecError, gang_requests
+from agent.admission.gangs.jobset import jobset_owner, jobset_slots
 from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults, with_limit_range_defaults
-from agent.admission.gangs.record import AdmissionRecord
+from agent.admission.gangs.record import AdmissionRecord, SlotPlacement
 from agent.admission.gangs.slots import (
     JOB_API_VERSION,
     JOB_KIND,
@@ -40,8 +41,8 @@ log = logging.getLogger(__name__)
 PODSET_LABEL = "kueue.x-k8s.io/podset"  # Kueue labels each pod with its pod set's name
 Held = tuple[str, AdmissionRecord, Callable[[], Resources]]  # one pod set's entry in the ledger
 # A Ready Workload's (uid, resourceVersion, check, Job indexed, its pods' (uid, resourceVersion), its
-# namespace's LimitRange defaults).
-HoldKey = tuple[str, str, str, bool, tuple[tuple[str, str], ...], ContainerDefaults]
+# namespace's LimitRange defaults, its JobSet's resourceVersion).
+HoldKey = tuple[str, str, str, bool, tuple[tuple[str, str], ...], ContainerDefaults, str | None]
 Refused = tuple[JobOwner, Mapping[str, Any], str]  # a pod that names the Job but holds no slot, and why
 Hold = tuple[list[Held], dict[str, tuple[str, str]], list[Refused]]
 
@@ -57,16 +58,18 @@ class Holds:
         self._unreadable: set[tuple[str, str]] = set()  # (uid, resourceVersion) logged once
 
     def of(self, wl: dict[str, Any], check: str, pods: list[Mapping[str, Any]], indexed: bool,
-           limit_defaults: ContainerDefaults = NO_DEFAULTS) -> Hold:
+           limit_defaults: ContainerDefaults = NO_DEFAULTS, jobset: Mapping[str, Any] | None = None) -> Hold:
         """The Workload's ledger entries, its pods' slots and the pods refused one, held under our
-        Ready `check`, its pods created where the LimitRanges fill in `limit_defaults`."""
+        Ready `check`, its pods created where the LimitRanges fill in `limit_defaults`; `jobset`: the
+        JobSet whose pods they are (the Workload's owner, or a TrainJob's), which tells them apart."""
         meta = metadata_of(wl)
         version = (str(meta.get("uid")), str(meta.get("resourceVersion")), check, indexed,
                    tuple(sorted((str(metadata_of(p).get("uid")), str(metadata_of(p).get("resourceVersion")))
-                                for p in pods)), limit_defaults)
+                                for p in pods)), limit_defaults,
+                   None if jobset is None else str(metadata_of(jobset).get("resourceVersion")))
         held = self._held.get(version)
         if held is None:
-            held = self._now(wl, check, pods, indexed, limit_defaults)
+            held = self._now(wl, check, pods, indexed, limit_defaults, jobset)
         self._read[version] = held
         return held
 
@@ -76,7 +79,7 @@ class Holds:
         self._held, self._read = self._read, {}
 
     def _now(self, wl: dict[str, Any], check: str, pods: list[Mapping[str, Any]], indexed: bool,
-             limit_defaults: ContainerDefaults) -> Hold:
+             limit_defaults: ContainerDefaults, jobset: Mapping[str, Any] | None = None) -> Hold:
         """A Ready Workload's ledger entries, the slot each of its Job's live pods holds (pod uid ->
         (gang key, slot)) and the pods refused one; none when its state cannot be read (said once per
         Workload version)."""
@@ -93,9 +96,11 @@ class Holds:
         slots: dict[str, tuple[str, str]] = {}
         refused: list[Refused] = []
         job = _job_of(wl)
-        if job is None:  # a pod group's members hold by rank; no other owner's pods are told apart
+        if job is None:  # a pod group's members and a JobSet's pods hold by rank; no other owner's
             if group_members(wl):
                 slots.update(_group_slots(wl, state, held, pods, limit_defaults))
+            elif jobset is not None:
+                slots.update(jobset_held(held, pods, jobset, limit_defaults))
             return held, slots, refused
         templates = _templates(wl)
         for key, record, _ in held:
@@ -207,3 +212,26 @@ def ready_entries(wl: Mapping[str, Any], check: str, gang: Gang, placement: Plac
         return entries(wl, workloads.records_of_state(wl, state), limit_defaults)
     except WorkloadSpecError:
         return []
+
+
+def jobset_held(held: list[Held], pods: list[Mapping[str, Any]], js: Mapping[str, Any],
+                limit_defaults: ContainerDefaults = NO_DEFAULTS) -> dict[str, tuple[str, str]]:
+    """The slot each live pod of the JobSet `js` (a JobSet's or a TrainJob's Workload) holds, pod uid ->
+    (ledger key, slot): one the Job controller made for one of its Jobs from that replicated Job's
+    template (`agent.admission.gangs.jobset.JobSetOwner`), pinned to its rank's slot of its pod set
+    (a replicated Job).  A pod set split over TAS domains holds none (its ledger keys are per domain)."""
+    try:
+        owner = jobset_owner(js, limit_defaults)
+    except JobSpecError:
+        return {}
+    slots: dict[int, SlotPlacement] = {}
+    where: dict[int, tuple[str, int]] = {}  # the JobSet's slot -> (ledger key, the pod set's slot)
+    for key, record, _ in held:
+        part = owner.parts.get(key.rsplit("/", 1)[1])
+        if part is None or len(record.slots) != part[1].count:
+            continue
+        for i, place in record.slots.items():
+            slots[part[0] + i] = place
+            where[part[0] + i] = (key, i)
+    assignment = jobset_slots(owner, slots, pods)
+    return {uid: (where[slot][0], str(where[slot][1])) for uid, slot in assignment.held.items()}
