@@ -150,7 +150,8 @@ def _take_turn(lock: Path, wait_s: float, who: str) -> int:
         except BlockingIOError:
             if time.monotonic() > deadline:
                 os.close(fd)
-                raise ControlPlaneError(f"{who}: another test session held {lock} for {wait_s:.0f} s") from None
+                raise ControlPlaneError(f"{who}: another test session held {lock} for {wait_s:.0f} s"
+                                        ) from None
             time.sleep(1.0)
 
 
