@@ -92,3 +92,20 @@ def test_no_member_holds_a_slot_of_a_workload_of_another_kind() -> None:
     assert group_members(wl) == frozenset()
     _, slots, _ = Holds().of(wl, "fit", [pod("p0", 0, "n1", 0)], False)
     assert slots == {}
+
+
+def test_an_mpijobs_workers_hold_their_slots_by_rank() -> None:
+    """An MPIJob's Workload: the pods whose controller is the MPIJob (its workers, which the MPI
+    operator makes) hold their slots by rank; a pod with another controller holds none."""
+    wl = ready_workload([])
+    wl["metadata"]["annotations"] = {}
+    wl["metadata"]["ownerReferences"] = [{"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+                                          "name": "gang", "uid": "mpi-uid", "controller": True}]
+    mpi = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": "gang", "uid": "mpi-uid",
+           "controller": True}
+    workers = [pod("w0", 0, "n1", 0), pod("w1", 1, "n1", 1), pod("w2", 2, "n2", 0)]
+    for w in workers:
+        w["metadata"]["ownerReferences"] = [dict(mpi)]
+    workers[2]["metadata"]["ownerReferences"][0]["kind"] = "ReplicaSet"  # not the operator's
+    _, slots, _ = Holds().of(wl, "fit", workers, False)
+    assert slots == {"w0": (KEY, "0"), "w1": (KEY, "1")}

@@ -101,6 +101,8 @@ class Holds:
                 slots.update(_group_slots(wl, state, held, pods, limit_defaults))
             elif jobset is not None:
                 slots.update(jobset_held(held, pods, jobset, limit_defaults))
+            elif workloads.owner_kind(wl) == MPIJOB:  # its workers: the MPI operator's own pods
+                slots.update(_group_slots(wl, state, held, pods, limit_defaults, _made_by(pods, MPIJOB)))
             return held, slots, refused
         templates = _templates(wl)
         for key, record, _ in held:
@@ -127,12 +129,13 @@ def group_members(wl: Mapping[str, Any]) -> frozenset[str]:
 
 
 def _group_slots(wl: Mapping[str, Any], state: Mapping[str, Any], held: list[Held],
-                 pods: list[Mapping[str, Any]], limit_defaults: ContainerDefaults
-                 ) -> dict[str, tuple[str, str]]:
+                 pods: list[Mapping[str, Any]], limit_defaults: ContainerDefaults,
+                 members: frozenset[str] | None = None) -> dict[str, tuple[str, str]]:
     """The slot each live member pod of a pod group's Workload holds (pod uid -> (ledger key, slot)): a
     member pod of the pod set (PODSET_LABEL) that asks what its template asks, pinned to the slot of
-    its rank (the Ready state's rule), or, in a pod set of one slot, to that slot."""
-    members = group_members(wl)
+    its rank (the Ready state's rule), or, in a pod set of one slot, to that slot.  `members`: the pods
+    that may hold them (default: the members the Workload names, `group_members`)."""
+    members = group_members(wl) if members is None else members
     templates = _templates(wl)
     updates = {str(as_dict(u).get("name")): as_dict(u) for u in as_list(state.get("podSetUpdates"))}
     out: dict[str, tuple[str, str]] = {}
@@ -235,3 +238,18 @@ def jobset_held(held: list[Held], pods: list[Mapping[str, Any]], js: Mapping[str
             where[part[0] + i] = (key, i)
     assignment = jobset_slots(owner, slots, pods)
     return {uid: (where[slot][0], str(where[slot][1])) for uid, slot in assignment.held.items()}
+
+
+MPIJOB = ("kubeflow.org/v2beta1", "MPIJob")
+
+
+def _made_by(pods: list[Mapping[str, Any]], kind: tuple[str, str]) -> frozenset[str]:
+    """The uids of the `pods` whose controller owner reference is of `kind` (apiVersion, kind): the
+    caller has them by their controller's uid, the Workload's owner."""
+    out = set()
+    for pod in pods:
+        for ref in as_list(metadata_of(pod).get("ownerReferences")):
+            ref = as_dict(ref)
+            if ref.get("controller") is True and (ref.get("apiVersion"), ref.get("kind")) == kind:
+                out.add(str(metadata_of(pod).get("uid")))
+    return frozenset(out)
