@@ -109,3 +109,25 @@ def test_an_mpijobs_workers_hold_their_slots_by_rank() -> None:
     workers[2]["metadata"]["ownerReferences"][0]["kind"] = "ReplicaSet"  # not the operator's
     _, slots, _ = Holds().of(wl, "fit", workers, False)
     assert slots == {"w0": (KEY, "0"), "w1": (KEY, "1")}
+
+
+def test_the_mpi_operators_pods_are_its_workers_and_its_launcher() -> None:
+    """`mpijob_pods`: a pod controlled by the MPIJob (a worker), or by the Job `<mpijob>-launcher` and
+    labelled with the MPIJob's name and the launcher role; no other."""
+    from agent.admission.kueue.holds import mpijob_pods
+
+    wl = {"metadata": {"ownerReferences": [{"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+                                            "name": "gang", "uid": "mpi-uid", "controller": True}]}}
+
+    def made(uid: str, api: str, kind: str, name: str, owner_uid: str, **labels: str) -> dict[str, Any]:
+        return {"metadata": {"uid": uid, "labels": labels, "ownerReferences": [
+            {"apiVersion": api, "kind": kind, "name": name, "uid": owner_uid, "controller": True}]}}
+
+    launcher = {"training.kubeflow.org/job-name": "gang", "training.kubeflow.org/job-role": "launcher"}
+    pods = [made("worker", "kubeflow.org/v2beta1", "MPIJob", "gang", "mpi-uid"),
+            made("launcher", "batch/v1", "Job", "gang-launcher", "j", **launcher),
+            made("other-mpijob", "kubeflow.org/v2beta1", "MPIJob", "gang", "other-uid"),
+            made("other-job", "batch/v1", "Job", "x-launcher", "j", **launcher),
+            made("no-role", "batch/v1", "Job", "gang-launcher", "j",
+                 **{"training.kubeflow.org/job-name": "gang"})]
+    assert mpijob_pods(wl, pods) == frozenset({"worker", "launcher"})  # type: ignore[arg-type]

@@ -24,7 +24,15 @@ from agent.admission.gangs.jobset import JOBSET, TRAINJOB, controller_uid, pods_
 from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults
 from agent.admission.gangs.slots import pods_by_owner
 from agent.admission.kueue import tas, workloads
-from agent.admission.kueue.holds import Held, Holds, Refused, group_members, ready_entries
+from agent.admission.kueue.holds import (
+    MPI_JOB_NAME_LABEL,
+    MPIJOB,
+    Held,
+    Holds,
+    Refused,
+    group_members,
+    ready_entries,
+)
 from agent.admission.kueue.workloads import CONTROLLER_NAME, KUEUE_GROUP, KUEUE_VERSION, WorkloadSpecError
 from agent.admission.kueue.writes import CheckWrites
 from agent.admission.report.events import timestamp
@@ -137,6 +145,11 @@ class KueueCheck:
         by_uid = {str(metadata_of(p).get("uid")): p for p in pods}
         shapes = _jobsets_by_owner(jobsets)
         by_jobset = pods_of_jobsets(pods)
+        by_mpijob: dict[tuple[str, str], list[Mapping[str, Any]]] = {}  # an MPIJob's launcher, by its name
+        for p in pods:
+            name = as_dict(metadata_of(p).get("labels")).get(MPI_JOB_NAME_LABEL)
+            if isinstance(name, str):
+                by_mpijob.setdefault((str(metadata_of(p).get("namespace")), name), []).append(p)
         groups = workloads.pod_group_notes(pods)
         flavors = {str(metadata_of(f).get("name")): as_dict(as_dict(f.get("spec")).get("nodeLabels"))
                    for f in self.flavors.snapshot()}
@@ -149,7 +162,7 @@ class KueueCheck:
             # One Workload that cannot be read costs only itself: logged, counted, skipped.
             try:
                 self._collect_one(wl, names, by_owner, by_uid, groups, flavors, inflight, round_, shapes,
-                                  by_jobset,
+                                  by_jobset, by_mpijob,
                                   defaults.get(str(metadata_of(wl).get("namespace")), NO_DEFAULTS))
             except Exception as exc:  # noqa: BLE001 - whatever a tenant wrote, the pass goes on
                 self._unreadable(wl, exc)
@@ -171,6 +184,7 @@ class KueueCheck:
                      round_: Round,
                      shapes: Mapping[tuple[str, str], Mapping[str, Any]],
                      by_jobset: Mapping[tuple[str, str], list[Mapping[str, Any]]],
+                     by_mpijob: Mapping[tuple[str, str], list[Mapping[str, Any]]],
                      limit_defaults: ContainerDefaults) -> None:
         """One Workload into `round_`: the slots it holds, or a decision to make (its pods created where
         the LimitRanges fill in `limit_defaults`)."""
@@ -189,6 +203,11 @@ class KueueCheck:
             js = shapes.get(owner) if workloads.owner_kind(wl) in (JOBSET, TRAINJOB) else None
             if js is not None:
                 mine = by_jobset.get((owner[0], str(metadata_of(js).get("uid"))), [])
+            elif workloads.owner_kind(wl) == MPIJOB:  # its workers, and its launcher (a Job's pod)
+                name = str((workloads.controller_ref(wl) or {}).get("name"))
+                uids = {str(metadata_of(p).get("uid")) for p in mine}
+                mine = [*mine, *(p for p in by_mpijob.get((owner[0], name), [])
+                                 if str(metadata_of(p).get("uid")) not in uids)]
             entries, slots, refused = self.holds.of(wl, held, list(mine), self.writes.known_indexed(wl),
                                                     limit_defaults, js)
             round_.admitted.extend(entries)

@@ -101,8 +101,8 @@ class Holds:
                 slots.update(_group_slots(wl, state, held, pods, limit_defaults))
             elif jobset is not None:
                 slots.update(jobset_held(held, pods, jobset, limit_defaults))
-            elif workloads.owner_kind(wl) == MPIJOB:  # its workers: the MPI operator's own pods
-                slots.update(_group_slots(wl, state, held, pods, limit_defaults, _made_by(pods, MPIJOB)))
+            elif workloads.owner_kind(wl) == MPIJOB:  # the MPI operator's: its workers and launcher
+                slots.update(_group_slots(wl, state, held, pods, limit_defaults, mpijob_pods(wl, pods)))
             return held, slots, refused
         templates = _templates(wl)
         for key, record, _ in held:
@@ -243,13 +243,27 @@ def jobset_held(held: list[Held], pods: list[Mapping[str, Any]], js: Mapping[str
 MPIJOB = ("kubeflow.org/v2beta1", "MPIJob")
 
 
-def _made_by(pods: list[Mapping[str, Any]], kind: tuple[str, str]) -> frozenset[str]:
-    """The uids of the `pods` whose controller owner reference is of `kind` (apiVersion, kind): the
-    caller has them by their controller's uid, the Workload's owner."""
+MPI_JOB_NAME_LABEL = "training.kubeflow.org/job-name"  # the MPI operator's, on its workers and launcher
+
+
+def mpijob_pods(wl: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> frozenset[str]:
+    """The uids of the pods the MPI operator made for the MPIJob that owns `wl`, among `pods`: its
+    workers (their controller the MPIJob) and its launcher (its controller the batch/v1 Job
+    `<mpijob>-launcher`, labelled with the MPIJob's name and the launcher role)."""
+    ref = workloads.controller_ref(wl) or {}
+    name, uid = ref.get("name"), ref.get("uid")
     out = set()
     for pod in pods:
-        for ref in as_list(metadata_of(pod).get("ownerReferences")):
-            ref = as_dict(ref)
-            if ref.get("controller") is True and (ref.get("apiVersion"), ref.get("kind")) == kind:
-                out.add(str(metadata_of(pod).get("uid")))
+        meta = metadata_of(pod)
+        labels = as_dict(meta.get("labels"))
+        for own in as_list(meta.get("ownerReferences")):
+            own = as_dict(own)
+            if own.get("controller") is not True:
+                continue
+            kind = (own.get("apiVersion"), own.get("kind"))
+            if ((kind == MPIJOB and own.get("uid") == uid)
+                    or (kind == (JOB_API_VERSION, JOB_KIND) and own.get("name") == f"{name}-launcher"
+                        and labels.get(MPI_JOB_NAME_LABEL) == name
+                        and labels.get("training.kubeflow.org/job-role") == "launcher")):
+                out.add(str(meta.get("uid")))
     return frozenset(out)

@@ -91,7 +91,7 @@ def gang_key(wl: Mapping[str, Any]) -> str:
     return f"workload:{namespaced_name(wl)}"
 
 
-def _controller_ref(wl: Mapping[str, Any]) -> dict[str, Any] | None:
+def controller_ref(wl: Mapping[str, Any]) -> dict[str, Any] | None:
     """The Workload's controlling owner reference (Kueue's: the object whose pods it admits)."""
     for ref in as_list(metadata_of(wl).get("ownerReferences")):
         if as_dict(ref).get("controller") is True:
@@ -101,7 +101,7 @@ def _controller_ref(wl: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def owner_uid(wl: Mapping[str, Any]) -> str | None:
     """The uid of the Workload's controlling owner (the Job whose pods it admits), None without one."""
-    uid = as_dict(_controller_ref(wl)).get("uid")
+    uid = as_dict(controller_ref(wl)).get("uid")
     return uid if isinstance(uid, str) else None
 
 
@@ -112,7 +112,7 @@ def _kind_of(ref: Mapping[str, Any]) -> tuple[str, str]:
 def group_owner(wl: Mapping[str, Any]) -> dict[str, Any] | None:
     """The owner reference of a pod group's Workload (GROUP_ANNOTATION, no controlling owner) that is not
     a pod: its LeaderWorkerSet or StatefulSet; None for any other Workload, or with no one such owner."""
-    if (_controller_ref(wl) is not None
+    if (controller_ref(wl) is not None
             or as_dict(metadata_of(wl).get("annotations")).get(GROUP_ANNOTATION[0]) != GROUP_ANNOTATION[1]):
         return None
     others = [as_dict(r) for r in as_list(metadata_of(wl).get("ownerReferences"))
@@ -124,7 +124,7 @@ def owner_kind(wl: Mapping[str, Any]) -> tuple[str, str] | None:
     """(apiVersion, kind) of the Workload's owner, None without one: its controlling owner, else for a
     pod group's Workload (GROUP_ANNOTATION) the one owner that is not a pod (`group_owner`: a
     LeaderWorkerSet, a StatefulSet), or POD_OWNER when only pods own it."""
-    ref = _controller_ref(wl) or group_owner(wl)
+    ref = controller_ref(wl) or group_owner(wl)
     if ref is not None:
         return _kind_of(ref)
     if as_dict(metadata_of(wl).get("annotations")).get(GROUP_ANNOTATION[0]) != GROUP_ANNOTATION[1]:
