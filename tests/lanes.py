@@ -18,12 +18,16 @@ from collections.abc import Sequence
 # either gets a line here (`test_every_test_has_one_group_and_real_nodes_share_a_lane` checks the first).
 # The MPI operator binds port 8080 on every interface (tests/controlplane/operators.py): one worker at a
 # time runs the training operators (other test sessions on the machine wait for their turn on its lock).
+# Within a lane, tests run in collection order: tests/bench/test_bench_smoke.py's kueue.py (the bench
+# starts its own operators in a subprocess) must come before any test taking the `operators` fixture,
+# which holds the MPI operator's lock for the rest of the session; so operator tests live in folders
+# that sort after tests/bench/ (`test_the_kueue_bench_smoke_runs_first_in_the_operators_lane`).
 REALNODE, GUEST, OPERATORS = "realnode", "guest", "operators"
 LANES: tuple[tuple[str, str], ...] = (
     ("tests/vm/", GUEST),
     ("tests/realnode/", REALNODE),
     ("tests/controlplane/test_operators.py", OPERATORS),
-    ("tests/admission/test_jobset_e2e.py", OPERATORS),
+    ("tests/kueue/test_native_training_e2e.py", OPERATORS),
     ("tests/kueue/test_training_e2e.py", OPERATORS),
     ("tests/kueue/test_training_fields.py", OPERATORS),
     ("tests/bench/test_bench_smoke.py::test_bench_runs_at_its_smallest_size[kueue.py]", OPERATORS),

@@ -91,3 +91,16 @@ def test_two_workers_run_a_lane_on_one_of_them() -> None:
     workers = {path: {gw for gw, p in ran if p == path} for path in (lane, other)}
     assert all(len(w) == 1 for w in workers.values()), workers
     assert sum(p == lane for _, p in ran) >= 3
+
+
+def test_the_kueue_bench_smoke_runs_first_in_the_operators_lane(request: pytest.FixtureRequest) -> None:
+    """The bench starts its own operators, the MPI operator among them, in a subprocess: it must run
+    before any test of this session takes the `operators` fixture, which holds the MPI operator's lock
+    until the session ends (tests/lanes.py).  Within a lane tests run in collection order."""
+    lane = [item.nodeid for item in request.session.items if lane_of(item.nodeid) == OPERATORS]
+    users = [item.nodeid for item in request.session.items
+             if "operators" in getattr(item, "fixturenames", ())]
+    bench = [n for n in lane if n.startswith("tests/bench/test_bench_smoke.py::") and "kueue.py" in n]
+    if not bench or not users:  # a run that collects only part of the suite
+        return
+    assert lane.index(bench[0]) < min(lane.index(n) for n in users), (bench, users[:3])

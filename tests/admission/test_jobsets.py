@@ -1,7 +1,7 @@
 """The native route's JobSets, pure parts as tables: a JobSet read as a gang (agent.admission.gangs.jobset),
 its admitting write (agent.admission.jobs.jobset_patches), which pod holds which slot by rank, and a
 JobSet's own Jobs kept out of the Job queues.  End to end with the real JobSet controller:
-tests/admission/test_jobset_e2e.py."""
+tests/kueue/test_native_training_e2e.py."""
 
 from __future__ import annotations
 

@@ -209,7 +209,7 @@ def test_a_jobset_that_can_never_fit_is_rejected_and_stays_suspended(
     template["spec"]["nodeSelector"] = {s.label: "true"}
     uid = str(s.api.create(s.path, big)["metadata"]["uid"])
     wait_for(lambda: (s.record("big") or {}).get("result") == "rejected", "the 20-CPU JobSet rejected")
-    assert "Rejected" in s.events(uid)
+    wait_for(lambda: "Rejected" in s.events(uid), "the Rejected Event (sent off the pass)")
     assert s.get("big")["spec"]["suspend"] is True
     plain = jobset("plain", None, replicas=1, pods=2, requests=REQUESTS)
     plain["metadata"]["labels"] = {"topolet.io/queue": "default"}
