@@ -19,7 +19,7 @@ from agent.admission.cluster.view import BadObject, read_pod_requests
 from agent.admission.controller.writes import JobWrites
 from agent.admission.engine.model import Resources
 from agent.admission.gangs.job import JobSpecError, gang_from_job, gang_requests
-from agent.admission.gangs.jobset import JOBSET
+from agent.admission.gangs.jobset import JOBSET, controlled_by
 from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults
 from agent.admission.gangs.record import AdmissionRecord
 from agent.admission.gangs.slots import JobOwner, unlabelled_job
@@ -28,7 +28,7 @@ from agent.admission.jobs.patches import job_started, unpin_patch
 from agent.admission.jobs.queues import Pending, QueueConfig, queue_refusal
 from agent.admission.report.events import POD
 from agent.admission.report.metrics import AdmissionMetrics
-from agent.api.objects import as_dict, as_list, metadata_of, object_key
+from agent.api.objects import as_dict, metadata_of, object_key
 from agent.kubeapi.leader import NotLeader
 
 log = logging.getLogger(__name__)
@@ -93,10 +93,11 @@ class JobIntake:
                 self.writes.check_leader()
                 self.writes.submit(self.writes.unpin, job, nodes)
             return
-        owner = _jobset_owner(job)
+        owner = controlled_by(job, JOBSET)
         if owner is not None:  # a JobSet's Job is queued (and admitted) with its JobSet
             self.writes.invalid(job, "InvalidJob",
-                                f"it is a Job of JobSet {owner[:253]}, which queues its Jobs as one gang: "
+                                f"it is a Job of JobSet {str(owner.get('name'))[:253]}, which queues its "
+                                "Jobs as one gang: "
                                 "put topolet.io/queue on the JobSet, not in its Job template")
             return
         if not read.suspended:
@@ -184,11 +185,3 @@ class JobIntake:
             there = {str(metadata_of(p).get("uid")) for p in pods}
             self._told_refused = {key for key in self._told_refused if key[0] in there}
 
-
-def _jobset_owner(job: Mapping[str, Any]) -> str | None:
-    """The name of the JobSet that controls `job`, None when none does."""
-    for ref in as_list(metadata_of(job).get("ownerReferences")):
-        ref = as_dict(ref)
-        if ref.get("controller") is True and (ref.get("apiVersion"), ref.get("kind")) == JOBSET:
-            return str(ref.get("name"))
-    return None

@@ -197,9 +197,10 @@ class JobSetOwner:
         return self._part(pod)[1]
 
     def slot_of(self, pod: Mapping[str, Any]) -> int | None:
-        """The record slot of one of its pods: its replicated Job's first slot plus its rank; None when
-        its indexes cannot be read or are past its replicated Job's."""
-        part, _ = self._part(pod)
+        """The record slot of one of its pods (`refusal` None: not checked again here): its replicated
+        Job's first slot plus its rank; None when its indexes cannot be read or are past its
+        replicated Job's."""
+        part = self.parts.get(str(as_dict(metadata_of(pod).get("labels")).get(REPLICATED_JOB_LABEL)))
         if part is None:
             return None
         base, rjob, _ = part
@@ -269,11 +270,16 @@ def trainjob_finished(tj: Mapping[str, Any]) -> bool:
                for c in as_list(as_dict(tj.get("status")).get("conditions")))
 
 
-def controller_uid(obj: Mapping[str, Any], kind: tuple[str, str]) -> str | None:
-    """The uid of `obj`'s controller owner when it is of `kind` (apiVersion, kind), else None."""
+def controlled_by(obj: Mapping[str, Any], kind: tuple[str, str]) -> dict[str, Any] | None:
+    """`obj`'s controller owner reference when it is of `kind` (apiVersion, kind), else None."""
     for ref in as_list(metadata_of(obj).get("ownerReferences")):
         ref = as_dict(ref)
         if ref.get("controller") is True and (ref.get("apiVersion"), ref.get("kind")) == kind:
-            uid = ref.get("uid")
-            return uid if isinstance(uid, str) else None
+            return ref
     return None
+
+
+def controller_uid(obj: Mapping[str, Any], kind: tuple[str, str]) -> str | None:
+    """The uid of `obj`'s controller owner when it is of `kind` (apiVersion, kind), else None."""
+    uid = as_dict(controlled_by(obj, kind)).get("uid")
+    return uid if isinstance(uid, str) else None

@@ -18,7 +18,7 @@ from typing import Any
 
 from agent.admission.engine.model import Gang, Placement, Resources
 from agent.admission.gangs.job import JobSpecError, gang_requests
-from agent.admission.gangs.jobset import jobset_owner, jobset_slots
+from agent.admission.gangs.jobset import controlled_by, jobset_owner, jobset_slots
 from agent.admission.gangs.limitrange import NO_DEFAULTS, ContainerDefaults, with_limit_range_defaults
 from agent.admission.gangs.record import AdmissionRecord, SlotPlacement
 from agent.admission.gangs.slots import (
@@ -252,18 +252,15 @@ def mpijob_pods(wl: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> frozens
     `<mpijob>-launcher`, labelled with the MPIJob's name and the launcher role)."""
     ref = workloads.controller_ref(wl) or {}
     name, uid = ref.get("name"), ref.get("uid")
-    out = set()
+    out: set[str] = set()
+    if not isinstance(name, str) or not isinstance(uid, str):
+        return frozenset()
     for pod in pods:
         meta = metadata_of(pod)
         labels = as_dict(meta.get("labels"))
-        for own in as_list(meta.get("ownerReferences")):
-            own = as_dict(own)
-            if own.get("controller") is not True:
-                continue
-            kind = (own.get("apiVersion"), own.get("kind"))
-            if ((kind == MPIJOB and own.get("uid") == uid)
-                    or (kind == (JOB_API_VERSION, JOB_KIND) and own.get("name") == f"{name}-launcher"
-                        and labels.get(MPI_JOB_NAME_LABEL) == name
-                        and labels.get("training.kubeflow.org/job-role") == "launcher")):
-                out.add(str(meta.get("uid")))
+        launcher = as_dict(controlled_by(pod, (JOB_API_VERSION, JOB_KIND)))
+        if (as_dict(controlled_by(pod, MPIJOB)).get("uid") == uid
+                or (launcher.get("name") == f"{name}-launcher" and labels.get(MPI_JOB_NAME_LABEL) == name
+                    and labels.get("training.kubeflow.org/job-role") == "launcher")):
+            out.add(str(meta.get("uid")))
     return frozenset(out)
