@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from agent.errors import KubeAPIError
@@ -25,7 +26,9 @@ from tests.controlplane.kueue import KueueScope, job, kueue_path
 from tests.kube.kubelet_standin import wait_for
 from tests.kueue.test_check import DUMP, FAILSAFE, KUEUE, install_policy, slots
 
-NUMA = {"topolet.io/numa-policy": "single-numa-node"}
+# Read-only: a test that puts it in a body copies it (a shared dict once carried one test's TAS
+# annotation into the next test's pods).
+NUMA = MappingProxyType({"topolet.io/numa-policy": "single-numa-node"})
 
 
 class CheckStates:

@@ -36,6 +36,7 @@ from tests.controlplane.kueue import KueueScope
 from tests.controlplane.operators import Operators, collection_path, jobset, trainjob
 from tests.kube.kubelet_standin import wait_for
 from tests.kueue.test_check import DUMP
+from tests.kueue.test_check_e2e import NUMA
 from tests.kueue.test_check_fields import POLICY_TIMEOUT_S, shipped
 from tests.kueue.test_training_fields import service_account
 
@@ -44,7 +45,6 @@ __all__ = ["kueue", "kueue_session", "operators", "shipped"]
 pytestmark = pytest.mark.integration
 
 REQUESTS = {"cpu": "12", "memory": "64Mi"}
-NUMA = {"topolet.io/numa-policy": "single-numa-node"}
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 ADMISSION = "topolet.io/admission"

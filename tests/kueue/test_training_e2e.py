@@ -68,7 +68,8 @@ FORGED = {"jobset.sigs.k8s.io/job-index": "0", COMPLETION_INDEX: "0",
 
 def _jobset(name: str, cpu: str = "12") -> dict[str, Any]:
     body = jobset(name, "lq", replicas=2, pods=3, requests={**REQUESTS, "cpu": cpu})
-    body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"] = {"annotations": NUMA}
+    template = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    template["metadata"] = {"annotations": dict(NUMA)}
     return body
 
 
@@ -78,14 +79,14 @@ def _trainjob(name: str) -> dict[str, Any]:
     # The tenant's own runtime patch: the NUMA policy for the nodes' pods (no placement field).
     body["spec"]["runtimePatches"] = [{"manager": "tests.topolet.io/numa", "trainingRuntimeSpec": {
         "template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
-            "metadata": {"annotations": {**NUMA, **FORGED}, "labels": FORGED}}}}}]}}}}]
+            "metadata": {"annotations": {**NUMA, **FORGED}, "labels": dict(FORGED)}}}}}]}}}}]
     return body
 
 
 def _mpijob(name: str) -> dict[str, Any]:
     body = mpijob(name, "lq", workers=6, requests=REQUESTS)
     for replica in body["spec"]["mpiReplicaSpecs"].values():
-        replica["template"]["metadata"] = {"annotations": {**NUMA, **FORGED}, "labels": FORGED}
+        replica["template"]["metadata"] = {"annotations": {**NUMA, **FORGED}, "labels": dict(FORGED)}
     return body
 
 
