@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -100,6 +100,24 @@ class Setup:
         body = job(name, "lq", parallelism=count, indexed=True, annotations=NUMA,
                    requests={"cpu": cpu, "memory": "64Mi"})
         return self.kueue.create_job(self.ns, body)
+
+    @contextlib.contextmanager
+    def explained(self) -> Iterator[None]:
+        """Add the namespace's Workloads (owner uid, conditions, check states) to a wait's timeout: what a
+        CI log needs when a gang never reaches the state a test waits for."""
+        try:
+            yield
+        except AssertionError as exc:
+            listed = self.api.list(kueue_path("workloads", namespace=self.ns)).get("items") or []
+            lines = [f"{wl['metadata']['name']} (job-uid "
+                     f"{(wl['metadata'].get('labels') or {}).get('kueue.x-k8s.io/job-uid')}): "
+                     + "; ".join(f"{c['type']}={c['status']} {c.get('reason', '')}"
+                                 for c in wl.get("status", {}).get("conditions") or [])
+                     + " | checks: " + "; ".join(f"{c['name']} {c['state']} {c.get('message', '')!r}"
+                                                 for c in wl.get("status", {}).get("admissionChecks") or [])
+                     for wl in listed]
+            told = "\n".join(lines or ["(none)"])
+            raise AssertionError(f"{exc}\nWorkloads in {self.ns}:\n{told}") from exc
 
     def workload(self, job_uid: str) -> dict[str, Any]:
         return self.kueue.workload_of(self.ns, job_uid) or {}

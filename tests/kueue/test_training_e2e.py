@@ -212,10 +212,11 @@ def test_a_training_gang_lands_pod_by_pod_and_frees_its_slots(
     def ready() -> list[str]:
         return [n for n, uid in gangs.items() if s.state(uid).get("state") == "Ready"]
 
-    wait_for(lambda: s.controller.popen.poll() is not None,
-             "the controller to kill itself after a Ready write", timeout=120)
-    assert s.controller.popen.returncode == -signal.SIGKILL
-    (first,) = wait_for(ready, "one gang Ready")
+    with s.explained():
+        wait_for(lambda: s.controller.popen.poll() is not None,
+                 "the controller to kill itself after a Ready write", timeout=120)
+        assert s.controller.popen.returncode == -signal.SIGKILL
+        (first,) = wait_for(ready, "one gang Ready")
     decided = s.state(gangs[first])
     s.kueue.cluster.start_controller("--resync-seconds", "2", "--kueue", "on")
     (second,) = [n for n in gangs if n != first]
@@ -345,9 +346,10 @@ def test_a_plain_pod_group_lands_pod_by_pod_and_frees_its_slots(
     def ready() -> list[str]:
         return [g for g in groups if state(g).get("state") == "Ready"]
 
-    wait_for(lambda: s.controller.popen.poll() is not None,
-             "the controller to kill itself after a Ready write", timeout=120)
-    (first,) = wait_for(ready, "one pod group Ready")
+    with s.explained():
+        wait_for(lambda: s.controller.popen.poll() is not None,
+                 "the controller to kill itself after a Ready write", timeout=120)
+        (first,) = wait_for(ready, "one pod group Ready")
     decided = state(first)
     s.kueue.cluster.start_controller("--resync-seconds", "2", "--kueue", "on")
     (second,) = [g for g in groups if g != first]
