@@ -85,6 +85,29 @@ def test_settle(row: Row) -> None:
     assert (after.entries == (row.entry,)) is row.kept
 
 
+# Three of our pods bound to n1 beside a pod of another gang; the NRT's fingerprint is of the set
+# `shown` (the agent lags the newest binds).  Which entries stay: exactly those the NRT does not count.
+OURS = tuple(pod(f"j-{i}", "n1", index=str(i)) for i in range(3))
+LAGS = [
+    ("every pod counted: all clear", [("ns", "j-0"), ("ns", "j-1"), ("ns", "j-2")], []),
+    ("the newest not counted yet: only it stays", [("ns", "j-0"), ("ns", "j-1")], ["2"]),
+    ("two not counted: both stay", [("ns", "j-1")], ["0", "2"]),
+    ("none of ours counted: all stay", [], ["0", "1", "2"]),
+    ("a pod the controller has not seen counted: no set matches, all stay",
+     [("ns", "j-0"), ("ns", "j-1"), ("ns", "j-2"), ("ns", "unseen")], ["0", "1", "2"]),
+]
+
+
+@pytest.mark.parametrize(("shown", "stay"), [(s, k) for _, s, k in LAGS], ids=[n for n, _, _ in LAGS])
+def test_an_nrt_that_lags_the_newest_binds_clears_the_entries_it_counts(
+        shown: list[tuple[str, str]], stay: list[str]) -> None:
+    """The NRT counts OTHER (another gang's pod) and `shown` of ours; an entry clears only when its own
+    pod is among those the NRT's figures were computed over, never on a guess."""
+    ledger = Ledger(tuple(entry(str(i)) for i in range(3)), timeout=20.0)
+    after = ledger.settle([nrt("n1", pod_set_fingerprint([*shown, ("ns", "other")]))], (*OURS, OTHER), 110.0)
+    assert [e.slot for e in after.entries] == stay
+
+
 def test_from_records_record_and_lookups() -> None:
     ledger = Ledger.from_records([("ns/a", "0", "n1", 0, REQ), ("ns/b", "1", "n2", None, REQ)], now=5.0)
     assert [e.added_at for e in ledger.entries] == [5.0, 5.0] and len(ledger) == 2

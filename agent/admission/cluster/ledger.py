@@ -3,7 +3,8 @@
 Pure: no I/O; `now` is passed in.  `Entry`, `Ledger` (immutable: `from_records`, `.record`,
 `.without_gang`, `.on_node`, `.settle`), `job_slot(pod)` (a default for trusted pods only),
 `agent_pins(pod)`.  An entry clears when its gang ends, it times out, or its pod is bound and the
-node's NRT fingerprint shows the agent pinned it; a mismatch keeps it, since overcounting for a while
+node's NRT fingerprint shows the agent pinned it (a fingerprint of the node's pods less a few newest
+of ours names which it counts); no match keeps it, since overcounting for a while
 is safe and undercounting is not.  The five rules in order: agent/admission/cluster/README.md.
 """
 
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from agent.admission.cluster.podindex import PodIndex
 from agent.admission.engine.model import Placement, Resources
-from agent.api.fingerprint import pod_set_fingerprint
+from agent.api.fingerprint import missing_from
 from agent.api.nrt import ATTR_FINGERPRINT
 from agent.api.objects import as_mapping
 from agent.api.podplan import PodError, plan_pod
@@ -85,6 +87,14 @@ def nrt_fingerprint(nrt: Mapping[str, Any]) -> str | None:
     return None
 
 
+@lru_cache(maxsize=4096)
+def _absent_from(eligible: tuple[tuple[str, str], ...], fingerprint: str,
+                 suspects: tuple[tuple[str, str], ...]) -> frozenset[tuple[str, str]] | None:
+    """The suspects the node's NRT does not count yet (None: its fingerprint is of no set tried): kept
+    across passes, since a node's pods and NRT stay the same for many passes."""
+    return missing_from(eligible, fingerprint, suspects)
+
+
 @dataclass(frozen=True, slots=True)
 class Ledger:
     """Placements not yet visible in the nodes' NRTs; every change returns a new ledger."""
@@ -133,29 +143,31 @@ class Ledger:
             name = as_mapping(nrt.get("metadata")).get("name")
             if isinstance(name, str):
                 prints[name] = nrt_fingerprint(nrt)
-        shown: dict[str, tuple[tuple[tuple[str, str], ...], str]] = {}  # node -> (eligible, its print)
-        kept = []
-        for e in self.entries:
+        # The entries whose pod is bound to the entry's node, by node: the pinned-eligible ones among
+        # them clear when that node's NRT counts them, and are the suspects when it does not count all.
+        bound: dict[str, list[tuple[int, tuple[str, str]]]] = {}
+        gone: set[int] = set()
+        for at, e in enumerate(self.entries):
             if live_gangs is not None and e.gang not in live_gangs:
-                continue
-            if now - e.added_at >= self.timeout:
-                continue
-            mine = index.slot((e.gang, e.slot))
-            if mine is not None:
+                gone.add(at)
+            elif now - e.added_at >= self.timeout:
+                gone.add(at)
+            elif (mine := index.slot((e.gang, e.slot))) is not None:
                 if mine.terminal or (mine.node is not None and mine.node != e.node):
-                    continue
-                if mine.node == e.node:
+                    gone.add(at)
+                elif mine.node == e.node:
                     if e.zone is None and not e.zones:
-                        continue
-                    fp = prints.get(e.node)
-                    if fp is not None:
-                        if e.node not in shown:
-                            eligible = index.eligible(e.node)
-                            shown[e.node] = (eligible, pod_set_fingerprint(eligible))
-                        eligible, expected = shown[e.node]
-                        if mine.ident in eligible and fp == expected:
-                            continue
-            kept.append(e)
+                        gone.add(at)
+                    elif prints.get(e.node) is not None:
+                        bound.setdefault(e.node, []).append((at, mine.ident))
+        for node, entries in bound.items():
+            eligible = index.eligible(node)
+            members = set(eligible)
+            mine_there = [(at, ident) for at, ident in entries if ident in members]
+            absent = _absent_from(eligible, str(prints[node]), tuple(sorted({i for _, i in mine_there})))
+            if absent is not None:
+                gone.update(at for at, ident in mine_there if ident not in absent)
+        kept = [e for at, e in enumerate(self.entries) if at not in gone]
         if len(kept) == len(self.entries):
             return self
         return replace(self, entries=tuple(kept))
