@@ -2,7 +2,7 @@
 controller's ledger recomputes from the pods it sees.
 
 Public API: `pod_set_fingerprint(pods: Iterable[tuple[namespace, name]]) -> str` ("pfp0v001<16 hex>"),
-`missing_from(pods, fingerprint, suspects)` (which few of `pods` a fingerprint leaves out),
+`counted_set(pods, fingerprint, toggles)` (which set, near `pods`, a fingerprint is of),
 `FINGERPRINT_PREFIX`, `MAX_SUSPECT_SETS`.
 """
 
@@ -42,21 +42,22 @@ def pod_set_fingerprint(pods: Iterable[Pod]) -> str:
     return _of_hashes(_pod_hash(pod) for pod in pods)
 
 
-def missing_from(pods: Collection[Pod], fingerprint: str, suspects: Collection[Pod]) -> frozenset[Pod] | None:
-    """The pods of `suspects` (a part of `pods`) whose absence from `pods` gives `fingerprint`, fewest
-    first; None when no subset tried matches.  An agent that publishes the fingerprint of the pods it
-    has pinned so far lags the pods bound to its node by the newest few: those are the suspects, and a
-    match names exactly the set its NRT's figures were computed over.  At most `MAX_SUSPECT_SETS`
-    subsets are tried (a 64-bit hash: a false match is out of reach at that count)."""
-    hashes = {pod: _pod_hash(pod) for pod in pods}
-    suspects = [pod for pod in dict.fromkeys(suspects) if pod in hashes]
+def counted_set(pods: Collection[Pod], fingerprint: str, toggles: Collection[Pod]) -> frozenset[Pod] | None:
+    """The set `fingerprint` is of: `pods` with the fewest of `toggles` flipped (a toggle in `pods`
+    taken out, one not in it put in); None when no flip tried matches.  An agent publishes the
+    fingerprint of the pods it has pinned so far, which lags the pods the controller sees bound to its
+    node by the newest few, or leads them by a pod whose status the controller has not seen yet: those
+    are the toggles, and a match names exactly the set its NRT's figures were computed over.  At most
+    `MAX_SUSPECT_SETS` flips are tried (a 64-bit hash: a false match is out of reach at that count)."""
+    base = {pod: _pod_hash(pod) for pod in pods}
+    flips = list(dict.fromkeys(toggles))
     tried = 0
-    for size in range(len(suspects) + 1):
-        for gone in combinations(suspects, size):
+    for size in range(len(flips) + 1):
+        for flipped in combinations(flips, size):
             if tried >= MAX_SUSPECT_SETS:
                 return None
             tried += 1
-            out = set(gone)
-            if _of_hashes(h for pod, h in hashes.items() if pod not in out) == fingerprint:
-                return frozenset(out)
+            counted = set(base).symmetric_difference(flipped)
+            if _of_hashes(base[pod] if pod in base else _pod_hash(pod) for pod in counted) == fingerprint:
+                return frozenset(counted)
     return None

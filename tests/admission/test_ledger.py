@@ -96,6 +96,26 @@ LAGS = [
     ("a pod the controller has not seen counted: no set matches, all stay",
      [("ns", "j-0"), ("ns", "j-1"), ("ns", "j-2"), ("ns", "unseen")], ["0", "1", "2"]),
 ]
+# j-3 is bound to n1 but not running yet as the controller sees it (not pinned-eligible); the agent
+# may have pinned it and published before the controller saw its status.
+NOT_RUNNING = pod("j-3", "n1", index="3", running=False)
+LEADS = [
+    ("the NRT counts the pod not seen running: it clears too",
+     [("ns", "j-0"), ("ns", "j-1"), ("ns", "j-2"), ("ns", "j-3")], []),
+    ("the NRT counts it but lags another: that one stays", [("ns", "j-0"), ("ns", "j-1"), ("ns", "j-3")],
+     ["2"]),
+    ("the NRT does not count it: it stays, the others clear", [("ns", "j-0"), ("ns", "j-1"), ("ns", "j-2")],
+     ["3"]),
+]
+
+
+@pytest.mark.parametrize(("shown", "stay"), [(s, k) for _, s, k in LEADS], ids=[n for n, _, _ in LEADS])
+def test_an_nrt_that_leads_the_pod_status_seen_clears_the_pods_it_counts(
+        shown: list[tuple[str, str]], stay: list[str]) -> None:
+    ledger = Ledger(tuple(entry(str(i)) for i in range(4)), timeout=20.0)
+    after = ledger.settle([nrt("n1", pod_set_fingerprint([*shown, ("ns", "other")]))],
+                          (*OURS, NOT_RUNNING, OTHER), 110.0)
+    assert [e.slot for e in after.entries] == stay
 
 
 @pytest.mark.parametrize(("shown", "stay"), [(s, k) for _, s, k in LAGS], ids=[n for n, _, _ in LAGS])

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.api import nrt
-from agent.api.fingerprint import missing_from, pod_set_fingerprint
+from agent.api.fingerprint import counted_set, pod_set_fingerprint
 from agent.api.resources import hugepages_resource_name
 from agent.enforce.state import Allocation, Owner, State
 from agent.errors import ConfigError, KubeAPIError
@@ -384,22 +384,24 @@ def test_fingerprint_ignores_order_and_sees_membership(pods: list[tuple[str, str
 @given(st.lists(st.tuples(st.sampled_from(["a", "b"]),
                           st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True)),
                 unique=True, min_size=1, max_size=16), st.data())
-def test_missing_from_names_exactly_the_pods_a_fingerprint_leaves_out(pods: list[tuple[str, str]],
-                                                                     data: Any) -> None:
-    """Whatever few suspects an agent has not counted yet, `missing_from` names exactly them; a
-    fingerprint of a set with a pod outside `pods` matches no subset."""
-    suspects = data.draw(st.lists(st.sampled_from(pods), unique=True, max_size=6))
-    left_out = data.draw(st.lists(st.sampled_from(suspects), unique=True) if suspects else st.just([]))
-    counted = [p for p in pods if p not in left_out]
-    assert missing_from(pods, pod_set_fingerprint(counted), suspects) == frozenset(left_out)
-    assert missing_from(pods, pod_set_fingerprint([*counted, ("c", "unseen")]), suspects) is None
+def test_counted_set_names_exactly_the_set_a_fingerprint_is_of(pods: list[tuple[str, str]],
+                                                               data: Any) -> None:
+    """Of `pods` (what the controller sees pinned-eligible) and a few toggles (its own pods there), an
+    agent may count some toggles less (it lags) and some more (it leads the status the controller
+    saw): `counted_set` names exactly the set it counted; a pod outside both matches no flip."""
+    toggles = data.draw(st.lists(st.sampled_from([*pods, ("c", "new-0"), ("c", "new-1")]), unique=True,
+                                 max_size=6))
+    flipped = data.draw(st.lists(st.sampled_from(toggles), unique=True) if toggles else st.just([]))
+    counted = set(pods).symmetric_difference(flipped)
+    assert counted_set(pods, pod_set_fingerprint(counted), toggles) == frozenset(counted)
+    assert counted_set(pods, pod_set_fingerprint([*counted, ("d", "unseen")]), toggles) is None
 
 
-def test_missing_from_tries_at_most_its_bound() -> None:
-    """Past MAX_SUSPECT_SETS subsets it gives up (None) rather than hash without end."""
+def test_counted_set_tries_at_most_its_bound() -> None:
+    """Past MAX_SUSPECT_SETS flips it gives up (None) rather than hash without end."""
     pods = [("ns", f"p{i}") for i in range(40)]
-    assert missing_from(pods, pod_set_fingerprint(pods[:37]), pods[37:]) == frozenset(pods[37:])
-    assert missing_from(pods, pod_set_fingerprint(pods[:30]), pods[30:]) is None  # 10 gone: too many
+    assert counted_set(pods, pod_set_fingerprint(pods[:37]), pods[37:]) == frozenset(pods[:37])
+    assert counted_set(pods, pod_set_fingerprint(pods[:30]), pods[30:]) is None  # 10 flips: too many
 
 
 # ---- the publisher against the API server --------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 
 from agent.admission.cluster.podindex import PodIndex
 from agent.admission.engine.model import Placement, Resources
-from agent.api.fingerprint import missing_from
+from agent.api.fingerprint import counted_set
 from agent.api.nrt import ATTR_FINGERPRINT
 from agent.api.objects import as_mapping
 from agent.api.podplan import PodError, plan_pod
@@ -88,11 +88,12 @@ def nrt_fingerprint(nrt: Mapping[str, Any]) -> str | None:
 
 
 @lru_cache(maxsize=4096)
-def _absent_from(eligible: tuple[tuple[str, str], ...], fingerprint: str,
-                 suspects: tuple[tuple[str, str], ...]) -> frozenset[tuple[str, str]] | None:
-    """The suspects the node's NRT does not count yet (None: its fingerprint is of no set tried): kept
-    across passes, since a node's pods and NRT stay the same for many passes."""
-    return missing_from(eligible, fingerprint, suspects)
+def _counted(eligible: tuple[tuple[str, str], ...], fingerprint: str,
+             ours: tuple[tuple[str, str], ...]) -> frozenset[tuple[str, str]] | None:
+    """The pods the node's NRT counts: the pinned-eligible ones with the fewest of ours (the pods of
+    entries held there) flipped in or out; None when its fingerprint is of no set tried.  Kept across
+    passes, since a node's pods and NRT stay the same for many passes."""
+    return counted_set(eligible, fingerprint, ours)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +144,8 @@ class Ledger:
             name = as_mapping(nrt.get("metadata")).get("name")
             if isinstance(name, str):
                 prints[name] = nrt_fingerprint(nrt)
-        # The entries whose pod is bound to the entry's node, by node: the pinned-eligible ones among
-        # them clear when that node's NRT counts them, and are the suspects when it does not count all.
+        # The entries whose pod is bound to the entry's node, by node: each clears when that node's NRT
+        # counts its pod (README.md beside this module, rule 5).
         bound: dict[str, list[tuple[int, tuple[str, str]]]] = {}
         gone: set[int] = set()
         for at, e in enumerate(self.entries):
@@ -161,12 +162,10 @@ class Ledger:
                     elif prints.get(e.node) is not None:
                         bound.setdefault(e.node, []).append((at, mine.ident))
         for node, entries in bound.items():
-            eligible = index.eligible(node)
-            members = set(eligible)
-            mine_there = [(at, ident) for at, ident in entries if ident in members]
-            absent = _absent_from(eligible, str(prints[node]), tuple(sorted({i for _, i in mine_there})))
-            if absent is not None:
-                gone.update(at for at, ident in mine_there if ident not in absent)
+            ours = tuple(sorted({ident for _, ident in entries}))
+            counted = _counted(index.eligible(node), str(prints[node]), ours)
+            if counted is not None:
+                gone.update(at for at, ident in entries if ident in counted)
         kept = [e for at, e in enumerate(self.entries) if at not in gone]
         if len(kept) == len(self.entries):
             return self
