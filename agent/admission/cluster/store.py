@@ -3,8 +3,9 @@ cache of what is read from them.
 
 Public API:
 
-- `Reflector(kube, path, what, changed, query=None, matters=..., on_invalid=None)`: one collection in
-  memory, listed then watched by `agent.kubeapi.reflector.Reflector` (whose rules it follows);
+- `Reflector(kube, path, what, changed, query=None, matters=..., on_invalid=None, slim=slim_object)`:
+  one collection in memory, each object as `slim` keeps it (`agent.admission.cluster.slim`), listed
+  then watched by `agent.kubeapi.reflector.Reflector` (whose rules it follows);
   `.snapshot()`, `.put(obj)` (a write's response), `.apply(kind, obj)`, `.synced`, `.start()`, `.stop()`.
 - `VersionCache(compute)`: `compute(obj)` memoised by the object's uid and resourceVersion;
   `.retain(objs)` forgets the objects not among `objs`.  Objects are keyed by `object_key`.
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from agent.admission.cluster import heap
+from agent.admission.cluster.slim import slim_object
 from agent.api.objects import metadata_of, object_key, resource_version
 from agent.kubeapi import reflector
 from agent.kubeapi.client import KubeClient
@@ -34,8 +36,10 @@ class Reflector(reflector.Reflector[dict[str, Any]]):
     def __init__(self, kube: KubeClient, path: str, what: str, changed: threading.Event,
                  query: Mapping[str, object] | None = None,
                  matters: Callable[[str, dict[str, Any]], bool] = lambda kind, obj: True, *,
-                 on_invalid: Callable[[], None] | None = None) -> None:
+                 on_invalid: Callable[[], None] | None = None,
+                 slim: Callable[[Mapping[str, Any]], dict[str, Any]] = slim_object) -> None:
         super().__init__(kube, path, what, query, on_invalid=on_invalid, not_served_is_empty=True, log=log)
+        self.slim = slim  # what is kept of each object: the fields the controller reads
         self.matters = matters  # whether a watch event (type, object) should set `changed`
         self.changed = changed
         self.items: dict[str, dict[str, Any]] = {}
@@ -46,7 +50,9 @@ class Reflector(reflector.Reflector[dict[str, Any]]):
             return list(self.items.values())
 
     def put(self, obj: dict[str, Any]) -> None:
-        """Store `obj` (a write's response) unless the store already holds a newer version."""
+        """Store `obj` (a write's response, as `slim` keeps it) unless the store already holds a newer
+        version."""
+        obj = self.slim(obj)
         key = object_key(obj)
         with self._lock:
             old = self.items.get(key)
@@ -76,7 +82,7 @@ class Reflector(reflector.Reflector[dict[str, Any]]):
             return super().fetch()
 
     def read(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return obj
+        return self.slim(obj)
 
     def listed(self, items: list[dict[str, Any]]) -> None:
         with self._lock:

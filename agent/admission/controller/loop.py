@@ -23,6 +23,7 @@ from typing import Any
 
 from agent.admission.cluster.capacity import Capacity
 from agent.admission.cluster.heap import Heap
+from agent.admission.cluster.slim import slim_job, slim_node, slim_pod
 from agent.admission.cluster.store import Reflector, VersionCache
 from agent.admission.controller.intake import JobIntake
 from agent.admission.controller.jobsets import JobSetRoute
@@ -89,10 +90,13 @@ class Controller:
         invalid = metrics.invalid_objects
         self.jobs = Reflector(kube, resource_path("batch", "v1", "jobs"), "queued Jobs", self.changed,
                               {"labelSelector": QUEUE_LABEL}, matters=_job_change_matters,
-                              on_invalid=invalid.labels(kind="Job").inc)
+                              on_invalid=invalid.labels(kind="Job").inc, slim=slim_job)
+        # Each store keeps only what is read of its objects (agent/admission/cluster/slim.py).
         self.pods = Reflector(kube, resource_path("", "v1", "pods"), "pods", self.changed,
-                              matters=_pod_change_matters, on_invalid=invalid.labels(kind="Pod").inc)
-        self.nodes = Reflector(kube, resource_path("", "v1", "nodes"), "nodes", self.changed)
+                              matters=_pod_change_matters, on_invalid=invalid.labels(kind="Pod").inc,
+                              slim=slim_pod)
+        self.nodes = Reflector(kube, resource_path("", "v1", "nodes"), "nodes", self.changed,
+                               slim=slim_node)
         self.nrts = Reflector(kube, resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL), "NRTs", self.changed)
         self.priorities = Reflector(kube, resource_path("scheduling.k8s.io", "v1", "priorityclasses"),
                                     "PriorityClasses", self.changed)
