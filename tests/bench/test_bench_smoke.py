@@ -66,6 +66,9 @@ BENCHES = [
          rf"install footprint: chart {N} objects \(base {N}\); image MiB compressed/unpacked: "
          rf"(?:none built|(?:amd64|arm64) {N}/{N}(?:, arm64 {N}/{N})?)", INTEGRATION, 300),
     case("pin.py", "-n 1", rf"pin latency p99: {N} ms", INTEGRATION),
+    case("lists.py", "--pods 600",
+         rf"lists: 600 pods: largest response unpaged {N} MiB vs paged {N} MiB; peak RSS during relist "
+         rf"{N} MiB vs {N} MiB; wall {N} s vs {N} s", INTEGRATION, 300),
     case("nri.py", "--creates 1 --rounds 1 --shared 1",
          rf"agent NRIPinning, 1 shared, (?:reserved ahead|state on disk|state on tmpfs): "
          rf"CreateContainer p99 {N} ms \(worst round; budget 10 ms\)", INTEGRATION, 300),
@@ -77,6 +80,9 @@ BENCHES = [
          rf"\(kubelet static {N}/{N}\) \| created->Running p99 with/static {N}(?: nri, {N} pod-cgroup)? "
          rf"\| create->pinned p99 {N} ms(?: nri, {N} ms pod-cgroup)? \| agent memory {N} MiB "
          rf"\| image (?:{N}|n/a) MiB", INTEGRATION, 600, name="kube.py--real-node"),
+    case("held.py", "--nodes 1 --arg-bytes 100000",
+         rf"held: per pod {N} -> {N}, per node {N} -> {N}, per NRT {N} -> {N}, per Job {N} -> {N}; "
+         rf"1 MB-args pod {N} -> {N}", INTEGRATION, 300),
     case("kueue.py", "--nodes 2 --gangs 5 --dumps {dumps} --keep-logs {out}/logs",
          rf"workloads: aligned {N}% with check vs {N}% Kueue alone vs {N}% Kueue TAS; "
          rf"kinds job,jobset,trainjob,mpijob,lws; p99 with/no-op check = {N}", INTEGRATION, 600),
