@@ -1,7 +1,8 @@
 """Access to the Kubernetes API server: one raw-JSON request path, this node's name, the agent's namespace.
 
 `load_api_client(kubeconfig)` (controller-runtime's order of sources), `KubeClient(api_client)`
-(`.get/.list/.create/.patch/.apply/.watch`, plain dicts, never the generated models),
+(`.get/.list/.list_paged/.create/.patch/.apply/.watch`, plain dicts, never the generated models; a
+whole collection is listed in pages of `LIST_PAGE_SIZE`),
 `resource_path(...)`, `node_name(value)`, `agent_namespace(value)`, `api_call(what)`,
 `REQUEST_TIMEOUT`.  Failures are `KubeAPIError` (`.status` None when the server was not reached);
 configuration errors are ConfigError.  The `kubernetes` package is imported only inside functions.
@@ -11,16 +12,20 @@ Token refresh, sources and method details: agent/kubeapi/README.md, "The client"
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from agent.api.objects import as_list
 from agent.api.validate import is_dns_label, is_dns_subdomain
 from agent.errors import ConfigError, KubeAPIError
+
+_log = logging.getLogger(__name__)
 
 # A call that cannot connect in 5 s or answer in 20 s is treated as the API being down: the caller
 # retries on its next reconcile instead of blocking enforcement behind a hung socket.
@@ -35,6 +40,13 @@ MAX_WATCH_LINE = 8 << 20
 # projected token is rotated well before the old one expires, and the in-cluster loader itself
 # re-reads it only once a minute.
 AUTH_REFRESH_SECONDS = 1.0
+# Objects per page of a whole-collection list (client-go's pager asks for as many): a response stays a
+# few MiB however big the collection, where one unpaged list of 100,000 pods is hundreds of MiB of JSON.
+LIST_PAGE_SIZE = 500
+# What a continued page must not carry: the snapshot is the continue token's, not a version we name.
+_FIRST_PAGE_ONLY = ("resourceVersion", "resourceVersionMatch")
+PageReader = Callable[[list[Any]], list[Any]]  # one page's raw objects -> what the caller keeps of them
+Page = tuple[dict[str, Any], list[Any]]  # a page's list object less its items, and its items (read)
 DEFAULT_NAMESPACE = "topolet-system"
 SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -301,6 +313,57 @@ class KubeClient:
              timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:
         """GET a collection: the list object, `items` and `metadata.resourceVersion` as the API sent them."""
         return self.request("GET", path, query=query, timeout=timeout, what=what)
+
+    def list_paged(self, path: str, query: Mapping[str, object] | None = None, *,
+                   page_size: int | None = LIST_PAGE_SIZE, read: PageReader | None = None,
+                   timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:
+        """GET a whole collection in pages of `page_size` objects (None: one unpaged request), as one
+        list object: the first page's `metadata` (its resourceVersion is the list's) and every page's
+        `items`, each page's passed through `read` as it arrives.  Raises KubeAPIError.
+
+        client-go's pager, but for what it does when a continue token expires: the first page asks with
+        `limit` and `query` as given, each next one with `continue` and never `resourceVersion`, so
+        every page reads the first one's snapshot.  A token that expires mid-list (410 Gone, history
+        compacted past the snapshot) starts the paged list again from its first page, a new snapshot,
+        where client-go falls back to one unpaged list: that is the response paging keeps small.  A
+        second expiry in a row raises its 410, for the caller's back-off.  Only the read items of the
+        pages are held, never a raw page once read: `read` may shrink the objects.
+        """
+        what = what or f"list {path}"
+        first = {**(query or {}), "limit": page_size}
+        later = {k: v for k, v in first.items() if k not in _FIRST_PAGE_ONLY}
+        restarted = False
+        while True:
+            head, items = self._list_page(path, first, read, timeout, what)
+            meta = head["metadata"]
+            token, pages = meta.pop("continue", None), 1
+            try:
+                while token:
+                    pages += 1
+                    page, more = self._list_page(path, {**later, "continue": token}, read, timeout,
+                                                 f"{what}, page {pages}")
+                    items.extend(more)
+                    token = page["metadata"].get("continue")
+            except KubeAPIError as exc:
+                if exc.status != 410 or restarted:
+                    raise
+                restarted = True
+                _log.info("%s: the continue token expired on page %d (%s): listing again from the first page",
+                          what, pages, one_line(exc))
+                continue
+            meta.pop("remainingItemCount", None)
+            head["items"] = items
+            return head
+
+    def _list_page(self, path: str, query: Mapping[str, object], read: PageReader | None,
+                   timeout: tuple[float, float], what: str) -> Page:
+        """One page: its list object less `items`, and its items through `read` (the raw page goes on
+        return when `read` makes new objects)."""
+        body = self.list(path, query, timeout=timeout, what=what)
+        items = as_list(body.pop("items", None))
+        if not isinstance(body.get("metadata"), dict):
+            body["metadata"] = {}
+        return body, items if read is None else read(items)
 
     def create(self, path: str, body: Mapping[str, Any], *,
                timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:

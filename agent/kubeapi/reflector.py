@@ -1,7 +1,8 @@
 """The one list+watch loop of both halves: the node agent's pod watch and the controller's stores.
 
-`Reflector(kube, path, what, query=None, ...)` lists a collection, then watches it from the list's
-resourceVersion, on a thread of its own (`.start()`, `.stop()`; `.relist()` lists once on the
+`Reflector(kube, path, what, query=None, ...)` lists a collection in pages (`page_size`, default
+`LIST_PAGE_SIZE`: `KubeClient.list_paged`), then watches it from the list's resourceVersion, on a
+thread of its own (`.start()`, `.stop()`; `.relist()` lists once on the
 caller's thread, `.request_relist()` asks the thread to).  A subclass says how to read one object
 (`read`), what to do with the complete set after a list (`listed`) and with each watch event
 (`handle`); the class docstring gives the rules for expiry, errors, bad objects and back-off.
@@ -13,18 +14,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from agent.api.objects import as_list, metadata_of
 from agent.errors import KubeAPIError
 from agent.kubeapi.backoff import API_BACKOFF, Backoff, Outage
-from agent.kubeapi.client import KubeClient, WatchStream, one_line
+from agent.kubeapi.client import LIST_PAGE_SIZE, KubeClient, WatchStream, one_line
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 WATCH_TIMEOUT_SECONDS = 300  # the server ends a watch after this; it is resumed from the last version
-LIST_TIMEOUT = (5.0, 120.0)  # (connect, read): a list of every pod of a big cluster is large
+LIST_TIMEOUT = (5.0, 120.0)  # (connect, read) of each page of a list
 CONNECT_TIMEOUT_SECONDS = 5.0
 NOT_SERVED_RETRY_SECONDS = 10.0  # a collection whose API is not served is listed again after this
 SHORT_WATCH_SECONDS = 1.0  # a watch the server ends this soon, without an event, counts as a failure
@@ -41,15 +42,22 @@ class Expired(KubeAPIError):
 class Reflector(Generic[T]):
     """List, then watch from the list's resourceVersion, until stopped.
 
+    - A list is paged (`page_size` objects a request, `limit` then `continue`): every page reads the
+      first page's snapshot, whose resourceVersion the watch starts from, and each page's objects are
+      read (`read`) as it arrives, so no response, nor the memory to decode it, grows with the
+      collection.  A continue token that expires mid-list starts the list again from its first page
+      (client-go falls back to one unpaged list instead); a second expiry in a row is a failure,
+      backed off like any other.
     - Every object read (`read`) is moved past before it is handled: the version advances first, so
       one that cannot be read or handled is skipped, counted (`on_invalid`, `.skipped`) and never
       replayed; it costs only itself.  An unreadable event line counts the same way.
     - A watch the server ends is resumed from the last version (bookmarks move it too); one that ends
       at once without an event is a failure, so a misbehaving server is never asked in a tight loop.
     - 410 Gone (as the watch's HTTP status or an ERROR event) lists again at once; straight after a
-      list, only after a back-off.  Any other ERROR event or failure waits the API loops' back-off
-      (`agent.kubeapi.backoff`, one log line per outage) and watches again from the same version; a
-      404 lists again.  Nothing is handed on meanwhile: an object we cannot see is not an object gone.
+      list, or from the list itself, only after a back-off.  Any other ERROR event or failure waits
+      the API loops' back-off (`agent.kubeapi.backoff`, one log line per outage) and watches again
+      from the same version; a 404 lists again.  Nothing is handed on meanwhile: an object we cannot
+      see is not an object gone.
     - With `not_served_is_empty`, a collection whose API is not served (404 on the list: e.g. a CRD not
       installed) is listed as empty and synced, and listed again every NOT_SERVED_RETRY_SECONDS.
     """
@@ -59,7 +67,7 @@ class Reflector(Generic[T]):
                  backoff: Backoff = API_BACKOFF, watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
                  list_timeout: tuple[float, float] = LIST_TIMEOUT,
                  connect_timeout: float = CONNECT_TIMEOUT_SECONDS, not_served_is_empty: bool = False,
-                 log: logging.Logger = _log) -> None:
+                 page_size: int | None = LIST_PAGE_SIZE, log: logging.Logger = _log) -> None:
         self.kube = kube
         self.path = path
         self.what = what  # names the collection in requests and logs ("pods on n1", "queued Jobs")
@@ -70,6 +78,7 @@ class Reflector(Generic[T]):
         self.list_timeout = list_timeout
         self.connect_timeout = connect_timeout
         self.not_served_is_empty = not_served_is_empty
+        self.page_size = page_size  # objects per list request (None: one unpaged request)
         self.log = log
         self.outage = Outage(f"watch of {what}", log, backoff)
         self.resource_version: str | None = None
@@ -97,8 +106,10 @@ class Reflector(Generic[T]):
         """One ADDED, MODIFIED or DELETED object; an exception skips this object only."""
 
     def fetch(self) -> dict[str, Any]:
-        """The list response (a subclass may wrap the request)."""
-        return self.kube.list(self.path, self.query, timeout=self.list_timeout, what=f"list {self.what}")
+        """The collection as one list object, listed in pages: the snapshot's `metadata` and its objects
+        as `read` gives them, page by page, the unreadable ones skipped (a subclass may wrap it)."""
+        return self.kube.list_paged(self.path, self.query, page_size=self.page_size, read=self._read_all,
+                                    timeout=self.list_timeout, what=f"list {self.what}")
 
     # -- thread --------------------------------------------------------------------------------
 
@@ -126,14 +137,15 @@ class Reflector(Generic[T]):
         """List and watch until stopped; every failure is retried (see the class docstring)."""
         need_list = True
         while not self._stop.is_set():
+            listing = False  # a 410 from the list itself (a continue token expired twice) backs off
             try:
                 if need_list or self._relist.is_set():
-                    need_list = True
+                    need_list = listing = True
                     self._relist.clear()
                     if not self.relist():
                         self._stop.wait(NOT_SERVED_RETRY_SECONDS)
                         continue
-                    need_list = False
+                    need_list = listing = False
                     self.outage.recovered()
                 self.watch_once()
                 self.outage.recovered()
@@ -145,7 +157,7 @@ class Reflector(Generic[T]):
                 self.connected = False
                 status = getattr(exc, "status", None)
                 need_list = need_list or status in (404, 410)
-                if status == 410 and not self._fresh:
+                if status == 410 and not self._fresh and not listing:
                     self.log.info("%s: resourceVersion %s expired: relisting", self.what,
                                   self.resource_version)
                     continue
@@ -168,7 +180,7 @@ class Reflector(Generic[T]):
         rv = metadata_of(body).get("resourceVersion")
         if not isinstance(rv, str) or not rv:
             raise KubeAPIError(f"list {self.what}: the list has no resourceVersion")
-        items = [item for obj in as_list(body.get("items")) if (item := self._read(obj)) is not None]
+        items = cast(list[T], as_list(body.get("items")))  # read by `fetch`, page by page
         self.resource_version = rv
         self.lists += 1
         self._fresh = True
@@ -237,6 +249,10 @@ class Reflector(Generic[T]):
         except Exception:  # noqa: BLE001 - one object never stops the watch
             self.log.exception("%s: handling a %s event failed", self.what, kind)
             self.skip("its change could not be handled")
+
+    def _read_all(self, objs: list[Any]) -> list[T]:
+        """One page's objects as `read` gives them, the unreadable ones skipped."""
+        return [item for obj in objs if (item := self._read(obj)) is not None]
 
     def _read(self, obj: object) -> T | None:
         if not isinstance(obj, dict):

@@ -1,6 +1,7 @@
 """The shared list+watch loop (`agent.kubeapi.reflector`) against a real API server: list then events,
 a watch the server ends, 410 Gone, ERROR events, bad objects, a collection not served, an API server
-restart and stop; then its two users, the node's `PodWatcher` and the controller's store."""
+restart and stop, a big collection listed in pages; then its two users, the node's `PodWatcher` and the
+controller's store.  Paging's corner cases (expired continue tokens): tests/kube/test_list_pages.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from agent.kubeapi.backoff import Backoff
 from agent.kubeapi.client import KubeClient, WatchStream, resource_path
 from agent.kubeapi.reflector import Reflector
 from tests.controlplane.harness import ControlPlane
+from tests.kube.list_meter import ListMeter
 
 FAST = Backoff(initial=0.05, cap=0.2)
 GROUP = "reflector.test.topolet.io"
@@ -270,6 +273,40 @@ def test_410_gone_on_the_watch_relists(kube: Splicing, crd: tuple[str, Callable[
     assert r.listings == [["w1"], ["w1"]] and len(r.failures) == 1 and "too old" in r.failures[0]
     create_widget(kube, path, "w2")
     eventually(lambda: r.events == [("ADDED", "w2")], "the watch after the relist")
+
+
+def test_a_big_collection_is_listed_in_pages_of_bounded_size(
+        control_plane: ControlPlane, kube: Splicing, ns: str, reflectors: list[Reflector[Any]]) -> None:
+    """1,200 ConfigMaps of 1 KiB, pages of 500: three requests (the later two by `continue` alone), every
+    object once, each response under half the unpaged one; the watch goes on from the first page's
+    snapshot."""
+    names = [f"cm-{i:04d}" for i in range(1200)]
+    data = {"b": "x" * 1024}
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: kube.create(configmaps(ns), {"metadata": {"name": n}, "data": data}), names))
+    paged, unpaged = ListMeter(control_plane.client()), ListMeter(control_plane.client())
+    try:
+        r = Recorder(paged, configmaps(ns), page_size=500)
+        started(r, reflectors)
+        assert r.listings == [names] and r.invalid == 0
+        queries = [q for q, _ in paged.lists]
+        assert [q.get("limit") for q in queries] == [500, 500, 500]
+        assert "continue" not in queries[0]
+        assert all(q.get("continue") and "resourceVersion" not in q for q in queries[1:])
+        whole = Recorder(unpaged, configmaps(ns), page_size=None)
+        assert whole.relist() and whole.listings == [names]
+        ((query, one_response),) = unpaged.lists
+        assert "limit" not in query
+        sizes = [size for _, size in paged.lists]
+        assert paged.largest < one_response / 2, (sizes, one_response)  # ~500/1200 of it
+        assert sum(sizes) > one_response * 0.95  # the same objects, only cut up
+        put(kube, ns, "after")
+        eventually(lambda: r.events == [("ADDED", "after")], "the event after the paged list")
+        assert r.lists == 1 and r.failures == []
+    finally:
+        paged.close()
+        unpaged.close()
+        kube.request("DELETE", configmaps(ns))  # no namespace controller here to empty the namespace
 
 
 def test_a_collection_not_served_is_empty_or_a_failure(kube: Splicing, crd: tuple[str, Callable[[], None]],

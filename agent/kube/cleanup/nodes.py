@@ -149,8 +149,9 @@ def _pods_of(kube: KubeClient, namespace: str, ds: Mapping[str, Any]) -> list[di
     meta = ds.get("metadata") or {}
     match = ((ds.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
     query = {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(match.items()))} if match else {}
-    pods = kube.list(resource_path("", "v1", "pods", namespace=namespace), query,
-                     what=f"list the pods of DaemonSet {namespace}/{meta.get('name')}").get("items") or []
+    listed = kube.list_paged(resource_path("", "v1", "pods", namespace=namespace), query,
+                             what=f"list the pods of DaemonSet {namespace}/{meta.get('name')}")
+    pods = listed.get("items") or []
     return [p for p in pods if any(ref.get("uid") == meta.get("uid")
                                    for ref in (p.get("metadata") or {}).get("ownerReferences") or [])]
 

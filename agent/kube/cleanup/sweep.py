@@ -89,9 +89,9 @@ def _delete_nrt(kube: KubeClient, name: str, result: ObjectCleanup) -> None:
 def _nrt_names(kube: KubeClient, node: str | None) -> list[str]:
     if node is not None:
         return [node]
-    listed = absent_ok(lambda: kube.list(resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL),
-                                          {"labelSelector": _OURS},
-                                          what="list NodeResourceTopologies"))
+    listed = absent_ok(lambda: kube.list_paged(resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL),
+                                                {"labelSelector": _OURS},
+                                                what="list NodeResourceTopologies"))
     return sorted(str((o.get("metadata") or {}).get("name") or "") for o in (listed or {}).get("items") or [])
 
 
@@ -100,8 +100,8 @@ def _delete_nodefeatures(kube: KubeClient, namespace: str, node: str | None,
     selector = _OURS if node is None else f"{_OURS},{NODE_NAME_LABEL}={node}"
     collection = resource_path(NODEFEATURE_GROUP, NODEFEATURE_VERSION, NODEFEATURE_PLURAL,
                                namespace=namespace)
-    listed = absent_ok(lambda: kube.list(collection, {"labelSelector": selector},
-                                          what=f"list NodeFeatures in {namespace}"))
+    listed = absent_ok(lambda: kube.list_paged(collection, {"labelSelector": selector},
+                                                what=f"list NodeFeatures in {namespace}"))
     for obj in (listed or {}).get("items") or []:
         meta = obj.get("metadata") or {}
         name = str(meta.get("name") or "")
@@ -119,7 +119,7 @@ def _remove_node_labels(kube: KubeClient, node: str | None, result: ObjectCleanu
         one = absent_ok(lambda: kube.get(resource_path("", "v1", "nodes", node), what=f"read Node {node}"))
         nodes = [one] if one else []
     else:
-        nodes = kube.list(resource_path("", "v1", "nodes"), what="list Nodes").get("items") or []
+        nodes = kube.list_paged(resource_path("", "v1", "nodes"), what="list Nodes").get("items") or []
     for obj in nodes:
         meta = obj.get("metadata") or {}
         annotations = meta.get("annotations") or {}
