@@ -83,7 +83,7 @@ BENCHES = [
     case("held.py", "--nodes 1 --arg-bytes 100000",
          rf"held: per pod {N} -> {N}, per node {N} -> {N}, per NRT {N} -> {N}, per Job {N} -> {N}; "
          rf"1 MB-args pod {N} -> {N}", INTEGRATION, 300),
-    case("kueue.py", "--nodes 2 --gangs 5 --dumps {dumps} --keep-logs {out}/logs",
+    case("kueue.py", "--nodes 2 --gangs 5 --rounds 2 --dumps {dumps} --keep-logs {out}/logs",
          rf"workloads: aligned {N}% with check vs {N}% Kueue alone vs {N}% Kueue TAS; "
          rf"kinds job,jobset,trainjob,mpijob,lws; p99 with/no-op check = {N}", INTEGRATION, 600),
     case(API, "--nodes 2 --gangs 2 --rounds 1 --scopes pod --peer-v 2 --dumps {dumps} --keep-logs {api_logs}",
