@@ -176,3 +176,19 @@ def test_ledger_ages_run_on_the_controllers_clock_not_the_records(written: str) 
     now[0] = 1120.0  # one timeout later: cleared, the record's time notwithstanding
     capacity.view(held, [], lambda pod: None)
     assert len(capacity.ledger) == 0
+
+
+def test_a_pod_the_nrt_counts_before_its_bind_is_seen_keeps_only_its_node_totals() -> None:
+    """j-1 is not bound yet as the pods list shows it, but the NRT (read after the pods) counts it
+    already: its entry stops counting its zone (the NRT does) and keeps counting its node totals until
+    the bind is seen, then clears; an NRT that does not count it changes nothing."""
+    ledger = Ledger((entry("0"), entry("1")), timeout=20.0)
+    unbound = pod("j-1", None, index="1")
+    counting = nrt("n1", pod_set_fingerprint([("ns", "j-0"), ("ns", "j-1"), ("ns", "other")]))
+    after = ledger.settle([counting], (OURS[0], unbound, OTHER), 110.0)
+    assert [(e.slot, e.zone) for e in after.entries] == [("1", None)]
+    bound = after.settle([counting], (OURS[0], OURS[1], OTHER), 111.0)
+    assert bound.entries == ()
+    lagging = nrt("n1", pod_set_fingerprint([("ns", "j-0"), ("ns", "other")]))
+    assert [(e.slot, e.zone) for e in ledger.settle([lagging], (OURS[0], unbound, OTHER), 110.0).entries] \
+        == [("1", 0)]

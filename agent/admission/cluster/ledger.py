@@ -5,7 +5,7 @@ Pure: no I/O; `now` is passed in.  `Entry`, `Ledger` (immutable: `from_records`,
 `agent_pins(pod)`.  An entry clears when its gang ends, it times out, or its pod is bound and the
 node's NRT fingerprint shows the agent pinned it (a fingerprint of the node's pods less a few newest
 of ours names which it counts); no match keeps it, since overcounting for a while
-is safe and undercounting is not.  The five rules in order: agent/admission/cluster/README.md.
+is safe and undercounting is not.  The rules in order: agent/admission/cluster/README.md.
 """
 
 from __future__ import annotations
@@ -144,9 +144,11 @@ class Ledger:
             name = as_mapping(nrt.get("metadata")).get("name")
             if isinstance(name, str):
                 prints[name] = nrt_fingerprint(nrt)
-        # The entries whose pod is bound to the entry's node, by node: each clears when that node's NRT
-        # counts its pod (README.md beside this module, rule 5).
-        bound: dict[str, list[tuple[int, tuple[str, str]]]] = {}
+        # Our pods on each entry's node, by node: bound there (the entry clears when that node's NRT
+        # counts its pod, README.md beside this module, rule 5), or not bound yet as the pods list
+        # shows it (the NRT, read after the pods, may count it already: then only its zone figure is
+        # in the NRT, and the entry keeps counting its node totals until the bind is seen, rule 6).
+        ours: dict[str, list[tuple[int, tuple[str, str], bool]]] = {}
         gone: set[int] = set()
         for at, e in enumerate(self.entries):
             if live_gangs is not None and e.gang not in live_gangs:
@@ -156,17 +158,21 @@ class Ledger:
             elif (mine := index.slot((e.gang, e.slot))) is not None:
                 if mine.terminal or (mine.node is not None and mine.node != e.node):
                     gone.add(at)
-                elif mine.node == e.node:
-                    if e.zone is None and not e.zones:
+                elif e.zone is None and not e.zones:
+                    if mine.node == e.node:
                         gone.add(at)
-                    elif prints.get(e.node) is not None:
-                        bound.setdefault(e.node, []).append((at, mine.ident))
-        for node, entries in bound.items():
-            ours = tuple(sorted({ident for _, ident in entries}))
-            counted = _counted(index.eligible(node), str(prints[node]), ours)
+                elif prints.get(e.node) is not None:
+                    ours.setdefault(e.node, []).append((at, mine.ident, mine.node == e.node))
+        zoneless: set[int] = set()
+        for node, entries in ours.items():
+            toggles = tuple(sorted({ident for _, ident, _ in entries}))
+            counted = _counted(index.eligible(node), str(prints[node]), toggles)
             if counted is not None:
-                gone.update(at for at, ident in entries if ident in counted)
-        kept = [e for at, e in enumerate(self.entries) if at not in gone]
-        if len(kept) == len(self.entries):
+                for at, ident, bound in entries:
+                    if ident in counted:
+                        (gone if bound else zoneless).add(at)
+        kept = [replace(e, zone=None, zones=()) if at in zoneless else e
+                for at, e in enumerate(self.entries) if at not in gone]
+        if not gone and not zoneless:
             return self
         return replace(self, entries=tuple(kept))
