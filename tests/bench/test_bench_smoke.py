@@ -83,6 +83,9 @@ BENCHES = [
     case("held.py", "--nodes 1 --arg-bytes 100000",
          rf"held: per pod {N} -> {N}, per node {N} -> {N}, per NRT {N} -> {N}, per Job {N} -> {N}; "
          rf"1 MB-args pod {N} -> {N}", INTEGRATION, 300),
+    case("waiting.py", "--nodes 4 --waiting 5 --window 2",
+         rf"waiting: 5 gangs not now: pass mean {N} s vs {N} s with none; a fitting gang admitted in {N} s "
+         rf"vs {N} s with none; refusals reused {N}", INTEGRATION, 300),
     case("kueue.py", "--nodes 2 --gangs 5 --rounds 2 --dumps {dumps} --keep-logs {out}/logs",
          rf"workloads: aligned {N}% with check vs {N}% Kueue alone vs {N}% Kueue TAS; "
          rf"kinds job,jobset,trainjob,mpijob,lws; p99 with/no-op check = {N}", INTEGRATION, 600),

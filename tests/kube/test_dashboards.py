@@ -484,14 +484,17 @@ def test_capacity_label_values_are_the_controllers() -> None:
 def test_capacity_panels_say_what_the_issue_asks() -> None:
     dashboard = load(CAPACITY)
     (decisions,) = find_panel(dashboard, "topolet_admission_decisions_total")
-    (expr,) = [t["expr"] for t in decisions["targets"]]
+    expr, reused = [t["expr"] for t in decisions["targets"]]
     assert "sum by (result) (rate(" in expr
+    assert "sum(rate(topolet_admission_refusals_reused_total{" in reused  # beside them, the same unit
     assert decisions["fieldConfig"]["defaults"]["unit"] == "ops"
 
     (latency,) = find_panel(dashboard, "topolet_admission_decision_duration_seconds_bucket")
-    quantiles = {float(q) for t in latency["targets"]
+    quantiles = {float(q) for t in latency["targets"] if "decision_duration" in t["expr"]
                  for q in re.findall(r"histogram_quantile\(([0-9.]+),", t["expr"])}
     assert quantiles == {0.5, 0.99}
+    (passes,) = [t for t in latency["targets"] if "admission_pass_duration_seconds_bucket" in t["expr"]]
+    assert passes["expr"].startswith("histogram_quantile(0.99,") and passes["legendFormat"] == "pass p99"
     defaults = latency["fieldConfig"]["defaults"]
     assert defaults["unit"] == "s"
     assert red_from(latency) > 0

@@ -30,6 +30,7 @@ from agent.admission.controller.jobsets import JobSetRoute
 from agent.admission.controller.writes import JobWrites, crash_point
 from agent.admission.engine.model import ClusterView, Gang, Placement, Refusal
 from agent.admission.engine.place import commit, place
+from agent.admission.engine.waiting import Waiting
 from agent.admission.gangs.job import (
     ADMISSION_ANNOTATION,
     MAX_GANG_PODS,
@@ -127,6 +128,7 @@ class Controller:
         self.intake = JobIntake(self.reader, self.writes, metrics, config.queues)  # each Job, one at a time
         metrics.set_queue_depths(dict.fromkeys(config.queues, 0))  # every configured queue from the start
         self._timings = (0.0, 0.0)  # this pass's seconds building the view, deciding (logged)
+        self.waiting = Waiting()  # the waiting gangs' refusals while the view has not grown
         self._view_at: float | None = None  # monotonic time the view (and its metrics) was last built
 
     # -- loop ---------------------------------------------------------------------------------------
@@ -193,6 +195,7 @@ class Controller:
         finally:
             self.writes.drain()
         elapsed = time.perf_counter() - started
+        self.metrics.pass_seconds.observe(elapsed)
         if self.writes.written or elapsed > 1.0:  # a timing line per pass that did something (profiling)
             log.info("pass %d: %.2f s (view %.2f s, decisions %.2f s, then writes), %d writes, "
                      "%d conflicts so far", self.passes, elapsed, self._timings[0], self._timings[1],
@@ -255,17 +258,26 @@ class Controller:
         t_decide = time.perf_counter()
 
         state = {"view": view}
+        if build:
+            self.waiting.begin(view)  # a gang told "not now" is decided again only once the view grew
 
         def decide(gang: Gang, fits: Callable[[Placement], str | None] = _fits) -> Placement | Refusal:
             pods = sum(ps.count for ps in gang.pod_sets)
             if pods > MAX_GANG_PODS:  # bounds one decision's time, and the record it leaves
                 return Refusal(gang.key, "never", f"{pods} pods: a gang holds at most {MAX_GANG_PODS}")
+            again = self.waiting.answer(gang)
+            if again is not None:
+                self.metrics.refusals_reused.inc()
+                return again
             result = place(state["view"], gang)
             if isinstance(result, Placement):
+                self.waiting.forget(gang)
                 why = fits(result)
                 if why is not None:
                     return Refusal(gang.key, "never", why)
                 state["view"] = commit(state["view"], gang, result)
+            else:
+                self.waiting.remember(gang, result)
             return result
 
         started: dict[str, float] = {}
@@ -304,6 +316,8 @@ class Controller:
         if self.kueue is not None and kueue is not None:
             # Kueue's Workloads on the same view, after the Job queues: one ledger, no double booking.
             self.kueue.decide(kueue, decide, self.capacity.left_out)
+        if build:
+            self.waiting.end(state["view"])
         self._timings = (t_decide - t_view, time.perf_counter() - t_decide)
         self.writes.drain()
         for queue, landed in decided:

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from agent.admission.engine.candidates import Work
 from agent.admission.engine.choice import Choice
+from agent.admission.engine.counting import countable, room, short
 from agent.admission.engine.model import ClusterView, Gang, Node, Placement, PodPlacement, PodSet, Refusal
 from agent.admission.engine.policies import engine_policy
 from agent.admission.engine.search import attempt
@@ -27,6 +28,15 @@ def place(view: ClusterView, gang: Gang) -> Placement | Refusal:
     if bad:
         return Refusal(gang.key, "never", bad)
     ix = index_of(view, view.nodes)
+    counted = countable(gang)
+    if counted is not None:  # more identical pods than there is room for: no search (`counting`)
+        why_short = short(Work(ix, view.gpu_mix, view.gpu_mix_models), counted)
+        if why_short is not None:
+            if not view.empty:
+                return Refusal(gang.key, "not-now", why_short)
+            empty = index_of(view.empty, view.empty)
+            if room(Work(empty, view.gpu_mix, view.gpu_mix_models), counted) >= counted.count:
+                return Refusal(gang.key, "not-now", why_short)  # exact: it fits the empty cluster
     found, why = attempt(ix, view.gpu_mix, gang, view.gpu_mix_models)
     if found is not None:
         pods = sorted(

@@ -2,7 +2,8 @@
 
 Public API: `explain(work, pod_set, allowed) -> str`, the binding constraint on the nodes `allowed`
 (None: all) as `work` sees them (the order of the checks and the texts: README.md beside this module);
-`cpus(millicores) -> str`, a CPU amount as these texts write it ("1 CPU", "16 CPUs", "0.5 CPUs").
+`cpus(millicores) -> str`, a CPU amount as these texts write it ("1 CPU", "16 CPUs", "0.5 CPUs"),
+`bytes_text(n) -> str`, a byte amount ("64Mi", "1.5Gi").
 This is the slow path of a refusal: it runs only once the search has found no place.
 """
 
@@ -24,7 +25,7 @@ def cpus(milli: int) -> str:
     return f"{milli / 1000:g} CPUs"
 
 
-def _bytes(n: int) -> str:
+def bytes_text(n: int) -> str:
     for suffix, shift in (("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)):
         if n >= 1 << shift and n % (1 << (shift - 10 if shift > 10 else 0)) == 0:
             return f"{n / (1 << shift):g}{suffix}"
@@ -66,12 +67,12 @@ def explain(work: Work, ps: PodSet, allowed: tuple[int, ...] | None) -> str:
         return "no eligible node admits another pod"
     checks: list[tuple[str, Callable[[NodeState], int], int, Callable[[int], str]]] = [
         ("", lambda s: s.cpu, r.cpu_milli, cpus),
-        (" memory", lambda s: s.mem, r.memory, _bytes),
+        (" memory", lambda s: s.mem, r.memory, bytes_text),
         (" whole GPUs", lambda s: s.whole_gpus(), r.gpus, str),
         (" of one GPU", lambda s: max(s.gfree, default=0), r.gpu_milli,
          lambda v: f"{v / WHOLE_GPU:g}"),
     ]
-    checks += [(f" {k}", _node_map(k, "hp"), v, _bytes) for k, v in sorted(r.hugepages.items())]
+    checks += [(f" {k}", _node_map(k, "hp"), v, bytes_text) for k, v in sorted(r.hugepages.items())]
     checks += [(f" {k}", _node_map(k, "mig"), v, str) for k, v in sorted(r.mig.items())]
     checks += [(f" {k}", _node_map(k, "dev"), v, str) for k, v in sorted(r.devices.items())]
     for what, get, want, fmt in checks:
@@ -89,10 +90,10 @@ def explain(work: Work, ps: PodSet, allowed: tuple[int, ...] | None) -> str:
         r = work.zoned(ps)  # without CPU and memory where those are not aligned
         zone_checks: list[tuple[str, Callable[[NodeState, int], int], int, Callable[[int], str]]] = [
             ("", lambda s, p: s.zcpu[p], r.cpu_milli, cpus),
-            (" memory", lambda s, p: s.zmem[p], r.memory, _bytes),
+            (" memory", lambda s, p: s.zmem[p], r.memory, bytes_text),
             (" whole GPUs", lambda s, p: s.zgpus[p], r.gpus, str),
         ]
-        zone_checks += [(f" {k}", _zone_map(k, "zhp"), v, _bytes)
+        zone_checks += [(f" {k}", _zone_map(k, "zhp"), v, bytes_text)
                         for k, v in sorted(r.hugepages.items())]
         zone_checks += [(f" {k}", _zone_map(k, "zmig"), v, str)
                         for k, v in sorted(r.mig.items())]

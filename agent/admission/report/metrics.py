@@ -23,6 +23,7 @@ INVALID_KINDS = ("Job", "JobSet", "Pod", "Workload")
 NODE_STATES = ("usable", "stale", "not_ready")
 FREE_RESOURCES = ("cpu", "memory", GPU_RESOURCE)
 DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,12 @@ class AdmissionMetrics:
         self.decision_seconds = Histogram("topolet_admission_decision_duration_seconds",
                                           "One gang's decision: engine and API writes",
                                           buckets=DECISION_BUCKETS, registry=r)
+        self.pass_seconds = Histogram("topolet_admission_pass_duration_seconds",
+                                      "One decision pass: the view, every due gang's decision, the writes",
+                                      buckets=PASS_BUCKETS, registry=r)
+        self.refusals_reused = Counter("topolet_admission_refusals_reused",
+                                       "Waiting gangs handed the refusal of an earlier pass, the cluster "
+                                       "having no more free since", registry=r)
         self.queue_depth = Gauge("topolet_admission_queue_depth", "Gangs waiting for admission per queue",
                                  ["queue"], registry=r)
         self.cluster_free = Gauge("topolet_admission_cluster_free",
