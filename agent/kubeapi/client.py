@@ -47,6 +47,9 @@ LIST_PAGE_SIZE = 500
 _FIRST_PAGE_ONLY = ("resourceVersion", "resourceVersionMatch")
 PageReader = Callable[[list[Any]], list[Any]]  # one page's raw objects -> what the caller keeps of them
 Page = tuple[dict[str, Any], list[Any]]  # a page's list object less its items, and its items (read)
+# Called by the JSON decoder on each object of a response as it is completed, innermost first; what it
+# returns stands for the object (`agent.kubeapi.bulk.drop_bulk`: a pod's bulk dropped while decoding).
+ObjectHook = Callable[[dict[str, Any]], Any]
 DEFAULT_NAMESPACE = "topolet-system"
 SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -167,12 +170,13 @@ def _query_text(query: Mapping[str, object] | None) -> str:
     return "?" + urlencode(pairs) if pairs else ""
 
 
-def _decode(data: bytes, what: str, status: int) -> dict[str, Any]:
-    """A response body as a JSON object (an empty body is an empty object)."""
+def _decode(data: bytes, what: str, status: int, object_hook: ObjectHook | None = None) -> dict[str, Any]:
+    """A response body as a JSON object (an empty body is an empty object), each object through
+    `object_hook` when given."""
     if not data.strip():
         return {}
     try:
-        decoded = json.loads(data)
+        decoded = json.loads(data, object_hook=object_hook)
     except ValueError as exc:
         raise KubeAPIError(f"{what}: the response is not JSON", status) from exc
     if not isinstance(decoded, dict):
@@ -183,9 +187,10 @@ def _decode(data: bytes, what: str, status: int) -> dict[str, Any]:
 class WatchStream:
     """One watch response: iterate for its events; `shutdown()` from any thread wakes a blocked read."""
 
-    def __init__(self, resp: Any, what: str) -> None:
+    def __init__(self, resp: Any, what: str, object_hook: ObjectHook | None = None) -> None:
         self._resp = resp  # urllib3.HTTPResponse, not preloaded
         self.what = what
+        self.object_hook = object_hook  # each decoded object of an event goes through it
         self._ended = False  # the server ended the body: the connection can be reused
 
     def __iter__(self) -> Iterator[dict[str, Any] | None]:
@@ -197,11 +202,11 @@ class WatchStream:
                 while (i := buf.find(b"\n")) >= 0:
                     line, buf = buf[:i], buf[i + 1:]
                     if line.strip():
-                        yield _event(line)
+                        yield _event(line, self.object_hook)
                 if len(buf) > MAX_WATCH_LINE:
                     raise KubeAPIError(f"{self.what}: a watch event over {MAX_WATCH_LINE} bytes")
             if buf.strip():
-                yield _event(buf)
+                yield _event(buf, self.object_hook)
         self._ended = True
 
     def shutdown(self) -> None:
@@ -224,9 +229,9 @@ class WatchStream:
         self.close()
 
 
-def _event(line: bytes) -> dict[str, Any] | None:
+def _event(line: bytes, object_hook: ObjectHook | None) -> dict[str, Any] | None:
     try:
-        event = json.loads(line)
+        event = json.loads(line, object_hook=object_hook)
     except ValueError:
         return None
     return event if isinstance(event, dict) else None
@@ -293,8 +298,10 @@ class KubeClient:
 
     def request(self, method: str, path: str, *, query: Mapping[str, object] | None = None,
                 body: object = None, content_type: str | None = None,
-                timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:
-        """One request; the response object as a dict.  Raises KubeAPIError."""
+                timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None,
+                object_hook: ObjectHook | None = None) -> dict[str, Any]:
+        """One request; the response object as a dict (each object through `object_hook` as it is
+        decoded, when given).  Raises KubeAPIError."""
         what = what or f"{method} {path}"
         resp = self._send(method, path, query, body, content_type, timeout, what)
         try:
@@ -302,7 +309,7 @@ class KubeClient:
                 data = resp.data
         finally:
             resp.release_conn()
-        return _decode(data, what, int(resp.status))
+        return _decode(data, what, int(resp.status), object_hook)
 
     def get(self, path: str, query: Mapping[str, object] | None = None, *,
             timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:
@@ -310,16 +317,21 @@ class KubeClient:
         return self.request("GET", path, query=query, timeout=timeout, what=what)
 
     def list(self, path: str, query: Mapping[str, object] | None = None, *,
-             timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:
-        """GET a collection: the list object, `items` and `metadata.resourceVersion` as the API sent them."""
-        return self.request("GET", path, query=query, timeout=timeout, what=what)
+             timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None,
+             object_hook: ObjectHook | None = None) -> dict[str, Any]:
+        """GET a collection: the list object, `items` and `metadata.resourceVersion` as the API sent them
+        (through `object_hook`, when given)."""
+        return self.request("GET", path, query=query, timeout=timeout, what=what, object_hook=object_hook)
 
     def list_paged(self, path: str, query: Mapping[str, object] | None = None, *,
                    page_size: int | None = LIST_PAGE_SIZE, read: PageReader | None = None,
-                   timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:
+                   timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None,
+                   object_hook: ObjectHook | None = None) -> dict[str, Any]:
         """GET a whole collection in pages of `page_size` objects (None: one unpaged request), as one
         list object: the first page's `metadata` (its resourceVersion is the list's) and every page's
-        `items`, each page's passed through `read` as it arrives.  Raises KubeAPIError.
+        `items`, each page's passed through `read` as it arrives (each of its objects through
+        `object_hook` while it is decoded, when given: the whole of a page is then never held decoded).
+        Raises KubeAPIError.
 
         client-go's pager, but for what it does when a continue token expires: the first page asks with
         `limit` and `query` as given, each next one with `continue` and never `resourceVersion`, so
@@ -334,14 +346,14 @@ class KubeClient:
         later = {k: v for k, v in first.items() if k not in _FIRST_PAGE_ONLY}
         restarted = False
         while True:
-            head, items = self._list_page(path, first, read, timeout, what)
+            head, items = self._list_page(path, first, read, timeout, what, object_hook)
             meta = head["metadata"]
             token, pages = meta.pop("continue", None), 1
             try:
                 while token:
                     pages += 1
                     page, more = self._list_page(path, {**later, "continue": token}, read, timeout,
-                                                 f"{what}, page {pages}")
+                                                 f"{what}, page {pages}", object_hook)
                     items.extend(more)
                     token = page["metadata"].get("continue")
             except KubeAPIError as exc:
@@ -356,10 +368,10 @@ class KubeClient:
             return head
 
     def _list_page(self, path: str, query: Mapping[str, object], read: PageReader | None,
-                   timeout: tuple[float, float], what: str) -> Page:
+                   timeout: tuple[float, float], what: str, object_hook: ObjectHook | None) -> Page:
         """One page: its list object less `items`, and its items through `read` (the raw page goes on
         return when `read` makes new objects)."""
-        body = self.list(path, query, timeout=timeout, what=what)
+        body = self.list(path, query, timeout=timeout, what=what, object_hook=object_hook)
         items = as_list(body.pop("items", None))
         if not isinstance(body.get("metadata"), dict):
             body["metadata"] = {}
@@ -389,11 +401,13 @@ class KubeClient:
                           force=force, timeout=timeout, what=what)
 
     def watch(self, path: str, query: Mapping[str, object] | None = None, *,
-              timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> WatchStream:
-        """Start a watch on the collection at `path` (`query` gets watch=true); its events stream."""
+              timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None,
+              object_hook: ObjectHook | None = None) -> WatchStream:
+        """Start a watch on the collection at `path` (`query` gets watch=true); its events stream, each
+        event's objects through `object_hook` as they are decoded, when given."""
         what = what or f"watch {path}"
         resp = self._send("GET", path, {**(query or {}), "watch": True}, None, None, timeout, what)
-        return WatchStream(resp, what)
+        return WatchStream(resp, what, object_hook)
 
 
 def node_name(args_value: str | None) -> str:

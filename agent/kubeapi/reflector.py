@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar, cast
 from agent.api.objects import as_list, metadata_of
 from agent.errors import KubeAPIError
 from agent.kubeapi.backoff import API_BACKOFF, Backoff, Outage
-from agent.kubeapi.client import LIST_PAGE_SIZE, KubeClient, WatchStream, one_line
+from agent.kubeapi.client import LIST_PAGE_SIZE, KubeClient, ObjectHook, WatchStream, one_line
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,7 +67,8 @@ class Reflector(Generic[T]):
                  backoff: Backoff = API_BACKOFF, watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
                  list_timeout: tuple[float, float] = LIST_TIMEOUT,
                  connect_timeout: float = CONNECT_TIMEOUT_SECONDS, not_served_is_empty: bool = False,
-                 page_size: int | None = LIST_PAGE_SIZE, log: logging.Logger = _log) -> None:
+                 page_size: int | None = LIST_PAGE_SIZE, object_hook: ObjectHook | None = None,
+                 log: logging.Logger = _log) -> None:
         self.kube = kube
         self.path = path
         self.what = what  # names the collection in requests and logs ("pods on n1", "queued Jobs")
@@ -79,6 +80,7 @@ class Reflector(Generic[T]):
         self.connect_timeout = connect_timeout
         self.not_served_is_empty = not_served_is_empty
         self.page_size = page_size  # objects per list request (None: one unpaged request)
+        self.object_hook = object_hook  # each JSON object listed or watched, as decoded (agent.kubeapi.bulk)
         self.log = log
         self.outage = Outage(f"watch of {what}", log, backoff)
         self.resource_version: str | None = None
@@ -109,7 +111,8 @@ class Reflector(Generic[T]):
         """The collection as one list object, listed in pages: the snapshot's `metadata` and its objects
         as `read` gives them, page by page, the unreadable ones skipped (a subclass may wrap it)."""
         return self.kube.list_paged(self.path, self.query, page_size=self.page_size, read=self._read_all,
-                                    timeout=self.list_timeout, what=f"list {self.what}")
+                                    timeout=self.list_timeout, what=f"list {self.what}",
+                                    object_hook=self.object_hook)
 
     # -- thread --------------------------------------------------------------------------------
 
@@ -196,7 +199,8 @@ class Reflector(Generic[T]):
         stream = self.kube.watch(
             self.path, {**self.query, "allowWatchBookmarks": True, "resourceVersion": self.resource_version,
                         "timeoutSeconds": self.watch_timeout},
-            timeout=(self.connect_timeout, self.watch_timeout + 30), what=f"watch {self.what}")
+            timeout=(self.connect_timeout, self.watch_timeout + 30), what=f"watch {self.what}",
+            object_hook=self.object_hook)
         self._stream = stream
         self.watches += 1
         self.connected = True

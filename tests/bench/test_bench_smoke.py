@@ -83,6 +83,10 @@ BENCHES = [
     case("held.py", "--nodes 1 --arg-bytes 100000",
          rf"held: per pod {N} -> {N}, per node {N} -> {N}, per NRT {N} -> {N}, per Job {N} -> {N}; "
          rf"1 MB-args pod {N} -> {N}", INTEGRATION, 300),
+    case("hostile.py", "--pods 3 --node-pods 2 --pod-bytes 200000 --page-pods 20",
+         rf"hostile: controller peak RSS {N} MiB clean vs {N} MiB with 3 pods of {N} MB; agent peak RSS {N} "
+         rf"MiB clean vs {N} MiB with 2 on its node; decode of a 20-pod page with/without the hook {N}",
+         INTEGRATION, 300),
     case("waiting.py", "--nodes 4 --waiting 5 --window 2",
          rf"waiting: 5 gangs not now: pass mean {N} s vs {N} s with none; a fitting gang admitted in {N} s "
          rf"vs {N} s with none; refusals reused {N}", INTEGRATION, 300),

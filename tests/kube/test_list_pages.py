@@ -1,10 +1,12 @@
 """Paged lists (`KubeClient.list_paged`, the `Reflector`'s list) against a fake collection: pages joined
 under the first page's resourceVersion, `continue` without `resourceVersion`, an expired continue token
-listed again from the first page once, and a second expiry backed off.  On the real API server:
+listed again from the first page once, a second expiry backed off, and the caller's object hook applied
+to every page as it is decoded.  On the real API server:
 tests/kube/test_reflector.py, `test_a_big_collection_is_listed_in_pages_of_bounded_size`."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Mapping
@@ -16,7 +18,8 @@ from agent.admission.cluster.store import Reflector as Store
 from agent.api.objects import metadata_of
 from agent.errors import KubeAPIError
 from agent.kubeapi.backoff import Backoff
-from agent.kubeapi.client import LIST_PAGE_SIZE, REQUEST_TIMEOUT, KubeClient
+from agent.kubeapi.bulk import drop_bulk
+from agent.kubeapi.client import LIST_PAGE_SIZE, REQUEST_TIMEOUT, KubeClient, ObjectHook
 from agent.kubeapi.reflector import Reflector
 
 PATH = "/api/v1/configmaps"
@@ -28,19 +31,22 @@ class Collection(KubeClient):
     """A collection of `count` objects served in pages as the API server serves them: `limit`, then a
     `continue` token holding the offset.  Each first page is a new snapshot (its resourceVersion one
     higher); a continued page reports the collection's newest version, so only the first page's is the
-    snapshot's.  The next `expire` continued pages answer 410 Gone.  `.queries` holds every request's
-    query; `.log` the requests ("list") and reads ("read") in the order they happened."""
+    snapshot's.  The next `expire` continued pages answer 410 Gone.  Each object has `spec` besides its
+    metadata; a page is decoded from JSON through the caller's object hook.  `.queries` holds every
+    request's query; `.log` the requests ("list") and reads ("read") in the order they happened."""
 
-    def __init__(self, count: int, expire: int = 0) -> None:
+    def __init__(self, count: int, expire: int = 0, spec: Mapping[str, Any] | None = None) -> None:
         super().__init__(object())
         self.names = [f"cm-{i:05d}" for i in range(count)]
         self.expire = expire
+        self.spec = dict(spec or {})
         self.snapshots = 0
         self.queries: list[dict[str, object]] = []
         self.log: list[str] = []
 
     def list(self, path: str, query: Mapping[str, object] | None = None, *,
-             timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None) -> dict[str, Any]:
+             timeout: tuple[float, float] = REQUEST_TIMEOUT, what: str | None = None,
+             object_hook: ObjectHook | None = None) -> dict[str, Any]:
         q = {k: v for k, v in (query or {}).items() if v is not None}
         self.queries.append(q)
         self.log.append("list")
@@ -59,8 +65,11 @@ class Collection(KubeClient):
         if end < len(self.names):
             meta["continue"] = f"{self.snapshots}:{end}"
             meta["remainingItemCount"] = len(self.names) - end
-        items = [{"metadata": {"name": n, "resourceVersion": "50"}} for n in self.names[start:end]]
-        return {"apiVersion": "v1", "kind": "ConfigMapList", "metadata": meta, "items": items}
+        items = [{"metadata": {"name": n, "resourceVersion": "50"}, "spec": self.spec}
+                 for n in self.names[start:end]]
+        page = {"apiVersion": "v1", "kind": "ConfigMapList", "metadata": meta, "items": items}
+        decoded: dict[str, Any] = json.loads(json.dumps(page), object_hook=object_hook)
+        return decoded
 
 
 class Recorder(Reflector[str]):
@@ -167,3 +176,16 @@ def test_the_controllers_store_lists_in_pages() -> None:
     assert store.relist()
     assert sorted(metadata_of(o)["name"] for o in store.snapshot()) == kube.names
     assert len(kube.queries) == 3 and store.resource_version == "101"
+
+
+@pytest.mark.parametrize(("hook", "containers"), [
+    (None, [{"name": "main", "args": ["ab"] * 3, "resources": {"limits": {"cpu": "1"}}}]),
+    (drop_bulk, [{"name": "main", "resources": {"limits": {"cpu": "1"}}}]),
+], ids=["no hook: as served", "drop_bulk: the bulk gone"])
+def test_the_callers_object_hook_decodes_every_page(hook: ObjectHook | None,
+                                                    containers: list[dict[str, Any]]) -> None:
+    spec = {"containers": [{"name": "main", "args": ["ab"] * 3, "resources": {"limits": {"cpu": "1"}}}]}
+    kube = Collection(1200, spec=spec)
+    store = Store(kube, PATH, "ConfigMaps", threading.Event(), object_hook=hook)
+    assert store.object_hook is hook and store.relist() and len(kube.queries) == 3
+    assert [o["spec"]["containers"] for o in store.snapshot()] == [containers] * 1200

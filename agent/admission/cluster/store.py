@@ -3,9 +3,10 @@ cache of what is read from them.
 
 Public API:
 
-- `Reflector(kube, path, what, changed, query=None, matters=..., on_invalid=None, slim=slim_object)`:
-  one collection in memory, each object as `slim` keeps it (`agent.admission.cluster.slim`), listed
-  then watched by `agent.kubeapi.reflector.Reflector` (whose rules it follows);
+- `Reflector(kube, path, what, changed, query=None, matters=..., on_invalid=None, slim=slim_object,
+  object_hook=None)`: one collection in memory, each object as `slim` keeps it
+  (`agent.admission.cluster.slim`), listed then watched by `agent.kubeapi.reflector.Reflector` (whose
+  rules it follows; `object_hook` drops fields while a response is decoded, `agent.kubeapi.bulk`);
   `.snapshot()`, `.put(obj)` (a write's response), `.apply(kind, obj)`, `.synced`, `.start()`, `.stop()`.
 - `VersionCache(compute)`: `compute(obj)` memoised by the object's uid and resourceVersion;
   `.retain(objs)` forgets the objects not among `objs`.  Objects are keyed by `object_key`.
@@ -22,7 +23,7 @@ from agent.admission.cluster import heap
 from agent.admission.cluster.slim import slim_object
 from agent.api.objects import metadata_of, object_key, resource_version
 from agent.kubeapi import reflector
-from agent.kubeapi.client import KubeClient
+from agent.kubeapi.client import KubeClient, ObjectHook
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -37,8 +38,10 @@ class Reflector(reflector.Reflector[dict[str, Any]]):
                  query: Mapping[str, object] | None = None,
                  matters: Callable[[str, dict[str, Any]], bool] = lambda kind, obj: True, *,
                  on_invalid: Callable[[], None] | None = None,
-                 slim: Callable[[Mapping[str, Any]], dict[str, Any]] = slim_object) -> None:
-        super().__init__(kube, path, what, query, on_invalid=on_invalid, not_served_is_empty=True, log=log)
+                 slim: Callable[[Mapping[str, Any]], dict[str, Any]] = slim_object,
+                 object_hook: ObjectHook | None = None) -> None:
+        super().__init__(kube, path, what, query, on_invalid=on_invalid, not_served_is_empty=True,
+                         object_hook=object_hook, log=log)
         self.slim = slim  # what is kept of each object: the fields the controller reads
         self.matters = matters  # whether a watch event (type, object) should set `changed`
         self.changed = changed

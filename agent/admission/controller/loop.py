@@ -54,6 +54,7 @@ from agent.admission.kueue.check import KueueCheck
 from agent.admission.kueue.holds import Refused
 from agent.admission.report.metrics import AdmissionMetrics
 from agent.api.objects import as_dict, metadata_of, object_key
+from agent.kubeapi.bulk import drop_bulk
 from agent.kubeapi.client import KubeClient, resource_path
 from agent.kubeapi.leader import LeaderElector, NotLeader
 
@@ -91,11 +92,12 @@ class Controller:
         invalid = metrics.invalid_objects
         self.jobs = Reflector(kube, resource_path("batch", "v1", "jobs"), "queued Jobs", self.changed,
                               {"labelSelector": QUEUE_LABEL}, matters=_job_change_matters,
-                              on_invalid=invalid.labels(kind="Job").inc, slim=slim_job)
-        # Each store keeps only what is read of its objects (agent/admission/cluster/slim.py).
+                              on_invalid=invalid.labels(kind="Job").inc, slim=slim_job, object_hook=drop_bulk)
+        # Each store keeps only what is read of its objects (agent/admission/cluster/slim.py); the pods'
+        # and Jobs' bulk is dropped while their responses are decoded (agent/kubeapi/bulk.py).
         self.pods = Reflector(kube, resource_path("", "v1", "pods"), "pods", self.changed,
                               matters=_pod_change_matters, on_invalid=invalid.labels(kind="Pod").inc,
-                              slim=slim_pod)
+                              slim=slim_pod, object_hook=drop_bulk)
         self.nodes = Reflector(kube, resource_path("", "v1", "nodes"), "nodes", self.changed,
                                slim=slim_node)
         self.nrts = Reflector(kube, resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL), "NRTs", self.changed)

@@ -1,7 +1,8 @@
 """Watch the pods bound to this node (`spec.nodeName=<node>`) with the shared list+watch loop.
 
 `PodWatcher` is `agent.kubeapi.reflector.Reflector` over this node's pods, keeping only the small
-`PodPlan` of each (raw JSON, never the client's model classes: they cost memory).  It hands three
+`PodPlan` of each (raw JSON, never the client's model classes: they cost memory; a pod's container
+arguments and managedFields dropped while decoded, agent/kubeapi/bulk.py).  It hands three
 kinds of change to a sink on the watcher's thread: `Synced(plans)`, the complete set after a (re)list
 (pods missing from it are gone; the sink must leave unchanged containers alone, so a relist re-pins
 nothing), `Changed(plan)` for a pod added or modified, `Gone(uid)` for a pod deleted.  A pod that
@@ -18,6 +19,7 @@ from typing import Any
 
 from agent.api.podplan import PodPlan, plan_pod
 from agent.kubeapi.backoff import API_BACKOFF, Backoff
+from agent.kubeapi.bulk import drop_bulk
 from agent.kubeapi.client import KubeClient, resource_path
 from agent.kubeapi.reflector import WATCH_TIMEOUT_SECONDS, Reflector
 
@@ -59,7 +61,7 @@ class PodWatcher(Reflector[PodPlan]):
                          {"fieldSelector": self.selector}, on_list=on_list, on_invalid=on_invalid,
                          backoff=backoff, watch_timeout_seconds=watch_timeout_seconds,
                          list_timeout=(CONNECT_TIMEOUT_SECONDS, LIST_READ_TIMEOUT_SECONDS),
-                         connect_timeout=CONNECT_TIMEOUT_SECONDS, log=log)
+                         connect_timeout=CONNECT_TIMEOUT_SECONDS, object_hook=drop_bulk, log=log)
 
     @property
     def selector(self) -> str:
