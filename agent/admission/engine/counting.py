@@ -1,7 +1,8 @@
 """How many pods of one kind the cluster has room for, counted zone by zone: a gang of identical pods
 that asks for more is refused without a search.
 
-Pure: no I/O.  `countable(gang) -> PodSet | None`, `room(work, ps) -> int`, `short(work, ps) -> str | None`.
+Pure: no I/O.  `countable(gang) -> PodSet | None`, `room(work, ps, enough=None) -> int`,
+`short(work, ps) -> str | None`.
 
 A gang of one pod set of identical pods asking CPU and memory only (no GPUs, devices, hugepages, no
 colocation, one container or the pod scope) fits a node exactly as many times as the least of its free
@@ -34,9 +35,10 @@ def countable(gang: Gang) -> PodSet | None:
     return ps
 
 
-def room(work: Work, ps: PodSet) -> int:
+def room(work: Work, ps: PodSet, enough: int | None = None) -> int:
     """Pods of `ps` (a `countable` pod set) the index's nodes have room for, on the nodes that may take
-    it."""
+    it; counting stops once it reaches `enough` (a gang that fits is told so after the first nodes that
+    hold it, not after all of them)."""
     cpu, mem = ps.requests.cpu_milli, ps.requests.memory
     total = 0
     for i, node in enumerate(work.ix.nodes):
@@ -54,6 +56,8 @@ def room(work: Work, ps: PodSet) -> int:
                                                                                          strict=True))
             fits = min(fits, zones)
         total += fits
+        if enough is not None and total >= enough:
+            return total
     return total
 
 
@@ -61,7 +65,7 @@ def short(work: Work, ps: PodSet) -> str | None:
     """Why the index has room for some pods of the `countable` pod set `ps` but not all, or None when it
     has room for all, or none (the search's first pod finds at once, and `explain` says, which taint,
     selector, zone or total keeps it out), or the count does not apply."""
-    have = room(work, ps)
+    have = room(work, ps, ps.count)
     if have <= 0 or have >= ps.count:
         return None
     zoned = ps.cpu_aligned and any(engine_policy(ps.policy_on(node)).one_zone for node in work.ix.nodes)

@@ -35,7 +35,8 @@ def place(view: ClusterView, gang: Gang) -> Placement | Refusal:
             if not view.empty:
                 return Refusal(gang.key, "not-now", why_short)
             empty = index_of(view.empty, view.empty)
-            if room(Work(empty, view.gpu_mix, view.gpu_mix_models), counted) >= counted.count:
+            empty_room = room(Work(empty, view.gpu_mix, view.gpu_mix_models), counted, counted.count)
+            if empty_room >= counted.count:
                 return Refusal(gang.key, "not-now", why_short)  # exact: it fits the empty cluster
     found, why = attempt(ix, view.gpu_mix, gang, view.gpu_mix_models)
     if found is not None:
