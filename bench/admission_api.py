@@ -45,12 +45,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -79,6 +79,7 @@ from admission_report import (  # noqa: E402
     timing_line,
     usage_line,
 )
+from apimetrics import delta, request_counts, requests_line  # noqa: E402
 
 from agent.admission.engine.model import Gang  # noqa: E402
 from agent.errors import KubeAPIError  # noqa: E402
@@ -96,6 +97,7 @@ from tests.controlplane.harness import PROFILING_ENV  # noqa: E402
 NAMESPACE = "bench"
 FILLER_NAMESPACE = "filler"  # bench/admission_workload.py's filler pods live there
 QUEUE = "bench"
+CONTROLLER_ARGS = ("--queue", f"{QUEUE}=BestEffortFIFO:{NAMESPACE}")
 PROGRESS_S = 15.0  # a progress line this often while pods are being bound
 WORKERS = 8  # parallel object writers while setting up and creating Jobs
 KEEP_LOGS: Path | None = None  # --keep-logs: copy each cluster's component logs here
@@ -212,6 +214,8 @@ class BindWatch:
         self._stream: Any = None
         listed = self.api.list(f"/api/v1/namespaces/{NAMESPACE}/pods")
         self._rv = listed["metadata"]["resourceVersion"]
+        # pods bound before the run's clock (a bench's probe): counted, not timed
+        self.bound.update(p["metadata"]["uid"] for p in listed["items"] if p["spec"].get("nodeName"))
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -322,8 +326,19 @@ def _profile_api_server(cluster: Cluster, name: str) -> threading.Thread:
     return thread
 
 
+class Extras(Protocol):
+    """What a bench built on `_run` adds to each run (bench/scale.py): work before the placer starts,
+    once the controller runs (pods it adds to the count), and once the run's pods are bound."""
+
+    def before_start(self, cluster: Cluster, arm: Arm) -> None: ...
+
+    def controller_started(self, cluster: Cluster) -> int: ...
+
+    def after_run(self, cluster: Cluster, arm: Arm, agents: NodeAgents) -> None: ...
+
+
 def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[str, Topology]],
-         stream: list[Gang], peer_binary: Path | None = None) -> ApiRun:
+         stream: list[Gang], peer_binary: Path | None = None, extras: Extras | None = None) -> ApiRun:
     name = arm.name
     cluster = start_cluster(workdir)
     peer: PeerScheduler | None = None
@@ -334,14 +349,19 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
         agents = NodeAgents(cluster, objects, lambda node: topos[int(node.split("-")[1]) % len(topos)][1],
                             arm.scope or "pod", NAMESPACE, FILLER_NAMESPACE)
         agents.prime()
+        if extras is not None:
+            extras.before_start(cluster, arm)
+        probes = 0
         if arm.controller:
-            cluster.start_controller("--queue", f"{QUEUE}=BestEffortFIFO:{NAMESPACE}")
+            cluster.start_controller(*CONTROLLER_ARGS)
+            if extras is not None:
+                probes = extras.controller_started(cluster)
         if arm.scope:
             assert peer_binary is not None
             peer = PeerScheduler(cluster, peer_binary, verbosity=PEER_V)
             peer.start()
         labels = peer.labels if peer is not None else {}
-        want = sum(ps.count for g in stream for ps in g.pod_sets)
+        want = sum(ps.count for g in stream for ps in g.pod_sets) + probes
         agents.start()
         watch = BindWatch(cluster)
         local = threading.local()
@@ -357,6 +377,7 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
         try:
             profiler = _profile_api_server(cluster, name) if PROFILE is not None else None
             cpu_before = cpu_by_component(labels)
+            requests_before = request_counts(cluster.plane)
             start = time.monotonic()
             _parallel(list(enumerate(stream)), create)
             created = time.monotonic()
@@ -379,8 +400,10 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
                 _report_unbound(cluster, want)
             print(timing_line(name, created - start, watch.last_created - start, wall), flush=True)
             used = {k: v - cpu_before.get(k, 0.0) for k, v in cpu_by_component(labels).items()}
+            requests = delta(requests_before, request_counts(cluster.plane))
             rss = peak_rss_mib(labels)
             print(usage_line(name, used, rss), flush=True)
+            print(requests_line(name, Counter(), requests, want), flush=True)
         finally:
             watch.close()
             if profiler is not None:
@@ -393,8 +416,10 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
         jobs = _nodes_by_job(cluster)
         whole, partial = _gang_counts(jobs, stream)
         run = ApiRun(name, want, bound, wall, aligned, _on_one_node(jobs), sum(used.values()),
-                     len(stream), whole, partial, used, rss)
+                     len(stream), whole, partial, used, rss, dict(requests))
         print(counts_line(run), flush=True)
+        if extras is not None:
+            extras.after_run(cluster, arm, agents)
         return run
     except BaseException:
         print(cluster.logs(2000))

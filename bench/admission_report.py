@@ -81,6 +81,7 @@ class ApiRun:
     partial: int = 0  # gangs with some pods bound and some not, at the end
     cpu: dict[str, float] = field(default_factory=dict)  # cpu_s by component
     rss_mib: dict[str, float] = field(default_factory=dict)  # peak RSS by component at the end
+    requests: dict[tuple[str, str], int] = field(default_factory=dict)  # API requests by (verb, resource)
 
     @property
     def aligned_share(self) -> float:

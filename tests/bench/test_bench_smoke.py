@@ -56,7 +56,7 @@ BENCHES = [
          rf"paper FGD {N}%"),
     case("alloc.py", "--requests 1 --dumps 1", rf"allocation p99: {N} ms \(worst topology\)", SLOW),
     case("admission.py", "--nodes 1 --gangs 1 --api-nodes 0 --dumps {dumps}",
-         rf"admission engine: {N} decisions/s, p99 {N} ms \({N} nodes, {N} gangs\)", SLOW),
+         rf"admission engine: {N} decisions/s, p99 {N} ms \({N} nodes, {N} gangs\), peak RSS {N} MiB", SLOW),
     case("discover.py", "--numa-scale --rounds 1",
          rf"discover growth 3000 vs 1000 memory-only nodes: {N} \(scan alone {N}, linear 3\.00\)", SLOW,
          name="discover.py--numa-scale"),
@@ -87,6 +87,12 @@ BENCHES = [
          rf"hostile: controller peak RSS {N} MiB clean vs {N} MiB with 3 pods of {N} MB; agent peak RSS {N} "
          rf"MiB clean vs {N} MiB with 2 on its node; decode of a 20-pod page with/without the hook {N}",
          INTEGRATION, 300),
+    case("scale.py", "--nodes 6 --shared 2 --gangs 4 --idle 1 --engine-nodes 6 --engine-gangs 4 "
+         "--dumps {dumps}",
+         rf"scale: 6 nodes, {N} pods: controller peak RSS {N} MiB, start->first decision {N} s, aligned "
+         rf"100\.0% vs plain {N}%, wall with controller / plain {N}; engine 6 nodes {N}/s p99 {N} ms "
+         rf"RSS {N} MiB",
+         INTEGRATION, 600),
     case("waiting.py", "--nodes 4 --waiting 5 --window 2",
          rf"waiting: 5 gangs not now: pass mean {N} s vs {N} s with none; a fitting gang admitted in {N} s "
          rf"vs {N} s with none; refusals reused {N}", INTEGRATION, 300),

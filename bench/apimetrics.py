@@ -1,0 +1,65 @@
+"""API requests as the API server counts them (`apiserver_request_total` on its own /metrics), by verb
+and resource: what a bench run cost the API server, whoever asked.
+
+- `request_counts(plane) -> Counter[(verb, resource)]`: the counts so far (`resource` is
+  `group/resource/subresource`, core resources without a group; non-resource paths, as /metrics itself,
+  are left out);
+- `requests_line(name, before, after, per)`: one line of the requests between two counts, each verb and
+  resource per `per` (e.g. per gang pod), most first; `per_minute_line` the same per minute.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+Counts = Counter[tuple[str, str]]
+SHOWN = 12  # verb/resource pairs a line names; the rest are summed as "other"
+
+
+def request_counts(plane: Any) -> Counts:
+    """`apiserver_request_total` summed over codes and scopes, by (verb, resource)."""
+    status, body = plane.raw_get("/metrics", token=plane.admin_token, timeout_s=30.0)
+    if status != 200:
+        raise RuntimeError(f"the API server's /metrics answered {status}: {body[:200]}")
+    out: Counts = Counter()
+    for family in text_string_to_metric_families(body):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name != "apiserver_request_total" or not labels.get("resource"):
+                continue
+            resource = "/".join(p for p in (labels.get("group", ""), labels["resource"],
+                                            labels.get("subresource", "")) if p)
+            out[(labels["verb"], resource)] += int(sample.value)
+    return out
+
+
+def delta(before: Counts, after: Counts) -> Counts:
+    """The requests made between two counts."""
+    return Counter({k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)})
+
+
+def _line(made: Counts, per: float, digits: int) -> str:
+    total = sum(made.values())
+    ranked = made.most_common()
+    parts = [f"{verb} {resource} {n / per:.{digits}f}" for (verb, resource), n in ranked[:SHOWN]]
+    rest = sum(n for _, n in ranked[SHOWN:])
+    if rest:
+        parts.append(f"other {rest / per:.{digits}f}")
+    return f"{total / per:.{digits}f} ({', '.join(parts) or 'none'})"
+
+
+def requests_line(name: str, before: Counts, after: Counts, per: int, what: str = "gang pod") -> str:
+    """`# name: API requests per <what>: T (verb resource n, ...)`."""
+    return f"# {name}: API requests per {what}: {_line(delta(before, after), max(per, 1), 2)}"
+
+
+def per_minute_line(name: str, before: Counts, after: Counts, seconds: float, per: int,
+                    what: str = "node") -> str:
+    """`# name: API requests per minute per <what>: T (verb resource n, ...)`."""
+    scale = max(seconds, 1e-9) / 60.0 * max(per, 1)
+    return f"# {name}: API requests per minute per {what}: {_line(delta(before, after), scale, 3)}"
