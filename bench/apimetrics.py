@@ -4,6 +4,8 @@ and resource: what a bench run cost the API server, whoever asked.
 - `request_counts(plane) -> Counter[(verb, resource)]`: the counts so far (`resource` is
   `group/resource/subresource`, core resources without a group; non-resource paths, as /metrics itself,
   are left out);
+- `watches_held(plane) -> Counter[resource]`: the watches open now (`apiserver_longrunning_requests`,
+  verb WATCH), by resource as above;
 - `requests_line(name, before, after, per)`: one line of the requests between two counts, each verb and
   resource per `per` (e.g. per gang pod), most first; `per_minute_line` the same per minute.
 """
@@ -11,6 +13,7 @@ and resource: what a bench run cost the API server, whoever asked.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,22 +22,39 @@ Counts = Counter[tuple[str, str]]
 SHOWN = 12  # verb/resource pairs a line names; the rest are summed as "other"
 
 
-def request_counts(plane: Any) -> Counts:
-    """`apiserver_request_total` summed over codes and scopes, by (verb, resource)."""
+def _samples(plane: Any, family_name: str, sample_name: str) -> Iterator[tuple[str, str, float]]:
+    """(verb, resource, value) of each sample `sample_name` of the API server's metric family
+    `family_name` that names a resource."""
     status, body = plane.raw_get("/metrics", token=plane.admin_token, timeout_s=30.0)
     if status != 200:
         raise RuntimeError(f"the API server's /metrics answered {status}: {body[:200]}")
-    out: Counts = Counter()
     for family in text_string_to_metric_families(body):
-        if family.name != "apiserver_request":
+        if family.name != family_name:
             continue
         for sample in family.samples:
             labels = sample.labels
-            if sample.name != "apiserver_request_total" or not labels.get("resource"):
+            if sample.name != sample_name or not labels.get("resource"):
                 continue
             resource = "/".join(p for p in (labels.get("group", ""), labels["resource"],
                                             labels.get("subresource", "")) if p)
-            out[(labels["verb"], resource)] += int(sample.value)
+            yield labels["verb"], resource, sample.value
+
+
+def request_counts(plane: Any) -> Counts:
+    """`apiserver_request_total` summed over codes and scopes, by (verb, resource)."""
+    out: Counts = Counter()
+    for verb, resource, value in _samples(plane, "apiserver_request", "apiserver_request_total"):
+        out[(verb, resource)] += int(value)
+    return out
+
+
+def watches_held(plane: Any) -> Counter[str]:
+    """The watches open now (the `apiserver_longrunning_requests` gauge, verb WATCH), by resource."""
+    out: Counter[str] = Counter()
+    for verb, resource, value in _samples(plane, "apiserver_longrunning_requests",
+                                          "apiserver_longrunning_requests"):
+        if verb == "WATCH" and value > 0:
+            out[resource] += int(value)
     return out
 
 

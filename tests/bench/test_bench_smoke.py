@@ -27,6 +27,7 @@ from tests.conftest import REPO
 
 BENCH = REPO / "bench"
 N = r"(\d+(?:\.\d+)?)"  # a figure (never nan, never negative)
+D = r"(-?\d+(?:\.\d+)?)"  # a difference of two figures (a noisy one may be negative)
 API = "admission_api.py"
 
 
@@ -87,6 +88,10 @@ BENCHES = [
          rf"hostile: controller peak RSS {N} MiB clean vs {N} MiB with 3 pods of {N} MB; agent peak RSS {N} "
          rf"MiB clean vs {N} MiB with 2 on its node; decode of a 20-pod page with/without the hook {N}",
          INTEGRATION, 300),
+    case("fleet.py", "--nodes 2 --idle 5 --churn 5 --settle 2",
+         rf"fleet: 2 agents, per node per minute idle {D} requests \({N} writes, {D} watches held\), "
+         rf"churn {D} requests at {N} pod changes \({N} writes per pod change\); 5000 agents: idle {D}/min, "
+         rf"churn {D}/min, 5000\*{D} = {D} watches held", INTEGRATION, 300),
     case("scale.py", "--nodes 6 --shared 2 --gangs 4 --idle 1 --engine-nodes 6 --engine-gangs 4 "
          "--dumps {dumps}",
          rf"scale: 6 nodes, {N} pods: controller peak RSS {N} MiB, start->first decision {N} s, aligned "
