@@ -35,7 +35,7 @@ def container(name: str = "main", **extra: Any) -> dict[str, Any]:
 def pod(**spec_extra: Any) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "resourceVersion": "7",
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "resourceVersion": "7", "generateName": "j-",
                      "labels": {"batch.kubernetes.io/job-name": "j"},
                      "annotations": {"topolet.io/numa-policy": "single-numa-node", LAST_APPLIED: "{...}"},
                      "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
@@ -46,10 +46,11 @@ def pod(**spec_extra: Any) -> dict[str, Any]:
                  "affinity": {"nodeAffinity": {}}, "tolerations": [{"operator": "Exists"}],
                  "overhead": {"cpu": "100m"}, "priorityClassName": "high", "futureField": {"x": 1},
                  **spec_extra},
-        "status": {"phase": "Running", "qosClass": "Guaranteed",
+        "status": {"phase": "Running", "qosClass": "Guaranteed", "podIPs": [{"ip": "10.0.0.1"}],
+                   "conditions": [{"type": "Ready", "status": "True"}], "startTime": "2026-12-07T00:00:00Z",
                    "containerStatuses": [{"name": "main", "containerID": "containerd://c1",
-                                          "state": {"running": {}}, "image": "busybox",
-                                          "imageID": "sha256:x", "lastState": {}}]},
+                                          "state": {"running": {}}, "image": "busybox", "ready": True,
+                                          "restartCount": 0, "imageID": "sha256:x", "lastState": {}}]},
     }
 
 
@@ -63,16 +64,16 @@ def test_a_pod_keeps_every_field_the_controller_reads() -> None:
     assert meta["annotations"]["topolet.io/numa-policy"] == "single-numa-node"
     assert {k: meta[k] for k in ("labels", "ownerReferences", "uid", "resourceVersion")} == \
         {k: before["metadata"][k] for k in ("labels", "ownerReferences", "uid", "resourceVersion")}
-    for key in ("nodeName", "schedulingGates", "affinity", "tolerations", "overhead", "priorityClassName",
+    for key in ("nodeName", "schedulingGates", "affinity", "overhead", "priorityClassName",
                 "futureField"):  # a field not named as dropped stays
         assert spec[key] == before["spec"][key], key
-    assert "volumes" not in spec
-    assert spec["containers"] == [{"name": "main", "image": "busybox", "resources": RES}]
-    assert spec["initContainers"] == [{"name": "sidecar", "image": "busybox", "resources": RES,
-                                       "restartPolicy": "Always"}]
+    assert "volumes" not in spec and "tolerations" not in spec  # a pod's tolerations are never read
+    assert spec["containers"] == [{"name": "main", "resources": RES}]
+    assert spec["initContainers"] == [{"name": "sidecar", "resources": RES, "restartPolicy": "Always"}]
     assert status["containerStatuses"] == [{"name": "main", "containerID": "containerd://c1",
                                             "state": {"running": {}}}]
     assert status["phase"] == "Running" and status["qosClass"] == "Guaranteed"
+    assert "conditions" not in status and "podIPs" not in status and "generateName" not in meta
     assert plan_pod(out) == plan_pod(before)  # what the ledger and the view read of it
 
 
@@ -124,8 +125,8 @@ def test_a_jobs_template_is_slimmed_and_its_shape_is_the_same() -> None:
     out = slim_job(job)
     assert job_shape(out) == job_shape(job)
     assert out["spec"]["template"]["metadata"] == job["spec"]["template"]["metadata"]
-    assert out["spec"]["template"]["spec"]["containers"] == [{"name": "main", "image": "busybox",
-                                                              "resources": RES}]
+    assert out["spec"]["template"]["spec"]["containers"] == [{"name": "main", "resources": RES}]
+    assert out["spec"]["template"]["spec"]["tolerations"] == [{"operator": "Exists"}]  # read of templates
     assert out["spec"]["suspend"] is True and "managedFields" not in out["metadata"]
     assert "args" in job["spec"]["template"]["spec"]["containers"][0]  # the argument stays whole
 

@@ -2,7 +2,8 @@
 
 Pure: no I/O.  `slim_object(obj)` (any kind: no managedFields, no kubectl's last-applied copy),
 `slim_pod(pod)`, `slim_node(node)`, `slim_job(job)` (its pod template as `slim_pod_spec` keeps it),
-`slim_pod_spec(spec)`; `CONTAINER_DROPS`, `POD_SPEC_DROPS`.  Each returns a new object and leaves its
+`slim_pod_spec(spec)`; `CONTAINER_DROPS`, `POD_SPEC_DROPS`, and for pods alone `POD_ONLY_SPEC_DROPS`,
+`POD_STATUS_DROPS`, `POD_METADATA_DROPS`.  Each returns a new object and leaves its
 argument as it was.  Applied where a store reads a listed or watched object and where it keeps a
 write's response (agent/admission/cluster/store.py), so a tenant's large object costs the controller
 only the fields it reads: a pod's 1 MB of container arguments is never held.
@@ -14,22 +15,36 @@ field some reader starts to use is not silently missing).  The dropped fields ar
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 # A container's fields the controller never reads (it reads name, resources, restartPolicy, and the
-# status's containerStatuses): the ones a tenant can make large, and the probes and mounts.
+# status's containerStatuses): the ones a tenant can make large, the probes and mounts, the image.
 CONTAINER_DROPS = frozenset({
     "command", "args", "env", "envFrom", "volumeMounts", "volumeDevices", "livenessProbe",
     "readinessProbe", "startupProbe", "lifecycle", "workingDir", "terminationMessagePath",
-    "terminationMessagePolicy", "ports", "securityContext", "stdin", "stdinOnce", "tty",
+    "terminationMessagePolicy", "ports", "securityContext", "stdin", "stdinOnce", "tty", "image",
+    "imagePullPolicy", "resizePolicy",
 })
 CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 POD_SPEC_DROPS = frozenset({"volumes", "hostAliases", "dnsConfig", "imagePullSecrets", "securityContext"})
+# A pod's own spec fields never read of a pod (a gang's tolerations and the rest are read from its
+# template, which keeps them): what the API server's defaults add to every one of 100,000 pods.
+POD_ONLY_SPEC_DROPS = frozenset({
+    "tolerations", "dnsPolicy", "serviceAccountName", "serviceAccount", "automountServiceAccountToken",
+    "terminationGracePeriodSeconds", "enableServiceLinks", "preemptionPolicy", "hostname", "subdomain",
+    "schedulerName", "priority", "readinessGates",
+})
+# A pod's status fields never read (the controller reads its phase, qosClass and container statuses).
+POD_STATUS_DROPS = frozenset({"conditions", "podIP", "podIPs", "hostIP", "hostIPs", "startTime",
+                              "message", "reason", "nominatedNodeName"})
+POD_METADATA_DROPS = frozenset({"generateName", "finalizers"})
 # A container status's fields never read (the ledger and the pinning read name, containerID, state,
 # resources, allocatedResources).
-STATUS_DROPS = frozenset({"image", "imageID", "lastState", "volumeMounts", "user", "stopSignal"})
+STATUS_DROPS = frozenset({"image", "imageID", "lastState", "volumeMounts", "user", "stopSignal", "ready",
+                          "restartCount", "started", "allocatedResourcesStatus"})
 NODE_STATUS_DROPS = frozenset({"images", "volumesAttached", "volumesInUse", "config", "daemonEndpoints"})
 
 
@@ -68,14 +83,36 @@ def slim_pod_spec(spec: object) -> object:
     return out
 
 
+def _shared(value: object) -> Any:
+    """`value` with every string in it interned (`sys.intern`): the node name, phase, quantities, label
+    values and the rest that 100,000 pods repeat are held once, not once a pod.  Interned strings are
+    freed with their last holder, so nothing a tenant writes is kept longer than its pod."""
+    if isinstance(value, str):
+        return sys.intern(value)
+    if isinstance(value, dict):
+        return {sys.intern(k) if isinstance(k, str) else k: _shared(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shared(v) for v in value]
+    return value
+
+
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """A pod as the controller's pod store keeps it."""
+    """A pod as the controller's pod store keeps it, its strings shared with the other pods'."""
+    return _shared(_slim_pod(pod))  # type: ignore[no-any-return]
+
+
+def _slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     out = slim_object(pod)
-    if "spec" in out:
-        out["spec"] = slim_pod_spec(out["spec"])
+    if isinstance(out.get("metadata"), Mapping):
+        out["metadata"] = {k: v for k, v in out["metadata"].items() if k not in POD_METADATA_DROPS}
+    spec = slim_pod_spec(out["spec"]) if "spec" in out else None
+    if isinstance(spec, Mapping):
+        out["spec"] = {k: v for k, v in spec.items() if k not in POD_ONLY_SPEC_DROPS}
+    elif "spec" in out:
+        out["spec"] = spec
     status = out.get("status")
     if isinstance(status, Mapping):
-        status = dict(status)
+        status = {k: v for k, v in status.items() if k not in POD_STATUS_DROPS}
         for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
             if key in status:
                 status[key] = _containers(status[key], STATUS_DROPS)
