@@ -234,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-gangs", type=int, default=15000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--dumps", type=Path, default=None)
+    parser.add_argument("--keep-logs", type=Path, default=None,
+                        help="copy each run's component logs (the controller's timing lines) here")
     args = parser.parse_args(argv)
+    api_bench.KEEP_LOGS = args.keep_logs
     with tempfile.TemporaryDirectory(prefix="topolet-scale-") as tmp:
         dumps = args.dumps or Path(tmp) / "dumps"
         topos = workload.topologies(dumps)
