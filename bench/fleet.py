@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The API requests real node agents make, idle and under pod churn, per node, from the API server's own
-metrics, and what that makes at 5,000 nodes (issue 37, item 6).
+"""Real node agents' API requests per node, idle and under pod churn, and what they make at 5,000 nodes.
+
+Counted from the API server's own metrics (issue 37, item 6).
 
 bench/scale.py's 5,000 nodes have stand-in agents; 5,000 agent processes do not fit this machine.  So
 `--nodes` real `topolet agent` processes (tests/controlplane/cluster.py: each `--enforcement off` on a
