@@ -51,6 +51,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import admission_workload as workload  # noqa: E402
 from admission_peer import SCOPES, scope_list  # noqa: E402
+from procstat import peak_rss_mib  # noqa: E402
 
 from agent.admission.cluster.ledger import Ledger  # noqa: E402
 from agent.admission.cluster.view import build_view  # noqa: E402
@@ -183,8 +184,7 @@ def _view(nodes: int, topos: list[tuple[str, Topology]], seed: int) -> tuple[Clu
     600,000 filler pods would hold GiBs the engine never reads, and the process's RSS would show them."""
     parts: list[ClusterView] = []
     left_out: dict[str, str] = {}
-    for first in range(0, nodes, PART):
-        objects = workload.cluster(nodes, topos, seed, part=range(first, min(nodes, first + PART)))
+    for objects in workload.cluster_parts(nodes, topos, seed, size=PART):
         view, out = build_view(objects.nodes, objects.nrts, objects.pods, Ledger(), 0.0)
         parts.append(view)
         left_out.update(out)
@@ -192,13 +192,6 @@ def _view(nodes: int, topos: list[tuple[str, Topology]], seed: int) -> tuple[Clu
     return ClusterView(nodes=tuple(n for v in parts for n in v.nodes),
                        empty=tuple(n for v in parts for n in v.empty)), left_out
 
-
-def peak_rss_mib() -> float:
-    """This process's peak resident set (VmHWM), MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def in_process(nodes: int = 5000, gangs: int = 15000, seed: int = 42, dumps: Path | None = None) -> Figures:

@@ -45,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -403,7 +403,7 @@ def _run(arm: Arm, workdir: Path, objects: workload.Cluster, topos: list[tuple[s
             requests = delta(requests_before, request_counts(cluster.plane))
             rss = peak_rss_mib(labels)
             print(usage_line(name, used, rss), flush=True)
-            print(requests_line(name, Counter(), requests, want), flush=True)
+            print(requests_line(name, requests, want), flush=True)
         finally:
             watch.close()
             if profiler is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 from admission_peer import LABEL as PEER
+from procstat import peak_rss_mib as process_peak_mib
 
 CONTROLLER = "topolet controller"
 PLAIN = "kube-scheduler only"
@@ -55,13 +56,9 @@ def peak_rss_mib(labels: Mapping[str, str]) -> dict[str, float]:
     """The peak resident set (VmHWM) so far by component, MiB (the largest process of a name)."""
     out: dict[str, float] = {}
     for name, proc in _components(labels):
-        try:
-            status = Path(f"/proc/{proc.pid}/status").read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("VmHWM:"):
-                out[name] = max(out.get(name, 0.0), int(line.split()[1]) / 1024)
+        peak = process_peak_mib(proc.pid)
+        if peak:  # 0: the process is gone
+            out[name] = max(out.get(name, 0.0), peak)
     return out
 
 
@@ -109,7 +106,7 @@ def counts_line(run: ApiRun) -> str:
             f"gang on one node; gangs {run.whole}/{run.gangs} wholly bound, {run.partial} partly")
 
 
-def _ratios(runs: Mapping[str, list[ApiRun]], top: str, bottom: str, attr: str) -> list[float]:
+def ratios(runs: Mapping[str, list[ApiRun]], top: str, bottom: str, attr: str) -> list[float]:
     """top / bottom of `attr`, round by round, over the rounds both ran."""
     return [getattr(o, attr) / getattr(p, attr) if getattr(p, attr) else float("nan")
             for o, p in zip(runs[top], runs[bottom], strict=False)]
@@ -138,14 +135,15 @@ def print_table(runs: Mapping[str, list[ApiRun]], rounds: int) -> None:
         print(f"# {name}: median wall {statistics.median(r.wall_s for r in mine):.1f} s; "
               f"median CPU s by component: {by}")
     for other in (n for n in runs if n != CONTROLLER):
-        wall = _ratios(runs, CONTROLLER, other, "wall_s")
-        cpu = _ratios(runs, CONTROLLER, other, "cpu_s")
+        wall = ratios(runs, CONTROLLER, other, "wall_s")
+        cpu = ratios(runs, CONTROLLER, other, "cpu_s")
         print(f"# controller / {other}: wall ratio by round " + ", ".join(f"{w:.2f}" for w in wall)
               + f" (median {statistics.median(wall):.2f}); CPU-seconds ratio by round "
               + ", ".join(f"{c:.2f}" for c in cpu) + f" (median {statistics.median(cpu):.2f})")
 
 
-def _aligned(mine: list[ApiRun]) -> float:
+def aligned_share(mine: list[ApiRun]) -> float:
+    """The share of bound pods aligned over `mine`, 0-1 (1 when none bound)."""
     bound = sum(r.bound for r in mine)
     return sum(r.aligned for r in mine) / bound if bound else 1.0
 
@@ -166,12 +164,12 @@ def last_line(runs: Mapping[str, list[ApiRun]]) -> str:
                       "unequal work")
             if mine[r].partial:
                 print(f"# WARNING: round {r + 1}: {name} left {mine[r].partial} gangs partly bound")
-    line = (f"admission: {ours[0].bound} pods aligned {_aligned(ours) * 100:.1f}% vs scheduler-only "
-            f"{_aligned(runs[PLAIN]) * 100:.1f}%")
+    line = (f"admission: {ours[0].bound} pods aligned {aligned_share(ours) * 100:.1f}% vs scheduler-only "
+            f"{aligned_share(runs[PLAIN]) * 100:.1f}%")
     if peer is not None:
-        line += f" vs NRT-plugin {_aligned(runs[peer]) * 100:.1f}%"
-    plain = statistics.median(_ratios(runs, CONTROLLER, PLAIN, "wall_s"))
+        line += f" vs NRT-plugin {aligned_share(runs[peer]) * 100:.1f}%"
+    plain = statistics.median(ratios(runs, CONTROLLER, PLAIN, "wall_s"))
     line += f"; wall with controller / scheduler-only = {plain:.2f}"
     if peer is not None:
-        line += f", / NRT-plugin = {statistics.median(_ratios(runs, CONTROLLER, peer, 'wall_s')):.2f}"
+        line += f", / NRT-plugin = {statistics.median(ratios(runs, CONTROLLER, peer, 'wall_s')):.2f}"
     return line

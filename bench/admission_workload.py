@@ -4,9 +4,10 @@ Public API (the in-process bench and the through-the-API run share it, so both s
 
 - `topologies(dest, names=DUMPS) -> list[tuple[str, Topology]]`: those hwloc dumps unpacked under
   `dest` and discovered (`agent.topology.discover`).
-- `cluster(count, topos, seed, scope="pod", part=None) -> Cluster`: `count` nodes named `node-00000`...,
-  each one of the topologies in turn, partly filled: a seeded share (`FILL`, 15–55%) of its CPUs is held
-  by exclusive single-numa-node allocations made with `agent.alloc.allocate` (so the free CPUs are fragmented
+- `cluster(count, topos, seed, scope="pod") -> Cluster` (`cluster_parts(..., size)`: the same, `size`
+  nodes at a time): `count` nodes named `node-00000`..., each one of the topologies in turn, partly
+  filled: a seeded share (`FILL`, 15–55%) of its CPUs is held by exclusive single-numa-node allocations
+  made with `agent.alloc.allocate` (so the free CPUs are fragmented
   as on a real node).  `Cluster.nodes` are Node dicts (allocatable cpu/memory/pods, labels
   `kubernetes.io/hostname` and `RACK_LABEL`, 64 nodes a rack), `Cluster.nrts` the NRTs
   `agent.kube.publish.nrt.nrt_object` builds from that state (policy single-numa-node, topologyManagerScope
@@ -36,6 +37,7 @@ from __future__ import annotations
 import math
 import random
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,11 +122,17 @@ def _memory(topo: Topology) -> int:
     return sum(n.memory_bytes for n in topo.numa_nodes if n.cpus)
 
 
-def cluster(count: int, topos: list[tuple[str, Topology]], seed: int, scope: str = "pod",
-            part: range | None = None) -> Cluster:
+def cluster(count: int, topos: list[tuple[str, Topology]], seed: int, scope: str = "pod") -> Cluster:
     """`count` partly filled nodes cycling over `topos`, NRTs of topologyManagerScope `scope` (see the
-    module docstring); with `part`, only the nodes of those indices (and their NRTs and pods), the same
-    as in the whole cluster: a bench builds a large cluster a part at a time."""
+    module docstring)."""
+    (whole,) = cluster_parts(count, topos, seed, scope, size=max(count, 1))
+    return whole
+
+
+def cluster_parts(count: int, topos: list[tuple[str, Topology]], seed: int, scope: str = "pod",
+                  size: int = 5000) -> Iterator[Cluster]:
+    """`cluster(count, ...)` `size` nodes at a time (each part with its nodes' NRTs and pods), the same
+    nodes as the whole: a bench reads a large cluster a part at a time."""
     rng = random.Random(seed)
     states = [[_fill(topo, rng, f"{name}-{k}") for k in range(_STATES_PER_TOPOLOGY)]
               for name, topo in topos]
@@ -132,11 +140,12 @@ def cluster(count: int, topos: list[tuple[str, Topology]], seed: int, scope: str
     nrts: list[dict[str, Any]] = []
     pods: list[dict[str, Any]] = []
     for i in range(count):
+        if len(nodes) == size:
+            yield Cluster(nodes, nrts, pods)
+            nodes, nrts, pods = [], [], []
         t = i % len(topos)
         _, topo = topos[t]
         state, sizes = states[t][rng.randrange(_STATES_PER_TOPOLOGY)]
-        if part is not None and i not in part:
-            continue
         name, uid = f"node-{i:05d}", f"uid-node-{i:05d}"
         nodes.append({
             "apiVersion": "v1", "kind": "Node",
@@ -153,7 +162,7 @@ def cluster(count: int, topos: list[tuple[str, Topology]], seed: int, scope: str
                                topology_manager_scope=scope))
         for k, n in enumerate(sizes):
             pods.append(_filler(f"fill-{i:05d}-{k}", name, n))
-    return Cluster(nodes, nrts, pods)
+    yield Cluster(nodes, nrts, pods)
 
 
 def _filler(name: str, node: str, cpus: int) -> dict[str, Any]:

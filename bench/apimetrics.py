@@ -6,8 +6,9 @@ and resource: what a bench run cost the API server, whoever asked.
   are left out);
 - `watches_held(plane) -> Counter[resource]`: the watches open now (`apiserver_longrunning_requests`,
   verb WATCH), by resource as above;
-- `requests_line(name, before, after, per)`: one line of the requests between two counts, each verb and
-  resource per `per` (e.g. per gang pod), most first; `per_minute_line` the same per minute.
+- `delta(before, after)`: the requests between two counts; `requests_line(name, made, per)`: one line of
+  them, each verb and resource per `per` (e.g. per gang pod), most first; `per_minute_line(name, before,
+  after, seconds, per)` the same per minute.
 """
 
 from __future__ import annotations
@@ -73,9 +74,9 @@ def _line(made: Counts, per: float, digits: int) -> str:
     return f"{total / per:.{digits}f} ({', '.join(parts) or 'none'})"
 
 
-def requests_line(name: str, before: Counts, after: Counts, per: int, what: str = "gang pod") -> str:
-    """`# name: API requests per <what>: T (verb resource n, ...)`."""
-    return f"# {name}: API requests per {what}: {_line(delta(before, after), max(per, 1), 2)}"
+def requests_line(name: str, made: Counts, per: int, what: str = "gang pod") -> str:
+    """`# name: API requests per <what>: T (verb resource n, ...)` of the requests `made` (a `delta`)."""
+    return f"# {name}: API requests per {what}: {_line(made, max(per, 1), 2)}"
 
 
 def per_minute_line(name: str, before: Counts, after: Counts, seconds: float, per: int,

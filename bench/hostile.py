@@ -51,6 +51,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import lists  # noqa: E402
+from procstat import peak_rss_mib  # noqa: E402
 
 from agent.errors import KubeAPIError  # noqa: E402
 from agent.kubeapi.bulk import drop_bulk  # noqa: E402
@@ -100,13 +101,6 @@ def create_pods(api: Callable[[], KubeClient], count: int, pod_bytes: int, prefi
             c.close()
 
 
-def peak_mib(pid: int) -> float:
-    """VmHWM of `pid`, MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmHWM for pid {pid}")
-
 
 def wait_until(ready: Callable[[], bool], what: str, alive: Callable[[], bool]) -> float:
     """Poll `ready` every 0.2 s; seconds it took.  Fails when `alive` turns false or on the deadline."""
@@ -127,7 +121,7 @@ def controller_peak(cluster: Cluster) -> tuple[float, float]:
     try:
         took = wait_until(lambda: metric(scrape(port)[1], "topolet_admission_pass_duration_seconds_count")
                           >= 1, "the controller's first pass", proc.running)
-        return peak_mib(proc.popen.pid), took
+        return peak_rss_mib(proc.popen.pid), took
     finally:
         cluster.stop_controllers()
 
@@ -146,7 +140,7 @@ def agent_peak(cluster: Cluster, node: SimNode) -> tuple[float, float]:
 
     try:
         took = wait_until(listed, f"the agent of {node.name}'s first pod list", agent.running)
-        return peak_mib(agent.popen.pid), took
+        return peak_rss_mib(agent.popen.pid), took
     finally:
         agent.stop()
         node.agent = None

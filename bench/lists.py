@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from procstat import rss_mib  # noqa: E402
+from procstat import peak_rss_mib, rss_mib  # noqa: E402
 
 from agent.kubeapi.client import LIST_PAGE_SIZE, KubeClient, load_api_client, resource_path  # noqa: E402
 
@@ -137,20 +137,12 @@ def arm(name: str, kubeconfig: str) -> dict[str, Any]:
     began = time.perf_counter()
     store.relist()
     wall = time.perf_counter() - began
-    peak = _hwm_mib()
+    peak = peak_rss_mib()
     held = len(store.snapshot())
     return {"arm": name, "pods": held, "requests": len(kube.lists), "largest_mib": kube.largest / MIB,
             "total_mib": sum(size for _, size in kube.lists) / MIB, "wall_s": wall,
             "rss_growth_mib": peak - before}
 
-
-def _hwm_mib() -> float:
-    """This process's peak RSS (VmHWM) in MiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def run_arm(name: str, kubeconfig: Path) -> dict[str, Any]:

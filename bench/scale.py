@@ -53,8 +53,9 @@ sys.path.insert(0, str(REPO / "bench"))
 import admission_api as api_bench  # noqa: E402
 import admission_workload as workload  # noqa: E402
 from admission_agents import NodeAgents  # noqa: E402
-from admission_report import CONTROLLER, PLAIN, ApiRun, print_table  # noqa: E402
+from admission_report import CONTROLLER, PLAIN, ApiRun, aligned_share, print_table, ratios  # noqa: E402
 from apimetrics import per_minute_line, request_counts  # noqa: E402
+from procstat import peak_rss_mib  # noqa: E402
 
 from agent.admission.engine.model import Gang, PodSet, Resources  # noqa: E402
 from agent.errors import KubeAPIError  # noqa: E402
@@ -85,12 +86,6 @@ def _job_state(api: KubeClient) -> dict[str, Any]:
     return {j["metadata"]["name"]: ((j["metadata"].get("annotations") or {}), j["spec"]["template"])
             for j in items if not j["metadata"]["name"].startswith("probe")}
 
-
-def _vmhwm_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 class ScaleChecks:
@@ -167,7 +162,7 @@ class ScaleChecks:
         try:
             before = _job_state(api)
             first = cluster.controllers[-1]
-            self.controller_rss.append(_vmhwm_mib(first.popen.pid))
+            self.controller_rss.append(peak_rss_mib(first.popen.pid))
             os.kill(first.popen.pid, signal.SIGKILL)
             first.popen.wait()
             cluster.controllers.pop()
@@ -184,7 +179,7 @@ class ScaleChecks:
                 time.sleep(0.2)
             unaligned = [p[0] for p in placed if not p[3]]
             changed = [name for name, state in _job_state(api).items() if before.get(name, state) != state]
-            self.controller_rss.append(_vmhwm_mib(second.popen.pid))
+            self.controller_rss.append(peak_rss_mib(second.popen.pid))
         finally:
             api.close()
         if len(placed) < PROBE_PODS or unaligned or changed:
@@ -216,10 +211,6 @@ def _engine(nodes: int, gangs: int, dumps: Path) -> tuple[str, str]:
         raise SystemExit(f"bench/admission.py printed no figures: {last}")
     return last, f"engine {nodes} nodes {m[1]}/s p99 {m[2]} ms RSS {m[3]} MiB"
 
-
-def _aligned(runs: list[ApiRun]) -> float:
-    bound = sum(r.bound for r in runs)
-    return sum(r.aligned for r in runs) / bound * 100 if bound else 100.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,11 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     for problem in checks.problems:
         print(f"# PROBLEM: {problem}")
     ours, plain = runs[CONTROLLER], runs[PLAIN]
-    ratio = statistics.median(o.wall_s / p.wall_s for o, p in zip(ours, plain, strict=True))
+    ratio = statistics.median(ratios(runs, CONTROLLER, PLAIN, "wall_s"))
     rss = max([*checks.controller_rss, *(r.rss_mib.get(CONTROLLER, 0.0) for r in ours)])
     print(f"scale: {args.nodes} nodes, {pods} pods: controller peak RSS {rss:.0f} MiB, start->first decision "
-          f"{max(checks.first_decision_s):.1f} s, aligned {_aligned(ours):.1f}% vs plain "
-          f"{_aligned(plain):.1f}%, wall with controller / plain {ratio:.2f}; {engine}")
+          f"{max(checks.first_decision_s):.1f} s, aligned {aligned_share(ours) * 100:.1f}% vs plain "
+          f"{aligned_share(plain) * 100:.1f}%, wall with controller / plain {ratio:.2f}; {engine}")
     return 1 if checks.problems else 0
 
 

@@ -135,3 +135,14 @@ def test_a_slow_nrt_write_is_not_queued_again(cluster: Cluster, api: KubeClient,
     finally:
         agents.stop()
         api.request("DELETE", f"/api/v1/nodes/{node}")
+
+
+def test_the_workload_in_parts_is_the_whole_cluster(tmp_path: Any) -> None:
+    """bench/admission.py reads 65,000 nodes `cluster_parts` at a time: the same nodes as `cluster`."""
+    topos = workload.topologies(tmp_path, (DUMP, "64fake-4n2s2ca2c2t"))
+    whole = workload.cluster(23, topos, 7)
+    parts = list(workload.cluster_parts(23, topos, 7, size=5))
+    assert [len(p.nodes) for p in parts] == [5, 5, 5, 5, 3]
+    for field in ("nodes", "nrts", "pods"):
+        assert [o for p in parts for o in getattr(p, field)] == getattr(whole, field)
+    assert workload.cluster(0, topos, 7).nodes == []

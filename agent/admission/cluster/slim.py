@@ -40,7 +40,8 @@ POD_ONLY_SPEC_DROPS = frozenset({
 # A pod's status fields never read (the controller reads its phase, qosClass and container statuses).
 POD_STATUS_DROPS = frozenset({"conditions", "podIP", "podIPs", "hostIP", "hostIPs", "startTime",
                               "message", "reason", "nominatedNodeName"})
-POD_METADATA_DROPS = frozenset({"generateName", "finalizers"})
+POD_METADATA_DROPS = frozenset({"managedFields", "generateName", "finalizers"})
+_POD_SPEC_ALL_DROPS = POD_SPEC_DROPS | POD_ONLY_SPEC_DROPS
 # A container status's fields never read (the ledger and the pinning read name, containerID, state,
 # resources, allocatedResources).
 STATUS_DROPS = frozenset({"image", "imageID", "lastState", "volumeMounts", "user", "stopSignal", "ready",
@@ -48,10 +49,10 @@ STATUS_DROPS = frozenset({"image", "imageID", "lastState", "volumeMounts", "user
 NODE_STATUS_DROPS = frozenset({"images", "volumesAttached", "volumesInUse", "config", "daemonEndpoints"})
 
 
-def _metadata(meta: object) -> object:
+def _metadata(meta: object, drops: frozenset[str] = frozenset({"managedFields"})) -> object:
     if not isinstance(meta, Mapping):
         return meta
-    out = {k: v for k, v in meta.items() if k != "managedFields"}
+    out = {k: v for k, v in meta.items() if k not in drops}
     notes = out.get("annotations")
     if isinstance(notes, Mapping) and LAST_APPLIED in notes:
         out["annotations"] = {k: v for k, v in notes.items() if k != LAST_APPLIED}
@@ -72,11 +73,12 @@ def _containers(items: object, drops: frozenset[str]) -> object:
     return [{k: v for k, v in c.items() if k not in drops} if isinstance(c, Mapping) else c for c in items]
 
 
-def slim_pod_spec(spec: object) -> object:
-    """A pod spec without what the controller never reads (anything not a mapping: as it is)."""
+def slim_pod_spec(spec: object, drops: frozenset[str] = POD_SPEC_DROPS) -> object:
+    """A pod spec without what the controller never reads, `drops` and its containers'
+    `CONTAINER_DROPS` (anything not a mapping: as it is)."""
     if not isinstance(spec, Mapping):
         return spec
-    out = {k: v for k, v in spec.items() if k not in POD_SPEC_DROPS}
+    out = {k: v for k, v in spec.items() if k not in drops}
     for key in CONTAINER_LISTS:
         if key in out:
             out[key] = _containers(out[key], CONTAINER_DROPS)
@@ -102,14 +104,11 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
-    out = slim_object(pod)
-    if isinstance(out.get("metadata"), Mapping):
-        out["metadata"] = {k: v for k, v in out["metadata"].items() if k not in POD_METADATA_DROPS}
-    spec = slim_pod_spec(out["spec"]) if "spec" in out else None
-    if isinstance(spec, Mapping):
-        out["spec"] = {k: v for k, v in spec.items() if k not in POD_ONLY_SPEC_DROPS}
-    elif "spec" in out:
-        out["spec"] = spec
+    out = dict(pod)
+    if "metadata" in out:
+        out["metadata"] = _metadata(out["metadata"], POD_METADATA_DROPS)
+    if "spec" in out:
+        out["spec"] = slim_pod_spec(out["spec"], _POD_SPEC_ALL_DROPS)
     status = out.get("status")
     if isinstance(status, Mapping):
         status = {k: v for k, v in status.items() if k not in POD_STATUS_DROPS}
