@@ -1,12 +1,13 @@
 """What the controller's stores keep of each object: the fields something reads, not the whole object.
 
 Pure: no I/O.  `slim_object(obj)` (any kind: no managedFields, no kubectl's last-applied copy),
-`slim_pod(pod)`, `slim_node(node)`, `slim_job(job)` (its pod template as `slim_pod_spec` keeps it),
-`slim_pod_spec(spec)`; `CONTAINER_DROPS`, `POD_SPEC_DROPS`, and for pods alone `POD_ONLY_SPEC_DROPS`,
-`POD_STATUS_DROPS`, `POD_METADATA_DROPS`.  Each returns a new object and leaves its
-argument as it was.  Applied where a store reads a listed or watched object and where it keeps a
-write's response (agent/admission/cluster/store.py), so a tenant's large object costs the controller
-only the fields it reads: a pod's 1 MB of container arguments is never held.
+`slim_pod(pod, sharing=None)`, `slim_nrt(nrt, sharing=None)`, `slim_node(node)`, `slim_job(job)` (its
+pod template as `slim_pod_spec` keeps it), `slim_pod_spec(spec)`; `CONTAINER_DROPS`, `POD_SPEC_DROPS`,
+and for pods alone `POD_ONLY_SPEC_DROPS`, `POD_STATUS_DROPS`, `POD_METADATA_DROPS`.  Each returns a new
+object and leaves its argument as it was.  Applied where a store reads a listed or watched object and
+where it keeps a write's response (agent/admission/cluster/store.py), so a tenant's large object costs
+the controller only the fields it reads: a pod's 1 MB of container arguments is never held.  With a
+`Sharing` table (agent/admission/cluster/sharing.py) the parts many objects have in common are held once.
 
 What is dropped is named, not what is kept: a field the controller does not know of stays (a new
 field some reader starts to use is not silently missing).  The dropped fields are read nowhere in
@@ -15,9 +16,10 @@ field some reader starts to use is not silently missing).  The dropped fields ar
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
+
+from agent.admission.cluster.sharing import Own, Sharing, shared_strings
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 # A container's fields the controller never reads (it reads name, resources, restartPolicy, and the
@@ -85,22 +87,21 @@ def slim_pod_spec(spec: object, drops: frozenset[str] = POD_SPEC_DROPS) -> objec
     return out
 
 
-def _shared(value: object) -> Any:
-    """`value` with every string in it interned (`sys.intern`): the node name, phase, quantities, label
-    values and the rest that 100,000 pods repeat are held once, not once a pod.  Interned strings are
-    freed with their last holder, so nothing a tenant writes is kept longer than its pod."""
-    if isinstance(value, str):
-        return sys.intern(value)
-    if isinstance(value, dict):
-        return {sys.intern(k) if isinstance(k, str) else k: _shared(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_shared(v) for v in value]
-    return value
+# The parts of a pod that are its own (its uid, name, node and container IDs are in them): rebuilt with
+# their strings interned, not looked up in a `Sharing` table.
+_STATUSES: Own = {key: {"*": {}} for key in ("containerStatuses", "initContainerStatuses",
+                                           "ephemeralContainerStatuses")}
+_OWN_PARTS: Own = {"metadata": {}, "spec": {}, "status": _STATUSES}
 
 
-def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """A pod as the controller's pod store keeps it, its strings shared with the other pods'."""
-    return _shared(_slim_pod(pod))  # type: ignore[no-any-return]
+def slim_pod(pod: Mapping[str, Any], sharing: Sharing | None = None) -> dict[str, Any]:
+    """A pod as the controller's pod store keeps it: its strings interned, and with `sharing` every
+    part it has in common with other pods (containers, owner references, labels, states) the table's
+    one copy, never to be changed in place (`agent.admission.cluster.sharing`)."""
+    slim = _slim_pod(pod)
+    if sharing is None:
+        return shared_strings(slim)  # type: ignore[no-any-return]
+    return sharing.tree(slim, _OWN_PARTS)  # type: ignore[no-any-return]
 
 
 def _slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,6 +118,16 @@ def _slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
                 status[key] = _containers(status[key], STATUS_DROPS)
         out["status"] = status
     return out
+
+
+_NRT_OWN_PARTS: Own = {"metadata": {}, "zones": {"*": {"resources": {}}}, "attributes": {}}
+
+
+def slim_nrt(nrt: Mapping[str, Any], sharing: Sharing | None = None) -> dict[str, Any]:
+    """An NRT as `slim_object` keeps it, and with `sharing` every part it has in common with other
+    nodes' NRTs (a zone's costs, a resource's figures, a policy attribute) the table's one copy."""
+    slim = slim_object(nrt)
+    return slim if sharing is None else sharing.tree(slim, _NRT_OWN_PARTS)
 
 
 def slim_node(node: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,11 +19,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from agent.admission.cluster.capacity import Capacity
 from agent.admission.cluster.heap import Heap
-from agent.admission.cluster.slim import slim_job, slim_node, slim_pod
+from agent.admission.cluster.sharing import Sharing
+from agent.admission.cluster.slim import slim_job, slim_node, slim_nrt, slim_pod
 from agent.admission.cluster.store import Reflector, VersionCache
 from agent.admission.controller.intake import JobIntake
 from agent.admission.controller.jobsets import JobSetRoute
@@ -95,12 +97,16 @@ class Controller:
                               on_invalid=invalid.labels(kind="Job").inc, slim=slim_job, object_hook=drop_bulk)
         # Each store keeps only what is read of its objects (agent/admission/cluster/slim.py); the pods'
         # and Jobs' bulk is dropped while their responses are decoded (agent/kubeapi/bulk.py).
+        # The pods and the NRTs also hold the parts they have in common once (a Job's pods' containers, a
+        # resource's figures in every idle zone of a machine type): agent/admission/cluster/sharing.py.
+        pod_parts, nrt_parts = Sharing(), Sharing()
         self.pods = Reflector(kube, resource_path("", "v1", "pods"), "pods", self.changed,
                               matters=_pod_change_matters, on_invalid=invalid.labels(kind="Pod").inc,
-                              slim=slim_pod, object_hook=drop_bulk)
+                              slim=partial(slim_pod, sharing=pod_parts), object_hook=drop_bulk)
         self.nodes = Reflector(kube, resource_path("", "v1", "nodes"), "nodes", self.changed,
                                slim=slim_node)
-        self.nrts = Reflector(kube, resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL), "NRTs", self.changed)
+        self.nrts = Reflector(kube, resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL), "NRTs", self.changed,
+                              slim=partial(slim_nrt, sharing=nrt_parts))
         self.priorities = Reflector(kube, resource_path("scheduling.k8s.io", "v1", "priorityclasses"),
                                     "PriorityClasses", self.changed)
         # Both routes size a gang as its pods will be created: with their namespace's LimitRange
