@@ -4,10 +4,13 @@ cache of what is read from them.
 Public API:
 
 - `Reflector(kube, path, what, changed, query=None, matters=..., on_invalid=None, slim=slim_object,
-  object_hook=None)`: one collection in memory, each object as `slim` keeps it
+  object_hook=None, indexes={})`: one collection in memory, each object as `slim` keeps it
   (`agent.admission.cluster.slim`), listed then watched by `agent.kubeapi.reflector.Reflector` (whose
   rules it follows; `object_hook` drops fields while a response is decoded, `agent.kubeapi.bulk`);
-  `.snapshot()`, `.put(obj)` (a write's response), `.apply(kind, obj)`, `.synced`, `.start()`, `.stop()`.
+  `.snapshot()`, `.by(index, value)`, `.put(obj)` (a write's response), `.apply(kind, obj)`, `.synced`,
+  `.start()`, `.stop()`.  `indexes` names functions of an object to the values it is found by (as
+  client-go's indexers: a Job's pods by their owner), kept as each object comes and goes, so a pass
+  finds one owner's pods without reading every pod in the cluster.
 - `VersionCache(compute)`: `compute(obj)` memoised by the object's uid and resourceVersion;
   `.retain(objs)` forgets the objects not among `objs`.  Objects are keyed by `object_key`.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from agent.admission.cluster import heap
@@ -27,6 +30,7 @@ from agent.kubeapi.client import KubeClient, ObjectHook
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Indexer = Callable[[Mapping[str, Any]], Iterable[Hashable]]  # an object -> the values it is found by
 
 
 class Reflector(reflector.Reflector[dict[str, Any]]):
@@ -39,7 +43,7 @@ class Reflector(reflector.Reflector[dict[str, Any]]):
                  matters: Callable[[str, dict[str, Any]], bool] = lambda kind, obj: True, *,
                  on_invalid: Callable[[], None] | None = None,
                  slim: Callable[[Mapping[str, Any]], dict[str, Any]] = slim_object,
-                 object_hook: ObjectHook | None = None) -> None:
+                 object_hook: ObjectHook | None = None, indexes: Mapping[str, Indexer] | None = None) -> None:
         super().__init__(kube, path, what, query, on_invalid=on_invalid, not_served_is_empty=True,
                          object_hook=object_hook, log=log)
         self.slim = slim  # what is kept of each object: the fields the controller reads
@@ -47,10 +51,34 @@ class Reflector(reflector.Reflector[dict[str, Any]]):
         self.changed = changed
         self.items: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
+        self._indexers = dict(indexes or {})
+        # index name -> value -> object key -> object
+        self._indexed: dict[str, dict[Hashable, dict[str, dict[str, Any]]]] = {n: {} for n in self._indexers}
 
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self.items.values())
+
+    def by(self, index: str, value: Hashable) -> list[dict[str, Any]]:
+        """The objects `index` finds by `value` (in no particular order)."""
+        with self._lock:
+            return list(self._indexed[index].get(value, {}).values())
+
+    def _store(self, key: str, obj: dict[str, Any] | None) -> None:
+        """`obj` as the object at `key` (None: gone), its index entries moved with it; under the lock."""
+        old = self.items.pop(key, None) if obj is None else self.items.get(key)
+        if obj is not None:
+            self.items[key] = obj
+        for name, values_of in self._indexers.items():
+            indexed = self._indexed[name]
+            if old is not None:
+                for value in _values(values_of, old):
+                    members = indexed.get(value)
+                    if members is not None and members.pop(key, None) is not None and not members:
+                        del indexed[value]
+            if obj is not None:
+                for value in _values(values_of, obj):
+                    indexed.setdefault(value, {})[key] = obj
 
     def put(self, obj: dict[str, Any]) -> None:
         """Store `obj` (a write's response, as `slim` keeps it) unless the store already holds a newer
@@ -60,7 +88,7 @@ class Reflector(reflector.Reflector[dict[str, Any]]):
         with self._lock:
             old = self.items.get(key)
             if old is None or resource_version(obj) >= resource_version(old):
-                self.items[key] = obj
+                self._store(key, obj)
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         """One watch event into the store.
@@ -71,12 +99,12 @@ class Reflector(reflector.Reflector[dict[str, Any]]):
         key = object_key(obj)
         with self._lock:
             if kind == "DELETED":
-                self.items.pop(key, None)
+                self._store(key, None)
             elif kind in ("ADDED", "MODIFIED"):
                 old = self.items.get(key)
                 if (old is None or resource_version(obj) >= resource_version(old)
                         or metadata_of(old).get("uid") != metadata_of(obj).get("uid")):
-                    self.items[key] = obj
+                    self._store(key, obj)
 
     # -- the shared loop's hooks -----------------------------------------------------------------
 
@@ -90,6 +118,12 @@ class Reflector(reflector.Reflector[dict[str, Any]]):
     def listed(self, items: list[dict[str, Any]]) -> None:
         with self._lock:
             self.items = {object_key(o): o for o in items}
+            self._indexed = {name: {} for name in self._indexers}
+            for name, values_of in self._indexers.items():
+                indexed = self._indexed[name]
+                for key, obj in self.items.items():
+                    for value in _values(values_of, obj):
+                        indexed.setdefault(value, {})[key] = obj
         self.synced.set()  # before `changed`: a pass it wakes finds the store synced
         self.changed.set()
 
@@ -97,6 +131,16 @@ class Reflector(reflector.Reflector[dict[str, Any]]):
         self.apply(kind, item)
         if self.matters(kind, item):
             self.changed.set()
+
+
+def _values(values_of: Indexer, obj: Mapping[str, Any]) -> Iterable[Hashable]:
+    """What `values_of` finds `obj` by; nothing when it cannot read it (a tenant's object that is not
+    what it should be is found by no index, and costs only itself)."""
+    try:
+        return tuple(values_of(obj))
+    except Exception:  # noqa: BLE001 - an indexer reads what a tenant wrote
+        log.debug("object %s found by no index value", object_key(obj), exc_info=True)
+        return ()
 
 
 class VersionCache(Generic[T]):

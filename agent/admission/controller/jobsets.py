@@ -1,7 +1,7 @@
 """The native route for JobSets and TrainJobs: one labelled `topolet.io/queue`, created suspended, is a gang.
 
 `JobSetRoute(kube, changed, metrics, writes, queues)`: `.reflectors` (JobSets and the queued
-TrainJobs, list+watch; a cluster that serves neither has none), `.collect(pods, priorities,
+TrainJobs, list+watch; a cluster that serves neither has none), `.collect(pods_of, priorities,
 limit_defaults) -> JobSetPass` (the admitted ones' ledger entries and pod slots, their gated pods sent
 to their slots, the pending ones as gangs), `.admit(obj, placement)`, `.reject(obj, reason)`.
 A JobSet is queued on itself; a TrainJob on itself, shaped by the JobSet Kubeflow Trainer makes for it
@@ -50,7 +50,6 @@ from agent.admission.gangs.jobset import (
     jobset_shape,
     jobset_slots,
     part_key,
-    pods_of_jobsets,
     trainjob_finished,
     trainjob_key,
 )
@@ -141,10 +140,11 @@ class JobSetRoute:
 
     # -- a pass -------------------------------------------------------------------------------------
 
-    def collect(self, pods: Sequence[Mapping[str, Any]], priorities: tuple[Mapping[str, int], int],
+    def collect(self, pods_of: Callable[[tuple[str, str]], Sequence[Mapping[str, Any]]],
+                priorities: tuple[Mapping[str, int], int],
                 limit_defaults: Mapping[str, ContainerDefaults]) -> JobSetPass:
+        """`pods_of((namespace, JobSet uid))`: the pods labelled with that JobSet (`jobset_keys`)."""
         out = JobSetPass()
-        by_jobset = pods_of_jobsets(pods)
         jobsets = sorted(self.jobsets.snapshot(), key=object_key)
         of_trainjob = {uid: js for js in jobsets if (uid := controller_uid(js, TRAINJOB)) is not None}
         queued: list[tuple[Front, dict[str, Any], dict[str, Any] | None]] = [
@@ -162,8 +162,10 @@ class JobSetRoute:
                     self.writes.invalid(obj, "InvalidJobSet", "it is the JobSet of a TrainJob: queue the "
                                         "TrainJob (topolet.io/queue on it), not its JobSet", involved=JOBSET)
                     continue
-                pods_of = [] if js is None else by_jobset.get((ns, str(metadata_of(js).get("uid"))), [])
-                self._one(front, obj, js, pods_of, priorities, limit_defaults.get(ns, NO_DEFAULTS), out,
+                mine: list[Mapping[str, Any]] = []
+                if js is not None:
+                    mine += pods_of((ns, str(metadata_of(js).get("uid"))))
+                self._one(front, obj, js, mine, priorities, limit_defaults.get(ns, NO_DEFAULTS), out,
                           refused)
             except NotLeader:
                 raise

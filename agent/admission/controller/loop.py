@@ -41,7 +41,7 @@ from agent.admission.gangs.job import (
     job_suspended,
     priority_classes,
 )
-from agent.admission.gangs.jobset import JOBSET
+from agent.admission.gangs.jobset import JOBSET, jobset_keys
 from agent.admission.gangs.limitrange import (
     ContainerDefaults,
     LimitRangeError,
@@ -49,7 +49,7 @@ from agent.admission.gangs.limitrange import (
     read_limit_range,
 )
 from agent.admission.gangs.record import AdmissionRecord, record_too_long
-from agent.admission.gangs.slots import pod_gated, pods_by_owner
+from agent.admission.gangs.slots import owner_keys, pod_gated
 from agent.admission.jobs.jobread import JobRead, JobReader, gone_nodes
 from agent.admission.jobs.queues import DEFAULT_QUEUE, Blocked, QueueConfig, admission_pass
 from agent.admission.kueue.check import KueueCheck
@@ -66,6 +66,7 @@ LEASE_NAME = "topolet-controller"
 DEBOUNCE_SECONDS = 0.2
 PACE = 2.0
 PACE_MAX_SECONDS = 2.0
+OWNER, JOBSET_LABEL = "owner", "jobset"  # the pod store's indexes: `owner_keys`, `jobset_keys`
 VIEW_REFRESH_SECONDS = 30.0  # how stale the capacity metrics may get while no gang waits
 NRT_GROUP, NRT_VERSION, NRT_PLURAL = "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies"
 
@@ -102,7 +103,8 @@ class Controller:
         pod_parts, nrt_parts = Sharing(), Sharing()
         self.pods = Reflector(kube, resource_path("", "v1", "pods"), "pods", self.changed,
                               matters=_pod_change_matters, on_invalid=invalid.labels(kind="Pod").inc,
-                              slim=partial(slim_pod, sharing=pod_parts), object_hook=drop_bulk)
+                              slim=partial(slim_pod, sharing=pod_parts), object_hook=drop_bulk,
+                              indexes={OWNER: owner_keys, JOBSET_LABEL: jobset_keys})
         self.nodes = Reflector(kube, resource_path("", "v1", "nodes"), "nodes", self.changed,
                                slim=slim_node)
         self.nrts = Reflector(kube, resource_path(NRT_GROUP, NRT_VERSION, NRT_PLURAL), "NRTs", self.changed,
@@ -135,7 +137,7 @@ class Controller:
         self.reader = JobReader()  # each Job version and its slots read once across passes
         self.intake = JobIntake(self.reader, self.writes, metrics, config.queues)  # each Job, one at a time
         metrics.set_queue_depths(dict.fromkeys(config.queues, 0))  # every configured queue from the start
-        self._timings = (0.0, 0.0)  # this pass's seconds building the view, deciding (logged)
+        self._timings = (0.0, 0.0, 0.0)  # this pass's seconds reading, building the view, deciding (logged)
         self.waiting = Waiting()  # the waiting gangs' refusals while the view has not grown
         self._view_at: float | None = None  # monotonic time the view (and its metrics) was last built
 
@@ -205,18 +207,19 @@ class Controller:
         elapsed = time.perf_counter() - started
         self.metrics.pass_seconds.observe(elapsed)
         if self.writes.written or elapsed > 1.0:  # a timing line per pass that did something (profiling)
-            log.info("pass %d: %.2f s (view %.2f s, decisions %.2f s, then writes), %d writes, "
-                     "%d conflicts so far", self.passes, elapsed, self._timings[0], self._timings[1],
-                     self.writes.written, self.writes.conflicts)
+            read, view, decide = self._timings
+            log.info("pass %d: %.2f s (reading %.2f s, view %.2f s, decisions %.2f s, writes %.2f s), "
+                     "%d writes, %d conflicts so far", self.passes, elapsed, read, view, decide,
+                     elapsed - read - view - decide, self.writes.written, self.writes.conflicts)
         self.writes.written = 0
 
     def _pass(self) -> None:
+        t_read = time.perf_counter()
         self.writes.reap()
         self.writes.check_leader()
         self.passes += 1
         all_jobs = sorted(self.jobs.snapshot(), key=object_key)
         pods = self.pods.snapshot()
-        by_owner = pods_by_owner(pods)
         nodes = frozenset(str(metadata_of(n).get("name")) for n in self.nodes.snapshot())
         limit_defaults = self._limit_defaults()  # both routes size gangs as their pods are created
         priorities = priority_classes(self.priorities.snapshot())
@@ -232,7 +235,7 @@ class Controller:
         build = (bool(pending) or bool(kueue and kueue.pending) or self._view_at is None
                  or t_view - self._view_at >= VIEW_REFRESH_SECONDS)
         self._pod_slots = dict(kueue.pod_slots) if kueue is not None else {}
-        jobsets = self.jobsets.collect(pods, priorities, limit_defaults)
+        jobsets = self.jobsets.collect(partial(self.pods.by, JOBSET_LABEL), priorities, limit_defaults)
         build = build or bool(jobsets.pending)
         self._pod_slots.update(jobsets.pod_slots)
         pending = pending + jobsets.pending  # one queue order over Jobs and JobSets
@@ -240,7 +243,7 @@ class Controller:
         refused = list(kueue.refused) if kueue is not None else []  # pods naming a Job, not its own
         for job, read, record in admitted:
             try:
-                held = self._finish_admitted(job, read, record, by_owner.get(_owner(job), []), nodes,
+                held = self._finish_admitted(job, read, record, self.pods.by(OWNER, _owner(job)), nodes,
                                              slots_needed=build, refused=refused)
             except Exception as exc:  # noqa: BLE001 - one Job's pods cost only that Job
                 self.intake.unreadable(job, exc)
@@ -326,7 +329,7 @@ class Controller:
             self.kueue.decide(kueue, decide, self.capacity.left_out)
         if build:
             self.waiting.end(state["view"])
-        self._timings = (t_decide - t_view, time.perf_counter() - t_decide)
+        self._timings = (t_view - t_read, t_decide - t_view, time.perf_counter() - t_decide)
         self.writes.drain()
         for queue, landed in decided:
             if landed.result():
@@ -417,6 +420,6 @@ def _fits(placement: Placement) -> str | None:
 
 
 def _owner(job: Mapping[str, Any]) -> tuple[str, str]:
-    """The Job as its pods name their owner (`pods_by_owner`'s key): its namespace and uid."""
+    """The Job as its pods name their owner (`owner_keys`): its namespace and uid."""
     meta = metadata_of(job)
     return str(meta.get("namespace")), str(meta.get("uid"))

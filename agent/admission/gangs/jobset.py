@@ -2,7 +2,8 @@
 
 Pure: no I/O, no clock.  `replicated_jobs(js)` (`JobSpecError` names what is wrong), `gang_from_jobset`,
 `jobset_shape`, `jobset_finished`, `blocks` (each replicated Job's slots in the record),
-`JobSetOwner` / `jobset_owner` (`.refusal(pod)`, `.slot_of(pod)`), `jobset_slots`, `pods_of_jobsets`.
+`JobSetOwner` / `jobset_owner` (`.refusal(pod)`, `.slot_of(pod)`), `jobset_slots`, `jobset_keys`,
+`pods_of_jobsets`.
 
 A JobSet's gang has one pod set per replicated Job, of replicas × pods per Job (each Job Indexed).
 Its pods are told apart as Kueue's TAS ranks them: rank = `jobset.sigs.k8s.io/job-index` × pods per
@@ -240,14 +241,19 @@ def jobset_slots(owner: JobSetOwner, slots: Mapping[int, SlotPlacement],
     return SlotAssignment(held, tuple(place), tuple(refused))
 
 
+def jobset_keys(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(namespace, the JobSet uid a pod is labelled with): a candidate only, `JobSetOwner` decides."""
+    meta = metadata_of(pod)
+    uid = as_dict(meta.get("labels")).get(JOBSET_UID_LABEL)
+    return ((str(meta.get("namespace")), uid),) if isinstance(uid, str) and uid else ()
+
+
 def pods_of_jobsets(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
-    """Pods by (namespace, the JobSet uid they are labelled with): candidates only, `JobSetOwner` decides."""
+    """Pods by `jobset_keys` (a store keeps this index as pods come and go: the controller's)."""
     out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for pod in pods:
-        meta = metadata_of(pod)
-        uid = as_dict(meta.get("labels")).get(JOBSET_UID_LABEL)
-        if isinstance(uid, str) and uid:
-            out.setdefault((str(meta.get("namespace")), uid), []).append(pod)
+        for key in jobset_keys(pod):
+            out.setdefault(key, []).append(pod)
     return out
 
 

@@ -1,7 +1,7 @@
 """Which pod holds which slot of an admitted gang, read from the pods themselves.
 
 Pure: no I/O.  `JobOwner` / `job_owner` / `owner_of` (`.refusal(pod)`), `claim_pods`, `job_slots`,
-`assign_slots`, `pods_by_owner`, `pod_asks`, `unlabelled_job`, and pod readers (`pod_gated`,
+`assign_slots`, `owner_keys`, `pods_by_owner`, `pod_asks`, `unlabelled_job`, and pod readers (`pod_gated`,
 `pod_live`, `pod_target`, `completion_index`, `scheduling_gates`).  The rule: only a pod the Job
 controller made from the admitted template (owner reference, Job labels and requests, never one
 alone) holds or takes a slot; any other costs only itself.
@@ -298,17 +298,22 @@ def assign_slots(slots: Mapping[int, SlotPlacement], pods: Sequence[Mapping[str,
     return SlotAssignment(held, tuple(place))
 
 
-def pods_by_owner(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
-    """Pods by (namespace, their controller's uid): a pod names its owner by uid alone, and an owner
-    lives in the pod's namespace, so a pod in another namespace never counts as a Job's.  Candidates
+def owner_keys(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(namespace, its controller's uid) of a pod: a pod names its owner by uid alone, and an owner
+    lives in the pod's namespace, so a pod in another namespace never counts as a Job's.  A candidate
     only: whoever writes the pod writes its owner reference, so `claim_pods` decides."""
+    meta = metadata_of(pod)
+    refs = map(as_dict, as_list(meta.get("ownerReferences")))
+    namespace = str(meta.get("namespace"))
+    return tuple((namespace, str(ref.get("uid"))) for ref in refs if ref.get("controller") is True)
+
+
+def pods_by_owner(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    """Pods by `owner_keys` (a store keeps this index as pods come and go: the controller's)."""
     out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for pod in pods:
-        meta = metadata_of(pod)
-        for ref in as_list(meta.get("ownerReferences")):
-            ref = as_dict(ref)
-            if ref.get("controller") is True:
-                out.setdefault((str(meta.get("namespace")), str(ref.get("uid"))), []).append(pod)
+        for key in owner_keys(pod):
+            out.setdefault(key, []).append(pod)
     return out
 
 
