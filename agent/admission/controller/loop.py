@@ -81,6 +81,18 @@ class ControllerConfig:
     kueue: bool = False  # also decide the topolet.io/topology-fit AdmissionCheck (agent.admission.kueue)
 
 
+def pace_seconds(cpu: float, wall: float) -> float:
+    """How long the loop waits after a pass that took `cpu` seconds of the process's CPU over `wall`
+    seconds: PACE times that CPU (at most PACE_MAX_SECONDS), less the rest the pass already took while
+    it waited on its writes (`wall - cpu`), and never less than the debounce.  A pass's cost grows with
+    the cluster, not with the few Jobs that arrived, so under a stream of Jobs the controller's work
+    and rest then come to about 1/(1 + PACE) of a core; and a pass that spent seconds waiting for the
+    API server to take its writes does not then rest as long again before the Jobs that came meanwhile
+    are decided."""
+    rest = min(PACE_MAX_SECONDS, PACE * cpu) - max(0.0, wall - cpu)
+    return max(DEBOUNCE_SECONDS, rest)
+
+
 class Controller:
     """The store, the decision pass and the loop (see README.md beside this module)."""
 
@@ -133,7 +145,7 @@ class Controller:
         self._pod_slots: dict[str, tuple[str, str]] = {}  # pod uid -> (Job key, slot), this pass
         self.passes = 0
         self.heap = Heap()
-        self._pass_cpu = 0.0  # the process's CPU seconds over the last pass, for the pace
+        self._last_pass = (0.0, 0.0)  # the process's CPU seconds and the wall seconds of the last pass
         self.reader = JobReader()  # each Job version and its slots read once across passes
         self.intake = JobIntake(self.reader, self.writes, metrics, config.queues)  # each Job, one at a time
         metrics.set_queue_depths(dict.fromkeys(config.queues, 0))  # every configured queue from the start
@@ -169,11 +181,9 @@ class Controller:
             self.changed.wait(self.config.resync_seconds)
             # The debounce gathers a burst of events into one pass; a Kueue Workload waiting for our
             # check (`due`) ends it at once: Kueue's admission waits on that decision.  On a big
-            # cluster it is stretched to PACE times the CPU time the process spent over the last pass
-            # (at most PACE_MAX_SECONDS): its writes and the watches' decoding meanwhile count too.  A
-            # pass's cost grows with the cluster, not with the few Jobs that arrived, so under a stream
-            # of Jobs the controller then takes about 1/(1 + PACE) of a core.
-            due.wait(max(DEBOUNCE_SECONDS, min(PACE_MAX_SECONDS, PACE * self._pass_cpu)))
+            # cluster it is stretched by the pace (`pace_seconds`), so that under a stream of Jobs the
+            # controller takes about 1/(1 + PACE) of a core.
+            due.wait(pace_seconds(*self._last_pass))
             if stop.is_set():
                 break
             due.clear()
@@ -183,10 +193,10 @@ class Controller:
                 self.metrics.last_pass.set(self.clock())
                 continue
             try:
-                cpu = time.process_time()
+                cpu, wall = time.process_time(), time.perf_counter()
                 self.decide_once()
                 self.heap.after_pass()
-                self._pass_cpu = time.process_time() - cpu
+                self._last_pass = (time.process_time() - cpu, time.perf_counter() - wall)
             except NotLeader:
                 log.info("lost the lease mid-pass: stopped deciding")
             except Exception:  # noqa: BLE001 - one bad pass must not end the controller
