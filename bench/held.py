@@ -13,18 +13,26 @@ outside review's attack, issue 37).  Each object is read back from the API serve
 included) and measured as decoded JSON: every dict, list, str and number reachable from it, each
 counted once (`sys.getsizeof`), whole and slimmed in the same process.
 
+Then what one pod costs among many (`--many`, default 20,000 pods: 5,000 such Jobs of 4, each copy of a
+read-back pod with its own name, uid, version, index, Job and node): the bytes the store's slimmed
+objects hold per pod (tracemalloc, the objects decoded beforehand), each slimmed alone (strings
+interned) and through one `Sharing` table as the controller's pod store holds them
+(agent/admission/cluster/sharing.py: the parts pods have in common held once).
+
 Last line: `held: bytes per pod W -> S, per node W -> S, per NRT W -> S, per Job W -> S; 1 MB-args pod
-W -> S` (W whole, S slimmed).
+W -> S; among N pods S -> H shared` (W whole, S slimmed, H slimmed and shared).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+import tracemalloc
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +43,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import admission_workload as workload  # noqa: E402
 from admission_api import _populate  # noqa: E402
 
+from agent.admission.cluster.sharing import Sharing  # noqa: E402
 from agent.admission.cluster.slim import slim_job, slim_node, slim_object, slim_pod  # noqa: E402
 from agent.api.nrt import GROUP as NRT_GROUP  # noqa: E402
 from agent.api.nrt import PLURAL as NRT_PLURAL  # noqa: E402
@@ -114,12 +123,52 @@ def hostile_pod(name: str, arg_bytes: int) -> dict[str, Any]:
                 "args": ["x" * 100] * (arg_bytes // 104)}]}}
 
 
-def measure(objs: list[Mapping[str, Any]], slim: Callable[[Mapping[str, Any]], dict[str, Any]]) -> tuple[
+def measure(objs: Sequence[Mapping[str, Any]], slim: Callable[[Mapping[str, Any]], dict[str, Any]]) -> tuple[
         int, int]:
     """Mean bytes per object, (whole, slimmed)."""
     whole = sum(deep_size(o) for o in objs) // len(objs)
     slimmed = sum(deep_size(slim(o)) for o in objs) // len(objs)
     return whole, slimmed
+
+
+def many_pods(pod: Mapping[str, Any], count: int) -> list[dict[str, Any]]:
+    """`count` decoded copies of `pod`, each with what differs between the pods of 4-pod Jobs on
+    different nodes: name, uid, resourceVersion, completion index, Job name and uid, node."""
+    text = json.dumps(pod)
+    out = []
+    for i in range(count):
+        p = json.loads(text)
+        meta, job, index = p["metadata"], f"train-{i // 4}", str(i % 4)
+        job_uid = f"{i // 4:08x}-0000-4000-8000-{i // 4:012x}"
+        meta.update(name=f"{job}-{index}-{i:05x}", uid=f"{i:08x}-1111-4111-8111-{i:012x}",
+                    resourceVersion=str(100_000 + i))
+        labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+        for key in list(labels):
+            if key.endswith("job-name"):
+                labels[key] = job
+            elif key.endswith("controller-uid"):
+                labels[key] = job_uid
+            elif key.endswith("job-completion-index"):
+                labels[key] = index
+        for key in list(notes):
+            if key.endswith("job-completion-index"):
+                notes[key] = index
+        for ref in meta.get("ownerReferences") or []:
+            ref.update(name=job, uid=job_uid)
+        p.setdefault("spec", {})["nodeName"] = f"node-{i % 5000:05d}"
+        out.append(p)
+    return out
+
+
+def held_per_pod(pods: list[dict[str, Any]], slim: Callable[[Mapping[str, Any]], dict[str, Any]]) -> int:
+    """Bytes allocated per pod for the slimmed objects a store would hold (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = [slim(p) for p in pods]
+        return (tracemalloc.get_traced_memory()[0] - before) // len(kept)
+    finally:
+        tracemalloc.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=4, help="Nodes (and NRTs) to measure (default 4)")
     parser.add_argument("--arg-bytes", type=int, default=1_000_000,
                         help="the hostile pod's bytes of container arguments (default 1,000,000)")
+    parser.add_argument("--many", type=int, default=20_000, help="pods held together (default 20,000)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="topolet-held-") as tmp:
         topos = workload.topologies(Path(tmp) / "dumps")
@@ -168,8 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'object':<14} {'whole B':>10} {'slimmed B':>10} {'kept':>6}")
     for name, (whole, slimmed) in rows.items():
         print(f"{name:<14} {whole:>10,} {slimmed:>10,} {slimmed / whole * 100:>5.1f}%")
+    many = many_pods(pods[0], args.many)
+    alone = held_per_pod(many, slim_pod)
+    shared = held_per_pod(many, functools.partial(slim_pod, sharing=Sharing()))
+    print(f"# among {len(many):,} such pods (5,000 Jobs of 4 on 5,000 nodes), bytes held per pod "
+          f"(tracemalloc): slimmed {alone:,}, slimmed and shared {shared:,}")
     print("held: " + ", ".join(f"per {k} {w} -> {s}" for k, (w, s) in rows.items() if k != "1 MB-args pod")
-          + "; 1 MB-args pod {} -> {}".format(*rows["1 MB-args pod"]))
+          + "; 1 MB-args pod {} -> {}".format(*rows["1 MB-args pod"])
+          + f"; among {len(many)} pods {alone} -> {shared} shared")
     return 0
 
 

@@ -81,9 +81,9 @@ BENCHES = [
          rf"\(kubelet static {N}/{N}\) \| created->Running p99 with/static {N}(?: nri, {N} pod-cgroup)? "
          rf"\| create->pinned p99 {N} ms(?: nri, {N} ms pod-cgroup)? \| agent memory {N} MiB "
          rf"\| image (?:{N}|n/a) MiB", INTEGRATION, 600, name="kube.py--real-node"),
-    case("held.py", "--nodes 1 --arg-bytes 100000",
+    case("held.py", "--nodes 1 --arg-bytes 100000 --many 200",
          rf"held: per pod {N} -> {N}, per node {N} -> {N}, per NRT {N} -> {N}, per Job {N} -> {N}; "
-         rf"1 MB-args pod {N} -> {N}", INTEGRATION, 300),
+         rf"1 MB-args pod {N} -> {N}; among 200 pods {N} -> {N} shared", INTEGRATION, 300),
     case("hostile.py", "--pods 3 --node-pods 2 --pod-bytes 200000 --page-pods 20",
          rf"hostile: controller peak RSS {N} MiB clean vs {N} MiB with 3 pods of {N} MB; agent peak RSS {N} "
          rf"MiB clean vs {N} MiB with 2 on its node; decode of a 20-pod page with/without the hook {N}",
