@@ -84,7 +84,7 @@ class Sharing:
         except (TypeError, ValueError):  # not JSON (a test's object): held as it is
             return shared_strings(value)
         held = self._parts.get(key)
-        if held is not None and type(held) is type(value) and held == value:
+        if held is not None and held == value:  # (a dict never equals a list)
             return held
         out = shared_strings(value)
         if held is None:  # else a different part with the same hash: this one is not shared
@@ -93,17 +93,14 @@ class Sharing:
 
     def _drop_unheld(self) -> None:
         # A part that only the table holds has three references here: the table's, `part`'s and
-        # getrefcount's argument.  Dropping a parent frees its children's last holder, hence the loop.
-        while True:
-            unheld, part = [], None
-            for key in list(self._parts):
-                part = self._parts[key]
-                if sys.getrefcount(part) <= 3:
-                    unheld.append(key)
-            del part
-            for key in unheld:
-                del self._parts[key]
-            if not unheld:
-                break
+        # getrefcount's argument.  A part never holds another entry of the table (a part not found is
+        # held as its own new copy), so one sweep frees everything nobody holds.
+        unheld, part = [], None
+        for key in list(self._parts):
+            part = self._parts[key]
+            if sys.getrefcount(part) <= 3:
+                unheld.append(key)
+        del part
+        for key in unheld:
+            del self._parts[key]
         self._look_at = max(_FLOOR, 2 * len(self._parts))
-

@@ -77,8 +77,7 @@ class Reflector(reflector.Reflector[dict[str, Any]]):
                     if members is not None and members.pop(key, None) is not None and not members:
                         del indexed[value]
             if obj is not None:
-                for value in _values(values_of, obj):
-                    indexed.setdefault(value, {})[key] = obj
+                _index(indexed, values_of, key, obj)
 
     def put(self, obj: dict[str, Any]) -> None:
         """Store `obj` (a write's response, as `slim` keeps it) unless the store already holds a newer
@@ -120,10 +119,8 @@ class Reflector(reflector.Reflector[dict[str, Any]]):
             self.items = {object_key(o): o for o in items}
             self._indexed = {name: {} for name in self._indexers}
             for name, values_of in self._indexers.items():
-                indexed = self._indexed[name]
                 for key, obj in self.items.items():
-                    for value in _values(values_of, obj):
-                        indexed.setdefault(value, {})[key] = obj
+                    _index(self._indexed[name], values_of, key, obj)
         self.synced.set()  # before `changed`: a pass it wakes finds the store synced
         self.changed.set()
 
@@ -131,6 +128,13 @@ class Reflector(reflector.Reflector[dict[str, Any]]):
         self.apply(kind, item)
         if self.matters(kind, item):
             self.changed.set()
+
+
+def _index(indexed: dict[Hashable, dict[str, dict[str, Any]]], values_of: Indexer, key: str,
+           obj: dict[str, Any]) -> None:
+    """Enter `obj` (at `key`) under each value `values_of` finds it by."""
+    for value in _values(values_of, obj):
+        indexed.setdefault(value, {})[key] = obj
 
 
 def _values(values_of: Indexer, obj: Mapping[str, Any]) -> Iterable[Hashable]:

@@ -33,6 +33,7 @@ from agent.admission.gangs.slots import (
     pod_gated,
     pod_live,
     pod_target,
+    pods_by,
 )
 from agent.api.names import COMPLETION_INDEX
 from agent.api.objects import as_dict, as_list, metadata_of, namespaced_name
@@ -249,12 +250,8 @@ def jobset_keys(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
 
 
 def pods_of_jobsets(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
-    """Pods by `jobset_keys` (a store keeps this index as pods come and go: the controller's)."""
-    out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for pod in pods:
-        for key in jobset_keys(pod):
-            out.setdefault(key, []).append(pod)
-    return out
+    """Pods by `jobset_keys`."""
+    return pods_by(pods, jobset_keys)
 
 
 # -- TrainJobs: queued on the TrainJob, shaped by the JobSet Kubeflow Trainer makes for it -------------

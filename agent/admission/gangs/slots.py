@@ -1,8 +1,8 @@
 """Which pod holds which slot of an admitted gang, read from the pods themselves.
 
 Pure: no I/O.  `JobOwner` / `job_owner` / `owner_of` (`.refusal(pod)`), `claim_pods`, `job_slots`,
-`assign_slots`, `owner_keys`, `pods_by_owner`, `pod_asks`, `unlabelled_job`, and pod readers (`pod_gated`,
-`pod_live`, `pod_target`, `completion_index`, `scheduling_gates`).  The rule: only a pod the Job
+`assign_slots`, `owner_keys`, `pods_by`, `pods_by_owner`, `pod_asks`, `unlabelled_job`, and pod readers
+(`pod_gated`, `pod_live`, `pod_target`, `completion_index`, `scheduling_gates`).  The rule: only a pod the Job
 controller made from the admitted template (owner reference, Job labels and requests, never one
 alone) holds or takes a slot; any other costs only itself.
 Why, and slot order: agent/admission/gangs/README.md, "Which pod holds a slot".
@@ -308,13 +308,21 @@ def owner_keys(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple((namespace, str(ref.get("uid"))) for ref in refs if ref.get("controller") is True)
 
 
-def pods_by_owner(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
-    """Pods by `owner_keys` (a store keeps this index as pods come and go: the controller's)."""
+def pods_by(pods: Iterable[Mapping[str, Any]],
+            keys_of: Callable[[Mapping[str, Any]], Iterable[tuple[str, str]]],
+            ) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    """Pods by each key `keys_of` finds them by (`owner_keys`, `jobset_keys`); the controller's pod
+    store keeps the same as indexes, as pods come and go."""
     out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for pod in pods:
-        for key in owner_keys(pod):
+        for key in keys_of(pod):
             out.setdefault(key, []).append(pod)
     return out
+
+
+def pods_by_owner(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    """Pods by `owner_keys`."""
+    return pods_by(pods, owner_keys)
 
 
 def pod_live(pod: Mapping[str, Any]) -> bool:
